@@ -1,0 +1,60 @@
+"""The `cairn` command: one entry point, one subcommand per job."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def _make_model(args: argparse.Namespace) -> int:
+    from .make_model import PRESETS, make_model
+
+    if args.preset not in PRESETS:
+        print(f"cairn make-model: unknown preset {args.preset!r}; choose from {', '.join(PRESETS)}", file=sys.stderr)
+        return 2
+    out = make_model(args.preset, args.seed, args.out_dir, dtype=args.dtype,
+                     shard_bytes=args.shard_mb * 1024 * 1024 if args.shard_mb else None)
+    print(f"wrote {args.preset} model (seed {args.seed}, {args.dtype}) to {out}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="cairn", description="Local serving daemon for DeepSeek-V4 agent workloads.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    mk = sub.add_parser("make-model", help="write a deterministic random-weight model directory")
+    mk.add_argument("--preset", default="tiny", help="tiny (tests) or small (benchmarks, demo)")
+    mk.add_argument("--seed", type=int, default=0)
+    mk.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32")
+    mk.add_argument("--shard-mb", type=int, default=0, help="split the weights into shards of about this size")
+    mk.add_argument("out_dir")
+    mk.set_defaults(func=_make_model)
+
+    for register in _subcommand_registrars():
+        register(sub)
+    return parser
+
+
+def _subcommand_registrars():
+    """Subcommands that live beside the code they drive (serve, chat, status, …)."""
+    import importlib
+
+    found = []
+    for module in ("main", "client"):
+        try:
+            mod = importlib.import_module(f"{__package__}.{module}")
+        except ModuleNotFoundError as e:
+            if e.name != f"{__package__}.{module}":
+                raise
+            continue
+        found.append(mod.register_cli)
+    return found
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

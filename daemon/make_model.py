@@ -1,0 +1,402 @@
+"""Deterministic random-weight DeepSeek-V4 model directories (`cairn make-model`).
+
+The directory has the shape Hugging Face publishes (config.json with HF field names,
+safetensors weights in HF's save_pretrained spelling, tokenizer.json, tokenizer_config.json
+with the chat template), so HF transformers loads it unchanged and serves as the oracle.
+Everything is derived from (preset, seed) with numpy and the `tokenizers` trainer on text
+this module synthesises itself: the same inputs give byte-identical files.
+
+Weight scales: projections ~ N(0, 1/fan_in) so every block's output has unit-order RMS; the
+hyper-connection, sink, position-bias and router-bias parameters are non-trivial so that each
+code path matters for parity; lm_head is scaled so logits have a standard deviation near 1.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import numpy as np
+
+from .safetensors_io import to_bf16_bits, write_file
+
+SPECIAL_TOKENS = [
+    "<｜begin▁of▁sentence｜>",
+    "<｜end▁of▁sentence｜>",
+    "<｜User｜>",
+    "<｜Assistant｜>",
+    "<think>",
+    "</think>",
+    "<｜tool▁calls▁begin｜>",
+    "<｜tool▁calls▁end｜>",
+    "<｜tool▁call▁begin｜>",
+    "<｜tool▁call▁end｜>",
+    "<｜tool▁sep｜>",
+    "<｜tool▁outputs▁begin｜>",
+    "<｜tool▁outputs▁end｜>",
+    "<｜tool▁output▁begin｜>",
+    "<｜tool▁output▁end｜>",
+    "<｜pad｜>",
+]
+BOS, EOS = SPECIAL_TOKENS[0], SPECIAL_TOKENS[1]
+
+# The DeepSeek-V4 chat format: BOS, the system part (system messages, then tool definitions),
+# then turns. Everything before the first non-system message is the shared "system prefix".
+CHAT_TEMPLATE = (
+    "{{ bos_token }}"
+    "{%- set ns = namespace(first=true) -%}"
+    "{%- for m in messages if m['role'] == 'system' -%}"
+    "{%- if not ns.first %}{{ '\n\n' }}{% endif %}{{ m['content'] }}{%- set ns.first = false -%}"
+    "{%- endfor -%}"
+    "{%- if tools -%}"
+    "{{ '\n\n## Tools\nYou can call these functions:\n' }}"
+    "{%- for t in tools %}{{ (t['function'] if t['function'] is defined else t) | tojson }}{{ '\n' }}{% endfor -%}"
+    "{%- endif -%}"
+    "{%- set ns.in_tools = false -%}"
+    "{%- for m in messages -%}"
+    "{%- if m['role'] != 'tool' and ns.in_tools %}<｜tool▁outputs▁end｜>{% set ns.in_tools = false %}{% endif -%}"
+    "{%- if m['role'] == 'user' -%}"
+    "<｜User｜>{{ m['content'] }}"
+    "{%- elif m['role'] == 'assistant' -%}"
+    "<｜Assistant｜>{% if m['content'] %}{{ m['content'] }}{% endif %}"
+    "{%- if m['tool_calls'] is defined and m['tool_calls'] -%}"
+    "<｜tool▁calls▁begin｜>"
+    "{%- for c in m['tool_calls'] -%}"
+    "<｜tool▁call▁begin｜>{{ c['function']['name'] }}<｜tool▁sep｜>"
+    "{%- if c['function']['arguments'] is string %}{{ c['function']['arguments'] }}"
+    "{%- else %}{{ c['function']['arguments'] | tojson }}{% endif -%}"
+    "<｜tool▁call▁end｜>"
+    "{%- endfor -%}"
+    "<｜tool▁calls▁end｜>"
+    "{%- endif -%}"
+    "<｜end▁of▁sentence｜>"
+    "{%- elif m['role'] == 'tool' -%}"
+    "{%- if not ns.in_tools %}<｜tool▁outputs▁begin｜>{% set ns.in_tools = true %}{% endif -%}"
+    "<｜tool▁output▁begin｜>{{ m['content'] }}<｜tool▁output▁end｜>"
+    "{%- elif m['role'] != 'system' -%}"
+    "{{ raise_exception('unknown message role: ' ~ m['role']) }}"
+    "{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- if ns.in_tools %}<｜tool▁outputs▁end｜>{% endif -%}"
+    "{%- if add_generation_prompt %}<｜Assistant｜>{% endif -%}"
+)
+
+
+@dataclass(frozen=True)
+class Preset:
+    """Architecture hyper-parameters in HF config field names."""
+
+    vocab_size: int
+    hidden_size: int
+    layer_types: tuple[str, ...]
+    mlp_layer_types: tuple[str, ...]
+    num_attention_heads: int
+    head_dim: int
+    qk_rope_head_dim: int
+    q_lora_rank: int
+    o_groups: int
+    o_lora_rank: int
+    sliding_window: int
+    csa_rate: int
+    hca_rate: int
+    index_n_heads: int
+    index_head_dim: int
+    index_topk: int
+    n_routed_experts: int
+    num_experts_per_tok: int
+    moe_intermediate_size: int
+    hc_mult: int = 4
+    swiglu_limit: float = 10.0
+    max_position_embeddings: int = 65536
+    extra: dict = field(default_factory=dict)
+
+
+S, C, H = "sliding_attention", "compressed_sparse_attention", "heavily_compressed_attention"
+
+PRESETS: dict[str, Preset] = {
+    # For tests: every layer kind and router kind, tiny widths, boundaries crossed by 300 tokens.
+    "tiny": Preset(
+        vocab_size=512, hidden_size=64, layer_types=(S, C, H, C, H), mlp_layer_types=("hash_moe",) * 2 + ("moe",) * 3,
+        num_attention_heads=4, head_dim=32, qk_rope_head_dim=8, q_lora_rank=32, o_groups=2, o_lora_rank=16,
+        sliding_window=16, csa_rate=4, hca_rate=16, index_n_heads=16, index_head_dim=16, index_topk=8,
+        n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+    ),
+    # For benchmarks and the demo: V4 proportions scaled down (~0.2 B parameters).
+    "small": Preset(
+        vocab_size=8192, hidden_size=1024, layer_types=(S, S, C, H, C, H, C, H),
+        mlp_layer_types=("hash_moe",) * 3 + ("moe",) * 5,
+        num_attention_heads=16, head_dim=128, qk_rope_head_dim=64, q_lora_rank=256, o_groups=4, o_lora_rank=256,
+        sliding_window=128, csa_rate=4, hca_rate=128, index_n_heads=16, index_head_dim=64, index_topk=64,
+        n_routed_experts=16, num_experts_per_tok=4, moe_intermediate_size=512,
+    ),
+}
+
+
+def hf_config(p: Preset) -> dict:
+    n = len(p.layer_types)
+    cfg = {
+        "architectures": ["DeepseekV4ForCausalLM"],
+        "model_type": "deepseek_v4",
+        "vocab_size": p.vocab_size,
+        "hidden_size": p.hidden_size,
+        "num_hidden_layers": n,
+        "num_attention_heads": p.num_attention_heads,
+        "num_key_value_heads": 1,
+        "head_dim": p.head_dim,
+        "partial_rotary_factor": p.qk_rope_head_dim / p.head_dim,
+        "q_lora_rank": p.q_lora_rank,
+        "o_groups": p.o_groups,
+        "o_lora_rank": p.o_lora_rank,
+        "sliding_window": p.sliding_window,
+        "layer_types": list(p.layer_types),
+        "mlp_layer_types": list(p.mlp_layer_types),
+        "compress_rates": {C: p.csa_rate, H: p.hca_rate},
+        "rope_theta": 10000.0,
+        "compress_rope_theta": 160000.0,
+        "rope_parameters": {
+            "main": {"rope_type": "default", "rope_theta": 10000.0,
+                     "partial_rotary_factor": p.qk_rope_head_dim / p.head_dim},
+            "compress": {"rope_type": "yarn", "rope_theta": 160000.0, "factor": 16.0,
+                         "original_max_position_embeddings": 65536, "beta_fast": 32, "beta_slow": 1,
+                         "attention_factor": 1.0, "partial_rotary_factor": p.qk_rope_head_dim / p.head_dim},
+        },
+        "hc_mult": p.hc_mult,
+        "hc_sinkhorn_iters": 20,
+        "hc_eps": 1e-6,
+        "rms_norm_eps": 1e-6,
+        "n_routed_experts": p.n_routed_experts,
+        "n_shared_experts": 1,
+        "num_experts_per_tok": p.num_experts_per_tok,
+        "moe_intermediate_size": p.moe_intermediate_size,
+        "routed_scaling_factor": 1.5,
+        "scoring_func": "sqrtsoftplus",
+        "norm_topk_prob": True,
+        "swiglu_limit": p.swiglu_limit,
+        "index_n_heads": p.index_n_heads,
+        "index_head_dim": p.index_head_dim,
+        "index_topk": p.index_topk,
+        "num_nextn_predict_layers": 0,
+        "max_position_embeddings": p.max_position_embeddings,
+        "bos_token_id": 0,
+        "eos_token_id": 1,
+        "tie_word_embeddings": False,
+        "dtype": "float32",
+    }
+    cfg.update(p.extra)
+    return cfg
+
+
+def make_weights(p: Preset, seed: int) -> dict[str, np.ndarray]:
+    """Random weights in HF's save_pretrained spelling (fp32; int64 for tid2eid)."""
+    rng = np.random.default_rng(seed)
+    D, N, V = p.hidden_size, p.hc_mult, p.vocab_size
+    H_, Dh, I, E = p.num_attention_heads, p.head_dim, p.moe_intermediate_size, p.n_routed_experts
+    w: dict[str, np.ndarray] = {}
+
+    def lin(name: str, out_f: int, in_f: int, gain: float = 1.0) -> None:
+        w[name] = (rng.standard_normal((out_f, in_f), dtype=np.float32) * np.float32(gain / np.sqrt(in_f)))
+
+    def vec(name: str, shape, mean: float, std: float) -> None:
+        w[name] = (mean + std * rng.standard_normal(shape, dtype=np.float32)).astype(np.float32)
+
+    vec("model.embed_tokens.weight", (V, D), 0.0, 1.0)
+    for i, kind in enumerate(p.layer_types):
+        L = f"model.layers.{i}."
+        A = L + "attn."
+        vec(L + "attn_norm.weight", (D,), 1.0, 0.1)
+        vec(L + "ffn_norm.weight", (D,), 1.0, 0.1)
+        for blk in ("attn", "ffn"):
+            vec(f"{L}hc_{blk}_fn", ((2 + N) * N, N * D), 0.0, 1.0 / np.sqrt(N * D))
+            vec(f"{L}hc_{blk}_base", ((2 + N) * N,), 0.0, 0.5)
+            vec(f"{L}hc_{blk}_scale", (3,), 1.0, 0.2)
+        lin(A + "wq_a.weight", p.q_lora_rank, D)
+        vec(A + "q_norm.weight", (p.q_lora_rank,), 1.0, 0.1)
+        lin(A + "wq_b.weight", H_ * Dh, p.q_lora_rank)
+        lin(A + "wkv.weight", Dh, D)
+        vec(A + "norm.weight", (Dh,), 1.0, 0.1)
+        lin(A + "wo_a.weight", p.o_groups * p.o_lora_rank, H_ * Dh // p.o_groups)
+        lin(A + "wo_b.weight", D, p.o_groups * p.o_lora_rank)
+        vec(A + "attn_sink", (H_,), 0.0, 1.0)
+        if kind != S:
+            rate = p.csa_rate if kind == C else p.hca_rate
+            width = 2 * Dh if kind == C else Dh
+            lin(A + "compressor.wkv.weight", width, D)
+            lin(A + "compressor.wgate.weight", width, D)
+            vec(A + "compressor.ape", (rate, width), 0.0, 0.5)
+            vec(A + "compressor.norm.weight", (Dh,), 1.0, 0.1)
+        if kind == C:
+            Di, nI = p.index_head_dim, p.index_n_heads
+            lin(A + "indexer.compressor.wkv.weight", 2 * Di, D)
+            lin(A + "indexer.compressor.wgate.weight", 2 * Di, D)
+            vec(A + "indexer.compressor.ape", (p.csa_rate, 2 * Di), 0.0, 0.5)
+            vec(A + "indexer.compressor.norm.weight", (Di,), 1.0, 0.1)
+            lin(A + "indexer.wq_b.weight", nI * Di, p.q_lora_rank)
+            lin(A + "indexer.weights_proj.weight", nI, D)
+        F = L + "ffn."
+        lin(F + "gate.weight", E, D)
+        if p.mlp_layer_types[i] == "hash_moe":
+            k = p.num_experts_per_tok
+            w[F + "gate.tid2eid"] = np.argsort(rng.random((V, E)), axis=1)[:, :k].astype(np.int64)
+        else:
+            vec(F + "gate.bias", (E,), 0.0, 0.1)
+        for e in range(E):
+            lin(f"{F}experts.{e}.w1.weight", I, D)
+            lin(f"{F}experts.{e}.w2.weight", D, I)
+            lin(f"{F}experts.{e}.w3.weight", I, D)
+        lin(F + "shared_experts.w1.weight", I, D)
+        lin(F + "shared_experts.w2.weight", D, I)
+        lin(F + "shared_experts.w3.weight", I, D)
+    vec("model.norm.weight", (D,), 1.0, 0.1)
+    vec("model.hc_head.hc_fn", (N, N * D), 0.0, 1.0 / np.sqrt(N * D))
+    vec("model.hc_head.hc_base", (N,), 0.0, 0.5)
+    vec("model.hc_head.hc_scale", (1,), 1.0, 0.2)
+    lin("head.weight", V, D, gain=1.0)
+    return w
+
+
+# ---------------------------------------------------------------------------------------------
+# Tokenizer: byte-level BPE trained on text synthesised here from a fixed seed.
+
+_WORDS = (
+    "the of and to in is that for it as with was on be by this are from or an at which not have "
+    "can all one has more when will also its would about they there their what into if so out "
+    "up use time only new some could these two may first any then do like other than most such "
+    "model token prompt state cache window layer prefix request answer turn agent system user "
+    "assistant tool function call result error file path read write socket daemon server client "
+    "checkpoint restore snapshot chunk segment cancel retry queue admit decode prefill compute "
+    "def return class import self none true false print value list dict string number index "
+    "def main args config value key data line text code test run build make install service"
+).split()
+_SYLLABLES = (
+    "ka ri to mo na shi be lu ve da zo pe qui tra len mor gan fel dis pro con ver sta ble ment "
+    "tion ing er al ic ous ive ate ize ful less ness ward wise ex in re un de pre sub inter"
+).split()
+
+
+def _corpus(size_words: int) -> list[str]:
+    rng = np.random.default_rng(20260401)
+    made = {"".join(rng.choice(_SYLLABLES, size=rng.integers(1, 4))) for _ in range(6000)}
+    vocab = list(_WORDS) + sorted(made)
+    weights = 1.0 / np.arange(1, len(vocab) + 1) ** 0.9
+    weights /= weights.sum()
+    lines, words = [], rng.choice(len(vocab), size=size_words, p=weights)
+    punct = [".", ",", ":", "();", " =", "\n", "?", "!", " {", "}"]
+    for start in range(0, size_words, 24):
+        parts = [vocab[j] for j in words[start:start + 24]]
+        lines.append(" ".join(parts) + punct[start // 24 % len(punct)] + " " + str(start % 997))
+    return lines
+
+
+def make_tokenizer(vocab_size: int):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS, show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), min_frequency=1)
+    text = _corpus(200_000 if vocab_size > 1024 else 20_000)
+    tok.train_from_iterator(text, trainer=trainer)
+    if tok.get_vocab_size() != vocab_size:
+        # Should the synthetic text run out of merges, pad with unreachable filler tokens so the
+        # tokenizer and the embedding table agree on the vocabulary size.
+        tok.add_tokens([f"<｜unused{i}｜>" for i in range(vocab_size - tok.get_vocab_size())])
+    return tok
+
+
+def tokenizer_config(max_len: int) -> dict:
+    return {
+        "bos_token": BOS,
+        "eos_token": EOS,
+        "pad_token": "<｜pad｜>",
+        "add_bos_token": False,
+        "add_eos_token": False,
+        "model_max_length": max_len,
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "clean_up_tokenization_spaces": False,
+        "chat_template": CHAT_TEMPLATE,
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+
+def make_model(preset: str | Preset, seed: int, out_dir: str | os.PathLike, *, dtype: str = "float32",
+               shard_bytes: int | None = None, official_names: bool = False) -> Path:
+    """Write a model directory. Returns its path."""
+    p = PRESETS[preset] if isinstance(preset, str) else preset
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    cfg = hf_config(p)
+    cfg["dtype"] = dtype
+    weights = make_weights(p, seed)
+    if official_names:
+        weights = {to_official_name(k): v for k, v in weights.items()}
+    tag = {"float32": "F32", "bfloat16": "BF16", "float16": "F16"}[dtype]
+
+    def encode(arr: np.ndarray) -> tuple[np.ndarray, str]:
+        if arr.dtype == np.int64:
+            return arr, "I64"
+        if tag == "BF16":
+            return to_bf16_bits(arr), "BF16"
+        return arr.astype(np.float16 if tag == "F16" else np.float32), tag
+
+    encoded = {k: encode(v) for k, v in weights.items()}
+    _write_weights(out, encoded, shard_bytes)
+    (out / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+    tok = make_tokenizer(p.vocab_size)
+    (out / "tokenizer.json").write_text(tok.to_str(pretty=True) + "\n")
+    (out / "tokenizer_config.json").write_text(
+        json.dumps(tokenizer_config(p.max_position_embeddings), indent=2, ensure_ascii=False, sort_keys=True) + "\n")
+    (out / "generation_config.json").write_text(
+        json.dumps({"bos_token_id": 0, "eos_token_id": 1}, indent=2, sort_keys=True) + "\n")
+    return out
+
+
+def _write_weights(out: Path, encoded: dict[str, tuple[np.ndarray, str]], shard_bytes: int | None) -> None:
+    for stale in out.glob("model*.safetensors*"):
+        stale.unlink()
+    if not shard_bytes:
+        write_file(out / "model.safetensors", encoded)
+        return
+    shards: list[dict] = [{}]
+    size = 0
+    for name in sorted(encoded):
+        nbytes = encoded[name][0].nbytes
+        if shards[-1] and size + nbytes > shard_bytes:
+            shards.append({})
+            size = 0
+        shards[-1][name] = encoded[name]
+        size += nbytes
+    weight_map = {}
+    total = 0
+    for i, shard in enumerate(shards, 1):
+        fname = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
+        write_file(out / fname, shard)
+        for name, (arr, _) in shard.items():
+            weight_map[name] = fname
+            total += arr.nbytes
+    index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
+    (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
+
+
+def to_official_name(hf_name: str) -> str:
+    """HF save_pretrained spelling -> the official DeepSeek checkpoint spelling."""
+    special = {
+        "model.embed_tokens.weight": "embed.weight",
+        "model.norm.weight": "norm.weight",
+        "model.hc_head.hc_fn": "hc_head_fn",
+        "model.hc_head.hc_base": "hc_head_base",
+        "model.hc_head.hc_scale": "hc_head_scale",
+    }
+    if hf_name in special:
+        return special[hf_name]
+    name = hf_name.removeprefix("model.")
+    return name.replace(".attn.norm.weight", ".attn.kv_norm.weight")
+
+
+def preset_with(name: str, **changes) -> Preset:
+    """A preset with some fields replaced (tests build variants this way)."""
+    return replace(PRESETS[name], **changes)

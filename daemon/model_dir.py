@@ -1,0 +1,347 @@
+"""The model-directory contract (docs/model-format.md): read, check, and hand to the kernel.
+
+A DeepSeek-V4 directory as Hugging Face publishes one: config.json (model_type deepseek_v4),
+safetensors weights (one file or shards + model.safetensors.index.json), tokenizer.json and
+tokenizer_config.json carrying the chat template (or chat_template.jinja). Weights are
+memory-mapped, never copied here. Both weight spellings are accepted — HF's save_pretrained
+layout and the official DeepSeek one — and normalised to one canonical spelling (the official
+names without a `model.` prefix). Every shape is checked against the config; each error names
+the file, the tensor and what was expected. The directory is only ever read.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .safetensors_io import SafetensorsError, TensorInfo, map_tensor, read_header
+
+SLIDING, CSA, HCA = "sliding_attention", "compressed_sparse_attention", "heavily_compressed_attention"
+_LEGACY_RATIO = {0: SLIDING, 4: CSA, 128: HCA}
+
+
+class ModelDirError(ValueError):
+    """The model directory does not meet the contract; the message says what to fix."""
+
+
+@dataclass(frozen=True)
+class ModelDir:
+    path: Path
+    config: dict                      # resolved: every field the kernel reads, defaults applied
+    tensors: dict[str, TensorInfo]    # canonical name -> where its bytes are
+    fingerprint: str                  # config + weight identity + tokenizer (hex sha256)
+    tokenizer_file: Path
+    chat_template: str
+    bos_token: str
+    eos_token: str
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+
+# --------------------------------------------------------------------------------------------
+# config
+
+
+def resolve_config(raw: dict, where: str = "config.json") -> dict:
+    """HF config.json fields -> the flat, fully defaulted dict the kernel reads."""
+    if raw.get("model_type") != "deepseek_v4":
+        raise ModelDirError(
+            f"{where}: model_type is {raw.get('model_type')!r}; cairn serves DeepSeek-V4 models "
+            "(model_type \"deepseek_v4\")")
+
+    def get(key, default=None, kind=(int,)):
+        v = raw.get(key, default)
+        if v is None or isinstance(v, bool) or not isinstance(v, kind):
+            raise ModelDirError(f"{where}: field {key!r} must be {' or '.join(k.__name__ for k in kind)}, got {v!r}")
+        return v
+
+    num = (int, float)
+    n = get("num_hidden_layers")
+    head_dim = get("head_dim", 512)
+    rates = dict(raw.get("compress_rates") or {})
+    csa_rate = int(rates.get(CSA, raw.get("compress_rate_csa", 4)))
+    hca_rate = int(rates.get(HCA, raw.get("compress_rate_hca", 128)))
+    layer_types = raw.get("layer_types")
+    if layer_types is None and raw.get("compress_ratios") is not None:
+        try:
+            layer_types = [_LEGACY_RATIO[int(r)] for r in raw["compress_ratios"]]
+        except (KeyError, ValueError):
+            raise ModelDirError(f"{where}: compress_ratios entries must be 0, 4 or 128") from None
+    if layer_types is None:
+        layer_types = [HCA] * min(n, 2) + [CSA if i % 2 else HCA for i in range(max(n - 2, 0))]
+    layer_types = list(layer_types)[:n]
+    mlp = raw.get("mlp_layer_types")
+    if mlp is None:
+        n_hash = int(raw.get("num_hash_layers", 3))
+        mlp = ["hash_moe"] * min(n, n_hash) + ["moe"] * max(0, n - n_hash)
+    mlp = list(mlp)[:n]
+    for name, types, allowed in (("layer_types", layer_types, (SLIDING, CSA, HCA)),
+                                 ("mlp_layer_types", mlp, ("hash_moe", "moe"))):
+        if len(types) != n or any(t not in allowed for t in types):
+            raise ModelDirError(f"{where}: {name} must list {n} entries from {allowed}, got {types}")
+    prf = raw.get("partial_rotary_factor")
+    rope_dim = int(raw["qk_rope_head_dim"]) if "qk_rope_head_dim" in raw else int(head_dim * (prf or 64 / 512))
+    rp = raw.get("rope_parameters") or raw.get("rope_scaling") or {}
+    compress = rp.get("compress", rp) if isinstance(rp, dict) else {}
+    rope_type = compress.get("rope_type", compress.get("type", "default"))
+    if rope_type not in ("default", "yarn"):
+        raise ModelDirError(f"{where}: compress rope_type {rope_type!r} is not supported (default, yarn)")
+    if raw.get("scoring_func", "sqrtsoftplus") != "sqrtsoftplus":
+        raise ModelDirError(f"{where}: scoring_func {raw.get('scoring_func')!r} is not supported (sqrtsoftplus)")
+    if raw.get("quantization_config"):
+        raise ModelDirError(
+            f"{where}: quantized checkpoints (quantization_config) are not supported yet; "
+            "convert the weights to bf16 or fp32")
+    cfg = {
+        "vocab_size": get("vocab_size"),
+        "hidden_size": get("hidden_size"),
+        "num_hidden_layers": n,
+        "num_attention_heads": get("num_attention_heads"),
+        "head_dim": head_dim,
+        "qk_rope_head_dim": rope_dim,
+        "q_lora_rank": get("q_lora_rank", 1024),
+        "o_groups": get("o_groups", 8),
+        "o_lora_rank": get("o_lora_rank", 1024),
+        "sliding_window": get("sliding_window", 128),
+        "layer_types": layer_types,
+        "mlp_layer_types": mlp,
+        "csa_rate": csa_rate,
+        "hca_rate": hca_rate,
+        "rope_theta": float(get("rope_theta", 10000.0, num)),
+        "compress_rope_theta": float(compress.get("rope_theta", raw.get("compress_rope_theta", 160000.0))),
+        "compress_rope_type": rope_type,
+        "yarn_factor": float(compress.get("factor", 1.0)),
+        "yarn_original_max_position_embeddings": int(compress.get("original_max_position_embeddings", 65536)),
+        "yarn_beta_fast": float(compress.get("beta_fast", 32)),
+        "yarn_beta_slow": float(compress.get("beta_slow", 1)),
+        "hc_mult": get("hc_mult", 4),
+        "hc_sinkhorn_iters": get("hc_sinkhorn_iters", 20),
+        "hc_eps": float(get("hc_eps", 1e-6, num)),
+        "rms_norm_eps": float(get("rms_norm_eps", 1e-6, num)),
+        "n_routed_experts": get("n_routed_experts", 256),
+        "num_experts_per_tok": get("num_experts_per_tok", 6),
+        "moe_intermediate_size": get("moe_intermediate_size", 2048),
+        "n_shared_experts": get("n_shared_experts", 1),
+        "routed_scaling_factor": float(get("routed_scaling_factor", 1.5, num)),
+        "swiglu_limit": float(get("swiglu_limit", 10.0, num)),
+        "index_n_heads": get("index_n_heads", 64),
+        "index_head_dim": get("index_head_dim", 128),
+        "index_topk": get("index_topk", 512),
+        "scoring_func": "sqrtsoftplus",
+        "max_position_embeddings": get("max_position_embeddings", 1048576),
+        "bos_token_id": raw.get("bos_token_id", 0),
+        "eos_token_id": raw.get("eos_token_id", 1),
+    }
+    if cfg["n_shared_experts"] != 1:
+        raise ModelDirError(f"{where}: n_shared_experts must be 1 (DeepSeek-V4), got {cfg['n_shared_experts']}")
+    if cfg["num_attention_heads"] * head_dim % cfg["o_groups"]:
+        raise ModelDirError(f"{where}: num_attention_heads*head_dim must be divisible by o_groups")
+    if rope_dim % 2 or rope_dim > head_dim:
+        raise ModelDirError(f"{where}: rope dim {rope_dim} must be even and at most head_dim {head_dim}")
+    return cfg
+
+
+def expected_shapes(cfg: dict) -> dict[str, tuple[int, ...]]:
+    """Every tensor the model needs, by canonical name, with its shape."""
+    D, N, V = cfg["hidden_size"], cfg["hc_mult"], cfg["vocab_size"]
+    H, Dh, Rq = cfg["num_attention_heads"], cfg["head_dim"], cfg["q_lora_rank"]
+    G, Ro, I, E = cfg["o_groups"], cfg["o_lora_rank"], cfg["moe_intermediate_size"], cfg["n_routed_experts"]
+    nI, Di = cfg["index_n_heads"], cfg["index_head_dim"]
+    s: dict[str, tuple[int, ...]] = {
+        "embed.weight": (V, D), "head.weight": (V, D), "norm.weight": (D,),
+        "hc_head_fn": (N, N * D), "hc_head_base": (N,), "hc_head_scale": (1,),
+    }
+    for i, kind in enumerate(cfg["layer_types"]):
+        L = f"layers.{i}."
+        A = L + "attn."
+        s |= {L + "attn_norm.weight": (D,), L + "ffn_norm.weight": (D,)}
+        for blk in ("attn", "ffn"):
+            s |= {f"{L}hc_{blk}_fn": ((2 + N) * N, N * D), f"{L}hc_{blk}_base": ((2 + N) * N,),
+                  f"{L}hc_{blk}_scale": (3,)}
+        s |= {A + "wq_a.weight": (Rq, D), A + "q_norm.weight": (Rq,), A + "wq_b.weight": (H * Dh, Rq),
+              A + "wkv.weight": (Dh, D), A + "kv_norm.weight": (Dh,), A + "wo_a.weight": (G * Ro, H * Dh // G),
+              A + "wo_b.weight": (D, G * Ro), A + "attn_sink": (H,)}
+        if kind != SLIDING:
+            rate, width = (cfg["csa_rate"], 2 * Dh) if kind == CSA else (cfg["hca_rate"], Dh)
+            s |= {A + "compressor.wkv.weight": (width, D), A + "compressor.wgate.weight": (width, D),
+                  A + "compressor.ape": (rate, width), A + "compressor.norm.weight": (Dh,)}
+        if kind == CSA:
+            m = cfg["csa_rate"]
+            s |= {A + "indexer.compressor.wkv.weight": (2 * Di, D), A + "indexer.compressor.wgate.weight": (2 * Di, D),
+                  A + "indexer.compressor.ape": (m, 2 * Di), A + "indexer.compressor.norm.weight": (Di,),
+                  A + "indexer.wq_b.weight": (nI * Di, Rq), A + "indexer.weights_proj.weight": (nI, D)}
+        F = L + "ffn."
+        s[F + "gate.weight"] = (E, D)
+        if cfg["mlp_layer_types"][i] == "hash_moe":
+            s[F + "gate.tid2eid"] = (V, cfg["num_experts_per_tok"])
+        else:
+            s[F + "gate.bias"] = (E,)
+        for e in range(E):
+            s |= {f"{F}experts.{e}.w1.weight": (I, D), f"{F}experts.{e}.w2.weight": (D, I),
+                  f"{F}experts.{e}.w3.weight": (I, D)}
+        s |= {F + "shared_experts.w1.weight": (I, D), F + "shared_experts.w2.weight": (D, I),
+              F + "shared_experts.w3.weight": (I, D)}
+    return s
+
+
+# --------------------------------------------------------------------------------------------
+# weight names
+
+_TOP_LEVEL = {
+    "embed_tokens.weight": "embed.weight",
+    "hc_head.hc_fn": "hc_head_fn",
+    "hc_head.hc_base": "hc_head_base",
+    "hc_head.hc_scale": "hc_head_scale",
+    "lm_head.weight": "head.weight",
+}
+
+
+def canonical_name(name: str) -> str | None:
+    """HF save_pretrained or official spelling -> canonical; None for tensors we ignore (mtp.*)."""
+    n = name.removeprefix("model.")
+    if n.startswith("mtp."):
+        return None
+    n = _TOP_LEVEL.get(n, n)
+    if n.startswith("layers.") and n.endswith(".attn.norm.weight"):
+        n = n[: -len("norm.weight")] + "kv_norm.weight"  # HF writes the attention kv_norm as attn.norm
+    return n
+
+
+# --------------------------------------------------------------------------------------------
+# the directory
+
+
+def _weight_files(path: Path) -> list[Path]:
+    index = path / "model.safetensors.index.json"
+    if index.exists():
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+        except (json.JSONDecodeError, KeyError, TypeError) as e:
+            raise ModelDirError(f"{index}: not a valid safetensors index ({e})") from None
+        files = sorted({path / f for f in weight_map.values()})
+        missing = [f.name for f in files if not f.exists()]
+        if missing:
+            raise ModelDirError(f"{index}: lists shard(s) that do not exist: {', '.join(missing)}")
+        return files
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise ModelDirError(f"{path}: no weights (expected model.safetensors or model.safetensors.index.json)")
+    return files
+
+
+def _sampled_content(f: Path, blocks: int = 64, size: int = 4096) -> bytes:
+    """Weight identity without reading every byte: the file size plus blocks sampled evenly
+    through it. Two random models with equal shapes differ here; a 700 GB model still opens in ms."""
+    total = f.stat().st_size
+    out = [total.to_bytes(8, "little")]
+    with open(f, "rb") as fh:
+        for i in range(blocks):
+            fh.seek(total * i // blocks)
+            out.append(fh.read(size))
+    return hashlib.sha256(b"".join(out)).digest()
+
+
+def _chat_template(path: Path, tok_cfg: dict) -> str:
+    jinja = path / "chat_template.jinja"
+    if jinja.exists():
+        return jinja.read_text()
+    tmpl = tok_cfg.get("chat_template")
+    if isinstance(tmpl, list):  # HF's list of named templates
+        tmpl = next((t.get("template") for t in tmpl if t.get("name") == "default"), None)
+    if not isinstance(tmpl, str) or not tmpl:
+        raise ModelDirError(
+            f"{path}: no chat template (expected chat_template in tokenizer_config.json or chat_template.jinja)")
+    return tmpl
+
+
+def _token_text(v) -> str | None:
+    return v.get("content") if isinstance(v, dict) else v
+
+
+def open_model_dir(path: str | Path) -> ModelDir:
+    """Read and check a model directory without touching weight bytes."""
+    path = Path(path).expanduser().resolve()
+    if not path.is_dir():
+        raise ModelDirError(f"{path}: model directory does not exist")
+    cfg_file = path / "config.json"
+    try:
+        raw_cfg = json.loads(cfg_file.read_text())
+    except FileNotFoundError:
+        raise ModelDirError(f"{cfg_file}: missing (a model directory needs config.json)") from None
+    except json.JSONDecodeError as e:
+        raise ModelDirError(f"{cfg_file}: not valid JSON ({e})") from None
+    cfg = resolve_config(raw_cfg, str(cfg_file))
+
+    tok_file = path / "tokenizer.json"
+    if not tok_file.exists():
+        raise ModelDirError(f"{path}: missing tokenizer.json (the tokenizer ships with the model directory)")
+    tok_cfg_file = path / "tokenizer_config.json"
+    try:
+        tok_cfg = json.loads(tok_cfg_file.read_text())
+    except FileNotFoundError:
+        raise ModelDirError(f"{path}: missing tokenizer_config.json (bos/eos tokens and chat template)") from None
+    except json.JSONDecodeError as e:
+        raise ModelDirError(f"{tok_cfg_file}: not valid JSON ({e})") from None
+    template = _chat_template(path, tok_cfg)
+
+    headers: list[bytes] = []
+    tensors: dict[str, TensorInfo] = {}
+    for f in _weight_files(path):
+        try:
+            raw, infos = read_header(f)
+        except SafetensorsError as e:
+            raise ModelDirError(str(e)) from None
+        headers.append(f.name.encode() + b"\0" + raw + _sampled_content(f))
+        for name, info in infos.items():
+            canon = canonical_name(name)
+            if canon is None:
+                continue
+            if canon in tensors:
+                raise ModelDirError(f"{f}: tensor {name!r} duplicates one in {tensors[canon].file.name}")
+            tensors[canon] = info
+
+    want = expected_shapes(cfg)
+    missing = sorted(set(want) - set(tensors))
+    if missing:
+        more = f" (and {len(missing) - 5} more)" if len(missing) > 5 else ""
+        raise ModelDirError(f"{path}: missing tensor(s) {', '.join(missing[:5])}{more}")
+    for name, shape in want.items():
+        info = tensors[name]
+        if info.shape != shape:
+            raise ModelDirError(
+                f"{info.file}: tensor {info.name!r} has shape {list(info.shape)}, expected {list(shape)} from config.json")
+        is_int = name.endswith("tid2eid")
+        if is_int != (info.dtype in ("I64", "I32")):
+            raise ModelDirError(f"{info.file}: tensor {info.name!r} has dtype {info.dtype}, "
+                                f"expected {'an integer' if is_int else 'a float'} dtype")
+    tensors = {k: v for k, v in tensors.items() if k in want}
+
+    h = hashlib.sha256()
+    h.update(json.dumps(cfg, sort_keys=True).encode())
+    for raw in headers:
+        h.update(raw)
+    h.update(hashlib.sha256(tok_file.read_bytes()).digest())
+    h.update(template.encode())
+    return ModelDir(path=path, config=cfg, tensors=tensors, fingerprint=h.hexdigest(),
+                    tokenizer_file=tok_file, chat_template=template,
+                    bos_token=_token_text(tok_cfg.get("bos_token")) or "",
+                    eos_token=_token_text(tok_cfg.get("eos_token")) or "")
+
+
+def map_weights(md: ModelDir) -> dict[str, tuple[np.ndarray, str]]:
+    """Memory-map every tensor: canonical name -> (array, dtype tag). BF16 arrives as uint16 bits."""
+    return {name: (map_tensor(info), info.dtype) for name, info in md.tensors.items()}
+
+
+def load_model(path: str | Path | ModelDir, threads: int = 0):
+    """Open a model directory and build the kernel's immutable Model from it."""
+    from .. import _kernel
+
+    md = path if isinstance(path, ModelDir) else open_model_dir(path)
+    return _kernel.Model(md.config, map_weights(md), md.fingerprint, threads)

@@ -1,0 +1,120 @@
+"""The safetensors file format, read and written with numpy alone.
+
+Layout: 8-byte little-endian header length, a JSON header mapping names to
+{dtype, shape, data_offsets}, then the raw tensor bytes. Reading memory-maps the data
+(zero copy, page cache shared across restarts); writing is deterministic (sorted names,
+no timestamps) so a generated model directory is byte-identical for the same inputs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+# safetensors dtype tag -> numpy dtype of the stored bytes. BF16 has no numpy dtype: it is
+# carried as its raw uint16 bit pattern and widened by the kernel.
+DTYPES: dict[str, np.dtype] = {
+    "F32": np.dtype("<f4"),
+    "F16": np.dtype("<f2"),
+    "BF16": np.dtype("<u2"),
+    "I64": np.dtype("<i8"),
+    "I32": np.dtype("<i4"),
+}
+MAX_HEADER_BYTES = 100 * 1024 * 1024
+
+
+class SafetensorsError(ValueError):
+    """A safetensors file that cannot be read; the message names the file."""
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    file: Path
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    start: int  # absolute byte offset of the data in the file
+    end: int
+
+
+def read_header(path: Path) -> tuple[bytes, dict[str, TensorInfo]]:
+    """Parse a file's header; return its raw bytes (for fingerprints) and the tensor table."""
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as f:
+            head = f.read(8)
+            if len(head) < 8:
+                raise SafetensorsError(f"{path}: truncated safetensors file (no header length)")
+            n = int.from_bytes(head, "little")
+            if n <= 0 or n > MAX_HEADER_BYTES or 8 + n > size:
+                raise SafetensorsError(
+                    f"{path}: truncated or corrupt safetensors header (declares {n} bytes, file has {size})")
+            raw = f.read(n)
+    except OSError as e:
+        raise SafetensorsError(f"{path}: cannot read: {e.strerror}") from None
+    try:
+        table = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise SafetensorsError(f"{path}: safetensors header is not valid JSON ({e})") from None
+    if not isinstance(table, dict):
+        raise SafetensorsError(f"{path}: safetensors header is not a JSON object")
+    base = 8 + n
+    infos: dict[str, TensorInfo] = {}
+    for name, meta in table.items():
+        if name == "__metadata__":
+            continue
+        try:
+            dtype, shape, (a, b) = meta["dtype"], tuple(int(x) for x in meta["shape"]), meta["data_offsets"]
+        except (KeyError, TypeError, ValueError):
+            raise SafetensorsError(f"{path}: tensor {name!r} has a malformed header entry") from None
+        if dtype not in DTYPES:
+            raise SafetensorsError(
+                f"{path}: tensor {name!r} has dtype {dtype}; supported: {', '.join(DTYPES)}")
+        want = int(np.prod(shape, dtype=np.int64)) * DTYPES[dtype].itemsize
+        if b - a != want or a < 0 or base + b > size:
+            raise SafetensorsError(
+                f"{path}: tensor {name!r} data is truncated or mis-sized "
+                f"(offsets {a}..{b}, needs {want} bytes, file has {size - base} data bytes)")
+        infos[name] = TensorInfo(path, name, dtype, shape, base + a, base + b)
+    return raw, infos
+
+
+def map_tensor(info: TensorInfo) -> np.ndarray:
+    """A read-only memory map of one tensor (no bytes are read until used)."""
+    count = int(np.prod(info.shape, dtype=np.int64))
+    if count == 0:
+        return np.zeros(info.shape, DTYPES[info.dtype])
+    return np.memmap(info.file, dtype=DTYPES[info.dtype], mode="r", offset=info.start, shape=info.shape)
+
+
+def write_file(path: Path, tensors: dict[str, tuple[np.ndarray, str]]) -> None:
+    """Write tensors (name -> (array, dtype tag)) deterministically, atomically."""
+    header: dict[str, object] = {"__metadata__": {"format": "pt"}}
+    offset = 0
+    order = sorted(tensors)
+    for name in order:
+        arr, tag = tensors[name]
+        nbytes = arr.size * DTYPES[tag].itemsize
+        header[name] = {"dtype": tag, "shape": list(arr.shape), "data_offsets": [offset, offset + nbytes]}
+        offset += nbytes
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)  # keep the data 8-byte aligned, as the reference writer does
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        f.write(len(raw).to_bytes(8, "little"))
+        f.write(raw)
+        for name in order:
+            arr, tag = tensors[name]
+            f.write(np.ascontiguousarray(arr, dtype=DTYPES[tag]).tobytes())
+    os.replace(tmp, path)
+
+
+def to_bf16_bits(x: np.ndarray) -> np.ndarray:
+    """fp32 -> bf16 bit patterns, round to nearest even (what torch's .bfloat16() does)."""
+    u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
+    rounded = u + (np.uint32(0x7FFF) + ((u >> 16) & np.uint32(1)))
+    return (rounded >> 16).astype(np.uint16)
