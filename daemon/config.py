@@ -1,0 +1,258 @@
+"""Settings: command-line flags, CAIRN_* environment variables and a TOML file -> one frozen,
+validated `Settings`.
+
+Precedence, lowest first: built-in default < config file (`--config` / CAIRN_CONFIG) < environment
+< flag. Every setting is described once in `FIELDS` (name, kind, default, meaning, limits); the flag,
+the variable and the config key are derived from its name (`checkpoint_slots` -> `--checkpoint-slots`,
+`CAIRN_CHECKPOINT_SLOTS`, `checkpoint_slots`). Errors name the setting, where its value came from,
+what was wrong and what is allowed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tomllib
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any, Callable
+
+
+class ConfigError(ValueError):
+    """A setting is invalid; the message says which, where it came from and what is allowed."""
+
+
+def default_socket_path(env: dict[str, str] | None = None) -> str:
+    """$RUNTIME_DIRECTORY/cairn.sock (systemd), else $XDG_RUNTIME_DIR/cairn/cairn.sock,
+    else /tmp/cairn-$UID/cairn.sock."""
+    env = os.environ if env is None else env
+    if env.get("RUNTIME_DIRECTORY"):
+        return str(Path(env["RUNTIME_DIRECTORY"].split(":")[0]) / "cairn.sock")
+    if env.get("XDG_RUNTIME_DIR"):
+        return str(Path(env["XDG_RUNTIME_DIR"]) / "cairn" / "cairn.sock")
+    return f"/tmp/cairn-{os.getuid()}/cairn.sock"
+
+
+def default_checkpoint_dir(env: dict[str, str] | None = None) -> str:
+    """$CACHE_DIRECTORY (systemd), else $XDG_CACHE_HOME/cairn/checkpoints, else ~/.cache/cairn/checkpoints.
+    Never inside the model directory: model directories are read-only inputs."""
+    env = os.environ if env is None else env
+    if env.get("CACHE_DIRECTORY"):
+        return str(Path(env["CACHE_DIRECTORY"].split(":")[0]) / "checkpoints")
+    base = env.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return str(Path(base) / "cairn" / "checkpoints")
+
+
+@dataclass(frozen=True)
+class Field:
+    name: str
+    kind: type              # int, bool, str
+    default: Any            # a value, or a callable taking the environment (computed default)
+    help: str
+    check: Callable[[Any], str | None] | None = None   # returns what is allowed when the value is wrong
+    optional: bool = False  # None allowed (unset)
+    flag_only_negative: bool = False  # bool on by default: the flag is --no-NAME
+
+    @property
+    def flag(self) -> str:
+        return ("--no-" if self.flag_only_negative else "--") + self.name.replace("_", "-")
+
+    @property
+    def env(self) -> str:
+        return "CAIRN_" + self.name.upper()
+
+
+def _range(lo: int | None = None, hi: int | None = None) -> Callable[[int], str | None]:
+    def check(v: int) -> str | None:
+        if (lo is not None and v < lo) or (hi is not None and v > hi):
+            if hi is None:
+                return f"an integer >= {lo}"
+            return f"an integer from {lo} to {hi}"
+        return None
+    return check
+
+
+def _one_of(*allowed: str) -> Callable[[str], str | None]:
+    return lambda v: None if v in allowed else f"one of {', '.join(allowed)}"
+
+
+def _tcp(v: str) -> str | None:
+    host, sep, port = v.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        return "HOST:PORT, for example 127.0.0.1:8000"
+    return None
+
+
+def _octal_mode(v: str) -> str | None:
+    try:
+        m = int(v, 8)
+    except ValueError:
+        return "an octal file mode such as 0660"
+    return None if 0 <= m <= 0o777 else "an octal file mode from 0000 to 0777"
+
+
+FIELDS: tuple[Field, ...] = (
+    Field("model", str, None, "model directory to serve", optional=True),
+    Field("socket", str, default_socket_path, "Unix socket path to listen on"),
+    Field("socket_mode", str, "0660", "file mode of the Unix socket (octal)", _octal_mode),
+    Field("tcp", str, None, "also listen on TCP HOST:PORT (off by default; non-loopback needs --api-key)",
+          _tcp, optional=True),
+    Field("api_key", str, None, "require 'Authorization: Bearer KEY' on TCP", optional=True),
+    Field("served_model_name", str, None, "model id in the API (default: the model directory name)", optional=True),
+    Field("segment", int, 4096, "prefill segment size in tokens (one progress line each)", _range(1)),
+    Field("chunk", int, 128, "prefill chunk size in tokens (cancel granularity); 1..MAX_CHUNK of the kernel",
+          _range(1)),
+    Field("queue_size", int, 8, "requests that may wait for the engine; more get HTTP 429", _range(0, 10_000)),
+    Field("threads", int, 0, "kernel threads (0: all cores)", _range(0, 1024)),
+    Field("log_level", str, "info", "log level", _one_of("debug", "info", "warning", "error")),
+    Field("max_tokens_default", int, 1024, "completion length when a request gives no max_tokens",
+          _range(1)),
+    Field("checkpoints", bool, True, "prefix checkpoints in memory", flag_only_negative=True),
+    Field("checkpoint_slots", int, 4, "checkpoint slots in memory", _range(1, 8)),
+    Field("checkpoint_memory_mb", int, 2048, "memory budget for checkpoints (MiB)", _range(0)),
+    Field("disk_checkpoints", bool, False, "also keep checkpoints on disk (survive restarts)"),
+    Field("checkpoint_dir", str, default_checkpoint_dir, "where disk checkpoints live"),
+    Field("checkpoint_disk_mb", int, 8192, "disk budget for checkpoints (MiB)", _range(0)),
+    Field("checkpoint_min_tokens", int, 512, "shortest prefix worth a checkpoint (tokens)", _range(1)),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    model: str | None
+    socket: str
+    socket_mode: str
+    tcp: str | None
+    api_key: str | None
+    served_model_name: str | None
+    segment: int
+    chunk: int
+    queue_size: int
+    threads: int
+    log_level: str
+    max_tokens_default: int
+    checkpoints: bool
+    checkpoint_slots: int
+    checkpoint_memory_mb: int
+    disk_checkpoints: bool
+    checkpoint_dir: str
+    checkpoint_disk_mb: int
+    checkpoint_min_tokens: int
+
+    @property
+    def socket_mode_int(self) -> int:
+        return int(self.socket_mode, 8)
+
+    @property
+    def tcp_host_port(self) -> tuple[str, int] | None:
+        if self.tcp is None:
+            return None
+        host, _, port = self.tcp.rpartition(":")
+        return host.strip("[]"), int(port)
+
+
+assert [f.name for f in FIELDS] == [f.name for f in fields(Settings)]
+_BY_NAME = {f.name: f for f in FIELDS}
+_TRUE, _FALSE = {"1", "true", "yes", "on"}, {"0", "false", "no", "off"}
+LOOPBACK = {"127.0.0.1", "::1", "localhost"}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """One flag per setting; absent flags stay None so lower layers show through."""
+    parser.add_argument("--config", default=None, help="TOML file with settings (keys as below, snake_case)")
+    for f in FIELDS:
+        if f.kind is bool:
+            if f.flag_only_negative:
+                parser.add_argument(f.flag, dest=f.name, action="store_const", const=False, default=None,
+                                    help=f"turn off: {f.help} ({f.env})")
+            else:
+                parser.add_argument(f.flag, dest=f.name, action="store_const", const=True, default=None,
+                                    help=f"{f.help} ({f.env})")
+        else:
+            parser.add_argument(f.flag, dest=f.name, default=None, metavar=f.name.upper(),
+                                help=f"{f.help} ({f.env})")
+
+
+def _convert(f: Field, value: Any, source: str) -> Any:
+    where = f"setting {f.name!r} (from {source})"
+    if isinstance(value, str) and source != "config file":
+        if f.kind is bool:
+            low = value.strip().lower()
+            if low in _TRUE | _FALSE:
+                return low in _TRUE
+            raise ConfigError(f"{where}: {value!r} is not a boolean; allowed: true/false, 1/0, yes/no, on/off")
+        if f.kind is int:
+            try:
+                return int(value.strip())
+            except ValueError:
+                raise ConfigError(f"{where}: {value!r} is not an integer") from None
+        return value
+    if f.kind is bool and not isinstance(value, bool):
+        raise ConfigError(f"{where}: {value!r} is not a boolean; allowed: true or false")
+    if f.kind is int and (isinstance(value, bool) or not isinstance(value, int)):
+        raise ConfigError(f"{where}: {value!r} is not an integer")
+    if f.kind is str and not isinstance(value, str):
+        if f.name == "socket_mode" and isinstance(value, int):
+            return oct(value)[2:].rjust(4, "0")
+        raise ConfigError(f"{where}: {value!r} is not a string")
+    return value
+
+
+def _read_config_file(path: str) -> dict[str, Any]:
+    try:
+        with open(path, "rb") as fh:
+            data = tomllib.load(fh)
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path}: does not exist") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"config file {path}: not valid TOML ({e})") from None
+    unknown = sorted(set(data) - set(_BY_NAME))
+    if unknown:
+        raise ConfigError(f"config file {path}: unknown setting(s) {', '.join(unknown)}; "
+                          f"allowed: {', '.join(_BY_NAME)}")
+    return data
+
+
+def load_settings(args: argparse.Namespace | dict | None = None, env: dict[str, str] | None = None,
+                  *, max_chunk: int | None = None) -> Settings:
+    """Merge the layers and validate. `max_chunk` is the kernel's MAX_CHUNK (checked when given)."""
+    env = dict(os.environ) if env is None else env
+    flags = vars(args) if isinstance(args, argparse.Namespace) else dict(args or {})
+    config_path = flags.get("config") or env.get("CAIRN_CONFIG")
+    from_file = _read_config_file(config_path) if config_path else {}
+
+    values: dict[str, Any] = {}
+    for f in FIELDS:
+        if flags.get(f.name) is not None:
+            value, source = _convert(f, flags[f.name], f"flag {f.flag}"), f"flag {f.flag}"
+        elif env.get(f.env) not in (None, ""):
+            value, source = _convert(f, env[f.env], f"environment {f.env}"), f"environment {f.env}"
+        elif f.name in from_file:
+            value, source = _convert(f, from_file[f.name], "config file"), f"config file key {f.name}"
+        else:
+            value, source = (f.default(env) if callable(f.default) else f.default), "default"
+        if value is not None and f.check is not None:
+            allowed = f.check(value)
+            if allowed:
+                raise ConfigError(f"setting {f.name!r} (from {source}): {value!r} is not allowed; expected {allowed}")
+        if value is None and not f.optional:
+            raise ConfigError(f"setting {f.name!r}: missing")
+        values[f.name] = value
+    s = Settings(**values)
+    _check_together(s, max_chunk)
+    return s
+
+
+def _check_together(s: Settings, max_chunk: int | None) -> None:
+    if max_chunk is not None and s.chunk > max_chunk:
+        raise ConfigError(f"setting 'chunk': {s.chunk} is not allowed; expected an integer from 1 to {max_chunk} "
+                          "(the kernel's MAX_CHUNK)")
+    if s.segment < s.chunk:
+        raise ConfigError(f"setting 'segment': {s.segment} is smaller than chunk ({s.chunk}); "
+                          "expected segment >= chunk")
+    hp = s.tcp_host_port
+    if hp is not None and hp[0] not in LOOPBACK and not s.api_key:
+        raise ConfigError(f"setting 'tcp': host {hp[0]!r} is not loopback; listening beyond this machine "
+                          "needs --api-key (CAIRN_API_KEY) so requests are authenticated")
+    if s.api_key is not None and not s.api_key.strip():
+        raise ConfigError("setting 'api_key': empty; expected a non-empty secret")
