@@ -1,0 +1,161 @@
+"""Messages between the HTTP edge and the actors, and between actors: one frozen dataclass each.
+
+Token ids and numbers only; JSON never gets here. A request's reply channel carries the
+`Reply` messages back to its HTTP handler; `RequestControl` is the one mutable piece a request
+shares with the engine: the handler asks for a cancel, the running worker maps it onto its cancel
+scope (and so onto the kernel's abort flag).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+import trio
+
+
+class RequestControl:
+    """Cancel a request wherever it is. Plain Trio-thread object; no locking needed."""
+
+    __slots__ = ("cancel_requested", "_scope")
+
+    def __init__(self) -> None:
+        self.cancel_requested = False
+        self._scope: trio.CancelScope | None = None
+
+    def cancel(self) -> None:
+        self.cancel_requested = True
+        if self._scope is not None:
+            self._scope.cancel()
+
+    def attach(self, scope: trio.CancelScope) -> None:
+        """The worker now running the request listens through `scope`."""
+        self._scope = scope
+        if self.cancel_requested:
+            scope.cancel()
+
+    def detach(self) -> None:
+        self._scope = None
+
+
+@dataclass(frozen=True, slots=True)
+class Sampling:
+    max_tokens: int                    # 0 allowed: prefill only
+    temperature: float = 1.0           # 0: greedy
+    top_p: float = 1.0
+    top_k: int = 0                     # 0: off
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    logprobs: bool = False
+    top_logprobs: int = 0              # 0..20
+    ignore_eos: bool = False
+
+
+# --- edge -> admission --------------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class Submit:
+    request_id: str
+    prompt: tuple[int, ...]            # token ids, already checked against the vocabulary and context
+    hint_tokens: int | None            # system-prefix boundary in tokens (for checkpoint capture)
+    sampling: Sampling
+    prompt_logprobs: bool              # echo + logprobs: log-probs for every prompt position
+    reply: trio.MemorySendChannel = field(compare=False)   # of Reply
+    control: RequestControl = field(compare=False)
+
+
+@dataclass(frozen=True, slots=True)
+class Cancel:
+    request_id: str
+
+
+# --- workers -> admission -----------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class Finished:
+    """The engine is free again: the kernel has stopped and the live state is consistent."""
+    request_id: str
+    outcome: Literal["done", "cancelled", "error"]
+
+
+# --- admission -> prefill -> decode -------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class Admitted:
+    submit: Submit
+    queued_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class Prefilled:
+    submit: Submit
+    logits: object                     # np.ndarray float32 [V]: next-token logits after the prompt
+    reused_tokens: int                 # tokens not recomputed (usage.prompt_tokens_details.cached_tokens)
+    started: float                     # trio.current_time() when admitted
+    prefill_s: float
+
+
+# --- checkpoint writer --------------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class WriteCheckpoint:
+    key: str
+    blob: bytes = field(repr=False)
+
+
+# --- replies to the HTTP edge -------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class Rejected:
+    reason: Literal["queue_full", "shutting_down"]
+    retry_after_s: int
+
+
+@dataclass(frozen=True, slots=True)
+class PromptLogprobs:
+    """One entry per prompt position; position 0 has none (None, ())."""
+    logprobs: tuple[float | None, ...]
+    top: tuple[tuple[tuple[int, float], ...], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Started:
+    """Prefill finished; tokens follow."""
+    reused_tokens: int
+    prompt_logprobs: PromptLogprobs | None
+
+
+@dataclass(frozen=True, slots=True)
+class TokenOut:
+    token_id: int
+    text: str                          # text that became final with this token (UTF-8 joined, stops held)
+    logprob: float
+    top: tuple[tuple[int, float], ...]  # (token id, logprob), best first; empty unless asked
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class Done:
+    finish_reason: Literal["stop", "length"]
+    usage: Usage
+    text_tail: str = ""                # text flushed at the end (held-back bytes), after the last TokenOut
+
+
+@dataclass(frozen=True, slots=True)
+class Failed:
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class CancelAck:
+    """The request was cancelled and the engine has let go of it."""
+    request_id: str
+
+
+Reply = Rejected | Started | TokenOut | Done | Failed | CancelAck
