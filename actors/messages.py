@@ -83,7 +83,7 @@ class Finished:
 @dataclass(frozen=True, slots=True)
 class Admitted:
     submit: Submit
-    queued_s: float
+    arrived_at: float                  # trio.current_time() when admission received it
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,8 +91,8 @@ class Prefilled:
     submit: Submit
     logits: object                     # np.ndarray float32 [V]: next-token logits after the prompt
     reused_tokens: int                 # tokens not recomputed (usage.prompt_tokens_details.cached_tokens)
-    started: float                     # trio.current_time() when admitted
-    prefill_s: float
+    prompt_logprobs: "PromptLogprobs | None"
+    arrived_at: float                  # trio.current_time() when admission received the request
 
 
 # --- checkpoint writer --------------------------------------------------------------------------

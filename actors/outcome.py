@@ -1,0 +1,25 @@
+"""The canonical log line: one per request, whatever its outcome."""
+
+from __future__ import annotations
+
+import trio
+
+
+def log_request(log, submit, *, outcome: str, arrived_at: float, reused: int,
+                first_token_at: float | None = None, completion_tokens: int = 0,
+                decode_s: float = 0.0, finish_reason: str | None = None, error: str | None = None) -> None:
+    now = trio.current_time()
+    log.info(
+        "request",
+        request_id=submit.request_id,
+        prompt_tokens=len(submit.prompt),
+        reused_tokens=reused,
+        computed_tokens=len(submit.prompt) - reused,
+        completion_tokens=completion_tokens,
+        ttft_ms=None if first_token_at is None else round((first_token_at - arrived_at) * 1000, 1),
+        decode_tok_s=round((completion_tokens - 1) / decode_s, 1) if decode_s > 0 and completion_tokens > 1 else None,
+        total_ms=round((now - arrived_at) * 1000, 1),
+        outcome=outcome,
+        finish_reason=finish_reason,
+        **({"error": error} if error else {}),
+    )
