@@ -1,0 +1,187 @@
+"""Chat messages -> prompt text, with the model's own jinja2 chat template.
+
+Design notes:
+- The environment follows Hugging Face's conventions so published templates render unchanged:
+  ImmutableSandboxedEnvironment, trim_blocks + lstrip_blocks, loopcontrols, `raise_exception`,
+  a `tojson` that keeps non-ASCII, and `bos_token` / `eos_token` / `add_generation_prompt` /
+  `tools` in the context.
+- Messages are checked before rendering; each error names the offending field
+  (`messages[2].content: ...`) and is a `ChatTemplateError`, which the API answers with 400. So is
+  a template's own `raise_exception(...)`.
+- The system prefix (BOS + leading system messages + tool definitions) is shared by every turn
+  of an agent session, so it is worth a checkpoint of its own. Rather than knowing the template,
+  we render only the leading system messages (with the tools, no generation prompt) and keep its
+  length when it is a byte prefix of the full render; otherwise there is no usable prefix (None).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import jinja2
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+ROLES = ("system", "user", "assistant", "tool")
+
+
+class ChatTemplateError(ValueError):
+    """Messages the template cannot render; the message is fit for an HTTP 400 answer."""
+
+
+@dataclass(frozen=True)
+class RenderedChat:
+    text: str
+    system_prefix_bytes: int | None  # UTF-8 length of the shared system part of `text`, if any
+
+
+def _raise_exception(message: str):
+    raise ChatTemplateError(message)
+
+
+def _tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+    return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
+class ChatRenderer:
+    def __init__(self, template: str, bos_token: str, eos_token: str):
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                            extensions=["jinja2.ext.loopcontrols"])
+        env.filters["tojson"] = _tojson
+        env.globals["raise_exception"] = _raise_exception
+        try:
+            self._template = env.from_string(template)
+        except jinja2.TemplateSyntaxError as e:
+            raise ChatTemplateError(f"chat template does not compile: {e.message} (line {e.lineno})") from None
+        self.bos_token = bos_token
+        self.eos_token = eos_token
+
+    @classmethod
+    def from_model_dir(cls, md) -> "ChatRenderer":
+        from .model_dir import ModelDirError
+
+        try:
+            return cls(md.chat_template, md.bos_token, md.eos_token)
+        except ChatTemplateError as e:
+            raise ModelDirError(f"{md.path}: {e}") from None
+
+    def render(self, messages: list[dict], *, tools: list[dict] | None = None,
+               add_generation_prompt: bool = True) -> RenderedChat:
+        msgs = check_messages(messages)
+        tools = check_tools(tools)
+        text = self._render(msgs, tools, add_generation_prompt)
+        return RenderedChat(text, self._system_prefix_bytes(msgs, tools, text))
+
+    def _render(self, msgs: list[dict], tools: list[dict] | None, add_generation_prompt: bool) -> str:
+        try:
+            return self._template.render(messages=msgs, tools=tools, add_generation_prompt=add_generation_prompt,
+                                         bos_token=self.bos_token, eos_token=self.eos_token)
+        except ChatTemplateError:
+            raise
+        except (jinja2.TemplateError, TypeError, KeyError, ValueError) as e:
+            raise ChatTemplateError(f"chat template failed on these messages: {e}") from None
+
+    def _system_prefix_bytes(self, msgs: list[dict], tools: list[dict] | None, text: str) -> int | None:
+        n = 0
+        while n < len(msgs) and msgs[n]["role"] == "system":
+            n += 1
+        if n == 0 and not tools:
+            return None
+        try:
+            prefix = self._render(msgs[:n], tools, False)
+        except ChatTemplateError:  # e.g. a template that insists on a user turn
+            return None
+        if not text.startswith(prefix):
+            return None
+        return len(prefix.encode())
+
+
+# ------------------------------------------------------------------------------------------------
+# validation: the OpenAI message shapes -> plain dicts with string content
+
+
+def _fail(where: str, what: str):
+    raise ChatTemplateError(f"{where}: {what}")
+
+
+def _text(value, where: str, *, optional: bool = False) -> str | None:
+    if value is None and optional:
+        return None
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list):
+        texts = []
+        for j, part in enumerate(value):
+            if not isinstance(part, dict):
+                _fail(f"{where}[{j}]", 'expected a text part {"type": "text", "text": ...}')
+            if part.get("type", "text") != "text":
+                _fail(f"{where}[{j}].type", f"{part.get('type')!r} is not supported (only text parts)")
+            if not isinstance(part.get("text"), str):
+                _fail(f"{where}[{j}].text", "expected a string")
+            texts.append(part["text"])
+        return "\n".join(texts)
+    _fail(where, "expected a string or a list of text parts")
+
+
+def check_messages(messages) -> list[dict]:
+    if not isinstance(messages, list) or not messages:
+        _fail("messages", "expected a non-empty list of messages")
+    out = []
+    for i, m in enumerate(messages):
+        at = f"messages[{i}]"
+        if not isinstance(m, dict):
+            _fail(at, "expected an object with role and content")
+        role = m.get("role")
+        if role not in ROLES:
+            _fail(f"{at}.role", f"expected one of {', '.join(ROLES)}, got {role!r}")
+        msg = dict(m)
+        calls = m.get("tool_calls")
+        if calls is not None and role != "assistant":
+            _fail(f"{at}.tool_calls", "only assistant messages carry tool_calls")
+        # An assistant turn that only calls tools may have null or no content (OpenAI shape).
+        msg["content"] = _text(m.get("content"), f"{at}.content", optional=role == "assistant")
+        if calls is not None:
+            msg["tool_calls"] = _check_tool_calls(calls, f"{at}.tool_calls")
+        for key in ("name", "tool_call_id"):
+            if key in m and m[key] is not None and not isinstance(m[key], str):
+                _fail(f"{at}.{key}", "expected a string")
+        out.append(msg)
+    return out
+
+
+def _check_tool_calls(calls, at: str) -> list[dict]:
+    if not isinstance(calls, list):
+        _fail(at, "expected a list of tool calls")
+    out = []
+    for j, c in enumerate(calls):
+        w = f"{at}[{j}]"
+        if not isinstance(c, dict) or not isinstance(c.get("function"), dict):
+            _fail(f"{w}.function", 'expected an object {"name": ..., "arguments": ...}')
+        if c.get("type", "function") != "function":
+            _fail(f"{w}.type", f"expected \"function\", got {c.get('type')!r}")
+        f = c["function"]
+        if not isinstance(f.get("name"), str) or not f["name"]:
+            _fail(f"{w}.function.name", "expected a non-empty string")
+        args = f.get("arguments", "{}")
+        if not isinstance(args, (str, dict)):
+            _fail(f"{w}.function.arguments", "expected a JSON string or an object")
+        out.append({**c, "type": "function", "function": {**f, "arguments": args}})
+    return out
+
+
+def check_tools(tools) -> list[dict] | None:
+    if tools is None:
+        return None
+    if not isinstance(tools, list):
+        _fail("tools", "expected a list of tools")
+    for j, t in enumerate(tools):
+        if not isinstance(t, dict) or not isinstance(t.get("function"), dict):
+            _fail(f"tools[{j}].function", 'expected an object {"name": ..., "parameters": ...}')
+        if t.get("type", "function") != "function":
+            _fail(f"tools[{j}].type", f"expected \"function\", got {t.get('type')!r}")
+        if not isinstance(t["function"].get("name"), str) or not t["function"]["name"]:
+            _fail(f"tools[{j}].function.name", "expected a non-empty string")
+        params = t["function"].get("parameters")
+        if params is not None and not isinstance(params, dict):
+            _fail(f"tools[{j}].function.parameters", "expected a JSON schema object")
+    return tools or None

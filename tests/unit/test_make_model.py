@@ -1,0 +1,110 @@
+"""The generator is deterministic and the loader reads what it writes, in every layout."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from cairn.daemon.make_model import PRESETS, make_model, make_weights
+from cairn.daemon.model_dir import canonical_name, expected_shapes, map_weights, open_model_dir, resolve_config
+from cairn.daemon.make_model import hf_config
+from cairn.daemon.safetensors_io import to_bf16_bits
+
+
+def _files(d: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(d.iterdir())}
+
+
+def test_same_preset_and_seed_give_byte_identical_files(tmp_path):
+    a = make_model("tiny", 7, tmp_path / "a")
+    b = make_model("tiny", 7, tmp_path / "b")
+    fa, fb = _files(a), _files(b)
+    assert sorted(fa) == ["config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
+                          "tokenizer_config.json"]
+    assert fa == fb
+    assert open_model_dir(a).fingerprint == open_model_dir(b).fingerprint
+
+
+def test_different_seed_gives_different_weights_and_fingerprint(tmp_path, tiny_md):
+    other = make_model("tiny", 2, tmp_path / "seed2")
+    md2 = open_model_dir(other)
+    assert md2.fingerprint != tiny_md.fingerprint
+    w1, w2 = map_weights(tiny_md), map_weights(md2)
+    assert w1.keys() == w2.keys()
+    assert not np.array_equal(w1["layers.0.attn.wq_a.weight"][0], w2["layers.0.attn.wq_a.weight"][0])
+    # the tokenizer and template do not depend on the seed
+    assert (tiny_md.tokenizer_file.read_bytes() == md2.tokenizer_file.read_bytes())
+
+
+def _expected(seed: int) -> dict[str, np.ndarray]:
+    return {canonical_name(k): v for k, v in make_weights(PRESETS["tiny"], seed).items()}
+
+
+@pytest.mark.parametrize("official_names", [False, True], ids=["hf-names", "official-names"])
+@pytest.mark.parametrize("shard_bytes", [None, 200_000], ids=["single", "sharded"])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+def test_loader_reads_what_the_generator_writes(tmp_path, official_names, shard_bytes, dtype):
+    d = make_model("tiny", 3, tmp_path, dtype=dtype, shard_bytes=shard_bytes, official_names=official_names)
+    shards = sorted(p.name for p in d.glob("*.safetensors"))
+    if shard_bytes:
+        assert len(shards) > 1 and (d / "model.safetensors.index.json").exists()
+    else:
+        assert shards == ["model.safetensors"]
+    md = open_model_dir(d)
+    assert md.config == resolve_config(hf_config(PRESETS["tiny"]) | {"dtype": dtype})
+    mapped = map_weights(md)
+    want = _expected(3)
+    assert mapped.keys() == want.keys() == expected_shapes(md.config).keys()
+    tag = {"float32": "F32", "bfloat16": "BF16", "float16": "F16"}[dtype]
+    for name, (arr, got_tag) in mapped.items():
+        exp = want[name]
+        assert arr.shape == exp.shape, name
+        if exp.dtype == np.int64:
+            assert got_tag == "I64" and np.array_equal(arr, exp), name
+        elif dtype == "bfloat16":
+            assert got_tag == "BF16" and arr.dtype == np.uint16
+            assert np.array_equal(arr, to_bf16_bits(exp)), name
+            widened = (arr.astype(np.uint32) << 16).view(np.float32)
+            np.testing.assert_allclose(widened, exp, rtol=2**-8, atol=0, err_msg=name)
+        else:
+            assert got_tag == tag and np.array_equal(arr, exp.astype(arr.dtype)), name
+
+
+def test_bf16_bits_round_to_nearest_even():
+    x = np.array([1.0, 1.0 + 2**-8, 1.0 + 3 * 2**-8, -2.5, 0.0], dtype=np.float32)
+    # 1+2^-8 is a tie between 1.0 (even mantissa) and 1+2^-7: rounds down; 1+3*2^-8 rounds up
+    assert to_bf16_bits(x).tolist() == [0x3F80, 0x3F80, 0x3F82, 0xC020, 0x0000]
+
+
+def test_mtp_tensors_are_ignored(tmp_path):
+    from cairn.daemon.safetensors_io import read_header, write_file, map_tensor
+
+    d = make_model("tiny", 1, tmp_path)
+    f = d / "model.safetensors"
+    _, infos = read_header(f)
+    tensors = {n: (np.array(map_tensor(i)), i.dtype) for n, i in infos.items()}
+    tensors["mtp.0.extra.weight"] = (np.zeros((2, 2), np.float32), "F32")
+    write_file(f, tensors)
+    md = open_model_dir(d)
+    assert not any(n.startswith("mtp.") for n in md.tensors)
+
+
+def test_cli_make_model(tmp_path):
+    cairn = Path(sys.executable).with_name("cairn")
+    out = tmp_path / "m"
+    r = subprocess.run([str(cairn), "make-model", "--preset", "tiny", "--seed", "1", str(out)],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "wrote tiny model (seed 1, float32)" in r.stdout
+    assert open_model_dir(out).config["num_hidden_layers"] == 5
+
+
+def test_cli_rejects_unknown_preset(tmp_path):
+    cairn = Path(sys.executable).with_name("cairn")
+    r = subprocess.run([str(cairn), "make-model", "--preset", "huge", str(tmp_path / "m")],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "unknown preset 'huge'" in r.stderr
