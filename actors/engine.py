@@ -1,0 +1,39 @@
+"""The engine's dependencies, shared by the workers: kernel module, model, the one live State.
+
+Only one request is in the engine at a time (admission), so the prefill and decode workers take
+turns on `live` without a lock. `kernel` is injected (the real `cairn._kernel` or a fake).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from .kernel_thread import KernelRunner
+
+
+@dataclass
+class Engine:
+    kernel: Any                       # module with AbortFlag, State, prefill, decode
+    model: Any                        # kernel.Model
+    tokenizer: Any                    # TextTokenizer (decode worker: text deltas, EOS)
+    context_length: int
+    segment: int = 4096
+    chunk: int = 128
+    live: Any = None                  # kernel.State or None; remembers its tokens (state.tokens)
+    runner: KernelRunner = field(init=False)
+    checkpoint_out: Any = None        # send channel to the checkpoint writer (wired in wiring.py)
+
+    def __post_init__(self) -> None:
+        self.runner = KernelRunner(self.kernel.AbortFlag)
+
+    def live_tokens(self) -> list[int] | None:
+        return None if self.live is None else [int(t) for t in self.live.tokens]
+
+    def new_state(self) -> Any:
+        self.live = self.kernel.State(self.model)
+        return self.live
+
+    def discard_live(self) -> None:
+        """After a kernel error the state may be inconsistent: never reuse it."""
+        self.live = None

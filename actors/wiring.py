@@ -1,0 +1,36 @@
+"""Start the engine's actors in one nursery and wire their channels. Returns the edge's inbox.
+
+Buffer sizes, and why they are not 0:
+- admission inbox: `queue_size + 16` — the HTTP edge must learn "queued" or "429" without waiting on
+  a busy actor, and cancels from dying handlers must not stall; admission never blocks, so it drains fast.
+- admission -> prefill, prefill -> decode: 1 — at most one request is admitted at a time, so a send
+  there never waits (admission uses send_nowait and relies on it).
+- workers -> admission (Finished): 1 per sender clone, same reason.
+- checkpoint writer: `checkpoint_slots` — captures queue up while a write runs; more would pin memory.
+"""
+
+from __future__ import annotations
+
+import trio
+
+from .admission import admission
+from .checkpoint_writer import checkpoint_writer
+from .decode import decode_worker
+from .engine import Engine
+from .prefill import prefill_worker
+
+
+async def start_engine(nursery: trio.Nursery, engine: Engine, *, queue_size: int, new_stream_decoder, log,
+                       checkpoint_slots: int = 4, checkpoints_on_disk: bool = False) -> trio.MemorySendChannel:
+    adm_send, adm_recv = trio.open_memory_channel(queue_size + 16)
+    pre_send, pre_recv = trio.open_memory_channel(1)
+    dec_send, dec_recv = trio.open_memory_channel(1)
+    ckpt_send, ckpt_recv = trio.open_memory_channel(checkpoint_slots)
+    engine.checkpoint_out = ckpt_send  # the checkpoints issue hands it to the prefill worker
+
+    await nursery.start(checkpoint_writer, ckpt_recv, enabled=checkpoints_on_disk, log=log)
+    await nursery.start(decode_worker, dec_recv, adm_send.clone(), engine=engine,
+                        new_stream_decoder=new_stream_decoder, log=log)
+    await nursery.start(prefill_worker, pre_recv, dec_send, adm_send.clone(), engine=engine, log=log)
+    await nursery.start(admission, adm_recv, pre_send, queue_size=queue_size, log=log)
+    return adm_send
