@@ -1,0 +1,31 @@
+// cairn kernel: forward-pass entry points (internal; the bindings call these).
+#pragma once
+#include <atomic>
+#include <cstdint>
+#include <vector>
+
+#include "cairn/model.h"
+#include "cairn/state.h"
+
+namespace cairn {
+
+// Runs tokens[0..S) (S <= MAX_CHUNK) at positions st.n.., updates st (window, compressors,
+// tokens, last_logits). logits_out: [S, V] if all_logits else [V] (may be null).
+void forward_chunk(State& st, const int32_t* tokens, int S, float* logits_out, bool all_logits);
+
+// Prefill in chunks; checks *abort between chunks. Returns tokens completed.
+// logits_all (if non-null) receives [n_done, V] rows.
+int64_t prefill(State& st, const int32_t* tokens, int64_t n, int chunk, const std::atomic<bool>* abort,
+                float* logits_all);
+
+// Blocks (each processes S rows; positions pos0..pos0+S-1).
+void attention_block(const Model& m, int layer, LayerState& ls, const float* x /*[S,D]*/, int S,
+                     int64_t pos0, float* y /*[S,D]*/);
+void moe_block(const Model& m, int layer, const float* x /*[S,D]*/, const int32_t* tokens, int S,
+               float* y /*[S,D]*/);
+// Feed S raw projection rows (kv, gate: [S, cs.cw]) at positions pos0..; emits finished
+// compressed entries into cs.entries. overlap=true => CSA two-series windows.
+void compressor_feed(const Model& m, const CompressorW& w, CompState& cs, bool overlap,
+                     const float* kv, const float* gate, int S, int64_t pos0);
+
+}  // namespace cairn

@@ -1,0 +1,27 @@
+// cairn kernel: low-level numeric helpers (GEMM/GEMV, dot, norms, RoPE).
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "cairn/model.h"
+
+namespace cairn {
+
+// Y[M, N] (ldy) = X[M, K] (ldx) * W[N, K]^T (ldw = K). M == 1 uses the AVX2 GEMV;
+// otherwise OpenBLAS sgemm (single-threaded) with N split across OpenMP threads.
+// Deterministic for a given (M, N, K, threads).
+void matmul(const float* X, int M, int K, int ldx, const float* W, int N, float* Y, int ldy,
+            int threads);
+inline void linear(const float* X, int M, const Linear& L, float* Y, int threads) {
+  matmul(X, M, L.in, L.in, L.w, L.out, Y, L.out, threads);
+}
+float dot(const float* a, const float* b, int n);
+void axpy(float a, const float* x, float* y, int n);  // y += a*x
+// y = w * x * rsqrt(mean(x^2) + eps)  (w may be null => unweighted). In-place allowed.
+void rmsnorm(const float* x, const float* w, float* y, int n, float eps);
+// Interleaved RoPE on the last r channels of x[dim] at position pos. sign = -1 undoes it.
+void rope(float* x, int dim, int r, const float* inv_freq, int64_t pos, float sign = 1.f);
+void rope_cs(int64_t pos, int half, const float* inv_freq, float* cos, float* sin);
+void rope_apply(float* x, int dim, int r, const float* cos, const float* sin, float sign);
+
+}  // namespace cairn

@@ -1,0 +1,92 @@
+// cairn kernel: immutable model (config + weights) for the DeepSeek-V4 forward pass.
+//
+// Design notes
+//  * All compute is fp32. F32 weights are used in place (zero-copy views of the caller's
+//    memory-mapped arrays; the binding layer keeps the owning Python objects alive). BF16/F16
+//    weights are widened to fp32 once at load into buffers owned by `Model::owned`.
+//  * Weight matrices follow the PyTorch nn.Linear convention: W[out, in], row-major, y = W x.
+//  * Threading: OpenMP is the single thread pool. OpenBLAS is pinned to 1 thread at module
+//    import and every parallel region says `num_threads(model.threads)` explicitly, because the
+//    compute runs on whatever Python thread calls in (the OMP ICV is per thread).
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace cairn {
+
+constexpr int MAX_CHUNK = 512;
+
+enum class AttnType { Sliding = 0, CSA = 1, HCA = 2 };
+
+struct Config {
+  int vocab = 0, D = 0, n_layers = 0, H = 0, Dh = 0, r = 0, Rq = 0, G = 0, Ro = 0, W = 0;
+  std::vector<AttnType> layer_types;
+  std::vector<bool> hash_moe;
+  int csa_rate = 4, hca_rate = 128;
+  double rope_theta = 1e4, compress_rope_theta = 1.6e5;
+  bool compress_yarn = true;
+  double yarn_factor = 16, yarn_orig = 65536, yarn_beta_fast = 32, yarn_beta_slow = 1;
+  int N = 4, sinkhorn_iters = 20;
+  float hc_eps = 1e-6f, rms_eps = 1e-6f;
+  int E = 0, k = 0, I = 0, n_shared = 1;
+  float routed_scale = 1.5f, swiglu_limit = 10.f;
+  int nI = 0, Di = 0, topk = 0;
+};
+
+// A dense fp32 tensor view. `data` points either into caller memory or into Model::owned.
+struct Tensor {
+  const float* data = nullptr;
+  std::vector<int64_t> shape;
+  int64_t numel() const {
+    int64_t n = 1;
+    for (auto s : shape) n *= s;
+    return n;
+  }
+};
+
+struct Linear {  // W [out, in]
+  const float* w = nullptr;
+  int out = 0, in = 0;
+};
+
+struct CompressorW {
+  Linear wkv, wgate;        // [cw, D] each; cw = 2*dim (CSA/indexer) or dim (HCA)
+  const float* ape = nullptr;   // [rate, cw] position bias
+  const float* norm = nullptr;  // [dim]
+};
+
+struct LayerW {
+  const float *attn_norm = nullptr, *ffn_norm = nullptr;         // [D]
+  const float *hc_attn_fn = nullptr, *hc_attn_base = nullptr, *hc_attn_scale = nullptr;  // [(2+N)N, N*D], [(2+N)N], [3]
+  const float *hc_ffn_fn = nullptr, *hc_ffn_base = nullptr, *hc_ffn_scale = nullptr;
+  Linear wq_a, wq_b, wkv, wo_a, wo_b;  // [Rq,D] [H*Dh,Rq] [Dh,D] [G*Ro, H*Dh/G] [D, G*Ro]
+  const float *q_norm = nullptr, *kv_norm = nullptr, *sink = nullptr;  // [Rq] [Dh] [H]
+  CompressorW comp;   // CSA / HCA
+  CompressorW icomp;  // CSA indexer
+  Linear iwq_b, iweights;  // [nI*Di, Rq], [nI, D]
+  // MoE
+  Linear gate;                     // [E, D]
+  const float* gate_bias = nullptr;  // [E] (topk layers)
+  std::vector<int32_t> tid2eid;      // [V, k] (hash layers)
+  std::vector<Linear> w1, w2, w3;    // per expert: [I,D], [D,I], [I,D]
+  Linear sw1, sw2, sw3;              // shared expert (width I * n_shared)
+};
+
+struct Model {
+  Config cfg;
+  std::string fingerprint;
+  int threads = 1;
+  bool batched_indexer = true;
+  const float *embed = nullptr, *head = nullptr, *norm = nullptr;  // [V,D] [V,D] [D]
+  const float *hc_head_fn = nullptr, *hc_head_base = nullptr, *hc_head_scale = nullptr;  // [N, N*D] [N] [1]
+  std::vector<LayerW> layers;
+  std::vector<float> inv_freq_main, inv_freq_comp;  // [r/2]
+  std::vector<std::unique_ptr<std::vector<float>>> owned;  // widened BF16/F16 weights
+};
+
+void init_rope(Model& m);
+
+}  // namespace cairn

@@ -1,0 +1,213 @@
+// cairn kernel: attention block (sliding window + sink; CSA with indexer top-k; HCA).
+//
+// Design notes
+//  * One KV head, K == V, stored post kv_norm + RoPE. For a chunk of S queries at positions
+//    pos0.., keys are assembled as [last min(pos0, W-1) ring rows | S new rows] so query t sees
+//    absolute positions t-W+1..t (W keys, itself included).
+//  * Compressors run over the whole chunk before attention (as HF): query t may only use
+//    entries w < (t+1)/rate. HCA attends to all of them; CSA to the indexer's top-k.
+//  * Indexer: score(t, s) = sum_h relu(qI_h . k_s) * Di^-0.5 * (w_h * nI^-0.5), computed by one
+//    function with a fixed reduction order, so a query's scores are bit-identical whether the
+//    chunk is scored in one batched pass (default; entries outer, keys reused across queries)
+//    or per query (Model.batched_indexer = False). Top-k ties go to the lowest entry index.
+//  * Softmax includes the per-head sink logit in the denominator; output RoPE is undone at the
+//    query position before the grouped low-rank output projection.
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <numeric>
+
+#include "cairn/forward.h"
+#include "cairn/kernels.h"
+
+namespace cairn {
+
+static inline float index_score(const float* q /*[nI,Di]*/, const float* wts /*[nI]*/,
+                                const float* k /*[Di]*/, int nI, int Di, float ss, float ws) {
+  float acc = 0.f;
+  for (int h = 0; h < nI; ++h) {
+    float d = dot(q + (size_t)h * Di, k, Di);
+    acc += (std::max(d, 0.f) * ss) * (wts[h] * ws);
+  }
+  return acc;
+}
+
+// For each query i, fills sel[i] with the selected entry indices (ascending).
+static void indexer_select(const Model& m, const LayerState& ls, const float* qI /*[S,nI*Di]*/,
+                           const float* wI /*[S,nI]*/, int S, int64_t pos0,
+                           std::vector<std::vector<int>>& sel) {
+  const Config& c = m.cfg;
+  const int nI = c.nI, Di = c.Di, K = c.topk, R = c.csa_rate;
+  const int64_t T = ls.icomp.n_entries();
+  const float* keys = ls.icomp.entries.data();
+  const float ss = 1.f / std::sqrt((float)Di), ws = 1.f / std::sqrt((float)nI);
+  std::vector<int64_t> Ti(S);
+  int64_t Tmax = 0;
+  for (int i = 0; i < S; ++i) {
+    Ti[i] = std::min<int64_t>(T, (pos0 + i + 1) / R);
+    Tmax = std::max(Tmax, Ti[i]);
+  }
+  sel.assign(S, {});
+  const int nt = m.threads;
+  // scores [S, Tmax]; only rows whose causal count exceeds K need scoring
+  std::vector<float> sc;
+  bool any = false;
+  for (int i = 0; i < S; ++i) any |= Ti[i] > K;
+  if (any) {
+    sc.assign((size_t)S * Tmax, 0.f);
+    if (m.batched_indexer) {
+#pragma omp parallel for num_threads(nt) schedule(static)
+      for (int64_t s = 0; s < Tmax; ++s)
+        for (int i = 0; i < S; ++i)
+          if (Ti[i] > K && s < Ti[i])
+            sc[(size_t)i * Tmax + s] = index_score(qI + (size_t)i * nI * Di, wI + (size_t)i * nI,
+                                                   keys + (size_t)s * Di, nI, Di, ss, ws);
+    } else {
+#pragma omp parallel for num_threads(nt) schedule(static)
+      for (int i = 0; i < S; ++i)
+        if (Ti[i] > K)
+          for (int64_t s = 0; s < Ti[i]; ++s)
+            sc[(size_t)i * Tmax + s] = index_score(qI + (size_t)i * nI * Di, wI + (size_t)i * nI,
+                                                   keys + (size_t)s * Di, nI, Di, ss, ws);
+    }
+  }
+#pragma omp parallel for num_threads(nt) schedule(static)
+  for (int i = 0; i < S; ++i) {
+    std::vector<int>& out = sel[i];
+    if (Ti[i] <= K) {
+      out.resize(Ti[i]);
+      std::iota(out.begin(), out.end(), 0);
+      continue;
+    }
+    const float* row = sc.data() + (size_t)i * Tmax;
+    std::vector<int> idx(Ti[i]);
+    std::iota(idx.begin(), idx.end(), 0);
+    auto better = [row](int a, int b) { return row[a] > row[b] || (row[a] == row[b] && a < b); };
+    std::nth_element(idx.begin(), idx.begin() + K, idx.end(), better);
+    idx.resize(K);
+    std::sort(idx.begin(), idx.end());
+    out = std::move(idx);
+  }
+}
+
+void attention_block(const Model& m, int layer, LayerState& ls, const float* x, int S,
+                     int64_t pos0, float* y) {
+  const Config& c = m.cfg;
+  const LayerW& L = m.layers[layer];
+  const AttnType type = c.layer_types[layer];
+  const int D = c.D, H = c.H, Dh = c.Dh, r = c.r, Rq = c.Rq, W = c.W, nt = m.threads;
+  const float* inv_freq = type == AttnType::Sliding ? m.inv_freq_main.data() : m.inv_freq_comp.data();
+  const int half = r / 2;
+
+  // cos/sin per query position: [S, r/2]
+  std::vector<float> cs((size_t)S * half), sn((size_t)S * half);
+  for (int i = 0; i < S; ++i) rope_cs(pos0 + i, half, inv_freq, &cs[(size_t)i * half], &sn[(size_t)i * half]);
+
+  // query path
+  std::vector<float> qr((size_t)S * Rq);  // [S, Rq] q_residual
+  linear(x, S, L.wq_a, qr.data(), nt);
+  for (int i = 0; i < S; ++i) rmsnorm(&qr[(size_t)i * Rq], L.q_norm, &qr[(size_t)i * Rq], Rq, c.rms_eps);
+  std::vector<float> q((size_t)S * H * Dh);  // [S, H, Dh]
+  linear(qr.data(), S, L.wq_b, q.data(), nt);
+  for (int i = 0; i < S; ++i)
+    for (int h = 0; h < H; ++h) {
+      float* qh = &q[((size_t)i * H + h) * Dh];
+      rmsnorm(qh, nullptr, qh, Dh, c.rms_eps);
+      rope_apply(qh, Dh, r, &cs[(size_t)i * half], &sn[(size_t)i * half], 1.f);
+    }
+
+  // key/value rows for the window: [nprev + S, Dh]
+  const int ring = W - 1;
+  const int nprev = (int)std::min<int64_t>(pos0, ring);
+  const int64_t kbase = pos0 - nprev;  // absolute position of keys row 0
+  std::vector<float> keys((size_t)(nprev + S) * Dh);
+  for (int a = 0; a < nprev; ++a)
+    std::memcpy(&keys[(size_t)a * Dh], &ls.win[(size_t)((kbase + a) % ring) * Dh], sizeof(float) * Dh);
+  float* kvnew = &keys[(size_t)nprev * Dh];
+  linear(x, S, L.wkv, kvnew, nt);
+  for (int i = 0; i < S; ++i) {
+    float* kr = kvnew + (size_t)i * Dh;
+    rmsnorm(kr, L.kv_norm, kr, Dh, c.rms_eps);
+    rope_apply(kr, Dh, r, &cs[(size_t)i * half], &sn[(size_t)i * half], 1.f);
+  }
+  for (int64_t p = std::max<int64_t>(pos0, pos0 + S - ring); p < pos0 + S; ++p)
+    std::memcpy(&ls.win[(size_t)(p % ring) * Dh], &kvnew[(size_t)(p - pos0) * Dh], sizeof(float) * Dh);
+
+  // compressors + indexer
+  std::vector<std::vector<int>> sel;  // CSA: selected entries per query
+  if (type != AttnType::Sliding) {
+    const int cw = ls.comp.cw;
+    std::vector<float> ckv((size_t)S * cw), cg((size_t)S * cw);
+    linear(x, S, L.comp.wkv, ckv.data(), nt);
+    linear(x, S, L.comp.wgate, cg.data(), nt);
+    compressor_feed(m, L.comp, ls.comp, type == AttnType::CSA, ckv.data(), cg.data(), S, pos0);
+    if (type == AttnType::CSA) {
+      const int icw = ls.icomp.cw, nI = c.nI, Di = c.Di;
+      std::vector<float> ikv((size_t)S * icw), ig((size_t)S * icw);
+      linear(x, S, L.icomp.wkv, ikv.data(), nt);
+      linear(x, S, L.icomp.wgate, ig.data(), nt);
+      compressor_feed(m, L.icomp, ls.icomp, true, ikv.data(), ig.data(), S, pos0);
+      std::vector<float> qI((size_t)S * nI * Di), wI((size_t)S * nI);
+      linear(qr.data(), S, L.iwq_b, qI.data(), nt);
+      for (int i = 0; i < S; ++i)
+        for (int h = 0; h < nI; ++h)
+          rope_apply(&qI[((size_t)i * nI + h) * Di], Di, r, &cs[(size_t)i * half], &sn[(size_t)i * half], 1.f);
+      linear(x, S, L.iweights, wI.data(), nt);
+      indexer_select(m, ls, qI.data(), wI.data(), S, pos0, sel);
+    }
+  }
+
+  // attention: o [S, H, Dh]
+  std::vector<float> o((size_t)S * H * Dh);
+  const float scale = 1.f / std::sqrt((float)Dh);
+  const int rate = type == AttnType::HCA ? c.hca_rate : c.csa_rate;
+  const float* ent = ls.comp.entries.data();
+  const int64_t nent = ls.comp.n_entries();
+#pragma omp parallel num_threads(nt)
+  {
+    std::vector<float> sc;
+    std::vector<const float*> kp;
+#pragma omp for schedule(static)
+    for (int ih = 0; ih < S * H; ++ih) {
+      const int i = ih / H, h = ih % H;
+      const int64_t t = pos0 + i;
+      const float* qh = &q[(size_t)ih * Dh];
+      kp.clear();
+      for (int64_t p = std::max<int64_t>(0, t - W + 1); p <= t; ++p) kp.push_back(&keys[(size_t)(p - kbase) * Dh]);
+      if (type == AttnType::HCA) {
+        const int64_t ne = std::min<int64_t>(nent, (t + 1) / rate);
+        for (int64_t e = 0; e < ne; ++e) kp.push_back(ent + (size_t)e * Dh);
+      } else if (type == AttnType::CSA) {
+        for (int e : sel[i]) kp.push_back(ent + (size_t)e * Dh);
+      }
+      const int nk = (int)kp.size();
+      sc.resize(nk);
+      float mx = L.sink[h];
+      for (int j = 0; j < nk; ++j) {
+        sc[j] = dot(qh, kp[j], Dh) * scale;
+        mx = std::max(mx, sc[j]);
+      }
+      float sum = 0.f;
+      for (int j = 0; j < nk; ++j) { sc[j] = std::exp(sc[j] - mx); sum += sc[j]; }
+      sum += std::exp(L.sink[h] - mx);
+      float* oh = &o[(size_t)ih * Dh];
+      std::memset(oh, 0, sizeof(float) * Dh);
+      for (int j = 0; j < nk; ++j) axpy(sc[j] / sum, kp[j], oh, Dh);
+      rope_apply(oh, Dh, r, &cs[(size_t)i * half], &sn[(size_t)i * half], -1.f);
+    }
+  }
+
+  // grouped low-rank output: z [S, G*Ro]; y = wo_b z
+  const int G = c.G, Ro = c.Ro, gin = H * Dh / G;
+  std::vector<float> z((size_t)S * G * Ro);
+  for (int g = 0; g < G; ++g)
+    matmul(o.data() + (size_t)g * gin, S, gin, H * Dh, L.wo_a.w + (size_t)g * Ro * gin, Ro,
+           z.data() + (size_t)g * Ro, G * Ro, nt);
+  linear(z.data(), S, L.wo_b, y, nt);
+  (void)D;
+}
+
+}  // namespace cairn

@@ -1,0 +1,27 @@
+// cairn bindings: shared declarations between bind_*.cpp and module.cpp.
+#pragma once
+#include <pybind11/pybind11.h>
+
+#include <memory>
+#include <vector>
+
+#include "cairn/model.h"
+#include "cairn/state.h"
+
+// Model plus the Python objects whose buffers it borrows (F32 weights are zero-copy).
+struct BoundModel : cairn::Model {
+  std::vector<pybind11::object> keep;
+  BoundModel(pybind11::dict config, pybind11::dict weights, std::string fingerprint, int threads,
+             bool batched_indexer);
+};
+
+// State bound to Python: owns a shared reference to its model so it can never dangle.
+struct BoundState {
+  std::shared_ptr<BoundModel> model;
+  cairn::State st;
+  explicit BoundState(std::shared_ptr<BoundModel> m) : model(std::move(m)), st(*model) {}
+  BoundState(std::shared_ptr<BoundModel> m, cairn::State s) : model(std::move(m)), st(std::move(s)) {}
+};
+
+void register_model(pybind11::module_& m);
+void register_state(pybind11::module_& m);

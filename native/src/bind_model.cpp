@@ -1,0 +1,297 @@
+// cairn bindings: Model construction from (config dict, weights dict).
+//
+// Design notes
+//  * Arguments are parsed and every tensor's presence / shape / dtype checked with the GIL held;
+//    F32 C-contiguous arrays are used in place and the Python objects kept alive by the
+//    Model; BF16 (uint16 view) and F16 arrays are widened to fp32 after releasing the GIL
+//    (safe: the source buffers are pinned by references taken while holding it, and the
+//    destination buffers are private to this constructor).
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <cstring>
+#include <sstream>
+#include <thread>
+
+#include "bind.h"
+
+namespace py = pybind11;
+using namespace cairn;
+
+namespace {
+
+std::string shape_str(const std::vector<int64_t>& s) {
+  std::ostringstream o;
+  o << "[";
+  for (size_t i = 0; i < s.size(); ++i) o << (i ? ", " : "") << s[i];
+  o << "]";
+  return o.str();
+}
+
+float half_to_float(uint16_t h) {
+  uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff, bits;
+  if (exp == 0) {
+    if (man == 0) bits = sign;
+    else {  // subnormal
+      exp = 127 - 15 + 1;
+      while (!(man & 0x400)) { man <<= 1; --exp; }
+      man &= 0x3ff;
+      bits = sign | (exp << 23) | (man << 13);
+    }
+  } else if (exp == 31) bits = sign | 0x7f800000 | (man << 13);
+  else bits = sign | ((exp + 127 - 15) << 23) | (man << 13);
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+struct Convert {
+  const void* src;
+  float* dst;
+  int64_t n;
+  bool bf16;
+};
+
+struct Loader {
+  BoundModel& m;
+  py::dict weights;
+  std::vector<Convert> jobs;
+
+  py::tuple entry(const std::string& name) {
+    if (!weights.contains(name)) throw py::value_error("missing weight tensor '" + name + "'");
+    py::object v = weights[py::str(name)];
+    if (!py::isinstance<py::tuple>(v) || py::len(v) != 2)
+      throw py::value_error("weight '" + name + "' must be a tuple (array, dtype tag)");
+    return v.cast<py::tuple>();
+  }
+  static std::vector<int64_t> shape_of(const py::array& a) {
+    return std::vector<int64_t>(a.shape(), a.shape() + a.ndim());
+  }
+  void check_shape(const std::string& name, const py::array& a, const std::vector<int64_t>& want) {
+    if (shape_of(a) != want)
+      throw py::value_error("weight '" + name + "' has shape " + shape_str(shape_of(a)) + ", expected " +
+                            shape_str(want));
+  }
+  const float* f32(const std::string& name, const std::vector<int64_t>& want) {
+    py::tuple t = entry(name);
+    std::string tag = py::str(t[1]);
+    py::array a = py::array::ensure(t[0]);
+    if (!a) throw py::value_error("weight '" + name + "' is not an array");
+    check_shape(name, a, want);
+    int64_t n = 1;
+    for (auto s : want) n *= s;
+    if (tag == "F32") {
+      if (!a.dtype().is(py::dtype::of<float>()))
+        throw py::value_error("weight '" + name + "' tagged F32 but array dtype is " + std::string(py::str(a.dtype())));
+      if (a.flags() & py::array::c_style) {
+        m.keep.push_back(a);
+        return (const float*)a.data();
+      }
+      py::array_t<float, py::array::c_style | py::array::forcecast> c(a);
+      m.keep.push_back(c);
+      return c.data();
+    }
+    if (tag == "BF16" || tag == "F16") {
+      if (a.itemsize() != 2) throw py::value_error("weight '" + name + "' tagged " + tag + " but itemsize != 2");
+      py::array c = py::array::ensure(a, py::array::c_style);
+      m.keep.push_back(c);
+      m.owned.push_back(std::make_unique<std::vector<float>>((size_t)n));
+      float* dst = m.owned.back()->data();
+      jobs.push_back({c.data(), dst, n, tag == "BF16"});
+      return dst;
+    }
+    throw py::value_error("weight '" + name + "' has unsupported dtype tag '" + tag + "' (want F32/BF16/F16)");
+  }
+  std::vector<int32_t> ints(const std::string& name, const std::vector<int64_t>& want, int64_t lim) {
+    py::tuple t = entry(name);
+    py::array a = py::array::ensure(t[0]);
+    if (!a) throw py::value_error("weight '" + name + "' is not an array");
+    check_shape(name, a, want);
+    py::array_t<int64_t, py::array::c_style | py::array::forcecast> c(a);
+    std::vector<int32_t> out(c.size());
+    for (py::ssize_t i = 0; i < c.size(); ++i) {
+      int64_t v = c.data()[i];
+      if (v < 0 || v >= lim) throw py::value_error("weight '" + name + "' holds out-of-range value " + std::to_string(v));
+      out[i] = (int32_t)v;
+    }
+    return out;
+  }
+  Linear lin(const std::string& name, int out, int in) { return Linear{f32(name, {out, in}), out, in}; }
+  void run_jobs(int threads) {
+    py::gil_scoped_release rel;
+#pragma omp parallel for num_threads(threads) schedule(dynamic)
+    for (size_t j = 0; j < jobs.size(); ++j) {
+      const Convert& c = jobs[j];
+      const uint16_t* s = (const uint16_t*)c.src;
+      if (c.bf16)
+        for (int64_t i = 0; i < c.n; ++i) {
+          uint32_t b = (uint32_t)s[i] << 16;
+          std::memcpy(&c.dst[i], &b, 4);
+        }
+      else
+        for (int64_t i = 0; i < c.n; ++i) c.dst[i] = half_to_float(s[i]);
+    }
+  }
+};
+
+template <class T> T cfg_get(const py::dict& d, const char* k) {
+  if (!d.contains(k)) throw py::value_error(std::string("config is missing key '") + k + "'");
+  try {
+    return d[k].cast<T>();
+  } catch (const py::cast_error&) {
+    throw py::value_error(std::string("config key '") + k + "' has the wrong type");
+  }
+}
+
+Config parse_config(const py::dict& d) {
+  Config c;
+  c.vocab = cfg_get<int>(d, "vocab_size");
+  c.D = cfg_get<int>(d, "hidden_size");
+  c.n_layers = cfg_get<int>(d, "num_hidden_layers");
+  c.H = cfg_get<int>(d, "num_attention_heads");
+  c.Dh = cfg_get<int>(d, "head_dim");
+  c.r = cfg_get<int>(d, "qk_rope_head_dim");
+  c.Rq = cfg_get<int>(d, "q_lora_rank");
+  c.G = cfg_get<int>(d, "o_groups");
+  c.Ro = cfg_get<int>(d, "o_lora_rank");
+  c.W = cfg_get<int>(d, "sliding_window");
+  for (auto& s : cfg_get<std::vector<std::string>>(d, "layer_types")) {
+    if (s == "sliding_attention") c.layer_types.push_back(AttnType::Sliding);
+    else if (s == "compressed_sparse_attention") c.layer_types.push_back(AttnType::CSA);
+    else if (s == "heavily_compressed_attention") c.layer_types.push_back(AttnType::HCA);
+    else throw py::value_error("unknown layer type '" + s + "'");
+  }
+  for (auto& s : cfg_get<std::vector<std::string>>(d, "mlp_layer_types")) {
+    if (s != "hash_moe" && s != "moe") throw py::value_error("unknown mlp layer type '" + s + "'");
+    c.hash_moe.push_back(s == "hash_moe");
+  }
+  c.csa_rate = cfg_get<int>(d, "csa_rate");
+  c.hca_rate = cfg_get<int>(d, "hca_rate");
+  c.rope_theta = cfg_get<double>(d, "rope_theta");
+  c.compress_rope_theta = cfg_get<double>(d, "compress_rope_theta");
+  std::string rt = cfg_get<std::string>(d, "compress_rope_type");
+  if (rt != "yarn" && rt != "default") throw py::value_error("compress_rope_type must be 'yarn' or 'default'");
+  c.compress_yarn = rt == "yarn";
+  c.yarn_factor = cfg_get<double>(d, "yarn_factor");
+  c.yarn_orig = cfg_get<double>(d, "yarn_original_max_position_embeddings");
+  c.yarn_beta_fast = cfg_get<double>(d, "yarn_beta_fast");
+  c.yarn_beta_slow = cfg_get<double>(d, "yarn_beta_slow");
+  c.N = cfg_get<int>(d, "hc_mult");
+  c.sinkhorn_iters = cfg_get<int>(d, "hc_sinkhorn_iters");
+  c.hc_eps = cfg_get<float>(d, "hc_eps");
+  c.rms_eps = cfg_get<float>(d, "rms_norm_eps");
+  c.E = cfg_get<int>(d, "n_routed_experts");
+  c.k = cfg_get<int>(d, "num_experts_per_tok");
+  c.I = cfg_get<int>(d, "moe_intermediate_size");
+  c.n_shared = cfg_get<int>(d, "n_shared_experts");
+  c.routed_scale = cfg_get<float>(d, "routed_scaling_factor");
+  c.swiglu_limit = cfg_get<float>(d, "swiglu_limit");
+  c.nI = cfg_get<int>(d, "index_n_heads");
+  c.Di = cfg_get<int>(d, "index_head_dim");
+  c.topk = cfg_get<int>(d, "index_topk");
+  std::string sf = cfg_get<std::string>(d, "scoring_func");
+  if (sf != "sqrtsoftplus") throw py::value_error("scoring_func '" + sf + "' is not supported (sqrtsoftplus only)");
+  auto req = [](bool ok, const std::string& msg) { if (!ok) throw py::value_error("invalid config: " + msg); };
+  req(c.vocab > 0 && c.D > 0 && c.n_layers > 0 && c.H > 0 && c.Dh > 0, "sizes must be positive");
+  req((int)c.layer_types.size() == c.n_layers, "len(layer_types) != num_hidden_layers");
+  req((int)c.hash_moe.size() == c.n_layers, "len(mlp_layer_types) != num_hidden_layers");
+  req(c.r > 0 && c.r % 2 == 0 && c.r <= c.Dh && c.r <= c.Di && c.r <= 512, "qk_rope_head_dim must be even, <= head_dim, index_head_dim, 512");
+  req(c.G > 0 && (c.H * c.Dh) % c.G == 0, "o_groups must divide heads*head_dim");
+  req(c.W >= 2, "sliding_window must be >= 2");
+  req(c.csa_rate >= 1 && c.csa_rate <= 1024 && c.hca_rate >= 1 && c.hca_rate <= 1024, "compress rates must be in 1..1024");
+  req(c.N >= 1 && c.N <= 8, "hc_mult must be in 1..8");
+  req(c.k >= 1 && c.k <= c.E, "num_experts_per_tok must be in 1..n_routed_experts");
+  req(c.topk >= 1 && c.nI >= 1 && c.Di >= 1, "indexer sizes must be positive");
+  return c;
+}
+
+}  // namespace
+
+BoundModel::BoundModel(py::dict config, py::dict weights, std::string fp, int nthreads, bool batched) {
+  cfg = parse_config(config);
+  fingerprint = std::move(fp);
+  int hw = (int)std::thread::hardware_concurrency();
+  if (nthreads < 0) throw py::value_error("threads must be >= 0");
+  threads = nthreads == 0 ? std::max(1, hw) : nthreads;
+  batched_indexer = batched;
+  const Config& c = cfg;
+  const int D = c.D, N = c.N, NM = (2 + N) * N, V = c.vocab;
+  Loader ld{*this, weights, {}};
+  embed = ld.f32("embed.weight", {V, D});
+  head = ld.f32("head.weight", {V, D});
+  norm = ld.f32("norm.weight", {D});
+  hc_head_fn = ld.f32("hc_head_fn", {N, N * D});
+  hc_head_base = ld.f32("hc_head_base", {N});
+  hc_head_scale = ld.f32("hc_head_scale", {1});
+  layers.resize(c.n_layers);
+  for (int l = 0; l < c.n_layers; ++l) {
+    LayerW& L = layers[l];
+    const std::string p = "layers." + std::to_string(l) + ".";
+    L.attn_norm = ld.f32(p + "attn_norm.weight", {D});
+    L.ffn_norm = ld.f32(p + "ffn_norm.weight", {D});
+    L.hc_attn_fn = ld.f32(p + "hc_attn_fn", {NM, N * D});
+    L.hc_attn_base = ld.f32(p + "hc_attn_base", {NM});
+    L.hc_attn_scale = ld.f32(p + "hc_attn_scale", {3});
+    L.hc_ffn_fn = ld.f32(p + "hc_ffn_fn", {NM, N * D});
+    L.hc_ffn_base = ld.f32(p + "hc_ffn_base", {NM});
+    L.hc_ffn_scale = ld.f32(p + "hc_ffn_scale", {3});
+    const std::string a = p + "attn.";
+    L.wq_a = ld.lin(a + "wq_a.weight", c.Rq, D);
+    L.q_norm = ld.f32(a + "q_norm.weight", {c.Rq});
+    L.wq_b = ld.lin(a + "wq_b.weight", c.H * c.Dh, c.Rq);
+    L.wkv = ld.lin(a + "wkv.weight", c.Dh, D);
+    L.kv_norm = ld.f32(a + "kv_norm.weight", {c.Dh});
+    L.wo_a = ld.lin(a + "wo_a.weight", c.G * c.Ro, c.H * c.Dh / c.G);
+    L.wo_b = ld.lin(a + "wo_b.weight", D, c.G * c.Ro);
+    L.sink = ld.f32(a + "attn_sink", {c.H});
+    auto comp = [&](const std::string& q, int dim, int rate, bool two) {
+      CompressorW w;
+      int cw = two ? 2 * dim : dim;
+      w.wkv = ld.lin(q + "wkv.weight", cw, D);
+      w.wgate = ld.lin(q + "wgate.weight", cw, D);
+      w.ape = ld.f32(q + "ape", {rate, cw});
+      w.norm = ld.f32(q + "norm.weight", {dim});
+      return w;
+    };
+    if (c.layer_types[l] == AttnType::HCA) L.comp = comp(a + "compressor.", c.Dh, c.hca_rate, false);
+    if (c.layer_types[l] == AttnType::CSA) {
+      L.comp = comp(a + "compressor.", c.Dh, c.csa_rate, true);
+      L.icomp = comp(a + "indexer.compressor.", c.Di, c.csa_rate, true);
+      L.iwq_b = ld.lin(a + "indexer.wq_b.weight", c.nI * c.Di, c.Rq);
+      L.iweights = ld.lin(a + "indexer.weights_proj.weight", c.nI, D);
+    }
+    const std::string f = p + "ffn.";
+    L.gate = ld.lin(f + "gate.weight", c.E, D);
+    if (c.hash_moe[l]) L.tid2eid = ld.ints(f + "gate.tid2eid", {V, c.k}, c.E);
+    else L.gate_bias = ld.f32(f + "gate.bias", {c.E});
+    for (int e = 0; e < c.E; ++e) {
+      const std::string x = f + "experts." + std::to_string(e) + ".";
+      L.w1.push_back(ld.lin(x + "w1.weight", c.I, D));
+      L.w2.push_back(ld.lin(x + "w2.weight", D, c.I));
+      L.w3.push_back(ld.lin(x + "w3.weight", c.I, D));
+    }
+    const int Is = c.I * c.n_shared;
+    L.sw1 = ld.lin(f + "shared_experts.w1.weight", Is, D);
+    L.sw2 = ld.lin(f + "shared_experts.w2.weight", D, Is);
+    L.sw3 = ld.lin(f + "shared_experts.w3.weight", Is, D);
+  }
+  ld.run_jobs(threads);
+  init_rope(*this);
+}
+
+void register_model(py::module_& m) {
+  py::class_<BoundModel, std::shared_ptr<BoundModel>>(m, "Model", R"doc(Immutable DeepSeek-V4 weights + config.
+
+config: resolved config dict; weights: canonical name -> (array, "F32"|"BF16"|"F16"|"I64"|"I32").
+F32 arrays are used in place (kept alive by the Model); BF16/F16 are widened to fp32 at load.
+threads=0 uses all cores. batched_indexer=False scores the CSA indexer per query (same results).)doc")
+      .def(py::init<py::dict, py::dict, std::string, int, bool>(), py::arg("config"), py::arg("weights"),
+           py::arg("fingerprint"), py::arg("threads") = 0, py::kw_only(), py::arg("batched_indexer") = true)
+      .def_property_readonly("fingerprint", [](const BoundModel& m) { return m.fingerprint; })
+      .def_property_readonly("vocab_size", [](const BoundModel& m) { return m.cfg.vocab; })
+      .def_property_readonly("n_layers", [](const BoundModel& m) { return m.cfg.n_layers; })
+      .def_property_readonly("threads", [](const BoundModel& m) { return m.threads; })
+      .def_property("batched_indexer", [](const BoundModel& m) { return m.batched_indexer; },
+                    [](BoundModel& m, bool v) { m.batched_indexer = v; });
+}

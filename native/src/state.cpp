@@ -1,0 +1,208 @@
+// cairn kernel: State construction and the snapshot blob.
+//
+// Snapshot layout (little-endian, version 1):
+//   magic "CAIRNSNP" (8) | u32 version | u32 fingerprint length | fingerprint bytes
+//   | 8 x u32 shape guard (vocab, D, n_layers, W, Dh, Di, csa_rate, hca_rate)
+//   | i64 n | i32 tokens[n] | u8 has_logits | f32 logits[V] if has_logits
+//   | payload: per layer, in order:
+//       window rows min(n, W-1) x Dh, oldest first
+//       CSA/HCA: entries (n/rate) x Dh, buf_kv and buf_gate (n%rate) x cw,
+//                CSA and n >= rate: overlap kv, gate rate x Dh
+//       CSA indexer: the same at Di
+//   | u64 FNV-1a of everything before it
+// Every size is derived from (config, n), so restore checks the exact total length before
+// reading, then the checksum, then the contents: random, truncated or foreign blobs are rejected
+// with std::invalid_argument and never touch memory out of bounds.
+#include <cstring>
+#include <stdexcept>
+#include <string>
+
+#include "cairn/state.h"
+
+namespace cairn {
+
+static const char kMagic[8] = {'C', 'A', 'I', 'R', 'N', 'S', 'N', 'P'};
+
+static void init_comp(CompState& cs, int rate, int dim, bool overlap) {
+  cs.rate = rate;
+  cs.dim = dim;
+  cs.cw = overlap ? 2 * dim : dim;
+  cs.buf_kv.assign((size_t)rate * cs.cw, 0.f);
+  cs.buf_gate.assign((size_t)rate * cs.cw, 0.f);
+  if (overlap) {
+    cs.ov_kv.assign((size_t)rate * dim, 0.f);
+    cs.ov_gate.assign((size_t)rate * dim, 0.f);
+  }
+}
+
+State::State(const Model& m) : model(&m) {
+  const Config& c = m.cfg;
+  layers.resize(c.n_layers);
+  for (int l = 0; l < c.n_layers; ++l) {
+    LayerState& ls = layers[l];
+    ls.win.assign((size_t)(c.W - 1) * c.Dh, 0.f);
+    if (c.layer_types[l] == AttnType::HCA) init_comp(ls.comp, c.hca_rate, c.Dh, false);
+    if (c.layer_types[l] == AttnType::CSA) {
+      init_comp(ls.comp, c.csa_rate, c.Dh, true);
+      init_comp(ls.icomp, c.csa_rate, c.Di, true);
+    }
+  }
+}
+
+// floats of the live part of one compressor state for n tokens
+static int64_t comp_floats(const CompState& cs, int64_t n) {
+  if (!cs.rate) return 0;
+  int64_t f = (n / cs.rate) * cs.dim + 2 * (n % cs.rate) * cs.cw;
+  if (!cs.ov_kv.empty() && n >= cs.rate) f += 2 * (int64_t)cs.rate * cs.dim;
+  return f;
+}
+
+static int64_t payload_floats(const State& s, int64_t n) {
+  const Config& c = s.model->cfg;
+  int64_t f = 0;
+  for (const LayerState& ls : s.layers)
+    f += std::min<int64_t>(n, c.W - 1) * c.Dh + comp_floats(ls.comp, n) + comp_floats(ls.icomp, n);
+  return f;
+}
+
+int64_t State::payload_bytes() const { return 4 * payload_floats(*this, n); }
+
+namespace {
+struct Writer {
+  uint8_t* out;
+  size_t off = 0;
+  void raw(const void* p, size_t n) {
+    std::memcpy(out + off, p, n);
+    off += n;
+  }
+  template <class T> void put(T v) { raw(&v, sizeof v); }
+  void floats(const float* p, int64_t n) { raw(p, sizeof(float) * (size_t)n); }
+};
+struct Reader {
+  const uint8_t* p;
+  size_t n, off = 0;
+  void raw(void* dst, size_t k) {
+    if (k > n - off) throw std::invalid_argument("snapshot is truncated");
+    std::memcpy(dst, p + off, k);
+    off += k;
+  }
+  template <class T> T get() { T v; raw(&v, sizeof v); return v; }
+  void floats(float* dst, int64_t k) { raw(dst, sizeof(float) * (size_t)k); }
+};
+uint64_t fnv1a(const uint8_t* p, size_t n) {
+  uint64_t h = 1469598103934665603ull;
+  for (size_t i = 0; i < n; ++i) { h ^= p[i]; h *= 1099511628211ull; }
+  return h;
+}
+void write_comp(Writer& w, const CompState& cs, int64_t n) {
+  if (!cs.rate) return;
+  w.floats(cs.entries.data(), (n / cs.rate) * cs.dim);
+  w.floats(cs.buf_kv.data(), (n % cs.rate) * cs.cw);
+  w.floats(cs.buf_gate.data(), (n % cs.rate) * cs.cw);
+  if (!cs.ov_kv.empty() && n >= cs.rate) {
+    w.floats(cs.ov_kv.data(), (int64_t)cs.rate * cs.dim);
+    w.floats(cs.ov_gate.data(), (int64_t)cs.rate * cs.dim);
+  }
+}
+void read_comp(Reader& r, CompState& cs, int64_t n) {
+  if (!cs.rate) return;
+  cs.entries.resize((size_t)(n / cs.rate) * cs.dim);
+  r.floats(cs.entries.data(), (int64_t)cs.entries.size());
+  r.floats(cs.buf_kv.data(), (n % cs.rate) * cs.cw);
+  r.floats(cs.buf_gate.data(), (n % cs.rate) * cs.cw);
+  if (!cs.ov_kv.empty() && n >= cs.rate) {
+    r.floats(cs.ov_kv.data(), (int64_t)cs.rate * cs.dim);
+    r.floats(cs.ov_gate.data(), (int64_t)cs.rate * cs.dim);
+  }
+}
+std::vector<uint32_t> shape_guard(const Config& c) {
+  return {(uint32_t)c.vocab, (uint32_t)c.D, (uint32_t)c.n_layers, (uint32_t)c.W,
+          (uint32_t)c.Dh, (uint32_t)c.Di, (uint32_t)c.csa_rate, (uint32_t)c.hca_rate};
+}
+}  // namespace
+
+size_t snapshot_size(const State& s) {
+  const Config& c = s.model->cfg;
+  return 8 + 4 + 4 + s.model->fingerprint.size() + 4 * shape_guard(c).size() + 8 + 4 * (size_t)s.n + 1 +
+         (s.last_logits.empty() ? 0 : 4 * (size_t)c.vocab) + (size_t)s.payload_bytes() + 8;
+}
+
+void snapshot_into(const State& s, uint8_t* out) {
+  const Config& c = s.model->cfg;
+  Writer w{out};
+  w.raw(kMagic, 8);
+  w.put<uint32_t>(SNAPSHOT_VERSION);
+  w.put<uint32_t>((uint32_t)s.model->fingerprint.size());
+  w.raw(s.model->fingerprint.data(), s.model->fingerprint.size());
+  for (uint32_t v : shape_guard(c)) w.put<uint32_t>(v);
+  w.put<int64_t>(s.n);
+  w.raw(s.tokens.data(), sizeof(int32_t) * s.tokens.size());
+  w.put<uint8_t>(s.last_logits.empty() ? 0 : 1);
+  if (!s.last_logits.empty()) w.floats(s.last_logits.data(), c.vocab);
+  const int ring = c.W - 1;
+  for (const LayerState& ls : s.layers) {
+    for (int64_t p = s.n - std::min<int64_t>(s.n, ring); p < s.n; ++p)
+      w.floats(&ls.win[(size_t)(p % ring) * c.Dh], c.Dh);
+    write_comp(w, ls.comp, s.n);
+    write_comp(w, ls.icomp, s.n);
+  }
+  uint64_t h = fnv1a(out, w.off);
+  w.put<uint64_t>(h);
+}
+
+State restore(const Model& m, const uint8_t* data, size_t size) {
+  const Config& c = m.cfg;
+  Reader r{data, size};
+  char magic[8];
+  if (size < 8) throw std::invalid_argument("not a cairn snapshot (too short)");
+  r.raw(magic, 8);
+  if (std::memcmp(magic, kMagic, 8) != 0) throw std::invalid_argument("not a cairn snapshot (bad magic)");
+  uint32_t ver = r.get<uint32_t>();
+  if (ver != SNAPSHOT_VERSION)
+    throw std::invalid_argument("unsupported snapshot version " + std::to_string(ver) + " (this build reads " +
+                                std::to_string(SNAPSHOT_VERSION) + ")");
+  uint32_t flen = r.get<uint32_t>();
+  if (flen > 4096 || flen > size - r.off) throw std::invalid_argument("snapshot is truncated or corrupt (fingerprint)");
+  std::string fp(flen, '\0');
+  r.raw(fp.data(), flen);
+  if (fp != m.fingerprint)
+    throw std::invalid_argument("snapshot belongs to a different model (fingerprint '" + fp + "', model '" +
+                                m.fingerprint + "')");
+  for (uint32_t v : shape_guard(c))
+    if (r.get<uint32_t>() != v) throw std::invalid_argument("snapshot model shape does not match this model");
+  int64_t n = r.get<int64_t>();
+  if (n < 0 || n > ((int64_t)1 << 40)) throw std::invalid_argument("snapshot is corrupt (token count)");
+  State s(m);
+  // exact expected size: header so far + tokens + flag + [logits] + payload + checksum
+  const size_t after_tokens = r.off + 4 * (size_t)n;
+  if (after_tokens + 1 > size) throw std::invalid_argument("snapshot is truncated");
+  const uint8_t has_logits = data[after_tokens];
+  if (has_logits > 1) throw std::invalid_argument("snapshot is corrupt (logits flag)");
+  const size_t expect = after_tokens + 1 + (has_logits ? 4 * (size_t)c.vocab : 0) +
+                        4 * (size_t)payload_floats(s, n) + 8;
+  if (size < expect) throw std::invalid_argument("snapshot is truncated");
+  if (size > expect) throw std::invalid_argument("snapshot has trailing bytes (corrupt)");
+  uint64_t stored;
+  std::memcpy(&stored, data + size - 8, 8);
+  if (stored != fnv1a(data, size - 8)) throw std::invalid_argument("snapshot checksum mismatch (corrupt)");
+  if ((n > 0) != (has_logits == 1)) throw std::invalid_argument("snapshot is corrupt (logits flag)");
+  s.n = n;
+  s.tokens.resize(n);
+  r.raw(s.tokens.data(), 4 * (size_t)n);
+  for (int32_t t : s.tokens)
+    if (t < 0 || t >= c.vocab) throw std::invalid_argument("snapshot is corrupt (token id out of range)");
+  r.off += 1;
+  if (has_logits) {
+    s.last_logits.resize(c.vocab);
+    r.floats(s.last_logits.data(), c.vocab);
+  }
+  const int ring = c.W - 1;
+  for (LayerState& ls : s.layers) {
+    for (int64_t p = n - std::min<int64_t>(n, ring); p < n; ++p) r.floats(&ls.win[(size_t)(p % ring) * c.Dh], c.Dh);
+    read_comp(r, ls.comp, n);
+    read_comp(r, ls.icomp, n);
+  }
+  return s;
+}
+
+}  // namespace cairn
