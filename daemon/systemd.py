@@ -7,7 +7,7 @@ Design notes:
 - `watchdog_task` is a Trio task on purpose: if the event loop is stuck, the pings stop and systemd
   restarts us, which is what WatchdogSec= is for. A ping from a thread would hide the hang.
 - `listen_fds` follows sd_listen_fds(3): fds start at 3, only for us if LISTEN_PID is our pid; the
-  variables are always removed so children do not inherit them; missing names read "unknown".
+  variables are always removed so children do not inherit them; missing or empty names read "unknown".
 """
 
 from __future__ import annotations
@@ -81,9 +81,8 @@ def listen_fds() -> list[tuple[str, socket.socket]]:
         count = int(env["LISTEN_FDS"] or "0")
     except ValueError:
         return []
-    names = (env["LISTEN_FDNAMES"] or "").split(":")
-    if len(names) != count:
-        names = ["unknown"] * count
+    given = (env["LISTEN_FDNAMES"] or "").split(":")
+    names = [(given[i] if i < len(given) else "") or "unknown" for i in range(count)]
     result = []
     for i, name in enumerate(names):
         fd = SD_LISTEN_FDS_START + i
