@@ -17,6 +17,7 @@ Design notes
      2. prefix captures (common, system), least recently used first;
      3. the entry just added (it is refused rather than push out the protected entry);
      4. the protected entry (only when it alone breaks the budget).
+   An entry larger than the whole byte budget is refused at once, evicting nothing.
    Protected = the one "system" entry of that tier with the largest shares × n_tokens (the
    prefill tokens it has saved or would save), ties to the most recently used; if the tier
    holds no "system" entry, the same rule over "common" entries. ``shares`` counts requests whose
@@ -265,6 +266,8 @@ class CheckpointStore:
         ordinary = sorted((e for e in members if e is not newcomer and e is not protected),
                           key=lambda e: (e.kind != "prompt_end", e.last_used, e.created, e.id))
         victims = ordinary + [newcomer] + ([protected] if protected not in (None, newcomer) else [])
+        if size(newcomer) > max_bytes or max_slots == 0:
+            victims = [newcomer]  # can never fit: refuse it without disturbing the others
         count, total = len(members), sum(size(e) for e in members)
         evicted: list[Eviction] = []
         for victim in victims:

@@ -1,0 +1,185 @@
+"""CheckpointStore: prefix lookup, both budgets, eviction order, protection of the system prefix."""
+
+import numpy as np
+import pytest
+
+from cairn.actors.disk_format import prefix_hash
+from cairn.actors.store import CheckpointStore
+
+SYSTEM = list(range(1000, 1800))  # an 800-token system prefix
+
+
+def blob(n: int = 100) -> bytes:
+    return b"x" * n
+
+
+def test_longest_prefix_is_strictly_shorter_and_verified():
+    s = CheckpointStore(max_slots=8)
+    s.put(SYSTEM[:600], "common", blob())
+    s.put(SYSTEM, "system", blob())
+    prompt = SYSTEM + [5, 6, 7]
+    assert s.longest_prefix(prompt).n_tokens == 800
+    assert s.longest_prefix(SYSTEM).n_tokens == 600          # equal length excluded by default
+    assert s.longest_prefix(SYSTEM, strict=False).n_tokens == 800
+    assert s.longest_prefix([1, 2, 3] + SYSTEM) is None
+    assert s.longest_prefix(SYSTEM[:599]) is None
+    assert [e.n_tokens for e in s.prefixes_of(prompt)] == [800, 600]
+    assert s.contains(SYSTEM) and not s.contains(SYSTEM[:700])
+    assert s.get(prefix_hash(SYSTEM)).kind == "system"
+
+
+def test_lookup_verifies_ids_not_just_the_hash(monkeypatch):
+    s = CheckpointStore()
+    s.put(SYSTEM, "system", blob())
+    e = s.get(prefix_hash(SYSTEM))
+    fake = np.array(SYSTEM, dtype=np.int32)
+    fake[10] += 1
+    fake.flags.writeable = False
+    e.tokens = fake  # as if another prefix had collided on the hash
+    assert s.longest_prefix(SYSTEM + [1]) is None
+    assert not s.contains(SYSTEM)
+
+
+def test_lru_and_prompt_end_first_under_slot_budget():
+    s = CheckpointStore(max_slots=3)
+    s.put(list(range(10)), "common", blob())
+    s.put(list(range(20)), "prompt_end", blob())
+    s.put(list(range(30)), "prompt_end", blob())
+    s.touch(prefix_hash(list(range(20))))         # 20 is now more recent than 30
+    ev = s.put(list(range(40)), "common", blob())  # over by one: LRU prompt_end goes first
+    assert [(v.entry.n_tokens, v.tier, v.dropped) for v in ev] == [(30, "memory", True)]
+    ev = s.put(list(range(50)), "common", blob())
+    assert [v.entry.n_tokens for v in ev] == [20]  # the last prompt_end before any prefix capture
+    ev = s.put(list(range(60)), "common", blob())
+    assert [v.entry.n_tokens for v in ev] == [10]  # then LRU of prefix captures
+    assert s.stats().memory_entries == 3
+
+
+def test_byte_budget_evicts_until_it_fits():
+    s = CheckpointStore(max_slots=10, max_bytes=1000)
+    for n in (10, 20, 30):
+        s.put(list(range(n)), "prompt_end", blob(300))
+    ev = s.put(list(range(40)), "prompt_end", blob(500))
+    assert [v.entry.n_tokens for v in ev] == [10, 20]
+    assert s.stats().memory_bytes == 800
+
+
+def test_entry_larger_than_the_budget_is_refused():
+    s = CheckpointStore(max_bytes=1000)
+    s.put(list(range(10)), "prompt_end", blob(600))
+    ev = s.put(list(range(20)), "prompt_end", blob(5000))
+    assert [(v.entry.n_tokens, v.dropped) for v in ev] == [(20, True)]
+    assert s.contains(list(range(10))) and len(s) == 1
+
+
+@pytest.mark.parametrize("protect", [True, False])
+def test_system_checkpoint_survives_a_burst_of_20_side_requests(protect):
+    s = CheckpointStore(max_slots=4, protect_system=protect)
+    s.record_prompt(SYSTEM + [1])
+    s.put(SYSTEM, "system", blob(1000))
+    main_turn = SYSTEM + list(range(2000, 2300))
+    s.record_prompt(main_turn)
+    s.put(main_turn, "prompt_end", blob(1300))
+    for i in range(20):  # titles / sub-agents: another system prompt, each a common + prompt_end
+        side_sys = list(range(5000 + i, 5600 + i))
+        side = side_sys + [7] * (100 + i)
+        s.record_prompt(side)
+        s.put(side_sys, "common", blob(900))
+        s.put(side, "prompt_end", blob(1000))
+    if not protect:  # the test bites: plain LRU loses it
+        assert not s.contains(SYSTEM)
+        return
+    assert s.contains(SYSTEM)
+    assert s.protected_id == prefix_hash(SYSTEM)
+    assert s.longest_prefix(SYSTEM + [42]).kind == "system"
+
+
+def test_newcomer_refused_rather_than_evicting_the_protected_entry():
+    s = CheckpointStore(max_slots=1)
+    s.put(SYSTEM, "system", blob())
+    ev = s.put(list(range(700)), "prompt_end", blob())
+    assert [v.entry.n_tokens for v in ev] == [700] and s.contains(SYSTEM)
+
+
+def test_protection_moves_to_a_system_prompt_that_saves_more():
+    s = CheckpointStore(max_slots=2)
+    old, new = SYSTEM, list(range(9000, 9600))
+    s.put(old, "system", blob())
+    s.put(new, "system", blob())
+    assert s.protected_id == prefix_hash(old)        # 1 share x 800 > 1 x 600
+    s.record_prompt(new + [1])
+    assert s.protected_id == prefix_hash(new)        # 2 x 600 > 800
+    s.put(list(range(50)), "common", blob())          # the unprotected old system prefix goes
+    assert not s.contains(old) and s.contains(new)
+
+
+def test_without_system_entries_the_best_common_prefix_is_protected():
+    s = CheckpointStore(max_slots=2)
+    s.put(SYSTEM, "common", blob())
+    for i in range(5):
+        s.put(list(range(100 * i, 100 * i + 50)), "common", blob())
+    assert s.contains(SYSTEM)
+
+
+def test_put_existing_upgrades_kind_and_loads_blob():
+    s = CheckpointStore(disk_max_bytes=10_000)
+    s.put_disk(SYSTEM, "prompt_end", nbytes=100, disk_nbytes=150)
+    e = s.get(prefix_hash(SYSTEM))
+    assert e.tier == "disk" and e.blob is None
+    s.put(SYSTEM, "system", blob(100))
+    assert e.tier == "memory" and e.on_disk and e.kind == "system" and len(s) == 1
+
+
+def test_disk_tier_budget_and_lru():
+    s = CheckpointStore(max_slots=1, disk_max_bytes=1000, disk_max_slots=10)
+    for n in (10, 20, 30):
+        s.put_disk(list(range(n)), "common", nbytes=300, disk_nbytes=400)
+    st = s.stats()
+    assert (st.disk_entries, st.disk_bytes) == (2, 800)
+    assert not s.contains(list(range(10)))           # LRU file evicted, caller deletes it
+    s.put(list(range(20)), "common", blob())
+    ev = s.put(list(range(5)), "prompt_end", blob())
+    assert [(v.entry.n_tokens, v.tier, v.dropped) for v in ev] == [(5, "memory", True)]  # 20 is protected
+    # a memory entry that is also on disk: dropping it from memory keeps it indexed as disk-only
+    s2 = CheckpointStore(max_slots=1, disk_max_bytes=1000)
+    s2.put_disk(list(range(20)), "prompt_end", nbytes=100, disk_nbytes=150)
+    s2.put(list(range(20)), "prompt_end", blob())
+    ev = s2.put(list(range(30)), "prompt_end", blob())
+    assert [(v.entry.n_tokens, v.tier, v.dropped) for v in ev] == [(20, "memory", False)]
+    assert s2.get(prefix_hash(list(range(20)))).tier == "disk"
+
+
+def test_disk_off_refuses_files():
+    s = CheckpointStore()  # disk_max_bytes = 0
+    ev = s.put_disk(SYSTEM, "system", nbytes=10, disk_nbytes=20)
+    assert [(v.tier, v.dropped) for v in ev] == [("disk", True)] and len(s) == 0
+
+
+def test_remove_tiers_and_stats():
+    s = CheckpointStore(disk_max_bytes=10_000)
+    s.put(SYSTEM, "system", blob(100))
+    s.put_disk(SYSTEM, "system", nbytes=100, disk_nbytes=130)
+    eid = prefix_hash(SYSTEM)
+    s.touch(eid)
+    st = s.stats()
+    assert (st.memory_entries, st.memory_bytes, st.disk_entries, st.disk_bytes, st.hits) == (1, 100, 1, 130, 1)
+    assert st.entries_by_kind == {"system": 1, "common": 0, "prompt_end": 0}
+    s.remove(eid, "disk")
+    assert s.get(eid).tier == "memory" and not s.get(eid).on_disk
+    s.remove(eid)
+    assert s.get(eid) is None and s.remove(eid) is None
+
+
+def test_deterministic_clock_injection():
+    t = iter(range(100, 200))
+    s = CheckpointStore(clock=lambda: next(t))
+    s.put([1] * 10, "common", blob())
+    e = s.entries()[0]
+    assert (e.created, e.last_used) == (100, 100)
+    s.touch(e.id)
+    assert e.last_used == 101 and e.hits == 1
+
+
+def test_unknown_kind_rejected():
+    with pytest.raises(ValueError):
+        CheckpointStore().put([1, 2], "nope", blob())
