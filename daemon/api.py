@@ -1,0 +1,346 @@
+"""The ASGI app: routes, validation into a `Submit`, replies out as JSON or SSE. JSON stops here.
+
+Design notes. Each POST runs in a nursery beside a task awaiting `http.disconnect`; a disconnect
+cancels the handler's scope, and its `finally` cancels the request in the engine (the running
+worker's scope at once through RequestControl; a waiting request leaves the queue through a
+`Cancel` to admission). The admission stays held until the worker acknowledges. A response is
+marked complete before its final send, so a client that closes right after the last chunk does
+not turn a finished request into a cancelled one.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import secrets
+import time
+
+import trio
+
+from cairn.actors.messages import (Cancel, CancelAck, Done, Failed, Rejected, RequestControl, Sampling,
+                                   Started, Submit, TokenOut)
+
+from . import formats
+from .chat import ChatTemplateError
+from .http import end_sse, read_body, send_error, send_event, send_json, start_sse
+from .schemas import APIError, CommonParams, parse_chat, parse_completion, parse_json_body
+
+REPLY_BUFFER = 64  # tokens may run ahead of a slow client by this much; then decode waits for it
+
+
+class API:
+    def __init__(self, *, inbox: trio.MemorySendChannel, tokenizer, renderer, model_id: str,
+                 context_length: int, vocab_size: int, max_tokens_default: int, fingerprint: str,
+                 log, api_key: str | None = None) -> None:
+        self.inbox = inbox
+        self.tok = tokenizer
+        self.renderer = renderer
+        self.model_id = model_id
+        self.ctx = context_length
+        self.vocab = vocab_size
+        self.max_tokens_default = max_tokens_default
+        self.fingerprint = "fp_" + fingerprint[:12]
+        self.log = log
+        self.api_key = api_key
+        self.created = int(time.time())
+        self._ids = itertools.count(1)
+        self._prefix = secrets.token_hex(4)
+
+    # --- ASGI ---------------------------------------------------------------------------------
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "lifespan":
+            return await self._lifespan(receive, send)
+        if scope["type"] != "http":
+            return
+        try:
+            await self._route(scope, receive, send)
+        except APIError as e:
+            await send_error(send, e)
+        except ConnectionAbortedError:
+            return
+
+    async def _lifespan(self, receive, send) -> None:
+        while True:
+            msg = await receive()
+            if msg["type"] == "lifespan.startup":
+                await send({"type": "lifespan.startup.complete"})
+            elif msg["type"] == "lifespan.shutdown":
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+    async def _route(self, scope, receive, send) -> None:
+        method, path = scope["method"], scope["path"].rstrip("/") or "/"
+        if scope.get("server") is not None and self.api_key is not None:
+            self._check_auth(scope)
+        routes = {
+            ("GET", "/health"): self._health,
+            ("GET", "/v1/models"): self._models,
+            ("POST", "/v1/chat/completions"): self._chat,
+            ("POST", "/v1/completions"): self._completions,
+        }
+        handler = routes.get((method, path))
+        if handler is None:
+            if path.startswith("/v1/models/") and method == "GET":
+                return await self._model(path.removeprefix("/v1/models/"), send)
+            if any(p == path for _, p in routes):
+                raise APIError(405, f"method {method} not allowed on {path}", code="method_not_allowed")
+            raise APIError(404, f"no route {method} {path}", code="not_found")
+        await handler(scope, receive, send)
+
+    def _check_auth(self, scope) -> None:
+        headers = dict(scope.get("headers") or [])
+        got = headers.get(b"authorization", b"").decode("latin-1")
+        if not secrets.compare_digest(got.encode(), f"Bearer {self.api_key}".encode()):
+            raise APIError(401, "missing or wrong API key (Authorization: Bearer ...)", code="invalid_api_key")
+
+    # --- simple routes ------------------------------------------------------------------------
+
+    def _model_card(self) -> dict:
+        return {"id": self.model_id, "object": "model", "created": self.created, "owned_by": "cairn",
+                "max_model_len": self.ctx}
+
+    async def _health(self, scope, receive, send) -> None:
+        await send_json(send, 200, {"status": "ok", "model": self.model_id})
+
+    async def _models(self, scope, receive, send) -> None:
+        await send_json(send, 200, {"object": "list", "data": [self._model_card()]})
+
+    async def _model(self, name: str, send) -> None:
+        self._check_model(name)
+        await send_json(send, 200, self._model_card())
+
+    def _check_model(self, name: str) -> None:
+        if name != self.model_id:
+            raise APIError(404, f"model {name!r} does not exist; this server serves {self.model_id!r}",
+                           param="model", code="model_not_found")
+
+    # --- building a Submit --------------------------------------------------------------------
+
+    def _budget(self, n_prompt: int, asked: int | None, prompt_param: str) -> int:
+        if n_prompt >= self.ctx:
+            raise APIError(400, f"{prompt_param}: the prompt is {n_prompt} tokens; this model's context is "
+                           f"{self.ctx} tokens", param=prompt_param, code="context_length_exceeded")
+        room = self.ctx - n_prompt
+        if asked is None:
+            return min(self.max_tokens_default, room)
+        if asked > room:
+            raise APIError(400, f"max_tokens: {asked} is too large; the prompt is {n_prompt} tokens and the "
+                           f"context {self.ctx}, so at most {room}", param="max_tokens",
+                           code="context_length_exceeded")
+        return asked
+
+    def _new_id(self, kind: str) -> str:
+        return f"{kind}-{self._prefix}{next(self._ids):06d}"
+
+    @staticmethod
+    def _sampling(c: CommonParams, max_tokens: int, logprobs: bool, top: int) -> Sampling:
+        return Sampling(max_tokens=max_tokens, temperature=c.temperature, top_p=c.top_p, top_k=c.top_k,
+                        seed=c.seed, stop=c.stop, logprobs=logprobs, top_logprobs=top, ignore_eos=c.ignore_eos)
+
+    # --- endpoints ----------------------------------------------------------------------------
+
+    async def _chat(self, scope, receive, send) -> None:
+        req = parse_chat(parse_json_body(await read_body(receive)))
+        self._check_model(req.common.model)
+        try:
+            rendered = self.renderer.render(req.messages, tools=req.tools)
+        except ChatTemplateError as e:
+            param = str(e).split(":", 1)[0] if str(e).startswith(("messages", "tools")) else "messages"
+            raise APIError(400, str(e), param=param, code="invalid_value") from None
+        ids = self.tok.encode(rendered.text)
+        hint = None
+        if rendered.system_prefix_bytes is not None:
+            hint = self.tok.boundary_for_byte_offset(rendered.text, rendered.system_prefix_bytes)
+        budget = self._budget(len(ids), req.common.max_tokens, "messages")
+        rid = self._new_id("chatcmpl")
+        sampling = self._sampling(req.common, budget, req.logprobs, req.top_logprobs)
+        out = _ChatStream(self, rid, req) if req.common.stream else _ChatJSON(self, rid, req)
+        await self._drive(receive, send, rid, ids, hint, sampling, False, out)
+
+    async def _completions(self, scope, receive, send) -> None:
+        req = parse_completion(parse_json_body(await read_body(receive)))
+        self._check_model(req.common.model)
+        if req.prompt_ids is not None:
+            bad_ids = [t for t in req.prompt_ids if not 0 <= t < self.vocab]
+            if bad_ids:
+                raise APIError(400, f"prompt: token id {bad_ids[0]} is outside the vocabulary (0..{self.vocab - 1})",
+                               param="prompt", code="invalid_value")
+            ids = req.prompt_ids
+        else:
+            ids = self.tok.encode(req.prompt_text)
+        if not ids:
+            raise APIError(400, "prompt: empty; at least one token is needed", param="prompt", code="invalid_value")
+        budget = self._budget(len(ids), req.common.max_tokens, "prompt")
+        rid = self._new_id("cmpl")
+        want_lp = req.logprobs is not None
+        sampling = self._sampling(req.common, budget, want_lp, req.logprobs or 0)
+        out = _Completion(self, rid, req, ids)
+        await self._drive(receive, send, rid, ids, None, sampling, want_lp and req.echo, out)
+
+    # --- the request's life -------------------------------------------------------------------
+
+    async def _drive(self, receive, send, rid, ids, hint, sampling, prompt_logprobs, out) -> None:
+        reply_send, reply_recv = trio.open_memory_channel(REPLY_BUFFER)
+        control = RequestControl()
+        submit = Submit(rid, tuple(int(t) for t in ids), hint, sampling, prompt_logprobs, reply_send, control)
+        finished = False
+        try:
+            async with reply_recv, trio.open_nursery() as nursery:
+                nursery.start_soon(_watch_disconnect, receive, nursery.cancel_scope)
+                await self.inbox.send(submit)
+                async for msg in reply_recv:
+                    if isinstance(msg, TokenOut):
+                        await out.token(send, msg)
+                    elif isinstance(msg, Started):
+                        await out.start(send, msg)
+                    else:
+                        finished = True
+                        if isinstance(msg, Done):
+                            await out.done(send, msg)
+                        elif isinstance(msg, Rejected):
+                            await send_error(send, APIError(
+                                429, "the engine is busy and its queue is full; retry later", code="queue_full",
+                                headers={"Retry-After": str(msg.retry_after_s)}))
+                        elif isinstance(msg, Failed):
+                            await out.failed(send, APIError(500, msg.message, code="engine_error"))
+                        elif isinstance(msg, CancelAck):
+                            await out.failed(send, APIError(503, "request cancelled (server shutting down)",
+                                                            code="cancelled"))
+                        break
+                nursery.cancel_scope.cancel()
+        finally:
+            if not finished:
+                control.cancel()
+                with trio.CancelScope(shield=True), trio.move_on_after(2):
+                    await self.inbox.send(Cancel(rid))
+
+
+async def _watch_disconnect(receive, scope: trio.CancelScope) -> None:
+    while True:
+        msg = await receive()
+        if msg["type"] == "http.disconnect":
+            scope.cancel()
+            return
+
+
+# --- responders: one per endpoint and mode ----------------------------------------------------------
+
+class _Base:
+    def __init__(self, api: API, rid: str) -> None:
+        self.api, self.rid = api, rid
+        self.started_http = False
+
+    async def failed(self, send, err: APIError) -> None:
+        if not self.started_http:
+            await send_error(send, err)
+        else:
+            await send_event(send, err.body())
+            await end_sse(send)
+
+
+class _ChatJSON(_Base):
+    def __init__(self, api, rid, req) -> None:
+        super().__init__(api, rid)
+        self.req = req
+        self.text: list[str] = []
+        self.logprobs: list | None = [] if req.logprobs else None
+
+    async def start(self, send, msg: Started) -> None:
+        pass
+
+    async def token(self, send, t: TokenOut) -> None:
+        self.text.append(t.text)
+        if self.logprobs is not None:
+            self.logprobs.append(formats.chat_logprob(self.api.tok, t.token_id, t.logprob, t.top))
+
+    async def done(self, send, d: Done) -> None:
+        self.text.append(d.text_tail)
+        body = formats.chat_completion(self.rid, int(time.time()), self.api.model_id, "".join(self.text),
+                                       d.finish_reason, d.usage, self.logprobs, self.api.fingerprint)
+        await send_json(send, 200, body)
+
+
+class _ChatStream(_Base):
+    def __init__(self, api, rid, req) -> None:
+        super().__init__(api, rid)
+        self.req = req
+        self.created = int(time.time())
+
+    def _chunk(self, delta, **kw) -> dict:
+        return formats.chat_chunk(self.rid, self.created, self.api.model_id, delta,
+                                  fingerprint=self.api.fingerprint, **kw)
+
+    async def start(self, send, msg: Started) -> None:
+        await start_sse(send)
+        self.started_http = True
+        await send_event(send, self._chunk({"role": "assistant", "content": ""}))
+
+    async def token(self, send, t: TokenOut) -> None:
+        if not t.text and not self.req.logprobs:
+            return
+        lp = [formats.chat_logprob(self.api.tok, t.token_id, t.logprob, t.top)] if self.req.logprobs else None
+        await send_event(send, self._chunk({"content": t.text}, logprobs=lp))
+
+    async def done(self, send, d: Done) -> None:
+        if d.text_tail:
+            await send_event(send, self._chunk({"content": d.text_tail}))
+        await send_event(send, self._chunk({}, finish=d.finish_reason))
+        if self.req.common.include_usage:
+            await send_event(send, self._chunk({}, usage=d.usage, no_choices=True))
+        await end_sse(send)
+
+
+class _Completion(_Base):
+    def __init__(self, api, rid, req, ids) -> None:
+        super().__init__(api, rid)
+        self.req, self.ids = req, ids
+        self.stream = req.common.stream
+        self.created = int(time.time())
+        self.prompt_text = req.prompt_text if req.prompt_text is not None else api.tok.decode(ids)
+        self.text: list[str] = [self.prompt_text] if req.echo else []
+        self.lp = formats.LegacyLogprobs(api.tok) if req.logprobs is not None else None
+
+    def _body(self, text, finish=None, usage=None, logprobs=None) -> dict:
+        return formats.completion(self.rid, self.created, self.api.model_id, text, finish, usage, logprobs,
+                                  self.api.fingerprint, chunk=self.stream)
+
+    async def start(self, send, msg: Started) -> None:
+        echo_lp = None
+        if self.req.echo and self.lp is not None:
+            pl = msg.prompt_logprobs
+            for i, t in enumerate(self.ids):
+                lp = None if pl is None or i == 0 else pl.logprobs[i]
+                top = () if pl is None or i == 0 else pl.top[i]
+                self.lp.add(t, lp, top)
+            echo_lp = self.lp.as_dict()
+        if self.stream:
+            await start_sse(send)
+            self.started_http = True
+            if self.req.echo:
+                await send_event(send, self._body(self.prompt_text, logprobs=echo_lp))
+
+    async def token(self, send, t: TokenOut) -> None:
+        piece = None
+        if self.lp is not None:
+            piece = self.lp.add(t.token_id, t.logprob, t.top)
+        if self.stream:
+            if t.text or piece is not None:
+                await send_event(send, self._body(t.text, logprobs=piece))
+        else:
+            self.text.append(t.text)
+
+    async def done(self, send, d: Done) -> None:
+        if self.stream:
+            if d.text_tail:
+                await send_event(send, self._body(d.text_tail))
+            await send_event(send, self._body("", finish=d.finish_reason))
+            if self.req.common.include_usage:
+                body = self._body("", usage=d.usage)
+                body["choices"] = []
+                await send_event(send, body)
+            await end_sse(send)
+            return
+        self.text.append(d.text_tail)
+        await send_json(send, 200, self._body("".join(self.text), d.finish_reason, d.usage,
+                                              None if self.lp is None else self.lp.as_dict()))

@@ -1,0 +1,54 @@
+"""Tiny plain-ASGI helpers: read a bounded body, send JSON / errors / SSE events."""
+
+from __future__ import annotations
+
+import json
+
+from .schemas import APIError
+
+MAX_BODY = 64 * 1024 * 1024
+
+
+async def read_body(receive, limit: int = MAX_BODY) -> bytes:
+    parts, size = [], 0
+    while True:
+        msg = await receive()
+        if msg["type"] == "http.disconnect":
+            raise ConnectionAbortedError
+        body = msg.get("body", b"")
+        size += len(body)
+        if size > limit:
+            raise APIError(413, f"request body larger than {limit} bytes", code="body_too_large")
+        parts.append(body)
+        if not msg.get("more_body"):
+            return b"".join(parts)
+
+
+def _dumps(obj) -> bytes:
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode()
+
+
+async def send_json(send, status: int, obj, headers: dict[str, str] | None = None) -> None:
+    body = _dumps(obj)
+    hdrs = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    hdrs += [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()]
+    await send({"type": "http.response.start", "status": status, "headers": hdrs})
+    await send({"type": "http.response.body", "body": body})
+
+
+async def send_error(send, err: APIError) -> None:
+    await send_json(send, err.status, err.body(), err.headers)
+
+
+async def start_sse(send) -> None:
+    await send({"type": "http.response.start", "status": 200,
+                "headers": [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache"),
+                            (b"x-accel-buffering", b"no")]})
+
+
+async def send_event(send, obj) -> None:
+    await send({"type": "http.response.body", "body": b"data: " + _dumps(obj) + b"\n\n", "more_body": True})
+
+
+async def end_sse(send) -> None:
+    await send({"type": "http.response.body", "body": b"data: [DONE]\n\n", "more_body": False})
