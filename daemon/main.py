@@ -1,0 +1,126 @@
+"""`cairn serve`: trio.run, signals, and the nursery where the actors and the server are wired.
+
+Shutdown: SIGTERM or SIGINT cancels the nursery. The server stops accepting, in-flight handlers are
+cancelled, a running kernel call sees its abort flag and returns at the next chunk boundary, and the
+process exits 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+import trio
+
+from cairn.actors.engine import Engine
+from cairn.actors.wiring import start_engine
+
+from .api import API
+from .config import ConfigError, Settings, add_arguments, load_settings
+from .logs import configure_logging, get_logger
+
+
+@dataclass
+class Loaded:
+    """Everything `run_daemon` needs that comes from the model directory (tests build their own)."""
+    kernel: Any
+    model: Any
+    tokenizer: Any
+    renderer: Any
+    name: str
+    fingerprint: str
+    context_length: int
+
+
+def load(settings: Settings, kernel=None) -> Loaded:
+    from .chat import ChatRenderer
+    from .model_dir import load_model, open_model_dir
+    from .tokenizer import TextTokenizer
+
+    if kernel is None:
+        from cairn import _kernel as kernel
+    md = open_model_dir(settings.model)
+    return Loaded(kernel=kernel, model=load_model(md, settings.threads), tokenizer=TextTokenizer.from_model_dir(md),
+                  renderer=ChatRenderer.from_model_dir(md), name=md.name, fingerprint=md.fingerprint,
+                  context_length=int(md.config["max_position_embeddings"]))
+
+
+async def _on_signal(cancel_scope: trio.CancelScope, log) -> None:
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        async for signum in signals:
+            log.info("shutting_down", signal=signal.Signals(signum).name)
+            cancel_scope.cancel()
+            return
+
+
+async def run_daemon(settings: Settings, loaded: Loaded, *, handle_signals: bool = True,
+                     task_status=trio.TASK_STATUS_IGNORED) -> None:
+    from .server import make_sockets, serve_http
+    from .tokenizer import StreamDecoder
+
+    log = get_logger("cairn")
+    engine = Engine(loaded.kernel, loaded.model, loaded.tokenizer, loaded.context_length,
+                    segment=settings.segment, chunk=settings.chunk)
+    model_id = settings.served_model_name or loaded.name
+    sockets = make_sockets(settings.socket, settings.socket_mode_int, settings.tcp_host_port)
+    async with trio.open_nursery() as nursery:
+        if handle_signals:
+            nursery.start_soon(_on_signal, nursery.cancel_scope, log)
+        inbox = await start_engine(nursery, engine, queue_size=settings.queue_size, log=log,
+                                   new_stream_decoder=lambda: StreamDecoder(loaded.tokenizer),
+                                   checkpoint_slots=settings.checkpoint_slots,
+                                   checkpoints_on_disk=settings.disk_checkpoints)
+        api = API(inbox=inbox, tokenizer=loaded.tokenizer, renderer=loaded.renderer, model_id=model_id,
+                  context_length=loaded.context_length, vocab_size=int(loaded.model.vocab_size),
+                  max_tokens_default=settings.max_tokens_default, fingerprint=loaded.fingerprint, log=log,
+                  api_key=settings.api_key)
+        binds = await nursery.start(serve_http, api, sockets)
+        log.info("listening", binds=binds, model=model_id, socket=settings.socket)
+        task_status.started(binds)
+    log.info("stopped")
+
+
+def _serve(args: argparse.Namespace) -> int:
+    try:
+        from cairn import _kernel
+        settings = load_settings(args, max_chunk=getattr(_kernel, "MAX_CHUNK", None))
+        if not settings.model:
+            raise ConfigError("setting 'model': missing; pass --model DIR (or CAIRN_MODEL, or model = \"...\" "
+                              "in the config file)")
+    except ConfigError as e:
+        print(f"cairn serve: {e}", file=sys.stderr)
+        return 2
+    configure_logging(level=settings.log_level)
+    try:
+        from threadpoolctl import threadpool_limits
+        threadpool_limits(1)          # numpy's BLAS must not fight the kernel's threads (2 cores)
+    except Exception:  # pragma: no cover - optional
+        pass
+    from .model_dir import ModelDirError
+
+    try:
+        loaded = load(settings)
+    except ModelDirError as e:
+        print(f"cairn serve: {e}", file=sys.stderr)
+        return 2
+    sock = settings.socket
+    print(f"cairn: serving {settings.served_model_name or loaded.name} on unix:{sock}", flush=True)
+    print(f"  try: curl --unix-socket {sock} http://localhost/v1/chat/completions "
+          f"-H 'Content-Type: application/json' "
+          f"-d '{{\"model\": \"{settings.served_model_name or loaded.name}\", "
+          f"\"messages\": [{{\"role\": \"user\", \"content\": \"Hello\"}}]}}'", flush=True)
+    try:
+        trio.run(run_daemon, settings, loaded)
+    except OSError as e:
+        print(f"cairn serve: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def register_cli(subparsers) -> None:
+    p = subparsers.add_parser("serve", help="serve a model over an OpenAI-compatible API on a Unix socket")
+    add_arguments(p)
+    p.set_defaults(func=_serve)

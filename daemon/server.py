@@ -1,0 +1,78 @@
+"""HTTP serving: hypercorn's Trio worker over a Unix socket (mode 0660 by default), optional TCP.
+
+Sockets are bound here (not by hypercorn) so the Unix socket's directory and mode are ours to set,
+and `listen()` is called before `worker_serve(sockets=...)` (hypercorn does not call it itself).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+
+import trio
+from hypercorn.config import Config, Sockets
+from hypercorn.trio.run import worker_serve
+from hypercorn.utils import wrap_app
+
+
+def _unix_socket(path: str, mode: int) -> socket.socket:
+    p = Path(path)
+    if not p.parent.exists():
+        p.parent.mkdir(parents=True, mode=0o750)
+    if p.is_socket():
+        probe = socket.socket(socket.AF_UNIX)
+        try:
+            probe.connect(str(p))
+        except OSError:
+            p.unlink()                    # stale socket from a previous run
+        else:
+            probe.close()
+            raise OSError(f"{p}: another server is already listening there")
+        finally:
+            probe.close()
+    elif p.exists():
+        raise OSError(f"{p}: exists and is not a socket; refusing to replace it")
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    old = os.umask(0o777 & ~mode)         # no window where the socket is wider than asked
+    try:
+        sock.bind(str(p))
+    finally:
+        os.umask(old)
+    os.chmod(p, mode)
+    return sock
+
+
+def _tcp_socket(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sock.bind((host, port))
+    return sock
+
+
+def make_sockets(unix_path: str, mode: int, tcp: tuple[str, int] | None) -> Sockets:
+    socks = [_unix_socket(unix_path, mode)]
+    if tcp is not None:
+        socks.append(_tcp_socket(*tcp))
+    for s in socks:
+        s.setblocking(False)
+        s.listen(128)
+    return Sockets(secure_sockets=[], insecure_sockets=socks, quic_sockets=[])
+
+
+def hypercorn_config() -> Config:
+    cfg = Config()
+    cfg.accesslog = None
+    cfg.errorlog = None
+    cfg.keep_alive_timeout = 75
+    cfg.graceful_timeout = 1.0
+    cfg.wsgi_max_body_size = 64 * 1024 * 1024
+    return cfg
+
+
+async def serve_http(app, sockets: Sockets, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    cfg = hypercorn_config()
+    await worker_serve(wrap_app(app, cfg.wsgi_max_body_size, "asgi"), cfg, sockets=sockets,
+                       task_status=task_status)
