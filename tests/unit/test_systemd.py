@@ -237,16 +237,23 @@ def test_listen_fds_names_default_to_unknown(sockdir):
 
 
 ACTIVATE = shutil.which("systemd-socket-activate")
+ANALYZE = shutil.which("systemd-analyze")
+SANDBOX = REPO / "scripts" / "sandbox-exec.py"
+needs_systemd_tools = pytest.mark.skipif(
+    ACTIVATE is None or ANALYZE is None,
+    reason="systemd-socket-activate / systemd-analyze missing: run scripts/ensure-systemd-tools.sh")
 
 
-@pytest.mark.skipif(ACTIVATE is None, reason="systemd-socket-activate missing: run scripts/ensure-systemd-tools.sh")
-def test_under_systemd_socket_activate(sockdir, notify_socket):
-    """The real tool listens, starts the child on the first connection and passes fd 3 named "api"."""
+@needs_systemd_tools
+@pytest.mark.parametrize("sandboxed", [False, True], ids=["plain", "unit-seccomp"])
+def test_under_systemd_socket_activate(sockdir, notify_socket, sandboxed):
+    """The real tool listens and passes fd 3 named "api"; also under the unit's seccomp filters."""
     path = sockdir / "cairn.sock"
-    env = dict(os.environ, CAIRN_TEST_CHILD=CHILD)
-    activator = subprocess.Popen([ACTIVATE, "-l", str(path), "--fdname=api", "-E", "NOTIFY_SOCKET", "-E",
-                                  "PYTHONPATH", sys.executable, "-c", CHILD], env=env, stdout=subprocess.PIPE,
-                                 stderr=subprocess.PIPE, text=True)
+    child = [sys.executable, "-c", CHILD]
+    if sandboxed:
+        child = [sys.executable, str(SANDBOX), "--strict", "--"] + child
+    activator = subprocess.Popen([ACTIVATE, "-l", str(path), "--fdname=api", "-E", "NOTIFY_SOCKET", *child],
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         for line in activator.stderr:  # "Listening on /…/cairn.sock as 3." once the socket is bound
             if line.startswith("Listening on"):
@@ -262,3 +269,107 @@ def test_under_systemd_socket_activate(sockdir, notify_socket):
     finally:
         activator.kill()
         activator.wait()
+
+
+# --- the unit files ---------------------------------------------------------------------------------
+
+@pytest.fixture
+def installable_units(tmp_path):
+    """The units with ExecStart pointed at this venv's `cairn`: verify checks that the binary exists."""
+    cairn = Path(sys.executable).with_name("cairn")
+    assert cairn.exists(), "the editable install provides the cairn entry point"
+    service = (UNITS / "cairn.service").read_text()
+    assert "\nExecStart=/usr/local/bin/cairn serve --config /etc/cairn/cairn.toml\n" in service
+    (tmp_path / "cairn.service").write_text(service.replace("ExecStart=/usr/local/bin/cairn", f"ExecStart={cairn}"))
+    shutil.copy(UNITS / "cairn.socket", tmp_path / "cairn.socket")
+    return tmp_path
+
+
+@needs_systemd_tools
+def test_units_verify(installable_units):
+    r = subprocess.run([ANALYZE, "verify", str(installable_units / "cairn.service"),
+                        str(installable_units / "cairn.socket")], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+
+
+@needs_systemd_tools
+def test_security_exposure_stays_low(installable_units):
+    """docs/operations.md lists what remains exposed and why; a new exposure fails here first."""
+    r = subprocess.run([ANALYZE, "security", "--offline=yes", "--no-pager", str(installable_units / "cairn.service")],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    score = float(re.search(r"Overall exposure level for cairn.service: ([0-9.]+)", r.stdout).group(1))
+    remaining = sorted(line.split()[1] for line in r.stdout.splitlines() if line.startswith("✗"))
+    assert remaining == sorted(["SystemCallFilter=~@resources", "RootDirectory=/RootImage=", "RestrictAddressFamilies=~AF_UNIX", "ProcSubset=",
+                                "PrivateUsers=", "DeviceAllow=", "UMask="]), r.stdout
+    assert score <= 0.5, r.stdout
+
+
+def test_unit_settings_the_daemon_relies_on():
+    service = (UNITS / "cairn.service").read_text().splitlines()
+    for line in ["Type=notify", "NotifyAccess=main", "WatchdogSec=30", "Restart=on-failure", "DynamicUser=yes",
+                 "StateDirectory=cairn", "RuntimeDirectory=cairn", "RuntimeDirectoryPreserve=yes",
+                 "ConfigurationDirectory=cairn", "MemoryDenyWriteExecute=yes", "RestrictAddressFamilies=AF_UNIX",
+                 "UMask=0007", "CapabilityBoundingSet="]:
+        assert line in service
+    socket_unit = (UNITS / "cairn.socket").read_text().splitlines()
+    for line in ["ListenStream=/run/cairn/cairn.sock", "SocketMode=0660", "FileDescriptorName=api",
+                 "Service=cairn.service"]:
+        assert line in socket_unit
+
+
+def test_example_config_loads():
+    from cairn.daemon.config import load_settings
+
+    s = load_settings({"config": str(UNITS / "cairn.toml.example")}, env={})
+    assert s.socket == "/run/cairn/cairn.sock" and s.checkpoint_dir == "/var/lib/cairn/checkpoints" and s.tcp is None
+
+
+# What the daemon's process does that a seccomp filter could trip over: interpreter start-up, imports
+# of every native dependency, BLAS in a worker thread, a libffi callback (threadpoolctl uses one),
+# the notify socket. The W+X map and the AF_INET socket must be refused, like under systemd.
+PROBE = textwrap.dedent("""
+    import ctypes, mmap, socket
+    try:
+        mmap.mmap(-1, 4096, prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)
+        print("W+X allowed")
+    except PermissionError:
+        print("W+X refused")
+    try:
+        socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        print("AF_INET allowed")
+    except OSError:
+        print("AF_INET refused")
+    import numpy as np, threadpoolctl, trio, hypercorn.trio, structlog, tokenizers, jinja2
+    import cairn.daemon.cli
+    try:
+        import cairn._kernel  # loads scipy-openblas32 too; an ImportError (kernel not built) is not ours
+    except ImportError:
+        pass
+    from cairn.daemon import systemd
+    a = np.ones((256, 256), dtype=np.float32)
+    with threadpoolctl.threadpool_limits(1):
+        assert trio.run(trio.to_thread.run_sync, lambda: float((a @ a).sum())) == 256.0 ** 3
+    assert ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int)(lambda x: x + 1)(41) == 42
+    print("notify", systemd.ready())
+    print("done")
+""")
+
+
+@needs_systemd_tools
+def test_process_runs_under_the_units_seccomp_filters(notify_socket):
+    """SystemCallFilter=, MemoryDenyWriteExecute= and RestrictAddressFamilies= as systemd 252 installs
+    them (scripts/sandbox-exec.py), strict: a syscall outside the allow list kills the process."""
+    r = subprocess.run([sys.executable, str(SANDBOX), "--strict", "--", sys.executable, "-c", PROBE],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, f"exit {r.returncode}: {r.stderr}"
+    assert r.stdout.split("\n") == ["W+X refused", "AF_INET refused", "notify True", "done", ""]
+    assert notify_socket.recv(4096) == b"READY=1"
+
+
+@needs_systemd_tools
+def test_sandbox_kills_a_forbidden_syscall():
+    """The sandbox is real: chown (@privileged, denied by the unit) kills the process in strict mode."""
+    r = subprocess.run([sys.executable, str(SANDBOX), "--strict", "--", sys.executable, "-c",
+                        "import os; os.chown('/', 0, 0)"], capture_output=True, timeout=60)
+    assert r.returncode == -31  # SIGSYS
