@@ -127,6 +127,8 @@ def plan_prefill(prompt: Sequence[int] | np.ndarray, live_tokens: Sequence[int] 
 
     if entry is not None:
         action, start, restore_id = "restore", entry.n_tokens, entry.id
+        if live_len:
+            live_miss = f"a checkpoint saves more ({entry.n_tokens} tokens vs live {live_len})"
     elif live_len:
         action, start, restore_id = "reuse_live", live_len, None
         live_miss = None

@@ -73,6 +73,7 @@ def test_longer_checkpoint_beats_a_shorter_live_state():
     s = store(TURN1)
     p = plan_prefill(TURN2, SYSTEM, s, restore_cost_tokens=64)
     assert (p.action, p.start) == ("restore", 1200)
+    assert p.live_miss == "a checkpoint saves more (1200 tokens vs live 800)"
     # ... but not when the gain does not pay the restore
     p = plan_prefill(TURN2, TURN1[:1150], s, restore_cost_tokens=64)
     assert (p.action, p.start) == ("reuse_live", 1150)
