@@ -28,7 +28,7 @@ def test_longest_prefix_is_strictly_shorter_and_verified():
     assert s.get(prefix_hash(SYSTEM)).kind == "system"
 
 
-def test_lookup_verifies_ids_not_just_the_hash(monkeypatch):
+def test_lookup_verifies_ids_not_just_the_hash():
     s = CheckpointStore()
     s.put(SYSTEM, "system", blob())
     e = s.get(prefix_hash(SYSTEM))
