@@ -234,12 +234,17 @@ class Oracle:
         return K.Model(self.config, self.weights, self.fingerprint, threads, **kw)
 
 
-def _make_oracle(name: str) -> Oracle:
+def model_inputs(name: str):
+    """(hf model, resolved config, canonical weights, fingerprint, seed) for a named config;
+    deterministic, so a subprocess can rebuild the same kernel Model."""
     seed = 1000 + list(CONFIGS).index(name)
     hf = build_hf(CONFIGS[name], seed)
-    cfg = resolved_config(hf.config)
-    weights = canonical_weights(hf)
     fp = hashlib.sha256(f"{name}-{seed}".encode()).hexdigest()[:16]
+    return hf, resolved_config(hf.config), canonical_weights(hf), fp, seed
+
+
+def _make_oracle(name: str) -> Oracle:
+    hf, cfg, weights, fp, seed = model_inputs(name)
     rng = np.random.default_rng(seed)
     prompt = rng.integers(0, cfg["vocab_size"], PROMPT_LEN, dtype=np.int64)
     torch.set_num_threads(1)

@@ -1,0 +1,125 @@
+"""Kernel API contract: argument validation, abort between chunks, model validation."""
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import cairn._kernel as K
+
+
+@pytest.fixture(scope="module")
+def model(small_oracle):
+    return small_oracle.model()
+
+
+def test_module_constants():
+    assert K.MAX_CHUNK >= 128 and K.SNAPSHOT_VERSION >= 1
+    assert issubclass(K.KernelError, ValueError)
+
+
+@pytest.mark.parametrize(
+    "tokens, match",
+    [
+        (np.array([], dtype=np.int32), "empty"),
+        (np.array([1, 2, 512], dtype=np.int32), "out of range"),
+        (np.array([1, -1], dtype=np.int32), "out of range"),
+        (np.arange(10, dtype=np.int64), "int32"),
+        (np.arange(20, dtype=np.int32)[::2], "contiguous"),
+        (np.zeros((2, 3), dtype=np.int32), "1-D"),
+        ([1, 2, 3], "numpy"),
+    ],
+)
+def test_prefill_rejects_bad_tokens(model, tokens, match):
+    st = K.State(model)
+    with pytest.raises(ValueError, match=match):
+        K.prefill(st, tokens)
+    assert st.n_tokens == 0
+
+
+@pytest.mark.parametrize("chunk", [0, -1, K.MAX_CHUNK + 1])
+def test_prefill_rejects_bad_chunk(model, chunk):
+    with pytest.raises(ValueError, match="chunk"):
+        K.prefill(K.State(model), np.arange(5, dtype=np.int32), chunk=chunk)
+
+
+@pytest.mark.parametrize("token", [-1, 512, 10**12])
+def test_decode_rejects_bad_token(model, token):
+    with pytest.raises(ValueError, match="out of range"):
+        K.decode(K.State(model), token)
+
+
+def test_preset_abort_does_nothing(model):
+    flag = K.AbortFlag()
+    flag.set()
+    assert flag.is_set()
+    st = K.State(model)
+    n, logits = K.prefill(st, np.arange(10, dtype=np.int32), abort=flag)
+    assert n == 0 and logits.size == 0 and st.n_tokens == 0 and st.last_logits is None
+    flag.clear()
+    assert not flag.is_set()
+
+
+def test_abort_from_other_thread_stops_after_current_chunk(model, small_oracle):
+    rng = np.random.default_rng(7)
+    tokens = rng.integers(0, model.vocab_size, 6000, dtype=np.int32)
+    chunk = 7
+    flag = K.AbortFlag()
+    st = K.State(model)
+    result = {}
+    th = threading.Thread(target=lambda: result.setdefault("r", K.prefill(st, tokens, chunk=chunk, abort=flag)))
+    th.start()
+    time.sleep(0.3)  # the GIL is released during compute, so this thread runs meanwhile
+    flag.set()
+    th.join(60)
+    n, logits = result["r"]
+    assert 0 < n < len(tokens) and n % chunk == 0
+    assert st.n_tokens == n
+    np.testing.assert_array_equal(st.tokens, tokens[:n])
+    np.testing.assert_array_equal(logits, st.last_logits)
+    # continuing gives the same logits as never having stopped
+    more = tokens[n : n + 3 * chunk]
+    _, cont = K.prefill(st, more, chunk=chunk, all_logits=True)
+    ref = K.State(model)
+    _, all_ref = K.prefill(ref, tokens[: n + len(more)], chunk=chunk, all_logits=True)
+    np.testing.assert_array_equal(cont, all_ref[n:])
+
+
+def test_model_rejects_missing_and_misshapen_weights(small_oracle):
+    cfg, w = small_oracle.config, dict(small_oracle.weights)
+    del w["layers.1.attn.wkv.weight"]
+    with pytest.raises(ValueError, match="layers.1.attn.wkv.weight"):
+        K.Model(cfg, w, "x")
+    w = dict(small_oracle.weights)
+    w["layers.2.attn.compressor.ape"] = (np.zeros((3, 5), np.float32), "F32")
+    with pytest.raises(ValueError, match=r"layers.2.attn.compressor.ape.*\[3, 5\].*expected \[4, 128\]"):
+        K.Model(cfg, w, "x")
+    bad = dict(cfg, layer_types=cfg["layer_types"][:-1])
+    with pytest.raises(ValueError, match="layer_types"):
+        K.Model(bad, small_oracle.weights, "x")
+
+
+def test_bf16_and_f16_weights_load(small_oracle):
+    """BF16 (uint16 view) and F16 arrays are widened at load; results stay close to fp32."""
+    w = {}
+    for i, (k, (a, tag)) in enumerate(small_oracle.weights.items()):
+        if tag == "F32" and a.ndim == 2 and i % 2:
+            bf = (a.view(np.uint32) + 0x8000 >> 16).astype(np.uint16)  # round to bf16
+            w[k] = (bf, "BF16")
+        elif tag == "F32" and a.ndim == 2:
+            w[k] = (a.astype(np.float16), "F16")
+        else:
+            w[k] = (a, tag)
+    m = K.Model(small_oracle.config, w, "lowp", 1)
+    _, lg = K.prefill(K.State(m), small_oracle.tokens[:64], chunk=64)
+    ref = small_oracle.ref_logits[63]
+    assert np.isfinite(lg).all() and np.corrcoef(lg, ref)[0, 1] > 0.9
+
+
+def test_model_properties(model, small_oracle):
+    assert model.fingerprint == small_oracle.fingerprint
+    assert model.vocab_size == small_oracle.config["vocab_size"]
+    assert model.n_layers == small_oracle.config["num_hidden_layers"]
+    assert model.threads == 2
+    assert K.Model(small_oracle.config, small_oracle.weights, "x", 0).threads >= 1
