@@ -351,6 +351,12 @@ PROBE = textwrap.dedent("""
     with threadpoolctl.threadpool_limits(1):
         assert trio.run(trio.to_thread.run_sync, lambda: float((a @ a).sum())) == 256.0 ** 3
     assert ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int)(lambda x: x + 1)(41) == 42
+    import os, tempfile
+    with tempfile.TemporaryDirectory() as d:  # the checkpoint writer's pattern: write, fsync, rename, fsync dir
+        fd = os.open(os.path.join(d, ".x.tmp"), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        os.write(fd, b"x"); os.fsync(fd); os.close(fd)
+        os.replace(os.path.join(d, ".x.tmp"), os.path.join(d, "x"))
+        dfd = os.open(d, os.O_RDONLY); os.fsync(dfd); os.close(dfd)
     print("notify", systemd.ready())
     print("done")
 """)
