@@ -24,6 +24,7 @@ def configure_logging(*, json: bool | None = None, level: str = "info") -> None:
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,
+            _add_logger_name,
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True),
             structlog.processors.StackInfoRenderer(),
@@ -31,13 +32,29 @@ def configure_logging(*, json: bool | None = None, level: str = "info") -> None:
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelNamesMapping()[level.upper()]),
-        logger_factory=structlog.PrintLoggerFactory(sys.stdout),
+        logger_factory=_NamedPrintLogger,
         cache_logger_on_first_use=False,
     )
 
 
 def get_logger(name: str | None = None):
-    return structlog.get_logger(logger=name) if name else structlog.get_logger()
+    """A lazy logger: safe to create at import time, before configure_logging runs."""
+    return structlog.get_logger(name)
+
+
+class _NamedPrintLogger(structlog.PrintLogger):
+    """Writes to the current sys.stdout; carries the name given to get_logger."""
+
+    def __init__(self, name: str | None = None):
+        super().__init__(sys.stdout)
+        self.name = name
+
+
+def _add_logger_name(logger, method_name: str, event_dict: dict) -> dict:
+    name = getattr(logger, "name", None)
+    if name:
+        event_dict.setdefault("logger", name)
+    return event_dict
 
 
 @contextmanager
