@@ -11,6 +11,8 @@ Buffer sizes, and why they are not 0:
 
 from __future__ import annotations
 
+from functools import partial
+
 import trio
 
 from .admission import admission
@@ -28,9 +30,9 @@ async def start_engine(nursery: trio.Nursery, engine: Engine, *, queue_size: int
     ckpt_send, ckpt_recv = trio.open_memory_channel(checkpoint_slots)
     engine.checkpoint_out = ckpt_send  # the checkpoints issue hands it to the prefill worker
 
-    await nursery.start(checkpoint_writer, ckpt_recv, enabled=checkpoints_on_disk, log=log)
-    await nursery.start(decode_worker, dec_recv, adm_send.clone(), engine=engine,
-                        new_stream_decoder=new_stream_decoder, log=log)
-    await nursery.start(prefill_worker, pre_recv, dec_send, adm_send.clone(), engine=engine, log=log)
-    await nursery.start(admission, adm_recv, pre_send, queue_size=queue_size, log=log)
+    await nursery.start(partial(checkpoint_writer, ckpt_recv, enabled=checkpoints_on_disk, log=log))
+    await nursery.start(partial(decode_worker, dec_recv, adm_send.clone(), engine=engine,
+                                new_stream_decoder=new_stream_decoder, log=log))
+    await nursery.start(partial(prefill_worker, pre_recv, dec_send, adm_send.clone(), engine=engine, log=log))
+    await nursery.start(partial(admission, adm_recv, pre_send, queue_size=queue_size, log=log))
     return adm_send

@@ -59,6 +59,16 @@ class API:
             await send_error(send, e)
         except ConnectionAbortedError:
             return
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            await send_error(send, APIError(503, "the server is shutting down", code="shutting_down"))
+        except Exception as e:  # a bug here must not take the daemon down; say so in the log
+            if isinstance(e, BaseExceptionGroup):
+                raise
+            self.log.exception("handler_failed", path=scope.get("path"))
+            try:
+                await send_error(send, APIError(500, f"internal error: {type(e).__name__}", code="internal_error"))
+            except Exception:
+                pass
 
     async def _lifespan(self, receive, send) -> None:
         while True:
@@ -184,36 +194,41 @@ class API:
         reply_send, reply_recv = trio.open_memory_channel(REPLY_BUFFER)
         control = RequestControl()
         submit = Submit(rid, tuple(int(t) for t in ids), hint, sampling, prompt_logprobs, reply_send, control)
-        finished = False
+        terminal = None
         try:
-            async with reply_recv, trio.open_nursery() as nursery:
-                nursery.start_soon(_watch_disconnect, receive, nursery.cancel_scope)
-                await self.inbox.send(submit)
-                async for msg in reply_recv:
-                    if isinstance(msg, TokenOut):
-                        await out.token(send, msg)
-                    elif isinstance(msg, Started):
-                        await out.start(send, msg)
-                    else:
-                        finished = True
-                        if isinstance(msg, Done):
-                            await out.done(send, msg)
-                        elif isinstance(msg, Rejected):
-                            await send_error(send, APIError(
-                                429, "the engine is busy and its queue is full; retry later", code="queue_full",
-                                headers={"Retry-After": str(msg.retry_after_s)}))
-                        elif isinstance(msg, Failed):
-                            await out.failed(send, APIError(500, msg.message, code="engine_error"))
-                        elif isinstance(msg, CancelAck):
-                            await out.failed(send, APIError(503, "request cancelled (server shutting down)",
-                                                            code="cancelled"))
-                        break
-                nursery.cancel_scope.cancel()
+            async with reply_recv:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(_watch_disconnect, receive, nursery.cancel_scope)
+                    await self.inbox.send(submit)
+                    async for msg in reply_recv:
+                        if isinstance(msg, TokenOut):
+                            await out.token(send, msg)
+                        elif isinstance(msg, Started):
+                            await out.start(send, msg)
+                        else:
+                            terminal = msg
+                            break
+                    nursery.cancel_scope.cancel()
+            # Complete before the final send: the watcher is gone, so a disconnect racing the last
+            # bytes (or the server's own close) cannot cancel this send half-way.
+            if isinstance(terminal, Done):
+                await out.done(send, terminal)
+            elif isinstance(terminal, Rejected):
+                await send_error(send, APIError(
+                    429, "the engine is busy and its queue is full; retry later", code="queue_full",
+                    headers={"Retry-After": str(terminal.retry_after_s)}))
+            elif isinstance(terminal, Failed):
+                await out.failed(send, APIError(500, terminal.message, code="engine_error"))
+            elif isinstance(terminal, CancelAck):
+                await out.failed(send, APIError(503, "request cancelled (server shutting down)", code="cancelled"))
         finally:
-            if not finished:
+            if terminal is None:
                 control.cancel()
                 with trio.CancelScope(shield=True), trio.move_on_after(2):
-                    await self.inbox.send(Cancel(rid))
+                    try:
+                        await self.inbox.send(Cancel(rid))
+                    except (trio.BrokenResourceError, trio.ClosedResourceError):
+                        pass  # the engine is gone (shutdown): nothing left to cancel
 
 
 async def _watch_disconnect(receive, scope: trio.CancelScope) -> None:

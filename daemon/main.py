@@ -61,7 +61,7 @@ async def run_daemon(settings: Settings, loaded: Loaded, *, handle_signals: bool
     from .server import make_sockets, serve_http
     from .tokenizer import StreamDecoder
 
-    log = get_logger("cairn")
+    log = get_logger()
     engine = Engine(loaded.kernel, loaded.model, loaded.tokenizer, loaded.context_length,
                     segment=settings.segment, chunk=settings.chunk)
     model_id = settings.served_model_name or loaded.name

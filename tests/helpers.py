@@ -1,0 +1,101 @@
+"""Test helpers: start a daemon in-process, talk raw HTTP/1.1 over its Unix socket."""
+
+from __future__ import annotations
+
+import json
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import trio
+
+from cairn.daemon.config import load_settings
+from cairn.daemon.main import Loaded, run_daemon
+
+
+def fake_loaded(model_dir: Path, **fake_kw) -> Loaded:
+    import fake_kernel
+    from cairn.daemon.chat import ChatRenderer
+    from cairn.daemon.model_dir import open_model_dir
+    from cairn.daemon.tokenizer import TextTokenizer
+
+    md = open_model_dir(model_dir)
+    tok = TextTokenizer.from_model_dir(md)
+    model = fake_kernel.Model(vocab_size=md.config["vocab_size"], eos_id=tok.eos_id, **fake_kw)
+    return Loaded(kernel=fake_kernel, model=model, tokenizer=tok, renderer=ChatRenderer.from_model_dir(md),
+                  name=md.name, fingerprint="fake" + md.fingerprint, context_length=int(md.config["max_position_embeddings"]))
+
+
+def real_loaded(model_dir: Path, threads: int = 2) -> Loaded:
+    from cairn.daemon.main import load
+
+    return load(load_settings({"model": str(model_dir), "threads": threads}, {}))
+
+
+@asynccontextmanager
+async def daemon(loaded: Loaded, sock: Path, **settings):
+    s = load_settings({"model": "x", "socket": str(sock), **settings}, {})
+    async with trio.open_nursery() as nursery:
+        await nursery.start(lambda task_status: run_daemon(s, loaded, handle_signals=False, task_status=task_status))
+        try:
+            yield s
+        finally:
+            nursery.cancel_scope.cancel()
+
+
+class Response:
+    def __init__(self, status: int, headers: dict, body: bytes) -> None:
+        self.status, self.headers, self.body = status, headers, body
+
+    def json(self):
+        return json.loads(self.body)
+
+    def events(self) -> list:
+        out = []
+        for block in self.body.decode().split("\n\n"):
+            if block.startswith("data: "):
+                data = block[6:]
+                out.append(data if data == "[DONE]" else json.loads(data))
+        return out
+
+
+def _request_bytes(method: str, path: str, body) -> bytes:
+    if body is None:
+        payload = b""
+    elif isinstance(body, bytes):
+        payload = body
+    else:
+        payload = json.dumps(body).encode()
+    head = (f"{method} {path} HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(payload)}\r\nConnection: close\r\n\r\n")
+    return head.encode() + payload
+
+
+async def request(sock: Path, method: str, path: str, body=None) -> Response:
+    stream = await trio.open_unix_socket(str(sock))
+    async with stream:
+        await stream.send_all(_request_bytes(method, path, body))
+        data = b""
+        while chunk := await stream.receive_some(65536):
+            data += chunk
+    head, _, rest = data.partition(b"\r\n\r\n")
+    lines = head.decode().split("\r\n")
+    status = int(lines[0].split()[1])
+    headers = {k.lower(): v.strip() for k, _, v in (ln.partition(":") for ln in lines[1:])}
+    if headers.get("transfer-encoding") == "chunked":
+        body, rest2 = b"", rest
+        while rest2:
+            size_line, _, rest2 = rest2.partition(b"\r\n")
+            size = int(size_line, 16)
+            if size == 0:
+                break
+            body += rest2[:size]
+            rest2 = rest2[size + 2:]
+        rest = body
+    return Response(status, headers, rest)
+
+
+async def open_request(sock: Path, method: str, path: str, body=None) -> trio.SocketStream:
+    """Send a request and return the open stream (the test reads a bit, or closes it = disconnect)."""
+    stream = await trio.open_unix_socket(str(sock))
+    await stream.send_all(_request_bytes(method, path, body))
+    return stream
