@@ -23,6 +23,7 @@ $(STAMP): $(PY) pyproject.toml $(NATIVE)
 install: $(STAMP)
 
 test: install
+	sh scripts/ensure-systemd-tools.sh
 	$(PY) -m pytest -q tests
 
 clean:
