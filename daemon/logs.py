@@ -20,6 +20,9 @@ def configure_logging(*, json: bool | None = None, level: str = "info") -> None:
     """`json=None` picks JSON when stdout is not a TTY. Safe to call again (last call wins)."""
     if json is None:
         json = not sys.stdout.isatty()
+    levels = logging.getLevelNamesMapping()
+    if level.upper() not in levels:
+        raise ValueError(f"unknown log level {level!r}; use debug, info, warning or error")
     renderer = structlog.processors.JSONRenderer() if json else structlog.dev.ConsoleRenderer()
     structlog.configure(
         processors=[
@@ -31,7 +34,7 @@ def configure_logging(*, json: bool | None = None, level: str = "info") -> None:
             structlog.processors.format_exc_info if json else structlog.dev.set_exc_info,
             renderer,
         ],
-        wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelNamesMapping()[level.upper()]),
+        wrapper_class=structlog.make_filtering_bound_logger(levels[level.upper()]),
         logger_factory=_NamedPrintLogger,
         cache_logger_on_first_use=False,
     )

@@ -1,0 +1,110 @@
+"""HF transformers is the oracle for generated directories: it must load what `cairn make-model`
+writes (weights and tokenizer) unchanged, and the weight scales must keep logits sane at 16k.
+
+The 16k check runs HF's eager attention in 1024-token chunks against its own cache: one 16k
+forward materialises 16k x 16k score matrices (13 GB, ~100 s here); chunked it runs in about
+half a minute on 2 cores. The first chunk is compared against a plain full forward so the
+chunked path is known to compute the same thing.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+from transformers import AutoTokenizer, DeepseekV4ForCausalLM, DynamicCache  # noqa: E402
+
+from cairn.daemon.chat import ChatRenderer  # noqa: E402
+from cairn.daemon.make_model import _corpus, make_model  # noqa: E402
+from cairn.daemon.model_dir import open_model_dir  # noqa: E402
+from cairn.daemon.tokenizer import TextTokenizer  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return make_model("tiny", 11, tmp_path_factory.mktemp("tiny-hf"))
+
+
+@pytest.fixture(scope="module")
+def hf(tiny):
+    model, info = DeepseekV4ForCausalLM.from_pretrained(tiny, dtype=torch.float32, output_loading_info=True)
+    return model.eval(), info
+
+
+@pytest.fixture(scope="module")
+def tok(tiny):
+    return TextTokenizer.from_model_dir(open_model_dir(tiny))
+
+
+def _text_tokens(tok: TextTokenizer, n: int) -> list[int]:
+    ids = tok.encode("\n".join(_corpus(max(1000, n))))
+    assert len(ids) >= n
+    return ids[:n]
+
+
+def test_hf_loads_every_tensor_and_gives_finite_logits(hf, tok):
+    model, info = hf
+    assert not info["missing_keys"] and not info["unexpected_keys"]
+    assert not info["mismatched_keys"] and not info["error_msgs"]
+    ids = torch.tensor([_text_tokens(tok, 300)])
+    with torch.no_grad():
+        logits = model(input_ids=ids, use_cache=False).logits[0]
+    assert logits.shape == (300, 512)
+    assert torch.isfinite(logits).all()
+    assert 0.3 <= float(logits.std()) <= 3
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_hf_loads_reduced_precision_dirs(tmp_path, dtype):
+    d = make_model("tiny", 11, tmp_path, dtype=dtype, shard_bytes=300_000)
+    model, info = DeepseekV4ForCausalLM.from_pretrained(d, dtype=torch.float32, output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"]
+
+
+def test_autotokenizer_agrees_with_ours(tiny, tok):
+    hf_tok = AutoTokenizer.from_pretrained(tiny)
+    assert (hf_tok.bos_token_id, hf_tok.eos_token_id, len(hf_tok)) == (tok.bos_id, tok.eos_id, tok.vocab_size)
+    text = "héllo ✓ 日本 the model<｜User｜>read a file<｜Assistant｜>"
+    assert hf_tok.encode(text, add_special_tokens=False) == tok.encode(text)
+    assert hf_tok.decode(tok.encode(text)) == text
+
+
+def test_hf_apply_chat_template_agrees_with_our_renderer(tiny):
+    md = open_model_dir(tiny)
+    hf_tok = AutoTokenizer.from_pretrained(tiny)
+    tools = [{"type": "function", "function": {"name": "read", "description": "lit ✓",
+                                               "parameters": {"type": "object", "properties": {}}}}]
+    messages = [
+        {"role": "system", "content": "Tu es bref. 日本"},
+        {"role": "user", "content": "lis a.txt"},
+        {"role": "assistant", "content": "", "tool_calls": [
+            {"type": "function", "function": {"name": "read", "arguments": {"path": "a.txt"}}}]},
+        {"role": "tool", "content": "contenu"},
+        {"role": "user", "content": "merci"},
+    ]
+    ours = ChatRenderer.from_model_dir(md).render(messages, tools=tools).text
+    theirs = hf_tok.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True)
+    assert ours == theirs
+
+
+def test_logits_stay_finite_and_non_degenerate_over_16k_tokens(hf, tok):
+    model, _ = hf
+    n, chunk = 16384, 1024
+    ids = torch.tensor([_text_tokens(tok, n)])
+    cache = DynamicCache(config=model.config)
+    stats = []
+    with torch.no_grad():
+        reference = model(input_ids=ids[:, :chunk], use_cache=False).logits[0]
+        for start in range(0, n, chunk):
+            out = model(input_ids=ids[:, start:start + chunk], cache=cache, use_cache=True)
+            logits = out.logits[0]
+            if start == 0:
+                torch.testing.assert_close(logits, reference, rtol=1e-4, atol=1e-4)
+            assert torch.isfinite(logits).all(), f"non-finite logits in positions {start}..{start + chunk}"
+            stats.append((start, float(logits.std()), int(logits.argmax(-1).unique().numel())))
+    for start, std, distinct in stats:
+        assert 0.3 <= std <= 3, f"logit std {std:.3f} at positions {start}..{start + chunk}"
+        assert distinct > 1, f"argmax constant at positions {start}..{start + chunk}"
+    assert np.mean([d for _, _, d in stats[-4:]]) > 8  # the far end still discriminates between tokens
