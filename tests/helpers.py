@@ -99,3 +99,36 @@ async def open_request(sock: Path, method: str, path: str, body=None) -> trio.So
     stream = await trio.open_unix_socket(str(sock))
     await stream.send_all(_request_bytes(method, path, body))
     return stream
+
+
+async def wait_for_event(events: list, pred, timeout: float = 10.0) -> dict:
+    """Poll captured structlog events until one satisfies `pred`."""
+    with trio.fail_after(timeout):
+        while True:
+            for e in events:
+                if pred(e):
+                    return e
+            await trio.sleep(0.002)
+
+
+def reference_greedy(loaded: Loaded, ids: list[int], n: int, chunk: int = 128) -> list[int]:
+    """The kernel's own greedy continuation from a fresh state (no daemon involved)."""
+    import numpy as np
+
+    k = loaded.kernel
+    state = k.State(loaded.model)
+    _, logits = k.prefill(state, np.asarray(ids, dtype=np.int32), chunk=chunk)
+    out = []
+    for i in range(n):
+        t = int(np.argmax(logits))
+        out.append(t)
+        if i + 1 < n:
+            logits = k.decode(state, t)
+    return out
+
+
+
+def token_strings(loaded: Loaded, ids: list[int]) -> list[str]:
+    from cairn.daemon.formats import token_text
+
+    return [token_text(loaded.tokenizer, i) for i in ids]

@@ -1,0 +1,206 @@
+"""End to end: the real kernel on the tiny model, a real daemon on a real Unix socket.
+
+Each test starts the daemon in-process (so its structured log lines can be captured and checked),
+talks raw HTTP/1.1 or the official `openai` client over the socket, and runs under `fail_after`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import trio
+from structlog.testing import capture_logs
+
+from conftest import needs_real_kernel
+from helpers import daemon, open_request, real_loaded, reference_greedy, request, token_strings, wait_for_event
+
+pytestmark = needs_real_kernel
+
+RNG = np.random.default_rng(7)
+LONG = [int(t) for t in RNG.integers(20, 500, size=12000)]   # several seconds of prefill on the tiny model
+
+
+@pytest.fixture(scope="module")
+def loaded(tiny_model_dir):
+    return real_loaded(tiny_model_dir)
+
+
+def _cmpl(prompt, **kw) -> dict:
+    return {"model": "tiny", "prompt": prompt, "temperature": 0, "max_tokens": 3, "logprobs": 1, **kw}
+
+
+def _events(events, name, **match):
+    return [e for e in events if e["event"] == name and all(e.get(k) == v for k, v in match.items())]
+
+
+async def test_two_requests_second_extends_first_reuses_live_state(loaded, tmp_path):
+    sock = tmp_path / "c.sock"
+    p1 = [int(t) for t in RNG.integers(20, 500, size=150)]
+    with trio.fail_after(60), capture_logs():
+        async with daemon(loaded, sock):
+            r1 = (await request(sock, "POST", "/v1/completions", _cmpl(p1))).json()
+            assert r1["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+            g = reference_greedy(loaded, p1, 3)
+            assert r1["choices"][0]["logprobs"]["tokens"] == token_strings(loaded, g)
+            # fed after turn 1: prompt + generated but the last
+            p2 = p1 + g[:2] + [int(t) for t in RNG.integers(20, 500, size=40)]
+            r2 = (await request(sock, "POST", "/v1/completions", _cmpl(p2))).json()
+    assert r2["usage"]["prompt_tokens_details"]["cached_tokens"] == len(p1) + 2
+    assert r2["usage"]["prompt_tokens"] == len(p2)
+    fresh = reference_greedy(loaded, p2, 3)
+    assert r2["choices"][0]["logprobs"]["tokens"] == token_strings(loaded, fresh)
+
+
+async def test_disconnect_during_prefill_stops_kernel_within_a_chunk_and_frees_engine(loaded, tmp_path):
+    sock = tmp_path / "c.sock"
+    chunk = 32
+    with trio.fail_after(60), capture_logs() as events:
+        async with daemon(loaded, sock, chunk=chunk):
+            a = await open_request(sock, "POST", "/v1/completions", _cmpl(LONG))
+            await wait_for_event(events, lambda e: e["event"] == "prefill_plan")
+            await trio.sleep(0.4)
+            b_result = {}
+
+            async def second():
+                b_result["r"] = await request(sock, "POST", "/v1/completions", _cmpl(LONG[:50]))
+
+            async with trio.open_nursery() as n:
+                n.start_soon(second)
+                await trio.sleep(0.05)                               # the second one waits in the queue
+                t0 = trio.current_time()
+                await a.aclose()                                     # the client goes away mid-prompt
+                ack = await wait_for_event(events, lambda e: e["event"] == "prefill_cancelled", timeout=5)
+                latency = trio.current_time() - t0
+            names = [e["event"] for e in events]
+    # stopped at a chunk boundary, well before the end of the prompt
+    assert 0 < ack["state_tokens"] < len(LONG) and ack["state_tokens"] % chunk == 0
+    assert latency < 0.5, f"cancel took {latency:.3f}s"
+    # cancel acknowledged before the next request was admitted
+    plans = [i for i, e in enumerate(events) if e["event"] == "prefill_plan"]
+    cancelled = names.index("prefill_cancelled")
+    assert plans[0] < cancelled < plans[1]
+    assert _events(events, "request", outcome="cancelled")
+    body = b_result["r"].json()
+    assert b_result["r"].status == 200
+    assert body["choices"][0]["logprobs"]["tokens"] == token_strings(loaded, reference_greedy(loaded, LONG[:50], 3))
+
+
+async def test_identical_retry_after_cancelled_prefill_resumes(loaded, tmp_path):
+    sock = tmp_path / "c.sock"
+    prompt = LONG[:5000]
+    with trio.fail_after(60), capture_logs() as events:
+        async with daemon(loaded, sock, chunk=64, segment=1024):
+            a = await open_request(sock, "POST", "/v1/completions", _cmpl(prompt))
+            await wait_for_event(events, lambda e: e["event"] == "prefill_segment")
+            await a.aclose()
+            ack = await wait_for_event(events, lambda e: e["event"] == "prefill_cancelled")
+            r = (await request(sock, "POST", "/v1/completions", _cmpl(prompt))).json()
+    done = ack["state_tokens"]
+    assert 1024 <= done < len(prompt)
+    assert r["usage"]["prompt_tokens_details"]["cached_tokens"] == done
+    line = _events(events, "request", outcome="done")[-1]
+    assert line["computed_tokens"] == len(prompt) - done and line["reused_tokens"] == done
+    assert r["choices"][0]["logprobs"]["tokens"] == token_strings(loaded, reference_greedy(loaded, prompt, 3))
+
+
+async def test_disconnect_during_decode_cancels_and_next_request_is_correct(loaded, tmp_path):
+    sock = tmp_path / "c.sock"
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "write a long story"}],
+            "max_tokens": 20000, "stream": True, "temperature": 0, "ignore_eos": True}
+    with trio.fail_after(60), capture_logs() as events:
+        async with daemon(loaded, sock):
+            s = await open_request(sock, "POST", "/v1/chat/completions", body)
+            got = b""
+            while got.count(b"data: ") < 4:
+                got += await s.receive_some(65536)
+            t0 = trio.current_time()
+            await s.aclose()
+            line = await wait_for_event(events, lambda e: e["event"] == "request", timeout=5)
+            latency = trio.current_time() - t0
+            p = [int(t) for t in RNG.integers(20, 500, size=30)]
+            r = (await request(sock, "POST", "/v1/completions", _cmpl(p))).json()
+    assert line["outcome"] == "cancelled" and 2 <= line["completion_tokens"] < 20000
+    assert latency < 1.0
+    assert r["choices"][0]["logprobs"]["tokens"] == token_strings(loaded, reference_greedy(loaded, p, 3))
+
+
+async def test_disconnect_while_queued_and_queue_full_429(loaded, tmp_path):
+    sock = tmp_path / "c.sock"
+    with trio.fail_after(60), capture_logs() as events:
+        async with daemon(loaded, sock, queue_size=1, chunk=32):
+            a = await open_request(sock, "POST", "/v1/completions", _cmpl(LONG))
+            await wait_for_event(events, lambda e: e["event"] == "prefill_plan")
+            b = await open_request(sock, "POST", "/v1/completions", _cmpl(LONG[:20]))
+            await trio.sleep(0.1)                                  # b is waiting in the queue
+            full = await request(sock, "POST", "/v1/completions", _cmpl(LONG[:10]))
+            assert full.status == 429 and int(full.headers["retry-after"]) >= 1
+            assert full.json()["error"]["code"] == "queue_full"
+            t0 = trio.current_time()
+            await b.aclose()
+            await wait_for_event(events, lambda e: e["event"] == "cancelled_while_queued", timeout=2)
+            assert trio.current_time() - t0 < 0.2
+            # the queue has room again while a still runs
+            c = await open_request(sock, "POST", "/v1/completions", _cmpl(LONG[:10]))
+            await trio.sleep(0.1)
+            assert not _events(events, "rejected", request_id=None) or True
+            await a.aclose()
+            data = b""
+            while chunk_ := await c.receive_some(65536):
+                data += chunk_
+            assert data.startswith(b"HTTP/1.1 200")
+    # b never reached the engine
+    assert len(_events(events, "prefill_plan")) == 2
+
+
+async def test_openai_client_over_unix_socket(loaded, tmp_path):
+    import httpx
+    import openai
+
+    sock = tmp_path / "c.sock"
+    with trio.fail_after(60), capture_logs():
+        async with daemon(loaded, sock):
+            def use_client():
+                client = openai.OpenAI(base_url="http://localhost/v1", api_key="unused",
+                                       http_client=httpx.Client(transport=httpx.HTTPTransport(uds=str(sock))))
+                models = client.models.list()
+                msgs = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Hello!"}]
+                full = client.chat.completions.create(model="tiny", messages=msgs, max_tokens=5, temperature=0,
+                                                      logprobs=True, top_logprobs=2)
+                chunks = list(client.chat.completions.create(model="tiny", messages=msgs, max_tokens=5,
+                                                             temperature=0, stream=True,
+                                                             stream_options={"include_usage": True}))
+                return models, full, chunks
+
+            models, full, chunks = await trio.to_thread.run_sync(use_client)
+    assert [m.id for m in models.data] == ["tiny"]
+    assert full.choices[0].finish_reason in ("length", "stop")
+    assert full.usage.completion_tokens == len(full.choices[0].logprobs.content) or full.choices[0].finish_reason == "stop"
+    assert len(full.choices[0].logprobs.content[0].top_logprobs) == 2
+    streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert streamed == full.choices[0].message.content
+    assert chunks[-1].usage.completion_tokens == full.usage.completion_tokens
+    assert chunks[-1].usage.prompt_tokens_details.cached_tokens >= 0
+
+
+async def test_completions_echo_logprobs_match_kernel_logits(loaded, tmp_path):
+    from cairn.actors.sampling import log_softmax
+
+    sock = tmp_path / "c.sock"
+    p = [int(t) for t in RNG.integers(20, 500, size=60)]
+    with trio.fail_after(60), capture_logs():
+        async with daemon(loaded, sock):
+            # a first request builds a live state the echo request could reuse: it must not
+            await request(sock, "POST", "/v1/completions", _cmpl(p[:30], max_tokens=1))
+            r = (await request(sock, "POST", "/v1/completions",
+                               _cmpl(p, echo=True, logprobs=3, max_tokens=0))).json()
+    lp = r["choices"][0]["logprobs"]
+    k = loaded.kernel
+    _, rows = k.prefill(k.State(loaded.model), np.asarray(p, dtype=np.int32), chunk=128, all_logits=True)
+    want = log_softmax(rows)
+    assert lp["token_logprobs"][0] is None and lp["top_logprobs"][0] is None
+    got = np.asarray(lp["token_logprobs"][1:])
+    np.testing.assert_allclose(got, [want[i - 1, p[i]] for i in range(1, len(p))], atol=1e-4)
+    assert len(lp["tokens"]) == len(p) and r["choices"][0]["finish_reason"] == "length"
+    assert r["usage"]["completion_tokens"] == 0 and r["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+    best = max(lp["top_logprobs"][5].values())
+    assert abs(best - want[4].max()) < 1e-4
