@@ -326,6 +326,10 @@ def tokenizer_config(max_len: int) -> dict:
 def make_model(preset: str | Preset, seed: int, out_dir: str | os.PathLike, *, dtype: str = "float32",
                shard_bytes: int | None = None, official_names: bool = False) -> Path:
     """Write a model directory. Returns its path."""
+    if isinstance(preset, str) and preset not in PRESETS:
+        raise ValueError(f"unknown preset {preset!r}; choose from {', '.join(PRESETS)}")
+    if dtype not in ("float32", "bfloat16", "float16"):
+        raise ValueError(f"dtype must be float32, bfloat16 or float16, got {dtype!r}")
     p = PRESETS[preset] if isinstance(preset, str) else preset
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

@@ -85,13 +85,39 @@ def resolve_config(raw: dict, where: str = "config.json") -> dict:
                                  ("mlp_layer_types", mlp, ("hash_moe", "moe"))):
         if len(types) != n or any(t not in allowed for t in types):
             raise ModelDirError(f"{where}: {name} must list {n} entries from {allowed}, got {types}")
+    # As HF resolves it: partial_rotary_factor wins over the legacy qk_rope_head_dim.
     prf = raw.get("partial_rotary_factor")
-    rope_dim = int(raw["qk_rope_head_dim"]) if "qk_rope_head_dim" in raw else int(head_dim * (prf or 64 / 512))
+    if prf is not None:
+        rope_dim = int(head_dim * prf)
+    else:
+        rope_dim = int(raw.get("qk_rope_head_dim", head_dim * 64 // 512))
+    # rope_parameters is either HF's nested {"main": ..., "compress": ...} or a flat (legacy
+    # rope_scaling) dict that describes the compress rope only; as in HF, the flat form takes
+    # its thetas from rope_theta / compress_rope_theta, never from inside the dict.
     rp = raw.get("rope_parameters") or raw.get("rope_scaling") or {}
-    compress = rp.get("compress", rp) if isinstance(rp, dict) else {}
+    if not isinstance(rp, dict):
+        raise ModelDirError(f"{where}: rope_parameters must be an object, got {rp!r}")
+    if isinstance(rp.get("main"), dict) and isinstance(rp.get("compress"), dict):
+        main, compress = rp["main"], rp["compress"]
+        main_theta = main.get("rope_theta", raw.get("rope_theta", 10000.0))
+        compress_theta = compress.get("rope_theta", raw.get("compress_rope_theta", 160000.0))
+    else:
+        main, compress = {}, rp
+        main_theta = raw.get("rope_theta", 10000.0)
+        compress_theta = raw.get("compress_rope_theta", 160000.0)
+    for key, theta in (("rope_theta", main_theta), ("compress_rope_theta", compress_theta)):
+        if isinstance(theta, bool) or not isinstance(theta, (int, float)) or theta <= 0:
+            raise ModelDirError(f"{where}: {key} must be a positive number, got {theta!r}")
+    if main.get("rope_type", main.get("type", "default")) != "default":
+        raise ModelDirError(f"{where}: main rope_type {main.get('rope_type', main.get('type'))!r} is not supported (default)")
     rope_type = compress.get("rope_type", compress.get("type", "default"))
     if rope_type not in ("default", "yarn"):
         raise ModelDirError(f"{where}: compress rope_type {rope_type!r} is not supported (default, yarn)")
+    if rope_type == "yarn" and float(compress.get("attention_factor") or 1.0) != 1.0:
+        raise ModelDirError(f"{where}: compress yarn attention_factor {compress['attention_factor']} is not "
+                            "supported (DeepSeek-V4 uses 1.0: cos/sin are not scaled)")
+    if raw.get("tie_word_embeddings"):
+        raise ModelDirError(f"{where}: tie_word_embeddings is not supported (DeepSeek-V4 has its own head.weight)")
     if raw.get("scoring_func", "sqrtsoftplus") != "sqrtsoftplus":
         raise ModelDirError(f"{where}: scoring_func {raw.get('scoring_func')!r} is not supported (sqrtsoftplus)")
     if raw.get("quantization_config"):
@@ -113,8 +139,8 @@ def resolve_config(raw: dict, where: str = "config.json") -> dict:
         "mlp_layer_types": mlp,
         "csa_rate": csa_rate,
         "hca_rate": hca_rate,
-        "rope_theta": float(get("rope_theta", 10000.0, num)),
-        "compress_rope_theta": float(compress.get("rope_theta", raw.get("compress_rope_theta", 160000.0))),
+        "rope_theta": float(main_theta),
+        "compress_rope_theta": float(compress_theta),
         "compress_rope_type": rope_type,
         "yarn_factor": float(compress.get("factor", 1.0)),
         "yarn_original_max_position_embeddings": int(compress.get("original_max_position_embeddings", 65536)),
@@ -327,11 +353,11 @@ def open_model_dir(path: str | Path) -> ModelDir:
     for raw in headers:
         h.update(raw)
     h.update(hashlib.sha256(tok_file.read_bytes()).digest())
-    h.update(template.encode())
+    bos, eos = _token_text(tok_cfg.get("bos_token")) or "", _token_text(tok_cfg.get("eos_token")) or ""
+    h.update(json.dumps([template, bos, eos]).encode())
     return ModelDir(path=path, config=cfg, tensors=tensors, fingerprint=h.hexdigest(),
                     tokenizer_file=tok_file, chat_template=template,
-                    bos_token=_token_text(tok_cfg.get("bos_token")) or "",
-                    eos_token=_token_text(tok_cfg.get("eos_token")) or "")
+                    bos_token=bos, eos_token=eos)
 
 
 def map_weights(md: ModelDir) -> dict[str, tuple[np.ndarray, str]]:

@@ -108,3 +108,41 @@ def test_logits_stay_finite_and_non_degenerate_over_16k_tokens(hf, tok):
         assert 0.3 <= std <= 3, f"logit std {std:.3f} at positions {start}..{start + chunk}"
         assert distinct > 1, f"argmax constant at positions {start}..{start + chunk}"
     assert np.mean([d for _, _, d in stats[-4:]]) > 8  # the far end still discriminates between tokens
+
+
+_RAW = {"model_type": "deepseek_v4", "vocab_size": 512, "hidden_size": 64, "num_hidden_layers": 5,
+        "num_attention_heads": 4, "head_dim": 128}
+
+
+@pytest.mark.parametrize("extra", [
+    {},
+    {"compress_ratios": [0, 4, 128, 4, 0], "num_hash_layers": 2, "qk_rope_head_dim": 32},
+    {"rope_theta": 20000.0, "compress_rope_theta": 80000.0,
+     "rope_scaling": {"type": "yarn", "factor": 8.0, "original_max_position_embeddings": 4096,
+                      "beta_fast": 16, "beta_slow": 2}},
+    {"partial_rotary_factor": 0.5, "compress_rates": {"compressed_sparse_attention": 8,
+                                                      "heavily_compressed_attention": 64}},
+], ids=["defaults", "legacy-names", "flat-yarn", "rates"])
+def test_resolve_config_reads_configs_as_hf_does(extra):
+    from transformers import DeepseekV4Config
+
+    from cairn.daemon.model_dir import resolve_config
+
+    raw = _RAW | extra
+    ours = resolve_config(raw)
+    hf_raw = {k: v for k, v in raw.items() if k != "model_type"}
+    if "rope_scaling" in hf_raw:
+        hf_raw["rope_parameters"] = hf_raw.pop("rope_scaling")
+        hf_raw["rope_parameters"]["rope_type"] = hf_raw["rope_parameters"].pop("type")
+    c = DeepseekV4Config(**hf_raw)
+    main, comp = c.rope_parameters["main"], c.rope_parameters["compress"]
+    assert ours["qk_rope_head_dim"] == c.qk_rope_head_dim
+    assert ours["layer_types"] == list(c.layer_types) and ours["mlp_layer_types"] == list(c.mlp_layer_types)
+    assert (ours["csa_rate"], ours["hca_rate"]) == (c.compress_rates["compressed_sparse_attention"],
+                                                    c.compress_rates["heavily_compressed_attention"])
+    assert (ours["rope_theta"], ours["compress_rope_theta"]) == (main["rope_theta"], comp["rope_theta"])
+    assert ours["compress_rope_type"] == comp["rope_type"]
+    if comp["rope_type"] == "yarn":
+        assert (ours["yarn_factor"], ours["yarn_original_max_position_embeddings"], ours["yarn_beta_fast"],
+                ours["yarn_beta_slow"]) == (comp["factor"], comp["original_max_position_embeddings"],
+                                            comp["beta_fast"], comp["beta_slow"])
