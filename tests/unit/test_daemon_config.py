@@ -1,0 +1,75 @@
+import argparse
+
+import pytest
+
+from cairn.daemon.config import FIELDS, ConfigError, Settings, add_arguments, default_socket_path, load_settings
+
+
+def parse(argv):
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    return p.parse_args(argv)
+
+
+def test_defaults_match_the_issue():
+    s = load_settings({}, {"XDG_RUNTIME_DIR": "/run/user/1000"})
+    assert (s.segment, s.chunk, s.checkpoint_slots, s.checkpoint_min_tokens) == (4096, 128, 4, 512)
+    assert s.checkpoints is True and s.disk_checkpoints is False and s.tcp is None
+    assert s.socket == "/run/user/1000/cairn/cairn.sock" and s.socket_mode_int == 0o660
+
+
+def test_socket_default_order():
+    assert default_socket_path({"RUNTIME_DIRECTORY": "/run/cairn", "XDG_RUNTIME_DIR": "/x"}) == "/run/cairn/cairn.sock"
+    assert default_socket_path({}).startswith("/tmp/cairn-")
+
+
+def test_precedence_flag_over_env_over_file(tmp_path):
+    cfg = tmp_path / "c.toml"
+    cfg.write_text('segment = 2048\nchunk = 64\nqueue_size = 3\ncheckpoints = false\n')
+    s = load_settings(parse(["--config", str(cfg), "--chunk", "32"]), {"CAIRN_SEGMENT": "1024"})
+    assert (s.chunk, s.segment, s.queue_size, s.checkpoints) == (32, 1024, 3, False)
+    assert load_settings(parse(["--no-checkpoints"]), {}).checkpoints is False
+    assert load_settings({}, {"CAIRN_DISK_CHECKPOINTS": "yes"}).disk_checkpoints is True
+
+
+def test_every_setting_has_flag_env_and_key():
+    names = {f.name for f in FIELDS}
+    assert names == set(Settings.__slots__)
+    assert {"checkpoints", "checkpoint_slots", "checkpoint_memory_mb", "disk_checkpoints", "checkpoint_dir",
+            "checkpoint_disk_mb", "checkpoint_min_tokens", "segment", "chunk", "queue_size", "threads",
+            "served_model_name", "log_level", "max_tokens_default"} <= names
+
+
+@pytest.mark.parametrize("flags, env, text, words", [
+    ({"chunk": "0"}, {}, None, ["'chunk'", "flag --chunk", ">= 1"]),
+    ({}, {"CAIRN_CHUNK": "abc"}, None, ["'chunk'", "CAIRN_CHUNK", "not an integer"]),
+    ({}, {"CAIRN_CHECKPOINTS": "maybe"}, None, ["'checkpoints'", "true/false"]),
+    ({}, {}, "chunk = 'big'", ["'chunk'", "config file", "not an integer"]),
+    ({}, {}, "chunks = 3", ["unknown setting", "chunks", "allowed"]),
+    ({}, {}, "chunk = ", ["not valid TOML"]),
+    ({"tcp": "0.0.0.0:8000"}, {}, None, ["'tcp'", "loopback", "--api-key"]),
+    ({"tcp": "nohost"}, {}, None, ["'tcp'", "HOST:PORT"]),
+    ({"log_level": "loud"}, {}, None, ["'log_level'", "debug, info"]),
+    ({"checkpoint_slots": "9"}, {}, None, ["'checkpoint_slots'", "1 to 8"]),
+    ({"segment": "64", "chunk": "128"}, {}, None, ["'segment'", "chunk"]),
+])
+def test_errors_name_the_setting_source_and_allowed(tmp_path, flags, env, text, words):
+    if text is not None:
+        f = tmp_path / "c.toml"
+        f.write_text(text)
+        flags = {**flags, "config": str(f)}
+    with pytest.raises(ConfigError) as e:
+        load_settings(flags, env)
+    for w in words:
+        assert w in str(e.value)
+
+
+def test_chunk_checked_against_kernel_max_chunk():
+    with pytest.raises(ConfigError, match="MAX_CHUNK"):
+        load_settings({"chunk": "600"}, {}, max_chunk=512)
+    assert load_settings({"chunk": "512"}, {}, max_chunk=512).chunk == 512
+
+
+def test_tcp_non_loopback_allowed_with_api_key():
+    s = load_settings({"tcp": "0.0.0.0:8000", "api_key": "k"}, {})
+    assert s.tcp_host_port == ("0.0.0.0", 8000)
