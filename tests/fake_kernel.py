@@ -32,20 +32,25 @@ class AbortFlag:
 
 class Model:
     def __init__(self, vocab_size: int = 64, fingerprint: str = "fake", chunk_delay: float = 0.0,
-                 decode_delay: float = 0.0, eos_id: int | None = None) -> None:
+                 decode_delay: float = 0.0, eos_id: int | None = None, script: list[int] | None = None,
+                 script_after: int = 0) -> None:
         self.vocab_size = vocab_size
         self.fingerprint = fingerprint
         self.chunk_delay = chunk_delay
         self.decode_delay = decode_delay
         self.eos_id = eos_id
+        self.script = script              # forced greedy continuation once script_after tokens are in
+        self.script_after = script_after
         self.calls: list[tuple[str, int]] = []     # ("prefill_chunk", n) / ("decode", 1)
         self.chunk_started = threading.Event()
 
 
-def _logits(model: Model, h: int) -> np.ndarray:
+def _logits(model: Model, h: int, n: int = 0) -> np.ndarray:
     x = np.random.default_rng(h).standard_normal(model.vocab_size).astype(np.float32) * 3
     if model.eos_id is not None:
         x[model.eos_id] -= 100.0           # the fake never ends on its own
+    if model.script is not None and 0 <= n - model.script_after < len(model.script):
+        x[model.script[n - model.script_after]] = x.max() + 50.0
     return x
 
 
@@ -80,7 +85,7 @@ class State:
         arr = np.frombuffer(blob, dtype=np.int64)
         s = State(model)
         s._h, s._tokens = int(arr[0]), [int(t) for t in arr[1:]]
-        s.last_logits = _logits(model, s._h) if s._tokens else None
+        s.last_logits = _logits(model, s._h, len(s._tokens)) if s._tokens else None
         return s
 
 
@@ -101,10 +106,10 @@ def prefill(state: State, tokens, *, chunk: int = 128, abort: AbortFlag | None =
         for t in part:
             state._feed(int(t))
             if all_logits:
-                rows.append(_logits(model, state._h))
+                rows.append(_logits(model, state._h, state.n_tokens))
         done += len(part)
         model.calls.append(("prefill_chunk", len(part)))
-        state.last_logits = _logits(model, state._h)
+        state.last_logits = _logits(model, state._h, state.n_tokens)
     if all_logits:
         return done, (np.stack(rows) if rows else np.zeros((0, model.vocab_size), np.float32))
     return done, (state.last_logits if done else np.zeros(model.vocab_size, np.float32))
@@ -115,5 +120,5 @@ def decode(state: State, token: int) -> np.ndarray:
         time.sleep(state.model.decode_delay)
     state._feed(int(token))
     state.model.calls.append(("decode", 1))
-    state.last_logits = _logits(state.model, state._h)
+    state.last_logits = _logits(state.model, state._h, state.n_tokens)
     return state.last_logits

@@ -1,0 +1,104 @@
+"""Actor logic with the fake kernel (tests/fake_kernel.py): cancel handshake ordering, UTF-8 and
+stop strings across token boundaries, seeded sampling, EOS, TCP API key."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+import trio
+from structlog.testing import capture_logs
+
+from helpers import daemon, fake_loaded, open_request, request, wait_for_event
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+async def test_cancel_ack_before_next_admission_and_kernel_stops_within_one_chunk(tiny_model_dir, tmp_path):
+    loaded = fake_loaded(tiny_model_dir, chunk_delay=0.02)
+    model = loaded.model
+    sock = tmp_path / "c.sock"
+    with trio.fail_after(30), capture_logs() as events:
+        async with daemon(loaded, sock, chunk=4, segment=4096):
+            a = await open_request(sock, "POST", "/v1/completions", {"model": "tiny", "prompt": [7] * 400})
+            await wait_for_event(events, lambda e: e["event"] == "prefill_plan")
+            await trio.sleep(0.2)
+            async with trio.open_nursery() as n:
+                res = {}
+
+                async def b():
+                    res["b"] = await request(sock, "POST", "/v1/completions",
+                                             {"model": "tiny", "prompt": [9] * 8, "max_tokens": 2})
+                n.start_soon(b)
+                await trio.sleep(0.05)
+                chunks_before = len(model.calls)
+                await a.aclose()
+                ack = await wait_for_event(events, lambda e: e["event"] == "prefill_cancelled")
+                chunks_at_ack = sum(1 for c in model.calls[:chunks_before + 2] if c[0] == "prefill_chunk")
+    order = [e["event"] for e in events if e["event"] in ("prefill_plan", "prefill_cancelled")]
+    assert order == ["prefill_plan", "prefill_cancelled", "prefill_plan"]
+    assert ack["state_tokens"] <= (chunks_before + 1) * 4          # at most the chunk in flight
+    assert chunks_at_ack <= chunks_before + 1
+    assert res["b"].status == 200
+
+
+async def test_utf8_across_tokens_and_stop_string_in_stream(tiny_model_dir, tmp_path):
+    loaded = fake_loaded(tiny_model_dir)
+    tok = loaded.tokenizer
+    text = "héllo ✓ wörld END after"
+    # byte-level tokens: one token per byte, so multi-byte characters span several tokens
+    byte_tok = {}
+    for i in range(loaded.model.vocab_size):
+        b = tok.token_bytes(i)
+        if len(b) == 1:
+            byte_tok.setdefault(b, i)
+    script = [byte_tok[bytes([c])] for c in text.encode()]
+    prompt = [30, 31, 32]
+    loaded.model.script, loaded.model.script_after = script, len(prompt)
+    sock = tmp_path / "c.sock"
+    with trio.fail_after(30), capture_logs():
+        async with daemon(loaded, sock):
+            body = {"model": "tiny", "prompt": prompt, "max_tokens": 40, "temperature": 0, "stop": ["END"]}
+            r = await request(sock, "POST", "/v1/completions", {**body, "stream": True})
+            full = (await request(sock, "POST", "/v1/completions", body)).json()
+    events = r.events()
+    assert events[-1] == "[DONE]"
+    streamed = "".join(e["choices"][0]["text"] for e in events[:-1])
+    assert streamed == "héllo ✓ wörld " == full["choices"][0]["text"]
+    assert "\ufffd" not in streamed
+    assert events[-2]["choices"][0]["finish_reason"] == "stop" and full["choices"][0]["finish_reason"] == "stop"
+
+
+async def test_seeded_sampling_repeats_and_eos_stops(tiny_model_dir, tmp_path):
+    loaded = fake_loaded(tiny_model_dir)
+    sock = tmp_path / "c.sock"
+    body = {"model": "tiny", "prompt": [40, 41], "max_tokens": 12, "temperature": 1.0, "top_p": 0.9, "top_k": 50}
+    with trio.fail_after(30), capture_logs():
+        async with daemon(loaded, sock):
+            a = (await request(sock, "POST", "/v1/completions", {**body, "seed": 1})).json()
+            b = (await request(sock, "POST", "/v1/completions", {**body, "seed": 1})).json()
+            c = (await request(sock, "POST", "/v1/completions", {**body, "seed": 2})).json()
+            loaded.model.script, loaded.model.script_after = [50, 51, loaded.tokenizer.eos_id], 2
+            d = (await request(sock, "POST", "/v1/completions",
+                               {"model": "tiny", "prompt": [40, 41], "max_tokens": 12, "temperature": 0})).json()
+    assert a["choices"][0]["text"] == b["choices"][0]["text"] != c["choices"][0]["text"]
+    assert d["choices"][0]["finish_reason"] == "stop" and d["usage"]["completion_tokens"] == 3
+
+
+async def test_tcp_requires_api_key_unix_socket_does_not(tiny_model_dir, tmp_path):
+    import httpx
+
+    loaded = fake_loaded(tiny_model_dir)
+    sock = tmp_path / "c.sock"
+    port = _free_port()
+    with trio.fail_after(30), capture_logs():
+        async with daemon(loaded, sock, tcp=f"127.0.0.1:{port}", api_key="sekrit"):
+            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as c:
+                assert (await c.get("/v1/models")).status_code == 401
+                ok = await c.get("/v1/models", headers={"Authorization": "Bearer sekrit"})
+                assert ok.status_code == 200
+            assert (await request(sock, "GET", "/v1/models")).status == 200
