@@ -22,6 +22,17 @@ $(STAMP): $(PY) pyproject.toml $(NATIVE)
 
 install: $(STAMP)
 
+# The default demo model: generated once, deterministically (preset small, seed 0).
+$(MODEL)/config.json: | $(STAMP)
+	$(VENV)/bin/cairn make-model --preset small --seed 0 $(MODEL)
+
+model: $(MODEL)/config.json
+
+# Foreground daemon on the default Unix socket; prints the socket path and a curl example.
+# Extra flags: make serve ARGS="--tcp 127.0.0.1:8000 --log-level debug"
+serve: install $(MODEL)/config.json
+	$(VENV)/bin/cairn serve --model $(MODEL) $(ARGS)
+
 test: install
 	sh scripts/ensure-systemd-tools.sh
 	$(PY) -m pytest -q tests
