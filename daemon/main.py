@@ -8,6 +8,8 @@ process exits 0.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import signal
 import sys
 from dataclasses import dataclass
@@ -58,14 +60,25 @@ async def _on_signal(cancel_scope: trio.CancelScope, log) -> None:
 
 async def run_daemon(settings: Settings, loaded: Loaded, *, handle_signals: bool = True,
                      task_status=trio.TASK_STATUS_IGNORED) -> None:
-    from .server import make_sockets, serve_http
-    from .tokenizer import StreamDecoder
+    from .server import make_sockets
 
     log = get_logger()
     engine = Engine(loaded.kernel, loaded.model, loaded.tokenizer, loaded.context_length,
                     segment=settings.segment, chunk=settings.chunk)
     model_id = settings.served_model_name or loaded.name
     sockets = make_sockets(settings.socket, settings.socket_mode_int, settings.tcp_host_port)
+    try:
+        await _serve_all(settings, loaded, engine, model_id, sockets, log, handle_signals, task_status)
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(settings.socket)
+    log.info("stopped")
+
+
+async def _serve_all(settings, loaded, engine, model_id, sockets, log, handle_signals, task_status) -> None:
+    from .server import serve_http
+    from .tokenizer import StreamDecoder
+
     async with trio.open_nursery() as nursery:
         if handle_signals:
             nursery.start_soon(_on_signal, nursery.cancel_scope, log)
@@ -80,7 +93,6 @@ async def run_daemon(settings: Settings, loaded: Loaded, *, handle_signals: bool
         binds = await nursery.start(serve_http, api, sockets)
         log.info("listening", binds=binds, model=model_id, socket=settings.socket)
         task_status.started(binds)
-    log.info("stopped")
 
 
 def _serve(args: argparse.Namespace) -> int:
