@@ -9,10 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from cairn.daemon.make_model import PRESETS, make_model, make_weights
+from cairn.daemon.make_model import PRESETS, hf_config, make_model, make_weights
 from cairn.daemon.model_dir import canonical_name, expected_shapes, map_weights, open_model_dir, resolve_config
-from cairn.daemon.make_model import hf_config
-from cairn.daemon.safetensors_io import to_bf16_bits
+from cairn.daemon.safetensors_io import map_tensor, read_header, to_bf16_bits, write_file
 
 
 def _files(d: Path) -> dict[str, bytes]:
@@ -37,7 +36,7 @@ def test_different_seed_gives_different_weights_and_fingerprint(tmp_path, tiny_m
     assert w1.keys() == w2.keys()
     assert not np.array_equal(w1["layers.0.attn.wq_a.weight"][0], w2["layers.0.attn.wq_a.weight"][0])
     # the tokenizer and template do not depend on the seed
-    assert (tiny_md.tokenizer_file.read_bytes() == md2.tokenizer_file.read_bytes())
+    assert tiny_md.tokenizer_file.read_bytes() == md2.tokenizer_file.read_bytes()
 
 
 def _expected(seed: int) -> dict[str, np.ndarray]:
@@ -81,8 +80,6 @@ def test_bf16_bits_round_to_nearest_even():
 
 
 def test_mtp_tensors_are_ignored(tmp_path):
-    from cairn.daemon.safetensors_io import read_header, write_file, map_tensor
-
     d = make_model("tiny", 1, tmp_path)
     f = d / "model.safetensors"
     _, infos = read_header(f)
