@@ -22,6 +22,7 @@
 
 #include "cairn/forward.h"
 #include "cairn/kernels.h"
+#include "cairn/profile.h"
 
 namespace cairn {
 
@@ -101,6 +102,7 @@ void attention_block(const Model& m, int layer, LayerState& ls, const float* x, 
   const int D = c.D, H = c.H, Dh = c.Dh, r = c.r, Rq = c.Rq, W = c.W, nt = m.threads;
   const float* inv_freq = type == AttnType::Sliding ? m.inv_freq_main.data() : m.inv_freq_comp.data();
   const int half = r / 2;
+  double t0 = omp_get_wtime();
 
   // cos/sin per query position: [S, r/2]
   std::vector<float> cs((size_t)S * half), sn((size_t)S * half);
@@ -136,6 +138,7 @@ void attention_block(const Model& m, int layer, LayerState& ls, const float* x, 
   for (int64_t p = std::max<int64_t>(pos0, pos0 + S - ring); p < pos0 + S; ++p)
     std::memcpy(&ls.win[(size_t)(p % ring) * Dh], &kvnew[(size_t)(p - pos0) * Dh], sizeof(float) * Dh);
 
+  prof_lap(P_QKV, t0);
   // compressors + indexer
   std::vector<std::vector<int>> sel;  // CSA: selected entries per query
   if (type != AttnType::Sliding) {
@@ -144,6 +147,7 @@ void attention_block(const Model& m, int layer, LayerState& ls, const float* x, 
     linear(x, S, L.comp.wkv, ckv.data(), nt);
     linear(x, S, L.comp.wgate, cg.data(), nt);
     compressor_feed(m, L.comp, ls.comp, type == AttnType::CSA, ckv.data(), cg.data(), S, pos0);
+    prof_lap(P_COMPRESS, t0);
     if (type == AttnType::CSA) {
       const int icw = ls.icomp.cw, nI = c.nI, Di = c.Di;
       std::vector<float> ikv((size_t)S * icw), ig((size_t)S * icw);
@@ -157,6 +161,7 @@ void attention_block(const Model& m, int layer, LayerState& ls, const float* x, 
           rope_apply(&qI[((size_t)i * nI + h) * Di], Di, r, &cs[(size_t)i * half], &sn[(size_t)i * half], 1.f);
       linear(x, S, L.iweights, wI.data(), nt);
       indexer_select(m, ls, qI.data(), wI.data(), S, pos0, sel);
+      prof_lap(P_INDEXER, t0);
     }
   }
 
@@ -200,6 +205,7 @@ void attention_block(const Model& m, int layer, LayerState& ls, const float* x, 
     }
   }
 
+  prof_lap(P_ATTN, t0);
   // grouped low-rank output: z [S, G*Ro]; y = wo_b z
   const int G = c.G, Ro = c.Ro, gin = H * Dh / G;
   std::vector<float> z((size_t)S * G * Ro);
@@ -207,6 +213,7 @@ void attention_block(const Model& m, int layer, LayerState& ls, const float* x, 
     matmul(o.data() + (size_t)g * gin, S, gin, H * Dh, L.wo_a.w + (size_t)g * Ro * gin, Ro,
            z.data() + (size_t)g * Ro, G * Ro, nt);
   linear(z.data(), S, L.wo_b, y, nt);
+  prof_lap(P_OUT, t0);
   (void)D;
 }
 

@@ -25,3 +25,4 @@ struct BoundState {
 
 void register_model(pybind11::module_& m);
 void register_state(pybind11::module_& m);
+void register_bench(pybind11::module_& m);

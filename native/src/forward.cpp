@@ -12,21 +12,37 @@
 
 #include "cairn/forward.h"
 #include "cairn/kernels.h"
+#include "cairn/profile.h"
 
 namespace cairn {
 
+double g_prof[P_N] = {};
+const char* const g_prof_names[P_N] = {"hc", "qkv", "compress", "indexer", "attn", "out",
+                                      "router", "experts", "shared", "head"};
+
 static inline float sigmoidf(float v) { return 1.f / (1.f + std::exp(-v)); }
 
-// HC pre-mix: returns collapsed [S, D], post [S, N], comb [S, N, N]
+// HC pre-mix: returns collapsed [S, D], post [S, N], comb [S, N, N].
+// S == 1 (decode): the mix is a parallel GEMV (fn is the big read); otherwise tokens are
+// split across threads and each token's mix is N(2+N) AVX2 dots.
 static void hc_pre(const Model& m, const float* fn, const float* base, const float* scale,
                    const float* h, int S, float* collapsed, float* post, float* comb) {
+  ProfScope ps(P_HC);
   const Config& c = m.cfg;
   const int N = c.N, D = c.D, ND = N * D, NM = (2 + N) * N;
   std::vector<float> xn((size_t)S * ND), mix((size_t)S * NM);  // [S, N*D], [S, (2+N)N]
-  for (int i = 0; i < S; ++i) rmsnorm(h + (size_t)i * ND, nullptr, &xn[(size_t)i * ND], ND, c.rms_eps);
-  matmul(xn.data(), S, ND, ND, fn, NM, mix.data(), NM, m.threads);
+  if (S == 1) {
+    rmsnorm(h, nullptr, xn.data(), ND, c.rms_eps);
+    matmul(xn.data(), 1, ND, ND, fn, NM, mix.data(), NM, m.threads);
+  }
+#pragma omp parallel for num_threads(m.threads) schedule(static) if (S > 1)
   for (int i = 0; i < S; ++i) {
-    const float* mx = &mix[(size_t)i * NM];
+    float* mx = &mix[(size_t)i * NM];
+    if (S > 1) {
+      float* xi = &xn[(size_t)i * ND];
+      rmsnorm(h + (size_t)i * ND, nullptr, xi, ND, c.rms_eps);
+      for (int o = 0; o < NM; ++o) mx[o] = dot(fn + (size_t)o * ND, xi, ND);
+    }
     float pre[64];
     float* po = post + (size_t)i * N;
     float* cb = comb + (size_t)i * N * N;
@@ -61,32 +77,32 @@ static void hc_pre(const Model& m, const float* fn, const float* base, const flo
     }
     float* out = collapsed + (size_t)i * D;
     const float* hi = h + (size_t)i * ND;
-    for (int d = 0; d < D; ++d) {
-      float acc = 0.f;
-      for (int n = 0; n < N; ++n) acc += pre[n] * hi[(size_t)n * D + d];
-      out[d] = acc;
-    }
+    std::memset(out, 0, sizeof(float) * D);
+    for (int n = 0; n < N; ++n) axpy(pre[n], hi + (size_t)n * D, out, D);
   }
 }
 
 // h[k] = post[k] * y + sum_j comb[j,k] h[j]
 static void hc_post(const Model& m, float* h, const float* y, const float* post, const float* comb, int S) {
+  ProfScope ps(P_HC);
   const int N = m.cfg.N, D = m.cfg.D;
-  std::vector<float> tmp((size_t)N * D);
-  for (int i = 0; i < S; ++i) {
-    float* hi = h + (size_t)i * N * D;
-    const float* yi = y + (size_t)i * D;
-    const float* cb = comb + (size_t)i * N * N;
-    for (int k = 0; k < N; ++k) {
-      float* t = &tmp[(size_t)k * D];
-      const float pk = post[(size_t)i * N + k];
-      for (int d = 0; d < D; ++d) {
-        float acc = 0.f;
-        for (int j = 0; j < N; ++j) acc += cb[j * N + k] * hi[(size_t)j * D + d];
-        t[d] = pk * yi[d] + acc;
+#pragma omp parallel num_threads(m.threads) if (S > 1)
+  {
+    std::vector<float> tmp((size_t)N * D), acc(D);
+#pragma omp for schedule(static)
+    for (int i = 0; i < S; ++i) {
+      float* hi = h + (size_t)i * N * D;
+      const float* yi = y + (size_t)i * D;
+      const float* cb = comb + (size_t)i * N * N;
+      for (int k = 0; k < N; ++k) {
+        std::fill(acc.begin(), acc.end(), 0.f);
+        for (int j = 0; j < N; ++j) axpy(cb[j * N + k], hi + (size_t)j * D, acc.data(), D);
+        float* t = &tmp[(size_t)k * D];
+        const float pk = post[(size_t)i * N + k];
+        for (int d = 0; d < D; ++d) t[d] = pk * yi[d] + acc[d];
       }
+      std::memcpy(hi, tmp.data(), sizeof(float) * N * D);
     }
-    std::memcpy(hi, tmp.data(), sizeof(float) * N * D);
   }
 }
 
@@ -113,6 +129,7 @@ void forward_chunk(State& st, const int32_t* tokens, int S, float* logits_out, b
     hc_post(m, h.data(), y.data(), post.data(), comb.data(), S);
   }
   // hyper-head: only the rows whose logits are needed
+  ProfScope ps(P_HEAD);
   const int r0 = all_logits ? 0 : S - 1, nr = S - r0;
   std::vector<float> xn((size_t)nr * ND), mix((size_t)nr * N), out((size_t)nr * D);
   for (int i = 0; i < nr; ++i) rmsnorm(&h[(size_t)(r0 + i) * ND], nullptr, &xn[(size_t)i * ND], ND, c.rms_eps);

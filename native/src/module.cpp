@@ -16,4 +16,5 @@ PYBIND11_MODULE(_kernel, m) {
   m.attr("SNAPSHOT_VERSION") = cairn::SNAPSHOT_VERSION;
   register_model(m);
   register_state(m);
+  register_bench(m);
 }

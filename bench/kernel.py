@@ -1,0 +1,170 @@
+"""Kernel benchmark: cairn._kernel vs HF transformers on the same model directory and threads.
+
+    .venv/bin/python bench/kernel.py models/small --threads 2
+    .venv/bin/python bench/kernel.py models/small --lengths 1024 --decode 16 --hf-max-len 1024
+
+Reports prefill tok/s at each length (chunked, --chunk), decode tok/s after the longest
+prefill, snapshot/restore time and size at the longest length, the kernel's fp32 GEMM GFLOP/s
+(C[128x4096] = A[128x1024] B^T) and memory read bandwidth (M=1 GEMV streaming 256 MB of weights),
+with HF run through its own cached, chunked path for the same lengths (up to --hf-max-len).
+Prints a markdown table (paste into docs/benchmarks.md) and optionally writes JSON (--json).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+
+import numpy as np
+
+
+def _now() -> float:
+    return time.perf_counter()
+
+
+def bench_blas(threads: int) -> dict:
+    import cairn._kernel as K
+
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((128, 1024), dtype=np.float32)
+    b = rng.standard_normal((4096, 1024), dtype=np.float32)
+    K._matmul(a, b, threads)
+    reps, t = 20, _now()
+    for _ in range(reps):
+        K._matmul(a, b, threads)
+    gflops = 2 * 128 * 1024 * 4096 * reps / (_now() - t) / 1e9
+    w = rng.standard_normal((65536, 1024), dtype=np.float32)  # 256 MB
+    x = a[:1]
+    K._matmul(x, w, threads)
+    reps, t = 5, _now()
+    for _ in range(reps):
+        K._matmul(x, w, threads)
+    gbs = w.nbytes * reps / (_now() - t) / 1e9
+    return {"gemm_gflops": gflops, "read_gbs": gbs}
+
+
+def bench_kernel(path: str, threads: int, lengths: list[int], chunk: int, n_decode: int) -> dict:
+    import cairn._kernel as K
+    from cairn.daemon.model_dir import load_model
+
+    t = _now()
+    model = load_model(path, threads=threads)
+    out: dict = {"load_s": _now() - t, "prefill": {}}
+    rng = np.random.default_rng(0)
+    state = None
+    for n in lengths:
+        tokens = rng.integers(0, model.vocab_size, n, dtype=np.int32)
+        state = K.State(model)
+        t = _now()
+        done, logits = K.prefill(state, tokens, chunk=chunk)
+        dt = _now() - t
+        assert done == n
+        out["prefill"][n] = {"tok_s": n / dt, "s": dt}
+        print(f"  kernel prefill {n:6d}: {n / dt:8.1f} tok/s ({dt:.2f} s)", file=sys.stderr)
+    tok = int(logits.argmax())
+    t = _now()
+    for _ in range(n_decode):
+        tok = int(K.decode(state, tok).argmax())
+    dt = _now() - t
+    out["decode_tok_s"] = n_decode / dt
+    out["decode_at"] = lengths[-1]
+    t = _now()
+    blob = state.snapshot()
+    out["snapshot_s"] = _now() - t
+    out["snapshot_bytes"] = len(blob)
+    out["state_nbytes"] = state.nbytes
+    t = _now()
+    restored = K.State.restore(model, blob)
+    out["restore_s"] = _now() - t
+    assert restored.n_tokens == state.n_tokens
+    out["snapshot_at"] = state.n_tokens
+    return out
+
+
+def bench_hf(path: str, threads: int, lengths: list[int], chunk: int, n_decode: int) -> dict:
+    import torch
+    from transformers import DeepseekV4ForCausalLM
+
+    torch.set_num_threads(threads)
+    model = DeepseekV4ForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    vocab = model.config.vocab_size
+    rng = np.random.default_rng(0)
+    out: dict = {"prefill": {}}
+    cache = None
+    with torch.no_grad():
+        for n in lengths:
+            ids = torch.tensor(rng.integers(0, vocab, n)[None])
+            cache = None
+            t = _now()
+            for s in range(0, n, chunk):
+                r = model(input_ids=ids[:, s : s + chunk], cache=cache, use_cache=True)
+                cache = r.past_key_values
+            dt = _now() - t
+            out["prefill"][n] = {"tok_s": n / dt, "s": dt}
+            print(f"  HF     prefill {n:6d}: {n / dt:8.1f} tok/s ({dt:.2f} s)", file=sys.stderr)
+        tok = r.logits[:, -1:].argmax(-1)
+        t = _now()
+        for _ in range(n_decode):
+            r = model(input_ids=tok, cache=cache, use_cache=True)
+            cache = r.past_key_values
+            tok = r.logits[:, -1:].argmax(-1)
+        out["decode_tok_s"] = n_decode / (_now() - t)
+        out["decode_at"] = lengths[-1]
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("model_dir")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--lengths", type=int, nargs="+", default=[1024, 4096, 8192])
+    ap.add_argument("--chunk", type=int, default=128)
+    ap.add_argument("--decode", type=int, default=32, help="tokens to decode after the longest prefill")
+    ap.add_argument("--hf-max-len", type=int, default=8192, help="skip HF above this length (0: no HF)")
+    ap.add_argument("--json", help="write results here")
+    args = ap.parse_args(argv)
+    # one thread pool per process: keep numpy's / torch's BLAS from spinning next to ours
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    try:
+        from threadpoolctl import threadpool_limits
+
+        threadpool_limits(1)
+    except ImportError:
+        pass
+
+    res: dict = {"machine": platform.processor() or platform.machine(), "threads": args.threads,
+                 "chunk": args.chunk, "model_dir": args.model_dir}
+    res["blas"] = bench_blas(args.threads)
+    res["kernel"] = bench_kernel(args.model_dir, args.threads, args.lengths, args.chunk, args.decode)
+    hf_lengths = [n for n in args.lengths if n <= args.hf_max_len]
+    if hf_lengths:
+        res["hf"] = bench_hf(args.model_dir, args.threads, hf_lengths, args.chunk, args.decode)
+
+    k, h = res["kernel"], res.get("hf", {"prefill": {}})
+    print(f"\n{args.model_dir}, {args.threads} threads, chunk {args.chunk}\n")
+    print("| metric | cairn kernel | HF transformers (fp32 eager) |")
+    print("|---|---|---|")
+    for n in args.lengths:
+        hv = h["prefill"].get(n)
+        print(f"| prefill {n} tok/s | {k['prefill'][n]['tok_s']:.1f} | {hv['tok_s']:.1f} |" if hv else
+              f"| prefill {n} tok/s | {k['prefill'][n]['tok_s']:.1f} | — |")
+    print(f"| decode tok/s at {k['decode_at']} | {k['decode_tok_s']:.2f} | "
+          f"{h['decode_tok_s']:.2f} |" if "decode_tok_s" in h else
+          f"| decode tok/s at {k['decode_at']} | {k['decode_tok_s']:.2f} | — |")
+    print(f"| snapshot at {k['snapshot_at']} | {k['snapshot_s'] * 1e3:.1f} ms, "
+          f"{k['snapshot_bytes'] / 1e6:.2f} MB | — |")
+    print(f"| restore at {k['snapshot_at']} | {k['restore_s'] * 1e3:.1f} ms | — |")
+    print(f"| fp32 GEMM 128x4096x1024 | {res['blas']['gemm_gflops']:.1f} GFLOP/s | — |")
+    print(f"| memory read (GEMV, 256 MB) | {res['blas']['read_gbs']:.1f} GB/s | — |")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(res, f, indent=2, default=str)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

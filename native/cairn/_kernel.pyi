@@ -1,0 +1,72 @@
+"""cairn._kernel: DeepSeek-V4 forward pass (fp32, CPU), state snapshots, chunked prefill."""
+
+from __future__ import annotations
+
+import numpy as np
+import numpy.typing as npt
+
+MAX_CHUNK: int
+SNAPSHOT_VERSION: int
+
+class KernelError(ValueError):
+    """Bad input to the kernel (tokens, chunk, snapshot blob); a ValueError."""
+
+class AbortFlag:
+    """Thread-safe flag; prefill checks it between chunks."""
+    def __init__(self) -> None: ...
+    def set(self) -> None: ...
+    def clear(self) -> None: ...
+    def is_set(self) -> bool: ...
+
+class Model:
+    """Immutable config + weights. F32 weights are used in place (kept alive by the Model);
+    BF16 (uint16 view) / F16 are widened to fp32 at load. threads=0: all cores.
+    batched_indexer=False scores the CSA indexer one query at a time (identical results)."""
+    def __init__(
+        self,
+        config: dict,
+        weights: dict[str, tuple[np.ndarray, str]],
+        fingerprint: str,
+        threads: int = 0,
+        *,
+        batched_indexer: bool = True,
+    ) -> None: ...
+    @property
+    def fingerprint(self) -> str: ...
+    @property
+    def vocab_size(self) -> int: ...
+    @property
+    def n_layers(self) -> int: ...
+    @property
+    def threads(self) -> int: ...
+    batched_indexer: bool
+
+class State:
+    """Mutable per-sequence state. Single writer: a concurrent second call raises RuntimeError."""
+    def __init__(self, model: Model) -> None: ...
+    @property
+    def n_tokens(self) -> int: ...
+    @property
+    def tokens(self) -> npt.NDArray[np.int32]: ...
+    @property
+    def nbytes(self) -> int:
+        """Bytes of state payload (windows, compressed rows, buffers, overlaps)."""
+    @property
+    def last_logits(self) -> npt.NDArray[np.float32] | None: ...
+    def snapshot(self) -> bytes: ...
+    @staticmethod
+    def restore(model: Model, blob: bytes | bytearray | memoryview) -> State: ...
+
+def prefill(
+    state: State,
+    tokens: npt.NDArray[np.int32],
+    *,
+    chunk: int = 128,
+    abort: AbortFlag | None = None,
+    all_logits: bool = False,
+) -> tuple[int, npt.NDArray[np.float32]]: ...
+def decode(state: State, token: int) -> npt.NDArray[np.float32]: ...
+
+# benchmark / test hooks (not API)
+def _matmul(x: npt.NDArray[np.float32], w: npt.NDArray[np.float32], threads: int = 1) -> npt.NDArray[np.float32]: ...
+def _profile(reset: bool = True) -> dict[str, float]: ...
