@@ -87,6 +87,12 @@ async def decode_worker(inbox: trio.MemoryReceiveChannel, to_admission: trio.Mem
                 except (RuntimeError, ValueError, MemoryError) as e:
                     error = f"{type(e).__name__}: {e}"
                     engine.discard_live()
+                except trio.Cancelled:
+                    if not sub.control.cancel_requested:   # shutdown: say so, then let it through
+                        log_request(log, sub, outcome="cancelled", arrived_at=pre.arrived_at,
+                                    reused=pre.reused_tokens, completion_tokens=stats["completion_tokens"],
+                                    first_token_at=stats["first_token_at"], error="shutdown")
+                    raise
             sub.control.detach()
             first = stats["first_token_at"]
             common = dict(arrived_at=pre.arrived_at, reused=pre.reused_tokens, first_token_at=first,

@@ -110,6 +110,11 @@ async def prefill_worker(inbox: trio.MemoryReceiveChannel, to_decode: trio.Memor
                 except (PrefillError, RuntimeError, ValueError, MemoryError) as e:
                     error = f"{type(e).__name__}: {e}"
                     engine.discard_live()
+                except trio.Cancelled:
+                    if not sub.control.cancel_requested:   # shutdown: say so, then let it through
+                        log_request(log, sub, outcome="cancelled", arrived_at=adm.arrived_at, reused=0,
+                                    error="shutdown")
+                    raise
             sub.control.detach()
             if scope.cancelled_caught:
                 live = engine.live

@@ -154,19 +154,25 @@ class API:
         req = parse_chat(parse_json_body(await read_body(receive)))
         self._check_model(req.common.model)
         try:
-            rendered = self.renderer.render(req.messages, tools=req.tools)
+            # Rendering and tokenizing a long conversation takes a while: off the event loop.
+            ids, hint = await trio.to_thread.run_sync(self._render_chat, req, abandon_on_cancel=True)
         except ChatTemplateError as e:
             param = str(e).split(":", 1)[0] if str(e).startswith(("messages", "tools")) else "messages"
             raise APIError(400, str(e), param=param, code="invalid_value") from None
-        ids = self.tok.encode(rendered.text)
-        hint = None
-        if rendered.system_prefix_bytes is not None:
-            hint = self.tok.boundary_for_byte_offset(rendered.text, rendered.system_prefix_bytes)
         budget = self._budget(len(ids), req.common.max_tokens, "messages")
         rid = self._new_id("chatcmpl")
         sampling = self._sampling(req.common, budget, req.logprobs, req.top_logprobs)
         out = _ChatStream(self, rid, req) if req.common.stream else _ChatJSON(self, rid, req)
         await self._drive(receive, send, rid, ids, hint, sampling, False, out)
+
+    def _render_chat(self, req) -> tuple[list[int], int | None]:
+        """Chat -> token ids, and the system-prefix boundary as a token count (checkpoint hint)."""
+        rendered = self.renderer.render(req.messages, tools=req.tools)
+        ids = self.tok.encode(rendered.text)
+        hint = None
+        if rendered.system_prefix_bytes is not None:
+            hint = self.tok.boundary_for_byte_offset(rendered.text, rendered.system_prefix_bytes)
+        return ids, hint
 
     async def _completions(self, scope, receive, send) -> None:
         req = parse_completion(parse_json_body(await read_body(receive)))
@@ -178,7 +184,7 @@ class API:
                                param="prompt", code="invalid_value")
             ids = req.prompt_ids
         else:
-            ids = self.tok.encode(req.prompt_text)
+            ids = await trio.to_thread.run_sync(self.tok.encode, req.prompt_text, abandon_on_cancel=True)
         if not ids:
             raise APIError(400, "prompt: empty; at least one token is needed", param="prompt", code="invalid_value")
         budget = self._budget(len(ids), req.common.max_tokens, "prompt")

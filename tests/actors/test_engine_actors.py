@@ -9,7 +9,7 @@ import pytest
 import trio
 from structlog.testing import capture_logs
 
-from helpers import daemon, fake_loaded, open_request, request, wait_for_event
+from daemon_harness import daemon, fake_loaded, open_request, request, wait_for_event
 
 
 def _free_port() -> int:

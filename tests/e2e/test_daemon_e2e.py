@@ -11,8 +11,8 @@ import pytest
 import trio
 from structlog.testing import capture_logs
 
-from conftest import needs_real_kernel
-from helpers import daemon, open_request, real_loaded, reference_greedy, request, token_strings, wait_for_event
+from daemon_harness import (daemon, needs_real_kernel, open_request, real_loaded, reference_greedy, request,
+                            token_strings, wait_for_event)
 
 pytestmark = needs_real_kernel
 

@@ -14,8 +14,7 @@ import pytest
 import trio
 from structlog.testing import capture_logs
 
-from conftest import needs_real_kernel
-from helpers import daemon, open_request, real_loaded, request
+from daemon_harness import daemon, needs_real_kernel, open_request, real_loaded, request
 
 pytestmark = needs_real_kernel
 
@@ -117,7 +116,6 @@ def test_sigterm_during_long_prefill_exits_zero_promptly(tiny_model_dir, tmp_pat
         if proc.poll() is None:
             proc.kill()
     out = proc.stdout.read()
-    print(out, f"elapsed={elapsed:.2f}")
     assert rc == 0, out
     assert elapsed < 3.0, f"exit took {elapsed:.2f}s"
     assert "shutting_down" in out and "prefill_plan" in out
