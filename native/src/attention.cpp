@@ -12,6 +12,7 @@
 //    or per query (Model.batched_indexer = False). Top-k ties go to the lowest entry index.
 //  * Softmax includes the per-head sink logit in the denominator; output RoPE is undone at the
 //    query position before the grouped low-rank output projection.
+#include <cblas.h>
 #include <omp.h>
 
 #include <algorithm>
@@ -165,46 +166,61 @@ void attention_block(const Model& m, int layer, LayerState& ls, const float* x, 
     }
   }
 
-  // attention: o [S, H, Dh]
+  // attention: o [S, H, Dh]. K == V and all heads share one KV head, so per query the keys
+  // are gathered once into Kc [nk, Dh] and the heads run as two small GEMMs:
+  // scores [hg, nk] = Q [hg, Dh] Kc^T, o [hg, Dh] = P Kc. Tasks = (query, head group); head
+  // groups only split when there are fewer queries than threads (decode).
   std::vector<float> o((size_t)S * H * Dh);
   const float scale = 1.f / std::sqrt((float)Dh);
   const int rate = type == AttnType::HCA ? c.hca_rate : c.csa_rate;
   const float* ent = ls.comp.entries.data();
   const int64_t nent = ls.comp.n_entries();
+  const int hgroups = S >= nt ? 1 : std::min(H, nt);
+  const int hper = (H + hgroups - 1) / hgroups;
 #pragma omp parallel num_threads(nt)
   {
-    std::vector<float> sc;
-    std::vector<const float*> kp;
-#pragma omp for schedule(static)
-    for (int ih = 0; ih < S * H; ++ih) {
-      const int i = ih / H, h = ih % H;
+    std::vector<float> kc, sc;
+#pragma omp for schedule(dynamic, 1)
+    for (int task = 0; task < S * hgroups; ++task) {
+      const int i = task / hgroups, h0 = (task % hgroups) * hper, h1 = std::min(H, h0 + hper);
+      if (h1 <= h0) continue;
+      const int hg = h1 - h0;
       const int64_t t = pos0 + i;
-      const float* qh = &q[(size_t)ih * Dh];
-      kp.clear();
-      for (int64_t p = std::max<int64_t>(0, t - W + 1); p <= t; ++p) kp.push_back(&keys[(size_t)(p - kbase) * Dh]);
-      if (type == AttnType::HCA) {
-        const int64_t ne = std::min<int64_t>(nent, (t + 1) / rate);
-        for (int64_t e = 0; e < ne; ++e) kp.push_back(ent + (size_t)e * Dh);
-      } else if (type == AttnType::CSA) {
-        for (int e : sel[i]) kp.push_back(ent + (size_t)e * Dh);
+      const int64_t p0 = std::max<int64_t>(0, t - W + 1);
+      const int nwin = (int)(t - p0 + 1);
+      int nextra = 0;
+      if (type == AttnType::HCA) nextra = (int)std::min<int64_t>(nent, (t + 1) / rate);
+      else if (type == AttnType::CSA) nextra = (int)sel[i].size();
+      const int nk = nwin + nextra;
+      kc.resize((size_t)nk * Dh);
+      std::memcpy(kc.data(), &keys[(size_t)(p0 - kbase) * Dh], sizeof(float) * (size_t)nwin * Dh);
+      if (type == AttnType::HCA)
+        std::memcpy(&kc[(size_t)nwin * Dh], ent, sizeof(float) * (size_t)nextra * Dh);
+      else if (type == AttnType::CSA)
+        for (int e = 0; e < nextra; ++e)
+          std::memcpy(&kc[(size_t)(nwin + e) * Dh], ent + (size_t)sel[i][e] * Dh, sizeof(float) * Dh);
+      sc.resize((size_t)hg * nk);
+      const float* qh = &q[((size_t)i * H + h0) * Dh];
+      float* oh = &o[((size_t)i * H + h0) * Dh];
+      scipy_cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, hg, nk, Dh, 1.f, qh, Dh, kc.data(), Dh, 0.f,
+                        sc.data(), nk);
+      for (int hh = 0; hh < hg; ++hh) {
+        float* row = &sc[(size_t)hh * nk];
+        const float sink = L.sink[h0 + hh];
+        float mx = sink;
+        for (int j = 0; j < nk; ++j) { row[j] *= scale; mx = std::max(mx, row[j]); }
+        float sum = 0.f;
+        for (int j = 0; j < nk; ++j) { row[j] = std::exp(row[j] - mx); sum += row[j]; }
+        sum += std::exp(sink - mx);
+        const float inv = 1.f / sum;
+        for (int j = 0; j < nk; ++j) row[j] *= inv;
       }
-      const int nk = (int)kp.size();
-      sc.resize(nk);
-      float mx = L.sink[h];
-      for (int j = 0; j < nk; ++j) {
-        sc[j] = dot(qh, kp[j], Dh) * scale;
-        mx = std::max(mx, sc[j]);
-      }
-      float sum = 0.f;
-      for (int j = 0; j < nk; ++j) { sc[j] = std::exp(sc[j] - mx); sum += sc[j]; }
-      sum += std::exp(L.sink[h] - mx);
-      float* oh = &o[(size_t)ih * Dh];
-      std::memset(oh, 0, sizeof(float) * Dh);
-      for (int j = 0; j < nk; ++j) axpy(sc[j] / sum, kp[j], oh, Dh);
-      rope_apply(oh, Dh, r, &cs[(size_t)i * half], &sn[(size_t)i * half], -1.f);
+      scipy_cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, hg, Dh, nk, 1.f, sc.data(), nk, kc.data(), Dh,
+                        0.f, oh, Dh);
+      for (int hh = 0; hh < hg; ++hh)
+        rope_apply(oh + (size_t)hh * Dh, Dh, r, &cs[(size_t)i * half], &sn[(size_t)i * half], -1.f);
     }
   }
-
   prof_lap(P_ATTN, t0);
   // grouped low-rank output: z [S, G*Ro]; y = wo_b z
   const int G = c.G, Ro = c.Ro, gin = H * Dh / G;

@@ -108,9 +108,8 @@ void matmul(const float* X, int M, int K, int ldx, const float* W, int N, float*
 }
 
 void rmsnorm(const float* x, const float* w, float* y, int n, float eps) {
-  double ss = 0;  // fp64 accumulation: closer to torch's mean than a naive fp32 sum
-  for (int i = 0; i < n; ++i) ss += (double)x[i] * x[i];
-  float var = (float)(ss / n);
+  // 32-lane fp32 accumulation (as torch's vectorised reduction: no long serial chain)
+  float var = dot(x, x, n) / (float)n;
   float rs = 1.f / std::sqrt(var + eps);
   if (w)
     for (int i = 0; i < n; ++i) y[i] = w[i] * (x[i] * rs);

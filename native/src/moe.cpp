@@ -96,7 +96,8 @@ void moe_block(const Model& m, int layer, const float* x, const int32_t* tokens,
     j.u.resize((size_t)j.M * j.w1->out);
     j.out.resize((size_t)j.M * D);
   }
-  const int nt = m.threads, nsl = nt;  // column slices per job
+  // column slices per job: whole jobs when there are enough of them to balance dynamically
+  const int nt = m.threads, nsl = (int)jobs.size() >= 3 * nt ? 1 : nt;
   const int ntask = (int)jobs.size() * nsl;
   const float lim = c.swiglu_limit;
   auto slice = [&](int n, int s, int& n0, int& n1) {
