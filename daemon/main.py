@@ -20,6 +20,7 @@ import trio
 from cairn.actors.engine import Engine
 from cairn.actors.wiring import start_engine
 
+from . import systemd
 from .api import API
 from .config import ConfigError, Settings, add_arguments, load_settings
 from .logs import configure_logging, get_logger
@@ -54,6 +55,7 @@ async def _on_signal(cancel_scope: trio.CancelScope, log) -> None:
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         async for signum in signals:
             log.info("shutting_down", signal=signal.Signals(signum).name)
+            systemd.stopping()
             cancel_scope.cancel()
             return
 
@@ -66,12 +68,16 @@ async def run_daemon(settings: Settings, loaded: Loaded, *, handle_signals: bool
     engine = Engine(loaded.kernel, loaded.model, loaded.tokenizer, loaded.context_length,
                     segment=settings.segment, chunk=settings.chunk)
     model_id = settings.served_model_name or loaded.name
-    sockets = make_sockets(settings.socket, settings.socket_mode_int, settings.tcp_host_port)
+    # Socket activation: systemd (cairn.socket) passes the listening Unix socket; then it owns the path.
+    inherited = [sock for _, sock in systemd.listen_fds()] if handle_signals else []
+    own_path = None if inherited else settings.socket
+    sockets = make_sockets(own_path, settings.socket_mode_int, settings.tcp_host_port, inherited)
     try:
         await _serve_all(settings, loaded, engine, model_id, sockets, log, handle_signals, task_status)
     finally:
-        with contextlib.suppress(OSError):
-            os.unlink(settings.socket)
+        if own_path is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(own_path)
     log.info("stopped")
 
 
@@ -91,8 +97,25 @@ async def _serve_all(settings, loaded, engine, model_id, sockets, log, handle_si
                   max_tokens_default=settings.max_tokens_default, fingerprint=loaded.fingerprint, log=log,
                   api_key=settings.api_key)
         binds = await nursery.start(serve_http, api, sockets)
-        log.info("listening", binds=binds, model=model_id, socket=settings.socket)
+        log.info("listening", binds=binds, model=model_id)
+        if handle_signals:
+            _print_banner(model_id, sockets)
+            await nursery.start(systemd.watchdog_task, systemd.watchdog_interval())
+            systemd.ready()
         task_status.started(binds)
+
+
+def _print_banner(model_id: str, sockets) -> None:
+    import socket as _socket
+
+    paths = [s.getsockname() for s in sockets.insecure_sockets if s.family == _socket.AF_UNIX]
+    for path in paths:
+        print(f"cairn: serving {model_id} on unix:{path}", flush=True)
+    if paths:
+        print(f"  try: curl --unix-socket {paths[0]} http://localhost/v1/chat/completions "
+              f"-H 'Content-Type: application/json' "
+              f"-d '{{\"model\": \"{model_id}\", \"messages\": [{{\"role\": \"user\", \"content\": \"Hello\"}}], "
+              f"\"max_tokens\": 64}}'", flush=True)
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -118,12 +141,6 @@ def _serve(args: argparse.Namespace) -> int:
     except ModelDirError as e:
         print(f"cairn serve: {e}", file=sys.stderr)
         return 2
-    sock = settings.socket
-    print(f"cairn: serving {settings.served_model_name or loaded.name} on unix:{sock}", flush=True)
-    print(f"  try: curl --unix-socket {sock} http://localhost/v1/chat/completions "
-          f"-H 'Content-Type: application/json' "
-          f"-d '{{\"model\": \"{settings.served_model_name or loaded.name}\", "
-          f"\"messages\": [{{\"role\": \"user\", \"content\": \"Hello\"}}]}}'", flush=True)
     try:
         trio.run(run_daemon, settings, loaded)
     except OSError as e:

@@ -52,13 +52,18 @@ def _tcp_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
-def make_sockets(unix_path: str, mode: int, tcp: tuple[str, int] | None) -> Sockets:
-    socks = [_unix_socket(unix_path, mode)]
+def make_sockets(unix_path: str | None, mode: int, tcp: tuple[str, int] | None,
+                 inherited: list[socket.socket] = ()) -> Sockets:
+    """Bind (and listen on) our sockets. `inherited`: already-listening sockets passed by systemd
+    (socket activation); with them, no Unix socket of our own is bound (`unix_path` is None)."""
+    socks = [_unix_socket(unix_path, mode)] if unix_path is not None else []
     if tcp is not None:
         socks.append(_tcp_socket(*tcp))
     for s in socks:
-        s.setblocking(False)
         s.listen(128)
+    socks += list(inherited)
+    for s in socks:
+        s.setblocking(False)
     return Sockets(secure_sockets=[], insecure_sockets=socks, quic_sockets=[])
 
 
