@@ -19,7 +19,14 @@ from .replies import reply_nowait
 from .sampling import log_softmax, top_logprobs
 from .start import decide_start
 
-TOP_PROMPT_LOGPROBS = 20
+ALL_LOGITS_BUDGET = 1 << 26   # floats of [n, V] logits one segment may return (256 MiB) with all_logits
+
+
+def segment_length(segment: int, chunk: int, vocab_size: int, all_logits: bool) -> int:
+    """Tokens per kernel call. With every position's logits, shorter so [n, V] stays bounded."""
+    if not all_logits:
+        return segment
+    return max(chunk, min(segment, ALL_LOGITS_BUDGET // max(vocab_size, 1) // chunk * chunk))
 
 
 class PrefillError(RuntimeError):
@@ -67,8 +74,9 @@ async def run_prefill(engine: Engine, submit, log) -> tuple[np.ndarray, int, Pro
     prev_row = None
     logits = None
     t_begin = trio.current_time()
-    for seg_start in range(0, len(tail), engine.segment):
-        seg = tail[seg_start: seg_start + engine.segment]
+    seg_len = segment_length(engine.segment, engine.chunk, int(engine.model.vocab_size), submit.prompt_logprobs)
+    for seg_start in range(0, len(tail), seg_len):
+        seg = tail[seg_start: seg_start + seg_len]
         t0 = trio.current_time()
         if submit.prompt_logprobs:
             n_done, logits, seg_lps, seg_tops = await engine.runner.run(

@@ -67,3 +67,13 @@ def test_logprobs_and_top():
     lp = log_softmax(np.array([0.0, 3.0, 1.0, 3.0]))
     assert abs(np.exp(lp).sum() - 1) < 1e-12
     assert [i for i, _ in top_logprobs(lp, 3)] == [1, 3, 2]
+
+
+def test_all_logits_segments_stay_within_budget():
+    from cairn.actors.prefill import ALL_LOGITS_BUDGET, segment_length
+
+    assert segment_length(4096, 128, 129280, all_logits=False) == 4096
+    n = segment_length(4096, 128, 129280, all_logits=True)
+    assert n % 128 == 0 and n * 129280 <= ALL_LOGITS_BUDGET
+    assert segment_length(4096, 128, 512, all_logits=True) == 4096
+    assert segment_length(4096, 128, 10**9, all_logits=True) == 128
