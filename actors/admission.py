@@ -15,7 +15,7 @@ from .replies import reply_nowait
 
 
 async def admission(inbox: trio.MemoryReceiveChannel, to_prefill: trio.MemorySendChannel, *,
-                    queue_size: int, log, task_status=trio.TASK_STATUS_IGNORED) -> None:
+                    queue_size: int, log, metrics=None, task_status=trio.TASK_STATUS_IGNORED) -> None:
     queue: AdmissionQueue[tuple[Submit, float]] = AdmissionQueue(queue_size)
     running: Submit | None = None
 
@@ -26,10 +26,15 @@ async def admission(inbox: trio.MemoryReceiveChannel, to_prefill: trio.MemorySen
                 if not queue.offer(msg.request_id, (msg, trio.current_time())):
                     log.info("rejected", request_id=msg.request_id, reason="queue_full", waiting=len(queue))
                     reply_nowait(msg, Rejected("queue_full", retry_after_s=1 + len(queue)))
+                    if metrics is not None:
+                        metrics.requests.inc(outcome="rejected")
             elif isinstance(msg, Cancel):
                 waiting = queue.remove(msg.request_id)
                 if waiting is not None:
                     log.info("cancelled_while_queued", request_id=msg.request_id)
+                    if metrics is not None:
+                        metrics.requests.inc(outcome="cancelled")
+                        metrics.cancels.inc()
                     reply_nowait(waiting[0], CancelAck(msg.request_id))
                 elif running is not None and running.request_id == msg.request_id:
                     running.control.cancel()
@@ -46,3 +51,5 @@ async def admission(inbox: trio.MemoryReceiveChannel, to_prefill: trio.MemorySen
                 # The prefill worker's inbox has room for exactly one: at most one request is
                 # admitted at a time, so this never blocks.
                 to_prefill.send_nowait(Admitted(running, arrived))
+            if metrics is not None:
+                metrics.queue_depth.set(len(queue))

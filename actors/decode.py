@@ -89,26 +89,29 @@ async def decode_worker(inbox: trio.MemoryReceiveChannel, to_admission: trio.Mem
                     engine.discard_live()
                 except trio.Cancelled:
                     if not sub.control.cancel_requested:   # shutdown: say so, then let it through
-                        log_request(log, sub, outcome="cancelled", arrived_at=pre.arrived_at,
+                        log_request(log, sub, metrics=engine.metrics, outcome="cancelled",
+                                    arrived_at=pre.arrived_at,
                                     reused=pre.reused_tokens, completion_tokens=stats["completion_tokens"],
                                     first_token_at=stats["first_token_at"], error="shutdown")
                     raise
             sub.control.detach()
+            engine.note_live_tokens()
             first = stats["first_token_at"]
             common = dict(arrived_at=pre.arrived_at, reused=pre.reused_tokens, first_token_at=first,
                           completion_tokens=stats["completion_tokens"],
                           decode_s=(trio.current_time() - first) if first is not None else 0.0)
             if scope.cancelled_caught or gone:
-                log_request(log, sub, outcome="cancelled", **common)
+                log_request(log, sub, metrics=engine.metrics, outcome="cancelled", **common)
                 reply_nowait(sub, CancelAck(sub.request_id))
                 await to_admission.send(Finished(sub.request_id, "cancelled"))
             elif error is not None:
                 log.error("decode_failed", request_id=sub.request_id, error=error)
-                log_request(log, sub, outcome="error", error=error, **common)
+                log_request(log, sub, metrics=engine.metrics, outcome="error", error=error, **common)
                 reply_nowait(sub, Failed(error))
                 await to_admission.send(Finished(sub.request_id, "error"))
             else:
                 # Free the engine before the (possibly slow) final reply: the state is consistent now.
                 await to_admission.send(Finished(sub.request_id, "done"))
-                log_request(log, sub, outcome="done", finish_reason=done.finish_reason, **common)
+                log_request(log, sub, metrics=engine.metrics, outcome="done", finish_reason=done.finish_reason,
+                            **common)
                 await reply(sub, done)

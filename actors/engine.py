@@ -23,6 +23,11 @@ class Engine:
     live: Any = None                  # kernel.State or None; remembers its tokens (state.tokens)
     runner: KernelRunner = field(init=False)
     checkpoint_out: Any = None        # send channel to the checkpoint writer (wired in wiring.py)
+    metrics: Any = None               # cairn.daemon.metrics.Metrics, or None (actor tests)
+
+    def note_live_tokens(self) -> None:
+        if self.metrics is not None:
+            self.metrics.live_state_tokens.set(0 if self.live is None else int(self.live.n_tokens))
 
     def __post_init__(self) -> None:
         self.runner = KernelRunner(self.kernel.AbortFlag)

@@ -7,8 +7,17 @@ import trio
 
 def log_request(log, submit, *, outcome: str, arrived_at: float, reused: int,
                 first_token_at: float | None = None, completion_tokens: int = 0,
-                decode_s: float = 0.0, finish_reason: str | None = None, error: str | None = None) -> None:
+                decode_s: float = 0.0, finish_reason: str | None = None, error: str | None = None,
+                metrics=None) -> None:
     now = trio.current_time()
+    if metrics is not None:
+        metrics.requests.inc(outcome=outcome)
+        if outcome == "cancelled":
+            metrics.cancels.inc()
+        if first_token_at is not None:
+            metrics.ttft.observe(first_token_at - arrived_at)
+        if decode_s > 0 and completion_tokens > 1:
+            metrics.decode_tps.observe((completion_tokens - 1) / decode_s)
     log.info(
         "request",
         request_id=submit.request_id,

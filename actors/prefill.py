@@ -54,17 +54,23 @@ def _prefill_with_logprobs(kernel, state, tokens, prev_row, k, *, chunk, abort):
     return n_done, (rows[n_done - 1] if n_done else prev_row), lps, tops
 
 
-async def run_prefill(engine: Engine, submit, log) -> tuple[np.ndarray, int, PromptLogprobs | None]:
-    """Prefill `submit.prompt` into the live state. Returns (next-token logits [V], reused, prompt logprobs)."""
+async def run_prefill(engine: Engine, submit, log, progress: dict | None = None
+                      ) -> tuple[np.ndarray, int, PromptLogprobs | None]:
+    """Prefill `submit.prompt` into the live state. Returns (next-token logits [V], reused, prompt logprobs).
+    `progress["reused"]` is set as soon as it is known (for the log line of a cancelled prefill)."""
     prompt = list(submit.prompt)
     live = engine.live
     start = decide_start(engine.live_tokens(), live is not None and live.last_logits is not None, prompt,
                          need_all_logits=submit.prompt_logprobs)
     state = engine.new_state() if start.fresh else live
     reused = start.reuse
+    if progress is not None:
+        progress["reused"] = reused
     log.info("prefill_plan", request_id=submit.request_id, prompt_tokens=len(prompt), reused_tokens=reused,
              fresh=start.fresh, live_tokens=0 if live is None else int(live.n_tokens))
     tail = np.asarray(prompt[reused:], dtype=np.int32)      # [n_tail]
+    if engine.metrics is not None:
+        engine.metrics.prefill_tokens.inc(reused, kind="reused")
     if len(tail) == 0:
         return np.asarray(state.last_logits), reused, None
 
@@ -90,6 +96,8 @@ async def run_prefill(engine: Engine, submit, log) -> tuple[np.ndarray, int, Pro
                                                      abortable=True)
         now = trio.current_time()
         done = seg_start + n_done
+        if engine.metrics is not None:
+            engine.metrics.prefill_tokens.inc(n_done, kind="computed")
         rate = done / max(now - t_begin, 1e-9)
         log.info("prefill_segment", request_id=submit.request_id, tokens_done=reused + done,
                  tokens_total=len(prompt), tok_s=round(n_done / max(now - t0, 1e-9), 1),
@@ -111,30 +119,33 @@ async def prefill_worker(inbox: trio.MemoryReceiveChannel, to_decode: trio.Memor
             adm: Admitted
             sub = adm.submit
             result = error = None
+            progress: dict = {}
             with trio.CancelScope() as scope:
                 sub.control.attach(scope)
                 try:
-                    result = await run_prefill(engine, sub, log)
+                    result = await run_prefill(engine, sub, log, progress)
                 except (PrefillError, RuntimeError, ValueError, MemoryError) as e:
                     error = f"{type(e).__name__}: {e}"
                     engine.discard_live()
                 except trio.Cancelled:
                     if not sub.control.cancel_requested:   # shutdown: say so, then let it through
-                        log_request(log, sub, outcome="cancelled", arrived_at=adm.arrived_at, reused=0,
-                                    error="shutdown")
+                        log_request(log, sub, metrics=engine.metrics, outcome="cancelled",
+                                    arrived_at=adm.arrived_at, reused=progress.get("reused", 0), error="shutdown")
                     raise
             sub.control.detach()
+            engine.note_live_tokens()
             if scope.cancelled_caught:
                 live = engine.live
-                log_request(log, sub, outcome="cancelled", arrived_at=adm.arrived_at,
-                            reused=0, error=None)
+                log_request(log, sub, metrics=engine.metrics, outcome="cancelled", arrived_at=adm.arrived_at,
+                            reused=progress.get("reused", 0))
                 log.info("prefill_cancelled", request_id=sub.request_id,
                          state_tokens=0 if live is None else int(live.n_tokens))
                 reply_nowait(sub, CancelAck(sub.request_id))
                 await to_admission.send(Finished(sub.request_id, "cancelled"))
             elif error is not None:
                 log.error("prefill_failed", request_id=sub.request_id, error=error)
-                log_request(log, sub, outcome="error", arrived_at=adm.arrived_at, reused=0, error=error)
+                log_request(log, sub, metrics=engine.metrics, outcome="error", arrived_at=adm.arrived_at,
+                            reused=0, error=error)
                 reply_nowait(sub, Failed(error))
                 await to_admission.send(Finished(sub.request_id, "error"))
             else:

@@ -34,5 +34,6 @@ async def start_engine(nursery: trio.Nursery, engine: Engine, *, queue_size: int
     await nursery.start(partial(decode_worker, dec_recv, adm_send.clone(), engine=engine,
                                 new_stream_decoder=new_stream_decoder, log=log))
     await nursery.start(partial(prefill_worker, pre_recv, dec_send, adm_send.clone(), engine=engine, log=log))
-    await nursery.start(partial(admission, adm_recv, pre_send, queue_size=queue_size, log=log))
+    await nursery.start(partial(admission, adm_recv, pre_send, queue_size=queue_size, log=log,
+                                metrics=engine.metrics))
     return adm_send

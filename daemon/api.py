@@ -31,7 +31,7 @@ REPLY_BUFFER = 64  # tokens may run ahead of a slow client by this much; then de
 class API:
     def __init__(self, *, inbox: trio.MemorySendChannel, tokenizer, renderer, model_id: str,
                  context_length: int, vocab_size: int, max_tokens_default: int, fingerprint: str,
-                 log, api_key: str | None = None) -> None:
+                 log, api_key: str | None = None, metrics=None) -> None:
         self.inbox = inbox
         self.tok = tokenizer
         self.renderer = renderer
@@ -42,6 +42,7 @@ class API:
         self.fingerprint = "fp_" + fingerprint[:12]
         self.log = log
         self.api_key = api_key
+        self.metrics = metrics
         self.created = int(time.time())
         self._ids = itertools.count(1)
         self._prefix = secrets.token_hex(4)
@@ -86,6 +87,7 @@ class API:
         routes = {
             ("GET", "/health"): self._health,
             ("GET", "/v1/models"): self._models,
+            ("GET", "/metrics"): self._metrics,
             ("POST", "/v1/chat/completions"): self._chat,
             ("POST", "/v1/completions"): self._completions,
         }
@@ -112,6 +114,15 @@ class API:
 
     async def _health(self, scope, receive, send) -> None:
         await send_json(send, 200, {"status": "ok", "model": self.model_id})
+
+    async def _metrics(self, scope, receive, send) -> None:
+        from .metrics import CONTENT_TYPE
+
+        body = (self.metrics.render() if self.metrics is not None else "").encode()
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-type", CONTENT_TYPE.encode()),
+                                (b"content-length", str(len(body)).encode())]})
+        await send({"type": "http.response.body", "body": body})
 
     async def _models(self, scope, receive, send) -> None:
         await send_json(send, 200, {"object": "list", "data": [self._model_card()]})

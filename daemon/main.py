@@ -65,8 +65,11 @@ async def run_daemon(settings: Settings, loaded: Loaded, *, handle_signals: bool
     from .server import make_sockets
 
     log = get_logger()
+    from .metrics import Metrics
+
     engine = Engine(loaded.kernel, loaded.model, loaded.tokenizer, loaded.context_length,
-                    segment=settings.segment, chunk=settings.chunk)
+                    segment=settings.segment, chunk=settings.chunk,
+                    metrics=Metrics(tiers=("ram", "disk") if settings.disk_checkpoints else ("ram",)))
     model_id = settings.served_model_name or loaded.name
     # Socket activation: systemd (cairn.socket) passes the listening Unix socket; then it owns the path.
     inherited = [sock for _, sock in systemd.listen_fds()] if handle_signals else []
@@ -95,7 +98,7 @@ async def _serve_all(settings, loaded, engine, model_id, sockets, log, handle_si
         api = API(inbox=inbox, tokenizer=loaded.tokenizer, renderer=loaded.renderer, model_id=model_id,
                   context_length=loaded.context_length, vocab_size=int(loaded.model.vocab_size),
                   max_tokens_default=settings.max_tokens_default, fingerprint=loaded.fingerprint, log=log,
-                  api_key=settings.api_key)
+                  api_key=settings.api_key, metrics=engine.metrics)
         binds = await nursery.start(serve_http, api, sockets)
         log.info("listening", binds=binds, model=model_id)
         if handle_signals:

@@ -204,3 +204,20 @@ async def test_completions_echo_logprobs_match_kernel_logits(loaded, tmp_path):
     assert r["usage"]["completion_tokens"] == 0 and r["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
     best = max(lp["top_logprobs"][5].values())
     assert abs(best - want[4].max()) < 1e-4
+
+
+async def test_metrics_count_reused_and_computed_tokens(loaded, tmp_path):
+    sock = tmp_path / "c.sock"
+    p1 = [int(t) for t in RNG.integers(20, 500, size=100)]
+    with trio.fail_after(60), capture_logs():
+        async with daemon(loaded, sock):
+            r1 = (await request(sock, "POST", "/v1/completions", _cmpl(p1, max_tokens=1))).json()
+            await request(sock, "POST", "/v1/completions", _cmpl(p1 + [30, 31], max_tokens=1))
+            m = await request(sock, "GET", "/metrics")
+    text = m.body.decode()
+    assert m.status == 200 and m.headers["content-type"].startswith("text/plain")
+    assert 'cairn_prefill_tokens_total{kind="reused"} 100' in text
+    assert 'cairn_prefill_tokens_total{kind="computed"} 102' in text
+    assert 'cairn_requests_total{outcome="done"} 2' in text
+    assert "cairn_live_state_tokens 102" in text
+    assert r1["usage"]["completion_tokens"] == 1
