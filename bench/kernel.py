@@ -59,19 +59,23 @@ def bench_kernel(path: str, threads: int, lengths: list[int], chunk: int, n_deco
     for n in lengths:
         tokens = rng.integers(0, model.vocab_size, n, dtype=np.int32)
         state = K.State(model)
+        K._profile(True)
         t = _now()
         done, logits = K.prefill(state, tokens, chunk=chunk)
         dt = _now() - t
         assert done == n
-        out["prefill"][n] = {"tok_s": n / dt, "s": dt}
+        out["prefill"][n] = {"tok_s": n / dt, "s": dt,
+                             "sections_s": {k: round(v, 3) for k, v in K._profile(True).items()}}
         print(f"  kernel prefill {n:6d}: {n / dt:8.1f} tok/s ({dt:.2f} s)", file=sys.stderr)
     tok = int(logits.argmax())
+    K._profile(True)
     t = _now()
     for _ in range(n_decode):
         tok = int(K.decode(state, tok).argmax())
     dt = _now() - t
     out["decode_tok_s"] = n_decode / dt
     out["decode_at"] = lengths[-1]
+    out["decode_sections_s"] = {k: round(v, 3) for k, v in K._profile(True).items()}
     t = _now()
     blob = state.snapshot()
     out["snapshot_s"] = _now() - t

@@ -12,6 +12,8 @@
 
 #include <cstring>
 #include <sstream>
+#include <sched.h>
+
 #include <thread>
 
 #include "bind.h"
@@ -211,7 +213,9 @@ Config parse_config(const py::dict& d) {
 BoundModel::BoundModel(py::dict config, py::dict weights, std::string fp, int nthreads, bool batched) {
   cfg = parse_config(config);
   fingerprint = std::move(fp);
-  int hw = (int)std::thread::hardware_concurrency();
+  // all cores this process may run on (affinity mask), not every core of the machine
+  cpu_set_t set;
+  int hw = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : (int)std::thread::hardware_concurrency();
   if (nthreads < 0) throw py::value_error("threads must be >= 0");
   threads = nthreads == 0 ? std::max(1, hw) : nthreads;
   batched_indexer = batched;

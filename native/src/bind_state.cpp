@@ -119,8 +119,10 @@ void register_state(py::module_& m) {
         return out;
       }, "Owned, versioned, self-describing blob of the whole state.")
       .def_static("restore", [](std::shared_ptr<BoundModel> model, py::buffer blob) {
+        if (!model) throw KernelError("model must not be None");
         py::buffer_info info = blob.request();
-        if (info.itemsize != 1 && info.ndim != 1) throw KernelError("blob must be a bytes-like object");
+        if (info.ndim != 1 || info.strides[0] != info.itemsize)
+          throw KernelError("blob must be a contiguous 1-D bytes-like object");
         const uint8_t* p = (const uint8_t*)info.ptr;
         size_t n = (size_t)(info.size * info.itemsize);
         std::unique_ptr<PyState> out;

@@ -140,3 +140,14 @@ def test_restore_rejects_foreign_fingerprint(small_oracle, blob):
     other = K.Model(small_oracle.config, small_oracle.weights, "someone-else", 1)
     with pytest.raises(K.KernelError, match="different model"):
         K.State.restore(other, blob)
+
+
+def test_restore_rejects_none_model_and_strided_buffer(small_oracle, blob):
+    with pytest.raises((ValueError, TypeError)):
+        K.State.restore(None, blob)
+    arr = np.frombuffer(blob, dtype=np.uint8)[::2]
+    with pytest.raises(ValueError, match="contiguous"):
+        K.State.restore(small_oracle.model(), memoryview(arr))
+    # bytearray and memoryview of a contiguous buffer are accepted
+    assert K.State.restore(small_oracle.model(), bytearray(blob)).n_tokens == 131
+    assert K.State.restore(small_oracle.model(), memoryview(blob)).n_tokens == 131
