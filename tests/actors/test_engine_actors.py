@@ -102,3 +102,33 @@ async def test_tcp_requires_api_key_unix_socket_does_not(tiny_model_dir, tmp_pat
                 ok = await c.get("/v1/models", headers={"Authorization": "Bearer sekrit"})
                 assert ok.status_code == 200
             assert (await request(sock, "GET", "/v1/models")).status == 200
+
+
+async def test_served_model_name_and_other_model_404(tiny_model_dir, tmp_path):
+    loaded = fake_loaded(tiny_model_dir)
+    sock = tmp_path / "c.sock"
+    with trio.fail_after(30), capture_logs():
+        async with daemon(loaded, sock, served_model_name="deepseek-v4-local"):
+            models = (await request(sock, "GET", "/v1/models")).json()
+            wrong = await request(sock, "POST", "/v1/completions", {"model": "tiny", "prompt": [5], "max_tokens": 1})
+            right = await request(sock, "POST", "/v1/completions",
+                                  {"model": "deepseek-v4-local", "prompt": [5], "max_tokens": 1})
+    assert [m["id"] for m in models["data"]] == ["deepseek-v4-local"]
+    assert wrong.status == 404 and wrong.json()["error"]["code"] == "model_not_found"
+    assert right.status == 200 and right.json()["model"] == "deepseek-v4-local"
+
+
+async def test_streamed_chat_logprobs_match_non_streamed(tiny_model_dir, tmp_path):
+    loaded = fake_loaded(tiny_model_dir)
+    sock = tmp_path / "c.sock"
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 6, "temperature": 0,
+            "logprobs": True, "top_logprobs": 3}
+    with trio.fail_after(30), capture_logs():
+        async with daemon(loaded, sock):
+            full = (await request(sock, "POST", "/v1/chat/completions", body)).json()
+            stream = (await request(sock, "POST", "/v1/chat/completions", {**body, "stream": True})).events()
+    entries = [e for ev in stream[:-1] if ev["choices"] and ev["choices"][0]["logprobs"]
+               for e in ev["choices"][0]["logprobs"]["content"]]
+    assert entries == full["choices"][0]["logprobs"]["content"]
+    assert len(entries) == 6 and all(len(e["top_logprobs"]) == 3 for e in entries)
+    assert stream[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
