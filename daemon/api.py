@@ -11,18 +11,17 @@ not turn a finished request into a cancelled one.
 from __future__ import annotations
 
 import itertools
-import os
 import secrets
 import time
 
 import trio
 
-from cairn.actors.messages import (Cancel, CancelAck, Done, Failed, Rejected, RequestControl, Sampling,
-                                   Started, Submit, TokenOut)
+from cairn.actors.messages import (Cancel, CancelAck, Done, Failed, Rejected, RequestControl, Sampling, Started,
+                                   Submit, TokenOut)
 
-from . import formats
 from .chat import ChatTemplateError
-from .http import end_sse, read_body, send_error, send_event, send_json, start_sse
+from .http import read_body, send_error, send_json
+from .responders import ChatJSON, ChatStream, CompletionOut
 from .schemas import APIError, CommonParams, parse_chat, parse_completion, parse_json_body
 
 REPLY_BUFFER = 64  # tokens may run ahead of a slow client by this much; then decode waits for it
@@ -173,7 +172,7 @@ class API:
         budget = self._budget(len(ids), req.common.max_tokens, "messages")
         rid = self._new_id("chatcmpl")
         sampling = self._sampling(req.common, budget, req.logprobs, req.top_logprobs)
-        out = _ChatStream(self, rid, req) if req.common.stream else _ChatJSON(self, rid, req)
+        out = ChatStream(self, rid, req) if req.common.stream else ChatJSON(self, rid, req)
         await self._drive(receive, send, rid, ids, hint, sampling, False, out)
 
     def _render_chat(self, req) -> tuple[list[int], int | None]:
@@ -202,7 +201,7 @@ class API:
         rid = self._new_id("cmpl")
         want_lp = req.logprobs is not None
         sampling = self._sampling(req.common, budget, want_lp, req.logprobs or 0)
-        out = _Completion(self, rid, req, ids)
+        out = CompletionOut(self, rid, req, ids)
         await self._drive(receive, send, rid, ids, None, sampling, want_lp and req.echo, out)
 
     # --- the request's life -------------------------------------------------------------------
@@ -254,125 +253,3 @@ async def _watch_disconnect(receive, scope: trio.CancelScope) -> None:
         if msg["type"] == "http.disconnect":
             scope.cancel()
             return
-
-
-# --- responders: one per endpoint and mode ----------------------------------------------------------
-
-class _Base:
-    def __init__(self, api: API, rid: str) -> None:
-        self.api, self.rid = api, rid
-        self.started_http = False
-
-    async def failed(self, send, err: APIError) -> None:
-        if not self.started_http:
-            await send_error(send, err)
-        else:
-            await send_event(send, err.body())
-            await end_sse(send)
-
-
-class _ChatJSON(_Base):
-    def __init__(self, api, rid, req) -> None:
-        super().__init__(api, rid)
-        self.req = req
-        self.text: list[str] = []
-        self.logprobs: list | None = [] if req.logprobs else None
-
-    async def start(self, send, msg: Started) -> None:
-        pass
-
-    async def token(self, send, t: TokenOut) -> None:
-        self.text.append(t.text)
-        if self.logprobs is not None:
-            self.logprobs.append(formats.chat_logprob(self.api.tok, t.token_id, t.logprob, t.top))
-
-    async def done(self, send, d: Done) -> None:
-        self.text.append(d.text_tail)
-        body = formats.chat_completion(self.rid, int(time.time()), self.api.model_id, "".join(self.text),
-                                       d.finish_reason, d.usage, self.logprobs, self.api.fingerprint)
-        await send_json(send, 200, body)
-
-
-class _ChatStream(_Base):
-    def __init__(self, api, rid, req) -> None:
-        super().__init__(api, rid)
-        self.req = req
-        self.created = int(time.time())
-
-    def _chunk(self, delta, **kw) -> dict:
-        return formats.chat_chunk(self.rid, self.created, self.api.model_id, delta,
-                                  fingerprint=self.api.fingerprint, **kw)
-
-    async def start(self, send, msg: Started) -> None:
-        await start_sse(send)
-        self.started_http = True
-        await send_event(send, self._chunk({"role": "assistant", "content": ""}))
-
-    async def token(self, send, t: TokenOut) -> None:
-        if not t.text and not self.req.logprobs:
-            return
-        lp = [formats.chat_logprob(self.api.tok, t.token_id, t.logprob, t.top)] if self.req.logprobs else None
-        await send_event(send, self._chunk({"content": t.text}, logprobs=lp))
-
-    async def done(self, send, d: Done) -> None:
-        if d.text_tail:
-            await send_event(send, self._chunk({"content": d.text_tail}))
-        await send_event(send, self._chunk({}, finish=d.finish_reason))
-        if self.req.common.include_usage:
-            await send_event(send, self._chunk({}, usage=d.usage, no_choices=True))
-        await end_sse(send)
-
-
-class _Completion(_Base):
-    def __init__(self, api, rid, req, ids) -> None:
-        super().__init__(api, rid)
-        self.req, self.ids = req, ids
-        self.stream = req.common.stream
-        self.created = int(time.time())
-        self.prompt_text = req.prompt_text if req.prompt_text is not None else api.tok.decode(ids)
-        self.text: list[str] = [self.prompt_text] if req.echo else []
-        self.lp = formats.LegacyLogprobs(api.tok) if req.logprobs is not None else None
-
-    def _body(self, text, finish=None, usage=None, logprobs=None) -> dict:
-        return formats.completion(self.rid, self.created, self.api.model_id, text, finish, usage, logprobs,
-                                  self.api.fingerprint, chunk=self.stream)
-
-    async def start(self, send, msg: Started) -> None:
-        echo_lp = None
-        if self.req.echo and self.lp is not None:
-            pl = msg.prompt_logprobs
-            for i, t in enumerate(self.ids):
-                lp = None if pl is None or i == 0 else pl.logprobs[i]
-                top = () if pl is None or i == 0 else pl.top[i]
-                self.lp.add(t, lp, top)
-            echo_lp = self.lp.as_dict()
-        if self.stream:
-            await start_sse(send)
-            self.started_http = True
-            if self.req.echo:
-                await send_event(send, self._body(self.prompt_text, logprobs=echo_lp))
-
-    async def token(self, send, t: TokenOut) -> None:
-        piece = None
-        if self.lp is not None:
-            piece = self.lp.add(t.token_id, t.logprob, t.top)
-        if self.stream:
-            if t.text or piece is not None:
-                await send_event(send, self._body(t.text, logprobs=piece))
-        else:
-            self.text.append(t.text)
-
-    async def done(self, send, d: Done) -> None:
-        if self.stream:
-            if d.text_tail:
-                await send_event(send, self._body(d.text_tail))
-            await send_event(send, self._body("", finish=d.finish_reason))
-            if self.req.common.include_usage:
-                body = self._body("", usage=d.usage)
-                body["choices"] = []
-                await send_event(send, body)
-            await end_sse(send)
-            return
-        self.text.append(d.text_tail)
-        await send_json(send, 200, self._body("".join(self.text), d.finish_reason, d.usage,
-                                              None if self.lp is None else self.lp.as_dict()))

@@ -1,0 +1,135 @@
+"""Responders: engine replies -> the HTTP response, one class per endpoint and mode.
+
+Each gets `start` (prefill done), `token`, then exactly one of `done` / `failed`. The API object gives
+them the tokenizer, the model id and the fingerprint; JSON shapes come from formats.py.
+"""
+
+from __future__ import annotations
+
+import time
+
+from cairn.actors.messages import Done, Started, TokenOut
+
+from . import formats
+from .http import end_sse, send_error, send_event, send_json, start_sse
+from .schemas import APIError
+
+
+class Responder:
+    def __init__(self, api, rid: str) -> None:
+        self.api, self.rid = api, rid
+        self.started_http = False
+
+    async def failed(self, send, err: APIError) -> None:
+        if not self.started_http:
+            await send_error(send, err)
+        else:
+            await send_event(send, err.body())
+            await end_sse(send)
+
+
+class ChatJSON(Responder):
+    def __init__(self, api, rid, req) -> None:
+        super().__init__(api, rid)
+        self.req = req
+        self.text: list[str] = []
+        self.logprobs: list | None = [] if req.logprobs else None
+
+    async def start(self, send, msg: Started) -> None:
+        pass
+
+    async def token(self, send, t: TokenOut) -> None:
+        self.text.append(t.text)
+        if self.logprobs is not None:
+            self.logprobs.append(formats.chat_logprob(self.api.tok, t.token_id, t.logprob, t.top))
+
+    async def done(self, send, d: Done) -> None:
+        self.text.append(d.text_tail)
+        body = formats.chat_completion(self.rid, int(time.time()), self.api.model_id, "".join(self.text),
+                                       d.finish_reason, d.usage, self.logprobs, self.api.fingerprint)
+        await send_json(send, 200, body)
+
+
+class ChatStream(Responder):
+    def __init__(self, api, rid, req) -> None:
+        super().__init__(api, rid)
+        self.req = req
+        self.created = int(time.time())
+
+    def _chunk(self, delta, **kw) -> dict:
+        return formats.chat_chunk(self.rid, self.created, self.api.model_id, delta,
+                                  fingerprint=self.api.fingerprint, **kw)
+
+    async def start(self, send, msg: Started) -> None:
+        await start_sse(send)
+        self.started_http = True
+        await send_event(send, self._chunk({"role": "assistant", "content": ""}))
+
+    async def token(self, send, t: TokenOut) -> None:
+        if not t.text and not self.req.logprobs:
+            return
+        lp = [formats.chat_logprob(self.api.tok, t.token_id, t.logprob, t.top)] if self.req.logprobs else None
+        await send_event(send, self._chunk({"content": t.text}, logprobs=lp))
+
+    async def done(self, send, d: Done) -> None:
+        if d.text_tail:
+            await send_event(send, self._chunk({"content": d.text_tail}))
+        await send_event(send, self._chunk({}, finish=d.finish_reason))
+        if self.req.common.include_usage:
+            await send_event(send, self._chunk({}, usage=d.usage, no_choices=True))
+        await end_sse(send)
+
+
+class CompletionOut(Responder):
+    def __init__(self, api, rid, req, ids) -> None:
+        super().__init__(api, rid)
+        self.req, self.ids = req, ids
+        self.stream = req.common.stream
+        self.created = int(time.time())
+        self.prompt_text = req.prompt_text if req.prompt_text is not None else api.tok.decode(ids)
+        self.text: list[str] = [self.prompt_text] if req.echo else []
+        self.lp = formats.LegacyLogprobs(api.tok) if req.logprobs is not None else None
+
+    def _body(self, text, finish=None, usage=None, logprobs=None) -> dict:
+        return formats.completion(self.rid, self.created, self.api.model_id, text, finish, usage, logprobs,
+                                  self.api.fingerprint, chunk=self.stream)
+
+    async def start(self, send, msg: Started) -> None:
+        echo_lp = None
+        if self.req.echo and self.lp is not None:
+            pl = msg.prompt_logprobs
+            for i, t in enumerate(self.ids):
+                lp = None if pl is None or i == 0 else pl.logprobs[i]
+                top = () if pl is None or i == 0 else pl.top[i]
+                self.lp.add(t, lp, top)
+            echo_lp = self.lp.as_dict()
+        if self.stream:
+            await start_sse(send)
+            self.started_http = True
+            if self.req.echo:
+                await send_event(send, self._body(self.prompt_text, logprobs=echo_lp))
+
+    async def token(self, send, t: TokenOut) -> None:
+        piece = None
+        if self.lp is not None:
+            piece = self.lp.add(t.token_id, t.logprob, t.top)
+        if self.stream:
+            if t.text or piece is not None:
+                await send_event(send, self._body(t.text, logprobs=piece))
+        else:
+            self.text.append(t.text)
+
+    async def done(self, send, d: Done) -> None:
+        if self.stream:
+            if d.text_tail:
+                await send_event(send, self._body(d.text_tail))
+            await send_event(send, self._body("", finish=d.finish_reason))
+            if self.req.common.include_usage:
+                body = self._body("", usage=d.usage)
+                body["choices"] = []
+                await send_event(send, body)
+            await end_sse(send)
+            return
+        self.text.append(d.text_tail)
+        await send_json(send, 200, self._body("".join(self.text), d.finish_reason, d.usage,
+                                              None if self.lp is None else self.lp.as_dict()))
