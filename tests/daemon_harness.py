@@ -6,22 +6,12 @@ import json
 from contextlib import asynccontextmanager
 from pathlib import Path
 
-import pytest
 import trio
 
 from cairn.daemon.config import load_settings
 from cairn.daemon.main import Loaded, run_daemon
 
 
-def real_kernel_available() -> bool:
-    try:
-        from cairn import _kernel
-    except ImportError:
-        return False
-    return all(hasattr(_kernel, n) for n in ("Model", "State", "AbortFlag", "prefill", "decode", "MAX_CHUNK"))
-
-
-needs_real_kernel = pytest.mark.skipif(not real_kernel_available(), reason="cairn._kernel not built yet")
 
 
 def fake_loaded(model_dir: Path, **fake_kw) -> Loaded:

@@ -11,10 +11,9 @@ import pytest
 import trio
 from structlog.testing import capture_logs
 
-from daemon_harness import (daemon, needs_real_kernel, open_request, real_loaded, reference_greedy, request,
+from daemon_harness import (daemon, open_request, real_loaded, reference_greedy, request,
                             token_strings, wait_for_event)
 
-pytestmark = needs_real_kernel
 
 RNG = np.random.default_rng(7)
 LONG = [int(t) for t in RNG.integers(20, 500, size=12000)]   # several seconds of prefill on the tiny model

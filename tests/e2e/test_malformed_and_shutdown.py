@@ -14,9 +14,8 @@ import pytest
 import trio
 from structlog.testing import capture_logs
 
-from daemon_harness import daemon, needs_real_kernel, open_request, real_loaded, request
+from daemon_harness import daemon, open_request, real_loaded, request
 
-pytestmark = needs_real_kernel
 
 CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
 CMPL = {"model": "tiny", "prompt": "hello", "max_tokens": 2}

@@ -3,15 +3,12 @@
 from __future__ import annotations
 
 import os
-import shutil
 import socket
 import subprocess
 import sys
 import time
 
-import pytest
 
-from daemon_harness import needs_real_kernel
 
 CAIRN = [sys.executable, "-m", "cairn.daemon.cli", "serve"]
 
@@ -35,8 +32,6 @@ def _get(path: str, url: str = "/health") -> bytes:
     return data
 
 
-@needs_real_kernel
-@pytest.mark.skipif(shutil.which("systemd-socket-activate") is None, reason="needs systemd-socket-activate")
 def test_socket_activation_and_ready_notification(tiny_model_dir, tmp_path):
     sock, notify = tmp_path / "api.sock", tmp_path / "notify.sock"
     n = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
