@@ -37,7 +37,10 @@ static inline float index_score(const float* q /*[nI,Di]*/, const float* wts /*[
   return acc;
 }
 
-// For each query i, fills sel[i] with the selected entry indices (ascending).
+// For each query i, fills sel[i] with the selected entry indices (ascending). Queries are
+// handled in blocks of kQB so the score buffer stays [kQB, T] however long the context.
+static constexpr int kQB = 32;
+
 static void indexer_select(const Model& m, const LayerState& ls, const float* qI /*[S,nI*Di]*/,
                            const float* wI /*[S,nI]*/, int S, int64_t pos0,
                            std::vector<std::vector<int>>& sel) {
@@ -46,52 +49,57 @@ static void indexer_select(const Model& m, const LayerState& ls, const float* qI
   const int64_t T = ls.icomp.n_entries();
   const float* keys = ls.icomp.entries.data();
   const float ss = 1.f / std::sqrt((float)Di), ws = 1.f / std::sqrt((float)nI);
-  std::vector<int64_t> Ti(S);
-  int64_t Tmax = 0;
-  for (int i = 0; i < S; ++i) {
-    Ti[i] = std::min<int64_t>(T, (pos0 + i + 1) / R);
-    Tmax = std::max(Tmax, Ti[i]);
-  }
-  sel.assign(S, {});
   const int nt = m.threads;
-  // scores [S, Tmax]; only rows whose causal count exceeds K need scoring
-  std::vector<float> sc;
-  bool any = false;
-  for (int i = 0; i < S; ++i) any |= Ti[i] > K;
-  if (any) {
-    sc.assign((size_t)S * Tmax, 0.f);
-    if (m.batched_indexer) {
-#pragma omp parallel for num_threads(nt) schedule(static)
-      for (int64_t s = 0; s < Tmax; ++s)
-        for (int i = 0; i < S; ++i)
-          if (Ti[i] > K && s < Ti[i])
-            sc[(size_t)i * Tmax + s] = index_score(qI + (size_t)i * nI * Di, wI + (size_t)i * nI,
-                                                   keys + (size_t)s * Di, nI, Di, ss, ws);
-    } else {
-#pragma omp parallel for num_threads(nt) schedule(static)
-      for (int i = 0; i < S; ++i)
-        if (Ti[i] > K)
-          for (int64_t s = 0; s < Ti[i]; ++s)
-            sc[(size_t)i * Tmax + s] = index_score(qI + (size_t)i * nI * Di, wI + (size_t)i * nI,
-                                                   keys + (size_t)s * Di, nI, Di, ss, ws);
+  sel.assign(S, {});
+  std::vector<float> sc;  // [qb, Tmax] scores of the current query block
+  for (int b0 = 0; b0 < S; b0 += kQB) {
+    const int qb = std::min(kQB, S - b0);
+    int64_t Ti[kQB], Tmax = 0;
+    bool any = false;
+    for (int a = 0; a < qb; ++a) {
+      Ti[a] = std::min<int64_t>(T, (pos0 + b0 + a + 1) / R);
+      Tmax = std::max(Tmax, Ti[a]);
+      any |= Ti[a] > K;
     }
-  }
-#pragma omp parallel for num_threads(nt) schedule(static)
-  for (int i = 0; i < S; ++i) {
-    std::vector<int>& out = sel[i];
-    if (Ti[i] <= K) {
-      out.resize(Ti[i]);
-      std::iota(out.begin(), out.end(), 0);
-      continue;
+    if (any) {
+      sc.assign((size_t)qb * Tmax, 0.f);
+      if (m.batched_indexer) {  // entries outer: each key row is loaded once for the block
+#pragma omp parallel for num_threads(nt) schedule(static) if ((int64_t)qb * Tmax * nI * Di > kParMinWork)
+        for (int64_t s = 0; s < Tmax; ++s)
+          for (int a = 0; a < qb; ++a)
+            if (Ti[a] > K && s < Ti[a]) {
+              const int i = b0 + a;
+              sc[(size_t)a * Tmax + s] = index_score(qI + (size_t)i * nI * Di, wI + (size_t)i * nI,
+                                                     keys + (size_t)s * Di, nI, Di, ss, ws);
+            }
+      } else {  // one query at a time
+#pragma omp parallel for num_threads(nt) schedule(dynamic, 1) if ((int64_t)qb * Tmax * nI * Di > kParMinWork)
+        for (int a = 0; a < qb; ++a)
+          if (Ti[a] > K)
+            for (int64_t s = 0; s < Ti[a]; ++s) {
+              const int i = b0 + a;
+              sc[(size_t)a * Tmax + s] = index_score(qI + (size_t)i * nI * Di, wI + (size_t)i * nI,
+                                                     keys + (size_t)s * Di, nI, Di, ss, ws);
+            }
+      }
     }
-    const float* row = sc.data() + (size_t)i * Tmax;
-    std::vector<int> idx(Ti[i]);
-    std::iota(idx.begin(), idx.end(), 0);
-    auto better = [row](int a, int b) { return row[a] > row[b] || (row[a] == row[b] && a < b); };
-    std::nth_element(idx.begin(), idx.begin() + K, idx.end(), better);
-    idx.resize(K);
-    std::sort(idx.begin(), idx.end());
-    out = std::move(idx);
+#pragma omp parallel for num_threads(nt) schedule(static) if (qb > 1 && (int64_t)qb * Tmax > 4096)
+    for (int a = 0; a < qb; ++a) {
+      std::vector<int>& out = sel[b0 + a];
+      if (Ti[a] <= K) {
+        out.resize(Ti[a]);
+        std::iota(out.begin(), out.end(), 0);
+        continue;
+      }
+      const float* row = sc.data() + (size_t)a * Tmax;
+      std::vector<int> idx(Ti[a]);
+      std::iota(idx.begin(), idx.end(), 0);
+      auto better = [row](int x, int y) { return row[x] > row[y] || (row[x] == row[y] && x < y); };
+      std::nth_element(idx.begin(), idx.begin() + K, idx.end(), better);
+      idx.resize(K);
+      std::sort(idx.begin(), idx.end());
+      out = std::move(idx);
+    }
   }
 }
 
@@ -177,7 +185,9 @@ void attention_block(const Model& m, int layer, LayerState& ls, const float* x, 
   const int64_t nent = ls.comp.n_entries();
   const int hgroups = S >= nt ? 1 : std::min(H, nt);
   const int hper = (H + hgroups - 1) / hgroups;
-#pragma omp parallel num_threads(nt)
+  const int64_t extra_keys = type == AttnType::HCA ? nent : type == AttnType::CSA ? std::min<int64_t>(nent, c.topk) : 0;
+  const int64_t attn_work = (int64_t)S * H * Dh * (std::min<int64_t>(W, pos0 + S) + extra_keys);
+#pragma omp parallel num_threads(nt) if (attn_work > kParMinWork)
   {
     std::vector<float> kc, sc;
 #pragma omp for schedule(dynamic, 1)

@@ -35,7 +35,7 @@ static void hc_pre(const Model& m, const float* fn, const float* base, const flo
     rmsnorm(h, nullptr, xn.data(), ND, c.rms_eps);
     matmul(xn.data(), 1, ND, ND, fn, NM, mix.data(), NM, m.threads);
   }
-#pragma omp parallel for num_threads(m.threads) schedule(static) if (S > 1)
+#pragma omp parallel for num_threads(m.threads) schedule(static) if (S > 1 && (int64_t)S * ND * NM > kParMinWork)
   for (int i = 0; i < S; ++i) {
     float* mx = &mix[(size_t)i * NM];
     if (S > 1) {
@@ -86,7 +86,7 @@ static void hc_pre(const Model& m, const float* fn, const float* base, const flo
 static void hc_post(const Model& m, float* h, const float* y, const float* post, const float* comb, int S) {
   ProfScope ps(P_HC);
   const int N = m.cfg.N, D = m.cfg.D;
-#pragma omp parallel num_threads(m.threads) if (S > 1)
+#pragma omp parallel num_threads(m.threads) if (S > 1 && (int64_t)S * N * N * D > kParMinWork)
   {
     std::vector<float> tmp((size_t)N * D), acc(D);
 #pragma omp for schedule(static)

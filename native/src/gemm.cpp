@@ -79,7 +79,7 @@ void matmul(const float* X, int M, int K, int ldx, const float* W, int N, float*
   if (M <= 0 || N <= 0) return;
   int T = std::max(1, threads);
   if (M == 1) {
-    if (T == 1 || (int64_t)N * K < 32768) {
+    if (T == 1 || (int64_t)N * K < kParMinWork) {
       gemv_rows(X, K, W, 0, N, Y);
       return;
     }
@@ -92,7 +92,7 @@ void matmul(const float* X, int M, int K, int ldx, const float* W, int N, float*
     }
     return;
   }
-  if (T == 1 || (int64_t)M * N * K < (1 << 18)) {
+  if (T == 1 || (int64_t)M * N * K < 2 * kParMinWork) {
     scipy_cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, N, K, 1.f, X, ldx, W, K, 0.f, Y, ldy);
     return;
   }

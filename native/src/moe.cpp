@@ -105,7 +105,9 @@ void moe_block(const Model& m, int layer, const float* x, const int32_t* tokens,
     n0 = std::min(n, s * per);
     n1 = std::min(n, n0 + per);
   };
-#pragma omp parallel num_threads(nt)
+  int64_t work = 0;
+  for (const Job& j : jobs) work += (int64_t)3 * j.M * j.w1->out * D;
+#pragma omp parallel num_threads(nt) if (work > kParMinWork)
   {
 #pragma omp for schedule(dynamic, 1)
     for (int t = 0; t < ntask; ++t) {

@@ -7,6 +7,10 @@
 
 namespace cairn {
 
+// Parallel regions are only opened for at least this many multiply-adds: below it the fork/join
+// (and, on an oversubscribed machine, waiting for a descheduled thread) costs more than it saves.
+constexpr int64_t kParMinWork = 1 << 17;
+
 // Y[M, N] (ldy) = X[M, K] (ldx) * W[N, K]^T (ldw = K). M == 1 uses the AVX2 GEMV;
 // otherwise OpenBLAS sgemm (single-threaded) with N split across OpenMP threads.
 // Deterministic for a given (M, N, K, threads).
