@@ -5,7 +5,7 @@ import pytest
 
 import cairn._kernel as K
 
-from conftest import N_DECODE, PROMPT_LEN
+from hf_oracle import N_DECODE, PROMPT_LEN
 
 TOL = 1e-4
 

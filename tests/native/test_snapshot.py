@@ -10,7 +10,7 @@ import pytest
 
 import cairn._kernel as K
 
-from conftest import PROMPT_LEN
+from hf_oracle import PROMPT_LEN
 
 CHUNK = 37
 
@@ -62,8 +62,8 @@ def test_restore_in_fresh_process(small_oracle, uninterrupted, tmp_path):
     script = textwrap.dedent(f"""
         import sys, numpy as np
         sys.path.insert(0, {os.path.dirname(__file__)!r})
-        import conftest, cairn._kernel as K
-        _, cfg, w, fp, _ = conftest.model_inputs({small_oracle.name!r})
+        import hf_oracle, cairn._kernel as K
+        _, cfg, w, fp, _ = hf_oracle.model_inputs({small_oracle.name!r})
         m = K.Model(cfg, w, fp, 2)  # same threads as the in-process run
         st = K.State.restore(m, open({str(tmp_path / "state.bin")!r}, "rb").read())
         n, lg = K.prefill(st, np.load({str(tmp_path / "rest.npy")!r}), chunk={CHUNK}, all_logits=True)
