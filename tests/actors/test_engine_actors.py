@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import socket
 
-import pytest
 import trio
 from structlog.testing import capture_logs
 
@@ -19,7 +18,7 @@ def _free_port() -> int:
 
 
 async def test_cancel_ack_before_next_admission_and_kernel_stops_within_one_chunk(tiny_model_dir, tmp_path):
-    loaded = fake_loaded(tiny_model_dir, chunk_delay=0.02)
+    loaded = fake_loaded(tiny_model_dir, chunk_delay=0.1  # a chunk long enough that disconnect detection under load fits in it)
     model = loaded.model
     sock = tmp_path / "c.sock"
     with trio.fail_after(30), capture_logs() as events:
