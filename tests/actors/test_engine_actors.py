@@ -19,7 +19,8 @@ def _free_port() -> int:
 
 async def test_cancel_ack_before_next_admission_and_kernel_stops_within_one_chunk(tiny_model_dir, tmp_path):
     loaded = fake_loaded(tiny_model_dir, chunk_delay=0.1  # a chunk long enough that disconnect detection under load fits in it)
-    model = loaded.model
+    # A chunk long enough that disconnect detection on a loaded machine fits inside it.
+    loaded = fake_loaded(tiny_model_dir, chunk_delay=0.1)
     sock = tmp_path / "c.sock"
     with trio.fail_after(30), capture_logs() as events:
         async with daemon(loaded, sock, chunk=4, segment=4096):
