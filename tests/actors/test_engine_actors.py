@@ -18,7 +18,6 @@ def _free_port() -> int:
 
 
 async def test_cancel_ack_before_next_admission_and_kernel_stops_within_one_chunk(tiny_model_dir, tmp_path):
-    loaded = fake_loaded(tiny_model_dir, chunk_delay=0.1  # a chunk long enough that disconnect detection under load fits in it)
     # A chunk long enough that disconnect detection on a loaded machine fits inside it.
     loaded = fake_loaded(tiny_model_dir, chunk_delay=0.1)
     sock = tmp_path / "c.sock"
