@@ -99,8 +99,11 @@ class Prefilled:
 
 @dataclass(frozen=True, slots=True)
 class WriteCheckpoint:
-    key: str
-    blob: bytes = field(repr=False)
+    """A snapshot to write to disk (the checkpoint writer actor; dropped when its queue is full)."""
+    id: str                            # the store's entry id (prefix hash), also the file stem
+    tokens: object = field(repr=False)  # np.ndarray int32 [n]: the prefix the snapshot was taken at
+    kind: str = "prompt_end"           # "system" | "common" | "prompt_end"
+    blob: bytes = field(default=b"", repr=False)
 
 
 # --- replies to the HTTP edge -------------------------------------------------------------------

@@ -20,6 +20,7 @@ def _free_port() -> int:
 async def test_cancel_ack_before_next_admission_and_kernel_stops_within_one_chunk(tiny_model_dir, tmp_path):
     # A chunk long enough that disconnect detection on a loaded machine fits inside it.
     loaded = fake_loaded(tiny_model_dir, chunk_delay=0.1)
+    model = loaded.model
     sock = tmp_path / "c.sock"
     with trio.fail_after(30), capture_logs() as events:
         async with daemon(loaded, sock, chunk=4, segment=4096):
