@@ -1,7 +1,10 @@
 """Checkpoint writer actor: disk writes off the request path.
 
-The checkpoints issue gives it its real work (disk_format.py: header, checksum, atomic write).
-Until then it drains its channel so that senders never block, and logs what it was given.
+Each `WriteCheckpoint` becomes one file (``Checkpoints.write``: header with fingerprint and
+checksums, temp file, fsync, rename, fsync of the directory — ``disk_io.atomic_write`` in a worker
+thread), then the disk tier's budget is enforced (evicted files are deleted). The prefill worker
+sends with ``send_nowait`` on a bounded channel and drops the write (one log line) when it is full,
+so a slow disk never delays a request. A failing directory turns the disk tier off with one warning.
 """
 
 from __future__ import annotations
@@ -11,10 +14,15 @@ import trio
 from .messages import WriteCheckpoint
 
 
-async def checkpoint_writer(inbox: trio.MemoryReceiveChannel, *, enabled: bool, log,
+async def checkpoint_writer(inbox: trio.MemoryReceiveChannel, *, checkpoints, log,
                             task_status=trio.TASK_STATUS_IGNORED) -> None:
     async with inbox:
         task_status.started()
         async for msg in inbox:
             msg: WriteCheckpoint
-            log.debug("checkpoint_write_skipped", key=msg.key, bytes=len(msg.blob), enabled=enabled)
+            if checkpoints is None:
+                continue
+            try:
+                await checkpoints.write(msg)
+            except (ValueError, MemoryError) as e:   # a bug in a header must not stop the daemon
+                log.error("checkpoint_write_failed", id=msg.id, error=f"{type(e).__name__}: {e}")

@@ -22,7 +22,7 @@ class Engine:
     chunk: int = 128
     live: Any = None                  # kernel.State or None; remembers its tokens (state.tokens)
     runner: KernelRunner = field(init=False)
-    checkpoint_out: Any = None        # send channel to the checkpoint writer (wired in wiring.py)
+    checkpoints: Any = None           # actors.checkpoints.Checkpoints (None: built off in __post_init__)
     metrics: Any = None               # cairn.daemon.metrics.Metrics, or None (actor tests)
 
     def note_live_tokens(self) -> None:
@@ -31,6 +31,10 @@ class Engine:
 
     def __post_init__(self) -> None:
         self.runner = KernelRunner(self.kernel.AbortFlag)
+        if self.checkpoints is None:
+            from .checkpoints import Checkpoints
+
+            self.checkpoints = Checkpoints(enabled=False)
 
     def live_tokens(self) -> list[int] | None:
         return None if self.live is None else [int(t) for t in self.live.tokens]

@@ -1,6 +1,9 @@
-"""Prefill worker actor: decide where to start, then run segments of chunks in the kernel thread.
+"""Prefill worker actor: plan (reuse the live state, restore a checkpoint, or start fresh), then run
+the prompt's pieces in the kernel thread, snapshotting at the plan's capture points.
 
-Design notes. A request's cancel scope (attached through its RequestControl) covers the whole
+Design notes. The plan (plan.py) and the checkpoint index (store.py) are pure; their effects live in
+checkpoints.py. Pieces (plan.pieces) split chunks at capture points, so a capture never recomputes
+anything; consecutive pieces are grouped into segment-sized kernel calls (`kernel_calls`). A request's cancel scope (attached through its RequestControl) covers the whole
 prefill; each segment is one abortable kernel call, so a cancel stops the kernel at the next chunk
 boundary and the live state keeps every completed chunk — an identical retry extends it and
 resumes there. `Finished` goes to admission only after the kernel call has returned, which is what
@@ -17,7 +20,7 @@ from .messages import Admitted, CancelAck, Failed, Finished, Prefilled, PromptLo
 from .outcome import log_request
 from .replies import reply_nowait
 from .sampling import log_softmax, top_logprobs
-from .start import decide_start
+from .plan import pieces
 
 ALL_LOGITS_BUDGET = 1 << 26   # floats of [n, V] logits one segment may return (256 MiB) with all_logits
 
@@ -54,35 +57,96 @@ def _prefill_with_logprobs(kernel, state, tokens, prev_row, k, *, chunk, abort):
     return n_done, (rows[n_done - 1] if n_done else prev_row), lps, tops
 
 
+def kernel_calls(start: int, end: int, chunk: int, seg_len: int, cuts=()) -> list[tuple[int, int]]:
+    """Group ``plan.pieces`` into kernel calls of at most ``seg_len`` tokens (one progress line each).
+
+    Every capture point ends a call (the worker snapshots there). A call that starts off a multiple
+    of ``chunk`` (after a restore or a capture) is that one short piece; every other call starts on
+    a multiple, so the kernel's own chunking inside it falls on the same absolute boundaries as a
+    fresh prefill's: a restored or resumed prefill is chunked like an uninterrupted one."""
+    cut = set(cuts)
+    calls: list[tuple[int, int]] = []
+    for a, b in pieces(start, end, chunk, sorted(cut)):
+        if calls:
+            c0, c1 = calls[-1]
+            if c1 == a and c0 % chunk == 0 and a % chunk == 0 and a not in cut and b - c0 <= seg_len:
+                calls[-1] = (c0, b)
+                continue
+        calls.append((a, b))
+    return calls
+
+
+async def _prepare(engine: Engine, submit, ids: np.ndarray, log):
+    """Plan, then bring the live state to the plan's start: reuse it, restore a checkpoint (reading
+    a disk-only one first) or make a fresh one. A checkpoint that turns out bad is dropped with a
+    warning and the request is planned again (a shorter checkpoint, the live state, or fresh)."""
+    ck = engine.checkpoints
+    for _ in range(4):
+        live = engine.live
+        live_tokens = None
+        if live is not None and live.last_logits is not None:
+            live_tokens = np.asarray(live.tokens, dtype=np.int32)
+        plan = ck.plan(ids, live_tokens, hint_tokens=submit.hint_tokens, need_all_logits=submit.prompt_logprobs)
+        if plan.action == "reuse_live":
+            ck.note_plan(plan, ids, submit.request_id)
+            return plan, live
+        if plan.action == "fresh":
+            ck.note_plan(plan, ids, submit.request_id)
+            return plan, engine.new_state()
+        blob, tier = await ck.blob_for(plan.restore_id, submit.request_id)
+        if blob is None:
+            continue
+        try:
+            state = await engine.runner.run(engine.kernel.State.restore, engine.model, blob)
+        except ValueError as e:   # KernelError: the kernel refused the blob (version, checksum, model)
+            entry = ck.store.get(plan.restore_id)
+            if entry is not None:
+                await ck.drop_bad(entry, f"kernel refused the snapshot: {e}", submit.request_id)
+            continue
+        engine.live = state
+        ck.note_plan(plan, ids, submit.request_id)
+        ck.hit(plan.restore_id, tier, submit.request_id, len(ids))
+        return plan, state
+    engine.live = None
+    raise PrefillError("could not plan the prefill: checkpoints kept failing")
+
+
+async def _capture(engine: Engine, state, ids: np.ndarray, kind: str, request_id: str) -> None:
+    """Snapshot the state where it is now (in the kernel thread; it releases the GIL) and store it."""
+    blob = await engine.runner.run(state.snapshot)
+    engine.checkpoints.capture(ids, kind, blob, request_id)
+
+
 async def run_prefill(engine: Engine, submit, log, progress: dict | None = None
                       ) -> tuple[np.ndarray, int, PromptLogprobs | None]:
     """Prefill `submit.prompt` into the live state. Returns (next-token logits [V], reused, prompt logprobs).
+    `reused` counts the prompt tokens not computed: from the live state or from a restored checkpoint.
     `progress["reused"]` is set as soon as it is known (for the log line of a cancelled prefill)."""
-    prompt = list(submit.prompt)
-    live = engine.live
-    start = decide_start(engine.live_tokens(), live is not None and live.last_logits is not None, prompt,
-                         need_all_logits=submit.prompt_logprobs)
-    state = engine.new_state() if start.fresh else live
-    reused = start.reuse
+    ids = np.asarray(submit.prompt, dtype=np.int32)
+    n = int(ids.shape[0])
+    t_plan = trio.current_time()
+    plan, state = await _prepare(engine, submit, ids, log)
+    reused = plan.start
     if progress is not None:
         progress["reused"] = reused
-    log.info("prefill_plan", request_id=submit.request_id, prompt_tokens=len(prompt), reused_tokens=reused,
-             fresh=start.fresh, live_tokens=0 if live is None else int(live.n_tokens))
-    tail = np.asarray(prompt[reused:], dtype=np.int32)      # [n_tail]
-    if engine.metrics is not None:
+    log.info("prefill_plan", request_id=submit.request_id, prompt_tokens=n, reused_tokens=reused,
+             fresh=plan.action == "fresh", action=plan.action, plan=plan.describe(),
+             captures=[f"{c.kind}@{c.position}" for c in plan.captures] + (
+                 [f"prompt_end@{n}"] if plan.capture_prompt_end else []),
+             skipped=list(plan.skipped), restore_ms=round((trio.current_time() - t_plan) * 1000, 2))
+    if engine.metrics is not None and plan.action == "reuse_live":
         engine.metrics.prefill_tokens.inc(reused, kind="reused")
-    if len(tail) == 0:
-        return np.asarray(state.last_logits), reused, None
 
     k = submit.sampling.top_logprobs if submit.prompt_logprobs else 0
     lps: list = []
     tops: list = []
     prev_row = None
     logits = None
+    cut_kind = {c.position: c.kind for c in plan.captures}
     t_begin = trio.current_time()
     seg_len = segment_length(engine.segment, engine.chunk, int(engine.model.vocab_size), submit.prompt_logprobs)
-    for seg_start in range(0, len(tail), seg_len):
-        seg = tail[seg_start: seg_start + seg_len]
+    for a, b in kernel_calls(plan.start, n, engine.chunk, seg_len, cut_kind):
+        seg = ids[a:b]
         t0 = trio.current_time()
         if submit.prompt_logprobs:
             n_done, logits, seg_lps, seg_tops = await engine.runner.run(
@@ -95,17 +159,23 @@ async def run_prefill(engine: Engine, submit, log, progress: dict | None = None
             n_done, logits = await engine.runner.run(engine.kernel.prefill, state, seg, chunk=engine.chunk,
                                                      abortable=True)
         now = trio.current_time()
-        done = seg_start + n_done
+        done = a + n_done - plan.start
         if engine.metrics is not None:
             engine.metrics.prefill_tokens.inc(n_done, kind="computed")
         rate = done / max(now - t_begin, 1e-9)
-        log.info("prefill_segment", request_id=submit.request_id, tokens_done=reused + done,
-                 tokens_total=len(prompt), tok_s=round(n_done / max(now - t0, 1e-9), 1),
-                 eta_s=round((len(tail) - done) / rate, 2) if rate > 0 else None)
+        log.info("prefill_segment", request_id=submit.request_id, tokens_done=a + n_done,
+                 tokens_total=n, tok_s=round(n_done / max(now - t0, 1e-9), 1),
+                 eta_s=round((n - a - n_done) / rate, 2) if rate > 0 else None)
         if n_done < len(seg):
             # Only an abort stops the kernel early; the cancel itself arrives at the next checkpoint.
             await trio.lowlevel.checkpoint()
             raise PrefillError(f"kernel stopped after {n_done} of {len(seg)} tokens without a cancel")
+        if b in cut_kind:
+            await _capture(engine, state, ids[:b], cut_kind[b], submit.request_id)
+    if plan.capture_prompt_end:
+        await _capture(engine, state, ids, "prompt_end", submit.request_id)
+    if logits is None:
+        logits = state.last_logits
     prompt_lp = PromptLogprobs(tuple(lps), tuple(tops)) if submit.prompt_logprobs else None
     return np.asarray(logits), reused, prompt_lp
 

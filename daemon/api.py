@@ -30,7 +30,7 @@ REPLY_BUFFER = 64  # tokens may run ahead of a slow client by this much; then de
 class API:
     def __init__(self, *, inbox: trio.MemorySendChannel, tokenizer, renderer, model_id: str,
                  context_length: int, vocab_size: int, max_tokens_default: int, fingerprint: str,
-                 log, api_key: str | None = None, metrics=None) -> None:
+                 log, api_key: str | None = None, metrics=None, checkpoints=None) -> None:
         self.inbox = inbox
         self.tok = tokenizer
         self.renderer = renderer
@@ -42,6 +42,7 @@ class API:
         self.log = log
         self.api_key = api_key
         self.metrics = metrics
+        self.checkpoints = checkpoints   # actors.checkpoints.Checkpoints: GET / DELETE /v1/checkpoints
         self.created = int(time.time())
         self._ids = itertools.count(1)
         self._prefix = secrets.token_hex(4)
@@ -87,6 +88,7 @@ class API:
             ("GET", "/health"): self._health,
             ("GET", "/v1/models"): self._models,
             ("GET", "/metrics"): self._metrics,
+            ("GET", "/v1/checkpoints"): self._checkpoints,
             ("POST", "/v1/chat/completions"): self._chat,
             ("POST", "/v1/completions"): self._completions,
         }
@@ -94,6 +96,10 @@ class API:
         if handler is None:
             if path.startswith("/v1/models/") and method == "GET":
                 return await self._model(path.removeprefix("/v1/models/"), send)
+            if path.startswith("/v1/checkpoints/") and "/" not in path.removeprefix("/v1/checkpoints/"):
+                if method != "DELETE":
+                    raise APIError(405, f"method {method} not allowed on {path}", code="method_not_allowed")
+                return await self._delete_checkpoint(path.removeprefix("/v1/checkpoints/"), send)
             if any(p == path for _, p in routes):
                 raise APIError(405, f"method {method} not allowed on {path}", code="method_not_allowed")
             raise APIError(404, f"no route {method} {path}", code="not_found")
@@ -122,6 +128,17 @@ class API:
                     "headers": [(b"content-type", CONTENT_TYPE.encode()),
                                 (b"content-length", str(len(body)).encode())]})
         await send({"type": "http.response.body", "body": body})
+
+    async def _checkpoints(self, scope, receive, send) -> None:
+        rows = self.checkpoints.listing() if self.checkpoints is not None else []
+        await send_json(send, 200, {"object": "list", "data": [
+            {"id": r.id, "object": "checkpoint", "tokens": r.tokens, "kind": r.kind, "bytes": r.bytes,
+             "tier": r.tier, "hits": r.hits, "last_used": r.last_used} for r in rows]})
+
+    async def _delete_checkpoint(self, cid: str, send) -> None:
+        if self.checkpoints is None or not await self.checkpoints.delete(cid):
+            raise APIError(404, f"checkpoint {cid!r} does not exist", param="id", code="checkpoint_not_found")
+        await send_json(send, 200, {"id": cid, "object": "checkpoint", "deleted": True})
 
     async def _models(self, scope, receive, send) -> None:
         await send_json(send, 200, {"object": "list", "data": [self._model_card()]})
@@ -182,6 +199,11 @@ class API:
         hint = None
         if rendered.system_prefix_bytes is not None:
             hint = self.tok.boundary_for_byte_offset(rendered.text, rendered.system_prefix_bytes)
+            # Accept the boundary only if the system part, tokenized on its own, gives the prompt's
+            # first ids: then every conversation with this system part starts with the same ids.
+            prefix = rendered.text.encode()[:rendered.system_prefix_bytes].decode(errors="ignore")
+            if not hint or list(self.tok.encode(prefix)[:hint]) != list(ids[:hint]):
+                hint = None
         return ids, hint
 
     async def _completions(self, scope, receive, send) -> None:

@@ -34,12 +34,14 @@ def default_socket_path(env: dict[str, str] | None = None) -> str:
 
 
 def default_checkpoint_dir(env: dict[str, str] | None = None) -> str:
-    """$CACHE_DIRECTORY (systemd), else $XDG_CACHE_HOME/cairn/checkpoints, else ~/.cache/cairn/checkpoints.
-    Never inside the model directory: model directories are read-only inputs."""
+    """$STATE_DIRECTORY/checkpoints (systemd StateDirectory=), else $XDG_STATE_HOME/cairn/checkpoints,
+    else ~/.local/state/cairn/checkpoints. Checkpoints are state worth keeping across restarts (not a
+    cache the system may wipe), and never inside the model directory: model directories are read-only
+    inputs."""
     env = os.environ if env is None else env
-    if env.get("CACHE_DIRECTORY"):
-        return str(Path(env["CACHE_DIRECTORY"].split(":")[0]) / "checkpoints")
-    base = env.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    if env.get("STATE_DIRECTORY"):
+        return str(Path(env["STATE_DIRECTORY"].split(":")[0]) / "checkpoints")
+    base = env.get("XDG_STATE_HOME") or str(Path(env.get("HOME") or Path.home()) / ".local" / "state")
     return str(Path(base) / "cairn" / "checkpoints")
 
 
@@ -102,6 +104,8 @@ FIELDS: tuple[Field, ...] = (
     Field("segment", int, 4096, "prefill segment size in tokens (one progress line each)", _range(1)),
     Field("chunk", int, 128, "prefill chunk size in tokens (cancel granularity); 1..MAX_CHUNK of the kernel",
           _range(1)),
+    Field("progress_interval_ms", int, 250, "least time between two prefill progress messages of a request "
+          "(SSE comments, /v1/status); 0: one per segment", _range(0, 60_000)),
     Field("queue_size", int, 8, "requests that may wait for the engine; more get HTTP 429", _range(0, 10_000)),
     Field("threads", int, 0, "kernel threads (0: all cores)", _range(0, 1024)),
     Field("log_level", str, "info", "log level", _one_of("debug", "info", "warning", "error")),
@@ -127,6 +131,7 @@ class Settings:
     served_model_name: str | None
     segment: int
     chunk: int
+    progress_interval_ms: int
     queue_size: int
     threads: int
     log_level: str

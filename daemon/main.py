@@ -51,6 +51,22 @@ def load(settings: Settings, kernel=None) -> Loaded:
                   context_length=int(md.config["max_position_embeddings"]))
 
 
+def checkpoint_fingerprint(loaded: Loaded) -> str:
+    """What a disk checkpoint must match to be restored: the model (config + weights + tokenizer,
+    model_dir's fingerprint) and the kernel's snapshot format."""
+    return f"{loaded.fingerprint};snapshot-v{getattr(loaded.kernel, 'SNAPSHOT_VERSION', 0)}"
+
+
+def make_checkpoints(settings: Settings, loaded: Loaded, log, metrics):
+    from cairn.actors.checkpoints import Checkpoints
+
+    return Checkpoints(enabled=settings.checkpoints, max_slots=settings.checkpoint_slots,
+                       max_bytes=settings.checkpoint_memory_mb << 20, min_tokens=settings.checkpoint_min_tokens,
+                       fingerprint=checkpoint_fingerprint(loaded),
+                       disk_dir=settings.checkpoint_dir if settings.checkpoints and settings.disk_checkpoints else None,
+                       disk_max_bytes=settings.checkpoint_disk_mb << 20, log=log, metrics=metrics)
+
+
 async def _on_signal(cancel_scope: trio.CancelScope, log) -> None:
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         async for signum in signals:
@@ -67,9 +83,10 @@ async def run_daemon(settings: Settings, loaded: Loaded, *, handle_signals: bool
     log = get_logger()
     from .metrics import Metrics
 
+    metrics = Metrics(tiers=("ram", "disk") if settings.disk_checkpoints else ("ram",))
     engine = Engine(loaded.kernel, loaded.model, loaded.tokenizer, loaded.context_length,
-                    segment=settings.segment, chunk=settings.chunk,
-                    metrics=Metrics(tiers=("ram", "disk") if settings.disk_checkpoints else ("ram",)))
+                    segment=settings.segment, chunk=settings.chunk, metrics=metrics,
+                    checkpoints=make_checkpoints(settings, loaded, log, metrics))
     model_id = settings.served_model_name or loaded.name
     # Socket activation: systemd (cairn.socket) passes the listening Unix socket; then it owns the path.
     inherited = [sock for _, sock in systemd.listen_fds()] if handle_signals else []
@@ -91,14 +108,14 @@ async def _serve_all(settings, loaded, engine, model_id, sockets, log, handle_si
     async with trio.open_nursery() as nursery:
         if handle_signals:
             nursery.start_soon(_on_signal, nursery.cancel_scope, log)
+        await engine.checkpoints.open_disk()      # rebuild the disk index before the writer starts
         inbox = await start_engine(nursery, engine, queue_size=settings.queue_size, log=log,
                                    new_stream_decoder=lambda: StreamDecoder(loaded.tokenizer),
-                                   checkpoint_slots=settings.checkpoint_slots,
-                                   checkpoints_on_disk=settings.disk_checkpoints)
+                                   checkpoint_slots=settings.checkpoint_slots)
         api = API(inbox=inbox, tokenizer=loaded.tokenizer, renderer=loaded.renderer, model_id=model_id,
                   context_length=loaded.context_length, vocab_size=int(loaded.model.vocab_size),
                   max_tokens_default=settings.max_tokens_default, fingerprint=loaded.fingerprint, log=log,
-                  api_key=settings.api_key, metrics=engine.metrics)
+                  api_key=settings.api_key, metrics=engine.metrics, checkpoints=engine.checkpoints)
         binds = await nursery.start(serve_http, api, sockets)
         log.info("listening", binds=binds, model=model_id)
         if handle_signals:

@@ -73,3 +73,13 @@ def test_chunk_checked_against_kernel_max_chunk():
 def test_tcp_non_loopback_allowed_with_api_key():
     s = load_settings({"tcp": "0.0.0.0:8000", "api_key": "k"}, {})
     assert s.tcp_host_port == ("0.0.0.0", 8000)
+
+
+def test_checkpoint_dir_defaults_to_the_state_directory_never_the_cache():
+    from cairn.daemon.config import default_checkpoint_dir
+
+    assert default_checkpoint_dir({"STATE_DIRECTORY": "/var/lib/cairn:/other", "CACHE_DIRECTORY": "/c"}) \
+        == "/var/lib/cairn/checkpoints"
+    assert default_checkpoint_dir({"XDG_STATE_HOME": "/h/.st", "CACHE_DIRECTORY": "/c"}) == "/h/.st/cairn/checkpoints"
+    assert default_checkpoint_dir({"HOME": "/home/u"}) == "/home/u/.local/state/cairn/checkpoints"
+    assert load_settings({}, {"HOME": "/home/u"}).checkpoint_dir == "/home/u/.local/state/cairn/checkpoints"

@@ -1,0 +1,334 @@
+"""Prefix checkpoints, the effect side: the store (pure, store.py) plus logs, metrics and files.
+
+Design notes
+ * Everything here runs on the Trio thread (the prefill worker, the checkpoint writer, the HTTP
+   edge), so the store needs no lock. Blocking file work (read a payload, write, delete) goes to a
+   worker thread; snapshots and restores go to the kernel thread (the caller's job).
+ * Policy stays in plan.py / store.py; this module only applies it and reports it: one structured
+   log line per store, hit, miss (with its reason) and eviction, and the matching metrics.
+ * Disk tier (opt-in): the index is rebuilt from file headers at start-up (``open_disk``, before the
+   writer runs), payloads are read on first use. Writes happen in the checkpoint writer actor, off
+   the request path (``write``). An unusable directory (read-only, full, over a file-size limit)
+   gives ONE warning and the daemon keeps serving from memory only. Bad files (corrupt, truncated,
+   foreign, other version) are removed with a warning and never restored: the request falls back
+   to a fresh prefill (or a shorter checkpoint).
+ * Entry ids are the store's ids (blake2b-64 of the token ids, 16 hex digits), also the file stems.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import trio
+
+from . import disk_io
+from .disk_format import CheckpointFileError, encode_header, file_name, prefix_hash
+from .messages import WriteCheckpoint
+from .plan import PrefillPlan, plan_prefill
+from .store import CheckpointStore, Entry, Eviction
+
+METRIC_TIER = {"memory": "ram", "disk": "disk"}   # the metric label values (daemon/metrics.py)
+RESTORE_COST_MEMORY = 64     # prefill tokens a restore from memory is charged
+RESTORE_COST_DISK = 128      # a disk-only entry must be read first
+
+
+def miss_reason(detail: str | None) -> str:
+    """A short metric label for a plan's ``store_miss`` phrase (the log keeps the phrase)."""
+    d = detail or ""
+    for prefix, label in (("no stored prefix matches", "no_match"), ("no stored prefix", "no_stored_prefix"),
+                          ("stored prefixes all longer", "longer_than_prompt"),
+                          ("live state is as good", "live_state_better"), ("checkpoint of", "not_worth_it"),
+                          ("prompt log-probabilities", "all_logits")):
+        if d.startswith(prefix):
+            return label
+    return "other"
+
+
+class _MonotonicWallClock:
+    """Unix time, but strictly increasing, so LRU order never ties (the API shows it as last_used)."""
+
+    def __init__(self) -> None:
+        self._last = 0.0
+
+    def __call__(self) -> float:
+        self._last = max(time.time(), self._last + 1e-6)
+        return self._last
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointInfo:
+    """One row of GET /v1/checkpoints (the HTTP layer turns it into JSON)."""
+    id: str
+    tokens: int
+    kind: str
+    bytes: int
+    tier: str          # "memory" | "disk" | "memory+disk"
+    hits: int
+    last_used: float
+
+
+class Checkpoints:
+    def __init__(self, *, enabled: bool = True, max_slots: int = 4, max_bytes: int = 1 << 30,
+                 min_tokens: int = 512, tail_guard: int = 8, fingerprint: str = "",
+                 disk_dir: str | Path | None = None, disk_max_bytes: int = 0, log=None, metrics=None) -> None:
+        self.enabled = enabled
+        self.min_tokens = min_tokens
+        self.tail_guard = tail_guard
+        self.fingerprint = fingerprint
+        self.disk_dir = Path(disk_dir) if disk_dir is not None else None
+        self._disk_max_bytes = disk_max_bytes
+        self.disk_enabled = False          # set by open_disk() when the directory is usable
+        self.store = CheckpointStore(max_slots=max_slots if enabled else 0, max_bytes=max_bytes,
+                                     disk_max_bytes=0, clock=_MonotonicWallClock())
+        self.previous_fresh_prompt: np.ndarray | None = None
+        self.log = log
+        self.metrics = metrics
+        self.out: trio.MemorySendChannel | None = None      # to the checkpoint writer (wiring.py)
+        self._disk_warned = False
+        self._no_write: set[str] = set()   # deleted through the API while a write was queued
+
+    # ---- planning -----------------------------------------------------------------------------
+
+    def plan(self, prompt: np.ndarray, live_tokens, *, hint_tokens: int | None,
+             need_all_logits: bool) -> PrefillPlan:
+        n = int(prompt.shape[0])
+        if need_all_logits:
+            return PrefillPlan("fresh", 0, n, None, (), False, "prompt log-probabilities need every position",
+                               "prompt log-probabilities need every position's logits")
+        if not self.enabled:
+            p = plan_prefill(prompt, live_tokens, self.store, min_tokens=n + 1)
+            return PrefillPlan(p.action, p.start, p.end, None, (), False, p.live_miss, "checkpoints off")
+        return plan_prefill(prompt, live_tokens, self.store, hint_tokens=hint_tokens,
+                            previous_fresh_prompt=self.previous_fresh_prompt, min_tokens=self.min_tokens,
+                            tail_guard=self.tail_guard, restore_cost_tokens=self._restore_cost)
+
+    @staticmethod
+    def _restore_cost(entry: Entry) -> int:
+        return RESTORE_COST_MEMORY if entry.in_memory else RESTORE_COST_DISK
+
+    def note_plan(self, plan: PrefillPlan, prompt: np.ndarray, request_id: str) -> None:
+        """After the plan is final: shares, recency, the rule-2 memory, and the miss line."""
+        if not self.enabled or plan.store_miss and plan.store_miss.startswith("prompt log-probabilities"):
+            return
+        self.store.record_prompt(prompt)
+        if plan.action != "reuse_live":
+            self.previous_fresh_prompt = prompt
+        if plan.action != "restore":
+            self.miss(request_id, miss_reason(plan.store_miss), plan.store_miss or "")
+
+    def miss(self, request_id: str, reason: str, detail: str) -> None:
+        if self.log is not None:
+            self.log.info("checkpoint_miss", request_id=request_id, reason=reason, detail=detail)
+        if self.metrics is not None:
+            self.metrics.checkpoint_misses.inc(reason=reason)
+
+    # ---- restore ------------------------------------------------------------------------------
+
+    async def blob_for(self, entry_id: str, request_id: str) -> tuple[bytes | None, str]:
+        """The snapshot of ``entry_id`` and the tier it came from; a disk-only entry is read (in a
+        thread) and loaded into memory. None when the file went bad or vanished: the entry is
+        dropped, a warning logged, and the caller plans again."""
+        e = self.store.get(entry_id)
+        if e is None:
+            return None, "memory"
+        if e.blob is not None:
+            return e.blob, "memory"
+        if not e.on_disk or self.disk_dir is None:
+            self.store.remove(entry_id)
+            return None, "disk"
+        path = self.disk_dir / file_name(e.tokens)
+        try:
+            header, blob = await trio.to_thread.run_sync(disk_io.load, path, self.fingerprint)
+            if not np.array_equal(header.tokens, e.tokens):
+                raise CheckpointFileError("token ids differ from the index")
+        except (CheckpointFileError, OSError) as err:
+            reason = err.reason if isinstance(err, CheckpointFileError) else f"unreadable: {err.strerror or err}"
+            await self.drop_bad(e, reason, request_id)
+            return None, "disk"
+        self._apply(self.store.put(e.tokens, e.kind, blob))
+        self._update_bytes()
+        return blob, "disk"
+
+    async def drop_bad(self, e: Entry, reason: str, request_id: str | None = None) -> None:
+        """A checkpoint that must not be used (bad file, or the kernel refused the blob)."""
+        if self.log is not None:
+            self.log.warning("checkpoint_bad", request_id=request_id, id=e.id, tokens=e.n_tokens, reason=reason,
+                             action="removed; prefill instead")
+        was_on_disk = e.on_disk
+        self.store.remove(e.id)
+        if was_on_disk and self.disk_dir is not None:
+            await self._unlink(file_name(e.tokens))
+        self.miss(request_id or "", "fingerprint_mismatch" if "fingerprint" in reason else "bad_file", reason)
+        self._update_bytes()
+
+    def hit(self, entry_id: str, tier: str, request_id: str, prompt_tokens: int) -> None:
+        e = self.store.touch(entry_id)
+        if self.log is not None:
+            self.log.info("checkpoint_hit", request_id=request_id, id=e.id, kind=e.kind, tokens=e.n_tokens,
+                          prompt_tokens=prompt_tokens, tier=tier)
+        if self.metrics is not None:
+            self.metrics.checkpoint_hits.inc(tier=METRIC_TIER[tier])
+            self.metrics.prefill_tokens.inc(e.n_tokens, kind="restored")
+
+    # ---- capture ------------------------------------------------------------------------------
+
+    def capture(self, tokens: np.ndarray, kind: str, blob: bytes, request_id: str) -> None:
+        """Store a snapshot taken at ``tokens`` (in memory; queue the disk write when on)."""
+        eid = prefix_hash(tokens)
+        evictions = self.store.put(tokens, kind, blob)
+        e = self.store.get(eid)
+        kept = e is not None and e.in_memory
+        if self.log is not None:
+            self.log.info("checkpoint_store", request_id=request_id, id=eid, kind=kind,
+                          tokens=int(tokens.shape[0]), bytes=len(blob), tier="memory",
+                          kept=kept)
+        self._apply(evictions)
+        self._update_bytes()
+        if self.disk_enabled and self.out is not None and not (e is not None and e.on_disk):
+            self._no_write.discard(eid)
+            try:
+                self.out.send_nowait(WriteCheckpoint(eid, tokens, kind, blob))
+            except trio.WouldBlock:
+                if self.log is not None:
+                    self.log.warning("checkpoint_write_dropped", id=eid, tokens=int(tokens.shape[0]),
+                                     reason="writer busy (queue full)")
+
+    def _apply(self, evictions: list[Eviction]) -> list[Eviction]:
+        for ev in evictions:
+            if self.log is not None:
+                self.log.info("checkpoint_evict", id=ev.entry.id, kind=ev.entry.kind, tokens=ev.entry.n_tokens,
+                              tier=ev.tier, dropped=ev.dropped,
+                              bytes=ev.entry.nbytes if ev.tier == "memory" else ev.entry.disk_nbytes)
+            if self.metrics is not None:
+                self.metrics.checkpoint_evictions.inc(tier=METRIC_TIER[ev.tier])
+        return evictions
+
+    def _update_bytes(self) -> None:
+        if self.metrics is None:
+            return
+        st = self.store.stats()
+        self.metrics.checkpoint_bytes.set(st.memory_bytes, tier="ram")
+        if self.disk_enabled or st.disk_entries:
+            self.metrics.checkpoint_bytes.set(st.disk_bytes, tier="disk")
+
+    # ---- disk ---------------------------------------------------------------------------------
+
+    async def open_disk(self) -> None:
+        """Start-up, before the writer runs: create the directory, rebuild the index from headers,
+        remove bad files (one warning each). An unusable directory: one warning, memory only."""
+        if not self.enabled or self.disk_dir is None:
+            return
+        try:
+            await trio.to_thread.run_sync(disk_io.ensure_dir, self.disk_dir)
+            good, problems = await trio.to_thread.run_sync(disk_io.scan, self.disk_dir, self.fingerprint)
+        except OSError as e:
+            self._disk_unavailable(e, "open")
+            return
+        self.store.disk_max_bytes = self._disk_max_bytes
+        self.disk_enabled = True
+        for p in problems:
+            if self.log is not None:
+                self.log.warning("checkpoint_file_bad", path=str(p.path), reason=p.reason, removed=p.removed)
+        for path, h in good:
+            evs = self.store.put_disk(h.tokens, h.kind, h.payload_len, h.file_len)
+            for ev in self._apply(evs):
+                await self._unlink(file_name(ev.entry.tokens))
+        if self.log is not None:
+            st = self.store.stats()
+            self.log.info("checkpoint_disk_index", dir=str(self.disk_dir), entries=st.disk_entries,
+                          bytes=st.disk_bytes, removed=len(problems))
+        self._update_bytes()
+
+    def _disk_unavailable(self, err: OSError, during: str) -> None:
+        self.disk_enabled = False
+        if not self._disk_warned and self.log is not None:
+            self.log.warning("checkpoint_disk_unavailable", dir=str(self.disk_dir), during=during,
+                             error=f"{type(err).__name__}: {err.strerror or err}",
+                             action="serving with memory checkpoints only")
+        self._disk_warned = True
+
+    async def write(self, msg: WriteCheckpoint) -> None:
+        """The checkpoint writer's job for one message: header + payload, atomically and durably."""
+        if not self.disk_enabled or self.disk_dir is None or msg.id in self._no_write:
+            self._no_write.discard(msg.id)
+            return
+        e = self.store.get(msg.id)
+        if e is not None and e.on_disk:
+            return
+        header = encode_header(self.fingerprint, msg.kind, msg.tokens, msg.blob)
+        size = len(header) + len(msg.blob)
+        if size > self.store.disk_max_bytes:
+            if self.log is not None:
+                self.log.info("checkpoint_write_skipped", id=msg.id, bytes=size, reason="larger than the disk budget")
+            return
+        t0 = time.perf_counter()
+        try:
+            await trio.to_thread.run_sync(disk_io.atomic_write, self.disk_dir, file_name(msg.tokens),
+                                          [header, msg.blob])
+        except OSError as err:
+            self._disk_unavailable(err, "write")
+            return
+        if msg.id in self._no_write:            # deleted through the API while it was being written
+            self._no_write.discard(msg.id)
+            await self._unlink(file_name(msg.tokens))
+            return
+        evictions = self.store.put_disk(msg.tokens, msg.kind, len(msg.blob), size)
+        if self.log is not None:
+            self.log.info("checkpoint_store", id=msg.id, kind=msg.kind, tokens=int(msg.tokens.shape[0]),
+                          bytes=size, tier="disk", write_ms=round((time.perf_counter() - t0) * 1000, 2))
+        for ev in self._apply(evictions):
+            await self._unlink(file_name(ev.entry.tokens))
+        self._update_bytes()
+
+    async def _unlink(self, name: str) -> None:
+        if self.disk_dir is None:
+            return
+        try:
+            await trio.to_thread.run_sync(disk_io.remove, self.disk_dir, name)
+        except OSError as err:
+            if self.log is not None:
+                self.log.warning("checkpoint_remove_failed", file=name, error=f"{err.strerror or err}")
+
+    # ---- the operator's view (GET / DELETE /v1/checkpoints, /v1/status) ----------------------
+
+    def listing(self) -> list[CheckpointInfo]:
+        """Every entry, most recently used first."""
+        out = []
+        for e in self.store.entries():
+            tier = "+".join(t for t, on in (("memory", e.in_memory), ("disk", e.on_disk)) if on)
+            out.append(CheckpointInfo(e.id, e.n_tokens, e.kind, e.nbytes, tier, e.hits, float(e.last_used)))
+        return out
+
+    async def delete(self, entry_id: str) -> bool:
+        """Drop one entry: its memory blob and its file. False when unknown."""
+        e = self.store.get(entry_id)
+        if e is None:
+            return False
+        on_disk = e.on_disk
+        self.store.remove(entry_id)
+        self._no_write.add(entry_id)   # a queued write of it must not bring it back
+        if on_disk or self.disk_enabled:
+            await self._unlink(file_name(e.tokens))
+        if self.log is not None:
+            self.log.info("checkpoint_deleted", id=entry_id, tokens=e.n_tokens, kind=e.kind)
+        self._update_bytes()
+        return True
+
+    def checkpoint_stats(self) -> dict[str, Any]:
+        """Plain numbers for /v1/status: entries and bytes per tier, budgets, kinds, hits."""
+        st = self.store.stats()
+        return {
+            "enabled": self.enabled,
+            "memory": {"entries": st.memory_entries, "bytes": st.memory_bytes,
+                       "max_entries": self.store.max_slots, "max_bytes": self.store.max_bytes},
+            "disk": {"enabled": self.disk_enabled, "dir": str(self.disk_dir) if self.disk_dir else None,
+                     "entries": st.disk_entries, "bytes": st.disk_bytes, "max_bytes": self.store.disk_max_bytes},
+            "by_kind": dict(st.entries_by_kind),
+            "hits": st.hits,
+            "protected_id": st.protected_id,
+            "min_tokens": self.min_tokens,
+        }
