@@ -20,6 +20,7 @@ class Engine:
     context_length: int
     segment: int = 4096
     chunk: int = 128
+    progress_interval_s: float = 0.25  # least time between two Progress replies of a request (actors/progress.py)
     live: Any = None                  # kernel.State or None; remembers its tokens (state.tokens)
     runner: KernelRunner = field(init=False)
     checkpoints: Any = None           # actors.checkpoints.Checkpoints (None: built off in __post_init__)

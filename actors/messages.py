@@ -122,6 +122,15 @@ class PromptLogprobs:
 
 
 @dataclass(frozen=True, slots=True)
+class Progress:
+    """Prefill progress (best effort, <= 4/s): `done` of `total` prompt tokens are in the state."""
+    request_id: str
+    done: int
+    total: int
+    eta_s: float | None                # None until a rate is known
+
+
+@dataclass(frozen=True, slots=True)
 class Started:
     """Prefill finished; tokens follow."""
     reused_tokens: int
@@ -161,4 +170,4 @@ class CancelAck:
     request_id: str
 
 
-Reply = Rejected | Started | TokenOut | Done | Failed | CancelAck
+Reply = Rejected | Progress | Started | TokenOut | Done | Failed | CancelAck

@@ -18,6 +18,7 @@ import trio
 from .engine import Engine
 from .messages import Admitted, CancelAck, Failed, Finished, Prefilled, PromptLogprobs
 from .outcome import log_request
+from .progress import ProgressReporter
 from .replies import reply_nowait
 from .sampling import log_softmax, top_logprobs
 from .plan import pieces
@@ -144,6 +145,11 @@ async def run_prefill(engine: Engine, submit, log, progress: dict | None = None
     logits = None
     cut_kind = {c.position: c.kind for c in plan.captures}
     t_begin = trio.current_time()
+    # Client-visible progress (SSE `: progress` comments, /v1/status; actors/progress.py): keep begin()
+    # before the first kernel call and segment_done() after each call, whatever the plan's start.
+    reporter = ProgressReporter(submit, n, reused, min_interval_s=engine.progress_interval_s)
+    if reused < n:
+        reporter.begin()
     seg_len = segment_length(engine.segment, engine.chunk, int(engine.model.vocab_size), submit.prompt_logprobs)
     for a, b in kernel_calls(plan.start, n, engine.chunk, seg_len, cut_kind):
         seg = ids[a:b]
@@ -166,6 +172,7 @@ async def run_prefill(engine: Engine, submit, log, progress: dict | None = None
         log.info("prefill_segment", request_id=submit.request_id, tokens_done=a + n_done,
                  tokens_total=n, tok_s=round(n_done / max(now - t0, 1e-9), 1),
                  eta_s=round((n - a - n_done) / rate, 2) if rate > 0 else None)
+        reporter.segment_done(a + n_done)
         if n_done < len(seg):
             # Only an abort stops the kernel early; the cancel itself arrives at the next checkpoint.
             await trio.lowlevel.checkpoint()

@@ -16,8 +16,8 @@ import time
 
 import trio
 
-from cairn.actors.messages import (Cancel, CancelAck, Done, Failed, Rejected, RequestControl, Sampling, Started,
-                                   Submit, TokenOut)
+from cairn.actors.messages import (Cancel, CancelAck, Done, Failed, Progress, Rejected, RequestControl, Sampling,
+                                   Started, Submit, TokenOut)
 
 from .chat import ChatTemplateError
 from .http import read_body, send_error, send_json
@@ -30,7 +30,7 @@ REPLY_BUFFER = 64  # tokens may run ahead of a slow client by this much; then de
 class API:
     def __init__(self, *, inbox: trio.MemorySendChannel, tokenizer, renderer, model_id: str,
                  context_length: int, vocab_size: int, max_tokens_default: int, fingerprint: str,
-                 log, api_key: str | None = None, metrics=None, checkpoints=None) -> None:
+                 log, api_key: str | None = None, metrics=None, status=None, checkpoints=None) -> None:
         self.inbox = inbox
         self.tok = tokenizer
         self.renderer = renderer
@@ -43,6 +43,10 @@ class API:
         self.api_key = api_key
         self.metrics = metrics
         self.checkpoints = checkpoints   # actors.checkpoints.Checkpoints: GET / DELETE /v1/checkpoints
+        if status is None:
+            from .status import StatusBoard
+            status = StatusBoard(fingerprint=fingerprint, context_length=context_length)
+        self.status = status       # daemon/status.py: GET /v1/status, fed by _drive
         self.created = int(time.time())
         self._ids = itertools.count(1)
         self._prefix = secrets.token_hex(4)
@@ -89,6 +93,7 @@ class API:
             ("GET", "/v1/models"): self._models,
             ("GET", "/metrics"): self._metrics,
             ("GET", "/v1/checkpoints"): self._checkpoints,
+            ("GET", "/v1/status"): self._status,
             ("POST", "/v1/chat/completions"): self._chat,
             ("POST", "/v1/completions"): self._completions,
         }
@@ -128,6 +133,9 @@ class API:
                     "headers": [(b"content-type", CONTENT_TYPE.encode()),
                                 (b"content-length", str(len(body)).encode())]})
         await send({"type": "http.response.body", "body": body})
+
+    async def _status(self, scope, receive, send) -> None:
+        await send_json(send, 200, self.status.snapshot(self.model_id))
 
     async def _checkpoints(self, scope, receive, send) -> None:
         rows = self.checkpoints.listing() if self.checkpoints is not None else []
@@ -233,13 +241,17 @@ class API:
         control = RequestControl()
         submit = Submit(rid, tuple(int(t) for t in ids), hint, sampling, prompt_logprobs, reply_send, control)
         terminal = None
+        self.status.submitted(rid, len(ids), sampling.max_tokens)
         try:
             async with reply_recv:
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(_watch_disconnect, receive, nursery.cancel_scope)
                     await self.inbox.send(submit)
                     async for msg in reply_recv:
-                        if isinstance(msg, TokenOut):
+                        self.status.seen(rid, msg)
+                        if isinstance(msg, Progress):
+                            await out.progress(send, msg)
+                        elif isinstance(msg, TokenOut):
                             await out.token(send, msg)
                         elif isinstance(msg, Started):
                             await out.start(send, msg)
@@ -260,6 +272,7 @@ class API:
             elif isinstance(terminal, CancelAck):
                 await out.failed(send, APIError(503, "request cancelled (server shutting down)", code="cancelled"))
         finally:
+            self.status.finished(rid)
             if terminal is None:
                 control.cancel()
                 with trio.CancelScope(shield=True), trio.move_on_after(2):

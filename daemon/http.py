@@ -50,5 +50,10 @@ async def send_event(send, obj) -> None:
     await send({"type": "http.response.body", "body": b"data: " + _dumps(obj) + b"\n\n", "more_body": True})
 
 
+async def send_comment(send, text: str) -> None:
+    """An SSE comment line (`: text`): clients that follow the SSE spec, the openai ones too, skip it."""
+    await send({"type": "http.response.body", "body": b": " + text.encode() + b"\n\n", "more_body": True})
+
+
 async def end_sse(send) -> None:
     await send({"type": "http.response.body", "body": b"data: [DONE]\n\n", "more_body": False})

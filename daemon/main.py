@@ -86,6 +86,7 @@ async def run_daemon(settings: Settings, loaded: Loaded, *, handle_signals: bool
     metrics = Metrics(tiers=("ram", "disk") if settings.disk_checkpoints else ("ram",))
     engine = Engine(loaded.kernel, loaded.model, loaded.tokenizer, loaded.context_length,
                     segment=settings.segment, chunk=settings.chunk, metrics=metrics,
+                    progress_interval_s=settings.progress_interval_ms / 1000,
                     checkpoints=make_checkpoints(settings, loaded, log, metrics))
     model_id = settings.served_model_name or loaded.name
     # Socket activation: systemd (cairn.socket) passes the listening Unix socket; then it owns the path.
@@ -103,6 +104,7 @@ async def run_daemon(settings: Settings, loaded: Loaded, *, handle_signals: bool
 
 async def _serve_all(settings, loaded, engine, model_id, sockets, log, handle_signals, task_status) -> None:
     from .server import serve_http
+    from .status import StatusBoard
     from .tokenizer import StreamDecoder
 
     async with trio.open_nursery() as nursery:
@@ -115,7 +117,9 @@ async def _serve_all(settings, loaded, engine, model_id, sockets, log, handle_si
         api = API(inbox=inbox, tokenizer=loaded.tokenizer, renderer=loaded.renderer, model_id=model_id,
                   context_length=loaded.context_length, vocab_size=int(loaded.model.vocab_size),
                   max_tokens_default=settings.max_tokens_default, fingerprint=loaded.fingerprint, log=log,
-                  api_key=settings.api_key, metrics=engine.metrics, checkpoints=engine.checkpoints)
+                  api_key=settings.api_key, metrics=engine.metrics, checkpoints=engine.checkpoints,
+                  status=StatusBoard(engine, queue_size=settings.queue_size, fingerprint=loaded.fingerprint,
+                                     context_length=loaded.context_length))
         binds = await nursery.start(serve_http, api, sockets)
         log.info("listening", binds=binds, model=model_id)
         if handle_signals:

@@ -6,12 +6,13 @@ them the tokenizer, the model id and the fingerprint; JSON shapes come from form
 
 from __future__ import annotations
 
+import json
 import time
 
-from cairn.actors.messages import Done, Started, TokenOut
+from cairn.actors.messages import Done, Progress, Started, TokenOut
 
 from . import formats
-from .http import end_sse, send_error, send_event, send_json, start_sse
+from .http import end_sse, send_comment, send_error, send_event, send_json, start_sse
 from .schemas import APIError
 
 
@@ -20,12 +21,32 @@ class Responder:
         self.api, self.rid = api, rid
         self.started_http = False
 
+    async def progress(self, send, p: Progress) -> None:
+        """Prefill progress: nothing for a JSON response (see StreamProgress)."""
+
     async def failed(self, send, err: APIError) -> None:
         if not self.started_http:
             await send_error(send, err)
         else:
             await send_event(send, err.body())
             await end_sse(send)
+
+
+class StreamProgress(Responder):
+    """Streamed responses: prefill progress as SSE comments, `: progress {"done", "total", "eta_s"}`.
+    They may start the event stream (headers) before the first data event."""
+
+    async def _start_stream(self, send) -> None:
+        if not self.started_http:
+            await start_sse(send)
+            self.started_http = True
+
+    async def progress(self, send, p: Progress) -> None:
+        if not self.stream:
+            return
+        await self._start_stream(send)
+        body = {"done": p.done, "total": p.total, "eta_s": p.eta_s}
+        await send_comment(send, "progress " + json.dumps(body, separators=(",", ":")))
 
 
 class ChatJSON(Responder):
@@ -50,7 +71,9 @@ class ChatJSON(Responder):
         await send_json(send, 200, body)
 
 
-class ChatStream(Responder):
+class ChatStream(StreamProgress):
+    stream = True
+
     def __init__(self, api, rid, req) -> None:
         super().__init__(api, rid)
         self.req = req
@@ -61,8 +84,7 @@ class ChatStream(Responder):
                                   fingerprint=self.api.fingerprint, **kw)
 
     async def start(self, send, msg: Started) -> None:
-        await start_sse(send)
-        self.started_http = True
+        await self._start_stream(send)
         await send_event(send, self._chunk({"role": "assistant", "content": ""}))
 
     async def token(self, send, t: TokenOut) -> None:
@@ -80,7 +102,7 @@ class ChatStream(Responder):
         await end_sse(send)
 
 
-class CompletionOut(Responder):
+class CompletionOut(StreamProgress):
     def __init__(self, api, rid, req, ids) -> None:
         super().__init__(api, rid)
         self.req, self.ids = req, ids
@@ -104,8 +126,7 @@ class CompletionOut(Responder):
                 self.lp.add(t, lp, top)
             echo_lp = self.lp.as_dict()
         if self.stream:
-            await start_sse(send)
-            self.started_http = True
+            await self._start_stream(send)
             if self.req.echo:
                 await send_event(send, self._body(self.prompt_text, logprobs=echo_lp))
 

@@ -1,0 +1,155 @@
+"""`GET /v1/status`: what the daemon is doing now, for operators (`cairn status`) and dashboards.
+
+The board is fed by the HTTP edge, which sees every reply of every request: `submitted` when a
+request goes to admission, `seen` for each `Progress` / `Started` / `TokenOut`, `finished` when its
+handler ends. Engine-wide numbers (queue depth, live state tokens) come from the metrics the
+actors already keep; checkpoint numbers from `checkpoint_tiers`, the one hook for the store.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import time
+from dataclasses import dataclass, field
+
+from cairn.actors.messages import Progress, Started, TokenOut
+
+TIERS = ("memory", "disk")
+
+
+def version() -> str:
+    try:
+        from importlib.metadata import version as _v
+        return _v("cairn")
+    except Exception:  # pragma: no cover - not installed
+        return "unknown"
+
+
+def process_memory() -> dict:
+    """Resident set size now (/proc/self/statm) and its peak (getrusage; Linux reports KiB)."""
+    rss = None
+    try:
+        with open("/proc/self/statm") as fh:
+            rss = int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        pass
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    rss = peak if rss is None else rss
+    return {"rss_bytes": rss, "peak_rss_bytes": max(peak, rss)}
+
+
+def checkpoint_tiers(engine) -> dict:
+    """THE hook for checkpoint numbers: {"memory": {"count", "bytes", …}, "disk": {"count", "bytes", …}}.
+
+    Asks the engine's checkpoint manager (`engine.checkpoints`, actors/checkpoints.py) for
+    `checkpoint_stats()`, a plain dict with a sub-dict per tier ("entries"/"count", "bytes", budgets);
+    the tier sub-dicts are passed through with "entries" spelled "count". Without a manager, or
+    when it fails, every tier reads zero.
+    """
+    out: dict = {t: {"count": 0, "bytes": 0} for t in TIERS}
+    ck = getattr(engine, "checkpoints", None)
+    stats = getattr(ck, "checkpoint_stats", None)
+    if stats is None:
+        return out
+    try:
+        raw = stats()
+    except Exception:          # status must answer even when the store is mid-update or broken
+        return out
+    for tier in TIERS:
+        t = raw.get(tier)
+        if isinstance(t, dict):
+            out[tier] = {"count": int(t.get("count", t.get("entries", 0)) or 0), "bytes": int(t.get("bytes", 0) or 0),
+                         **{k: v for k, v in t.items() if k not in ("count", "entries", "bytes")}}
+    for key in ("enabled", "hits", "by_kind"):
+        if key in raw:
+            out[key] = raw[key]
+    return out
+
+
+@dataclass
+class Tracked:
+    request_id: str
+    prompt_tokens: int
+    max_tokens: int
+    submitted_at: float
+    phase: str = "queued"            # queued | prefill | decode
+    phase_since: float = 0.0
+    done: int = 0                    # prefill: prompt tokens in the state; decode: tokens generated
+    eta_s: float | None = None       # prefill: from the last Progress
+    eta_at: float = 0.0
+    reused_tokens: int = 0
+
+
+@dataclass
+class StatusBoard:
+    engine: object = None            # cairn.actors.engine.Engine (metrics, model, checkpoint store)
+    queue_size: int | None = None
+    fingerprint: str = ""
+    context_length: int | None = None
+    started_at: float = field(default_factory=time.monotonic)
+    requests: dict = field(default_factory=dict)
+
+    # --- fed by the HTTP edge -------------------------------------------------------------------
+
+    def submitted(self, rid: str, prompt_tokens: int, max_tokens: int) -> None:
+        self.requests[rid] = Tracked(rid, prompt_tokens, max_tokens, time.monotonic())
+
+    def seen(self, rid: str, msg) -> None:
+        t = self.requests.get(rid)
+        if t is None:
+            return
+        now = time.monotonic()
+        if isinstance(msg, Progress):
+            if t.phase != "prefill":
+                t.phase, t.phase_since = "prefill", now
+            t.done, t.eta_s, t.eta_at = msg.done, msg.eta_s, now
+        elif isinstance(msg, Started):
+            t.phase, t.phase_since, t.done, t.reused_tokens = "decode", now, 0, msg.reused_tokens
+        elif isinstance(msg, TokenOut):
+            t.done += 1
+
+    def finished(self, rid: str) -> None:
+        self.requests.pop(rid, None)
+
+    # --- read ------------------------------------------------------------------------------------
+
+    def running(self) -> dict | None:
+        active = [t for t in self.requests.values() if t.phase != "queued"]
+        if not active:
+            return None
+        t = max(active, key=lambda r: r.phase_since)
+        now = time.monotonic()
+        if t.phase == "prefill":
+            total = t.prompt_tokens
+            eta = None if t.eta_s is None else round(max(0.0, t.eta_s - (now - t.eta_at)), 2)
+        else:
+            total = t.max_tokens
+            elapsed = now - t.phase_since
+            rate = t.done / elapsed if elapsed > 0 and t.done > 0 else None
+            eta = None if rate is None else round((total - t.done) / rate, 2)   # upper bound: EOS may come first
+        return {"id": t.request_id, "phase": t.phase, "tokens_done": t.done, "tokens_total": total,
+                "eta_s": eta, "prompt_tokens": t.prompt_tokens,
+                "elapsed_s": round(now - t.submitted_at, 3)}
+
+    def snapshot(self, model_id: str) -> dict:
+        engine = self.engine
+        metrics = getattr(engine, "metrics", None)
+        model = getattr(engine, "model", None)
+        waiting = sum(t.phase == "queued" for t in self.requests.values())
+        depth = int(metrics.queue_depth.value()) if metrics is not None else waiting
+        live = int(metrics.live_state_tokens.value()) if metrics is not None else 0
+        return {
+            "object": "status",
+            "version": version(),
+            "pid": os.getpid(),
+            "uptime_s": round(time.monotonic() - self.started_at, 3),
+            "model": {"id": model_id, "fingerprint": self.fingerprint, "context_length": self.context_length,
+                      "kernel_threads": None if model is None else int(getattr(model, "threads", 0))},
+            "engine": {"segment": getattr(engine, "segment", None), "chunk": getattr(engine, "chunk", None)},
+            "queue": {"depth": depth, "capacity": self.queue_size},
+            "running": self.running(),
+            "live_state_tokens": live,
+            "checkpoints": checkpoint_tiers(engine),
+            "memory": process_memory(),
+        }
