@@ -1,5 +1,5 @@
 """End to end through the real loader: `cairn make-model` directory -> load_model -> kernel,
-against HF loading the same directory (fp32 and bf16 weights)."""
+against HF loading the same directory (fp32, bf16 and fp16 weights)."""
 
 import numpy as np
 import pytest
@@ -11,7 +11,7 @@ make_model = pytest.importorskip("cairn.daemon.make_model")
 model_dir = pytest.importorskip("cairn.daemon.model_dir")
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
 def test_model_dir_matches_hf(tmp_path, dtype):
     from transformers import DeepseekV4ForCausalLM
 
