@@ -238,3 +238,37 @@ def test_unreachable_daemon_is_one_clear_line(tmp_path):
         assert r.stderr.strip().endswith(f"cannot reach cairn at {path}: is the daemon running? "
                                          "(systemctl status cairn / cairn serve)"), r.stderr
         assert "Traceback" not in r.stderr
+
+
+def test_interactive_chat_keeps_the_conversation(served):
+    import pty
+    import termios
+
+    q1, q2 = "What is a cairn?", "And why build one?"
+    a1 = _greedy_chat(served, q1, max_tokens=6, system=None)["choices"][0]["message"]["content"]
+    with _http(served) as c:
+        r = c.post("/v1/chat/completions", json={
+            "model": "tiny", "temperature": 0, "max_tokens": 6,
+            "messages": [{"role": "user", "content": q1}, {"role": "assistant", "content": a1},
+                         {"role": "user", "content": q2}]})
+    a2 = r.json()["choices"][0]["message"]["content"]
+
+    master, slave = pty.openpty()
+    attrs = termios.tcgetattr(slave)
+    attrs[3] &= ~termios.ECHO
+    termios.tcsetattr(slave, termios.TCSANOW, attrs)
+    env = {**os.environ, "PYTHONIOENCODING": "utf-8", "CAIRN_SOCKET": str(served)}
+    proc = subprocess.Popen(CAIRN + ["chat", "--temperature", "0", "--max-tokens", "6"], stdin=slave,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    os.close(slave)
+    try:
+        os.write(master, f"{q1}\n{q2}\n".encode() + b"\x04")       # two turns, then Ctrl-D
+        out, err = proc.communicate(timeout=60)
+    finally:
+        os.close(master)
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err
+    text = out.decode()
+    assert a1 in text and a2 in text and text.index(a1) < text.rindex(a2)
+    assert "Ctrl-D quits" in err.decode()

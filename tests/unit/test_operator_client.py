@@ -1,0 +1,132 @@
+"""Pure pieces of the operator side: progress throttling, SSE parsing, the CLI's tables and lines."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+import trio
+import trio.testing
+
+from cairn.actors.messages import Progress, RequestControl, Sampling, Started, Submit, TokenOut
+from cairn.actors.progress import ProgressReporter
+from cairn.daemon.client import (ClientError, ProgressDisplay, format_checkpoints, format_status, iter_sse,
+                                 progress_line)
+from cairn.daemon.status import StatusBoard, checkpoint_tiers
+
+
+def _submit(buffer: int = 64):
+    send, recv = trio.open_memory_channel(buffer)
+    return Submit("r1", tuple(range(100)), None, Sampling(max_tokens=4), False, send, RequestControl()), recv
+
+
+async def _drain(recv) -> list:
+    out = []
+    while True:
+        try:
+            out.append(recv.receive_nowait())
+        except trio.WouldBlock:
+            return out
+
+
+@pytest.fixture
+def autojump_clock():
+    return trio.testing.MockClock(autojump_threshold=0)
+
+
+async def test_progress_is_throttled_first_always_goes_out(autojump_clock):
+    sub, recv = _submit()
+    rep = ProgressReporter(sub, total=1000, reused=100, min_interval_s=0.25)
+    rep.begin()
+    await trio.sleep(0.1)
+    rep.segment_done(200)                      # 0.1 s after the first: dropped
+    await trio.sleep(0.2)
+    rep.segment_done(300)                      # 0.3 s: sent, with an ETA from the rate so far
+    got = await _drain(recv)
+    assert [(p.done, p.total) for p in got] == [(100, 1000), (300, 1000)]
+    assert got[0].eta_s is None and got[0].request_id == "r1"
+    assert got[1].eta_s == pytest.approx((1000 - 300) * 0.3 / 200, abs=0.01)
+
+
+async def test_progress_never_blocks_on_a_full_or_closed_channel(autojump_clock):
+    sub, recv = _submit(buffer=1)
+    rep = ProgressReporter(sub, total=10, reused=0, min_interval_s=0)
+    rep.begin()
+    rep.segment_done(5)                        # buffer full: dropped, no error, no wait
+    await recv.aclose()
+    rep.segment_done(10)                       # handler gone: dropped
+    assert True
+
+
+def test_iter_sse_progress_data_done_and_error():
+    lines = [": progress {\"done\": 64, \"total\": 600, \"eta_s\": 1.5}", "", ": keepalive",
+             "data: {\"choices\": []}", "", "data: [DONE]", "data: {\"never\": 1}"]
+    assert list(iter_sse(lines)) == [("progress", {"done": 64, "total": 600, "eta_s": 1.5}),
+                                     ("comment", "keepalive"), ("data", {"choices": []})]
+    with pytest.raises(ClientError, match="engine failed"):
+        list(iter_sse(["data: {\"error\": {\"message\": \"engine failed\"}}"]))
+
+
+def test_progress_display_lines_off_a_terminal_and_in_place_on_one():
+    buf = io.StringIO()
+    d = ProgressDisplay(buf, enabled=True)
+    d.update({"done": 300, "total": 600, "eta_s": 2.0})
+    d.clear()
+    assert buf.getvalue() == progress_line({"done": 300, "total": 600, "eta_s": 2.0}) + "\n"
+    assert "300/600 tokens" in buf.getvalue() and "50%" in buf.getvalue() and "eta 2.0s" in buf.getvalue()
+
+    class TTY(io.StringIO):
+        def isatty(self):
+            return True
+    t = TTY()
+    d = ProgressDisplay(t)                      # auto: on, because it is a terminal
+    d.update({"done": 1, "total": 2, "eta_s": None})
+    d.clear()
+    assert t.getvalue().startswith("\rprefill [") and t.getvalue().endswith("\r")
+    off = io.StringIO()
+    ProgressDisplay(off).update({"done": 1, "total": 2})   # auto and not a terminal: nothing
+    assert off.getvalue() == ""
+
+
+def test_checkpoint_table():
+    rows = [{"id": "0ad9bc157df4a625", "tokens": 1822, "kind": "prompt_end", "bytes": 236025, "tier": "memory",
+             "hits": 3, "last_used": 1_800_000_000.0 - 75}]
+    out = format_checkpoints(rows, now=1_800_000_000.0).splitlines()
+    assert out[0].split() == ["ID", "TOKENS", "KIND", "BYTES", "TIER", "HITS", "LAST", "USE"]
+    assert out[1].split() == ["0ad9bc157df4a625", "1822", "prompt_end", "230.5", "KiB", "memory", "3", "1m15s", "ago"]
+    assert format_checkpoints([]) == "no checkpoints"
+
+
+def test_status_board_tracks_the_running_request_and_formats():
+    board = StatusBoard(queue_size=8, fingerprint="ab" * 32, context_length=4096)
+    board.submitted("a", 600, 32)
+    board.submitted("b", 10, 4)
+    assert board.running() is None
+    board.seen("a", Progress("a", 128, 600, 3.0))
+    r = board.running()
+    assert (r["id"], r["phase"], r["tokens_done"], r["tokens_total"]) == ("a", "prefill", 128, 600)
+    board.seen("a", Started(0, None))
+    board.seen("a", TokenOut(5, "x", 0.0, ()))
+    r = board.running()
+    assert (r["phase"], r["tokens_done"], r["tokens_total"]) == ("decode", 1, 32)
+    s = board.snapshot("tiny")
+    assert s["queue"] == {"depth": 1, "capacity": 8} and s["checkpoints"]["memory"] == {"count": 0, "bytes": 0}
+    text = format_status(s)
+    assert "model        tiny" in text and "running      a: decode 1/32" in text
+    board.finished("a")
+    board.finished("b")
+    assert board.running() is None and "running      idle" in format_status(board.snapshot("tiny"))
+
+
+def test_checkpoint_hook_reads_the_managers_stats():
+    class Ck:
+        def checkpoint_stats(self):
+            return {"enabled": True, "memory": {"entries": 2, "bytes": 300, "max_bytes": 1000},
+                    "disk": {"entries": 1, "bytes": 50}, "hits": 4}
+
+    class Eng:
+        checkpoints = Ck()
+    t = checkpoint_tiers(Eng())
+    assert t["memory"] == {"count": 2, "bytes": 300, "max_bytes": 1000} and t["disk"] == {"count": 1, "bytes": 50}
+    assert t["hits"] == 4 and t["enabled"] is True
+    assert checkpoint_tiers(None)["disk"] == {"count": 0, "bytes": 0}
