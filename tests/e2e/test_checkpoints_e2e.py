@@ -1,0 +1,475 @@
+"""Prefix checkpoints end to end: the real kernel on the tiny model, a real daemon on a real socket.
+
+`checkpoint_min_tokens=32` so prompts of a few hundred tokens exercise every rule. Parity: each
+answer (greedy tokens, and their log-probabilities to 1e-4: a restore or a capture point changes
+where the kernel's chunks end, which moves float rounding by ~1e-6) equals the answer of the same
+request sequence replayed against a daemon with checkpoints off.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import signal
+import subprocess
+import sys
+import threading
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+import pytest
+import trio
+from structlog.testing import capture_logs
+
+from cairn.actors import disk_format, disk_io
+from daemon_harness import daemon, real_loaded, request
+
+RNG = np.random.default_rng(11)
+ON = {"checkpoint_min_tokens": 32}
+SYSTEM = "\n".join(f"Rule {i}: read file_{i}.py before you change it, and keep the change small."
+                   for i in range(12))
+SIDE_SYSTEMS = [f"You write short titles, style {i}." for i in range(12)]
+
+
+@pytest.fixture(scope="module")
+def loaded(tiny_model_dir):
+    return real_loaded(tiny_model_dir)
+
+
+def ids(n: int) -> list[int]:
+    return [int(t) for t in RNG.integers(20, 500, size=n)]
+
+
+def cmpl(prompt, **kw) -> dict:
+    return {"model": "tiny", "prompt": prompt, "temperature": 0, "max_tokens": 4, "logprobs": 1, **kw}
+
+
+def chat(messages, **kw) -> dict:
+    return {"model": "tiny", "messages": messages, "temperature": 0, "max_tokens": 4, "logprobs": True, **kw}
+
+
+def user(i: int, conv: str = "A") -> dict:
+    return {"role": "user", "content": f"Conversation {conv}, turn {i}: please fix test_{i}.py and explain why."}
+
+
+def answer(body: dict) -> tuple[list, list]:
+    ch = body["choices"][0]
+    if "message" in ch:
+        content = ch["logprobs"]["content"]
+        return [c["token"] for c in content], [c["logprob"] for c in content]
+    return ch["logprobs"]["tokens"], ch["logprobs"]["token_logprobs"]
+
+
+def cached(body: dict) -> int:
+    return body["usage"]["prompt_tokens_details"]["cached_tokens"]
+
+
+def path_of(body: dict) -> str:
+    return "/v1/chat/completions" if "messages" in body else "/v1/completions"
+
+
+async def post(sock, body) -> dict:
+    r = await request(sock, "POST", path_of(body), body)
+    assert r.status == 200, r.body
+    return r.json()
+
+
+async def listing(sock) -> list[dict]:
+    r = await request(sock, "GET", "/v1/checkpoints")
+    assert r.status == 200 and r.json()["object"] == "list"
+    return r.json()["data"]
+
+
+async def replay_off(loaded, tmp_path, bodies) -> list[dict]:
+    """The same requests, in order, against a daemon with checkpoints off."""
+    sock = tmp_path / "off.sock"
+    async with daemon(loaded, sock, checkpoints=False):
+        return [await post(sock, b) for b in bodies]
+
+
+def assert_parity(on: list[dict], off: list[dict]) -> None:
+    assert len(on) == len(off)
+    for a, b in zip(on, off):
+        (ta, la), (tb, lb) = answer(a), answer(b)
+        assert ta == tb
+        np.testing.assert_allclose(la, lb, atol=1e-4)
+
+
+def events(evs, name, **match) -> list[dict]:
+    return [e for e in evs if e["event"] == name and all(e.get(k) == v for k, v in match.items())]
+
+
+async def wait_disk(sock, n: int, timeout: float = 10) -> list[dict]:
+    """Until at least n entries are on disk (the writer works off the request path)."""
+    with trio.fail_after(timeout):
+        while True:
+            rows = await listing(sock)
+            if sum("disk" in r["tier"] for r in rows) >= n:
+                return rows
+            await trio.sleep(0.02)
+
+
+# --- the three capture rules, parity ------------------------------------------------------------
+
+async def test_rule1_system_hint_checkpoint_serves_a_new_conversation(loaded, tmp_path):
+    sock = tmp_path / "c.sock"
+    sys_msg = {"role": "system", "content": SYSTEM}
+    bodies = [chat([sys_msg, user(1)]), chat([sys_msg, user(2, "B")])]
+    with trio.fail_after(60), capture_logs() as evs:
+        async with daemon(loaded, sock, **ON):
+            r1 = await post(sock, bodies[0])
+            rows = await listing(sock)
+            r2 = await post(sock, bodies[1])
+            m = (await request(sock, "GET", "/metrics")).body.decode()
+    system = [r for r in rows if r["kind"] == "system"]
+    assert len(system) == 1 and 32 <= system[0]["tokens"] < r1["usage"]["prompt_tokens"] - 8
+    assert cached(r1) == 0 and cached(r2) == system[0]["tokens"]
+    hit = events(evs, "checkpoint_hit")
+    assert [(h["id"], h["kind"], h["tier"]) for h in hit] == [(system[0]["id"], "system", "memory")]
+    assert 'cairn_checkpoint_hits_total{tier="ram"} 1' in m
+    assert f'cairn_prefill_tokens_total{{kind="restored"}} {system[0]["tokens"]}' in m
+    assert events(evs, "checkpoint_store", kind="system", tier="memory")
+    assert_parity([r1, r2], await replay_off(loaded, tmp_path, bodies))
+
+
+async def test_rule2_common_prefix_of_two_fresh_prompts(loaded, tmp_path):
+    sock = tmp_path / "c.sock"
+    shared = ids(200)
+    bodies = [cmpl(shared + ids(60)), cmpl(shared + ids(60)), cmpl(shared + ids(60))]
+    with trio.fail_after(60), capture_logs() as evs:
+        async with daemon(loaded, sock, **ON):
+            out = [await post(sock, bodies[0]), await post(sock, bodies[1])]
+            rows = await listing(sock)
+            out.append(await post(sock, bodies[2]))
+    common = [r for r in rows if r["kind"] == "common"]
+    assert [c["tokens"] for c in common] == [200]
+    assert [cached(r) for r in out] == [0, 0, 200]
+    assert events(evs, "checkpoint_hit", id=common[0]["id"])
+    assert_parity(out, await replay_off(loaded, tmp_path, bodies))
+
+
+async def test_rule3_rerendered_agent_turn_restores_the_prompt_end(loaded, tmp_path):
+    sock = tmp_path / "c.sock"
+    p1 = ids(150)
+    with trio.fail_after(60), capture_logs() as evs:
+        async with daemon(loaded, sock, **ON):
+            # token ids: the client re-renders the reply differently from what was generated
+            r1 = await post(sock, cmpl(p1))
+            b2 = cmpl(p1 + [7, 8, 9] + ids(40))
+            r2 = await post(sock, b2)
+            # chat: turn 2 re-renders turn 1's reply as text
+            msgs = [{"role": "system", "content": SYSTEM}, user(1)]
+            c1 = await post(sock, chat(msgs))
+            msgs2 = msgs + [{"role": "assistant", "content": c1["choices"][0]["message"]["content"]}, user(2)]
+            c2 = await post(sock, chat(msgs2))
+    assert cached(r2) == len(p1)
+    assert events(evs, "checkpoint_hit", kind="prompt_end", tokens=len(p1))
+    assert cached(c2) >= c1["usage"]["prompt_tokens"]     # the prompt end (or the live state, if longer)
+    off = await replay_off(loaded, tmp_path, [cmpl(p1), b2, chat(msgs), chat(msgs2)])
+    assert_parity([r1, r2, c1, c2], off)
+
+
+# --- eviction and budgets -----------------------------------------------------------------------
+
+async def test_slot_budget_and_prompt_end_evicted_before_prefix_captures(loaded, tmp_path):
+    sock = tmp_path / "c.sock"
+    shared = ids(100)
+    with trio.fail_after(60), capture_logs() as evs:
+        async with daemon(loaded, sock, checkpoint_slots=3, **ON):
+            await post(sock, cmpl(shared + ids(50)))     # prompt_end P1
+            await post(sock, cmpl(shared + ids(50)))     # common@100 + prompt_end P2: 3 slots full
+            full = await listing(sock)
+            for _ in range(3):                           # unrelated prompts: each pushes out a prompt_end
+                await post(sock, cmpl(ids(120)))
+            rows = await listing(sock)
+            m = (await request(sock, "GET", "/metrics")).body.decode()
+    assert sorted(r["kind"] for r in full) == ["common", "prompt_end", "prompt_end"]
+    assert len(rows) == 3 and [r["tokens"] for r in rows if r["kind"] == "common"] == [100]
+    evicted = events(evs, "checkpoint_evict", tier="memory")
+    assert len(evicted) == 3 and all(e["kind"] == "prompt_end" for e in evicted)
+    assert 'cairn_checkpoint_evictions_total{tier="ram"} 3' in m
+
+
+async def test_byte_budget_holds(loaded, tmp_path):
+    sock = tmp_path / "c.sock"
+    with trio.fail_after(90), capture_logs() as evs:
+        async with daemon(loaded, sock, checkpoint_slots=8, checkpoint_memory_mb=1, **ON):
+            for _ in range(9):
+                await post(sock, cmpl(ids(1200), max_tokens=1))
+            rows = await listing(sock)
+            m = (await request(sock, "GET", "/metrics")).body.decode()
+    total = sum(r["bytes"] for r in rows)
+    assert total <= 1 << 20 and len(rows) < 8
+    assert len(events(evs, "checkpoint_evict", tier="memory")) == 9 - len(rows)
+    assert f'cairn_checkpoint_bytes{{tier="ram"}} {total}' in m
+
+
+async def test_main_system_checkpoint_survives_a_burst_of_side_requests(loaded, tmp_path):
+    sock = tmp_path / "c.sock"
+    sys_msg = {"role": "system", "content": SYSTEM}
+    with trio.fail_after(120), capture_logs() as evs:
+        async with daemon(loaded, sock, checkpoint_slots=3, **ON):
+            await post(sock, chat([sys_msg, user(1)]))
+            main = [r for r in await listing(sock) if r["kind"] == "system"][0]
+            for i, side in enumerate(SIDE_SYSTEMS):       # titles, sub-agents: their own prompts
+                msgs = [{"role": "system", "content": side}] if i % 2 else []
+                await post(sock, chat(msgs + [{"role": "user", "content": f"Title for request {i}: " + "x" * 60}]))
+                assert main["id"] in [r["id"] for r in await listing(sock)]
+            r = await post(sock, chat([sys_msg, user(9, "C")]))
+    assert cached(r) == main["tokens"]
+    assert len(events(evs, "checkpoint_evict", tier="memory")) >= len(SIDE_SYSTEMS)
+
+
+# --- the API ------------------------------------------------------------------------------------
+
+async def test_get_and_delete_checkpoints(loaded, tmp_path):
+    sock, ckdir = tmp_path / "c.sock", tmp_path / "ck"
+    p = ids(120)
+    with trio.fail_after(60), capture_logs():
+        async with daemon(loaded, sock, disk_checkpoints=True, checkpoint_dir=str(ckdir), **ON):
+            t0 = time.time()
+            await post(sock, cmpl(p))
+            rows = await wait_disk(sock, 1)
+            assert (ckdir / f"{rows[0]['id']}.ckpt").exists()
+            d = await request(sock, "DELETE", f"/v1/checkpoints/{rows[0]['id']}")
+            after = await listing(sock)
+            gone = not (ckdir / f"{rows[0]['id']}.ckpt").exists()
+            again = await request(sock, "DELETE", f"/v1/checkpoints/{rows[0]['id']}")
+            bad_method = await request(sock, "GET", f"/v1/checkpoints/{rows[0]['id']}")
+            r = await post(sock, cmpl(p))
+    row = rows[0]
+    assert set(row) == {"id", "object", "tokens", "kind", "bytes", "tier", "hits", "last_used"}
+    assert (row["tokens"], row["kind"], row["tier"], row["hits"]) == (120, "prompt_end", "memory+disk", 0)
+    assert row["bytes"] > 0 and t0 - 1 <= row["last_used"] <= time.time() + 1 and len(row["id"]) == 16
+    assert d.status == 200 and d.json() == {"id": row["id"], "object": "checkpoint", "deleted": True}
+    assert after == [] and gone
+    assert again.status == 404 and again.json()["error"]["code"] == "checkpoint_not_found"
+    assert again.json()["error"]["type"] and "message" in again.json()["error"]
+    assert bad_method.status == 405
+    assert cached(r) == 0        # the checkpoint is gone (and the live state holds 3 more tokens)
+
+
+# --- disk tier ----------------------------------------------------------------------------------
+
+async def test_restarted_daemon_serves_the_second_session_from_disk(loaded, tmp_path):
+    sock, ckdir = tmp_path / "c.sock", tmp_path / "ck"
+    sys_msg = {"role": "system", "content": SYSTEM}
+    bodies = [chat([sys_msg, user(1)]), chat([sys_msg, user(2, "B")])]
+    disk = dict(disk_checkpoints=True, checkpoint_dir=str(ckdir), **ON)
+    with trio.fail_after(60), capture_logs() as evs:
+        async with daemon(loaded, sock, **disk):
+            r1 = await post(sock, bodies[0])
+            await wait_disk(sock, 2)
+        async with daemon(loaded, sock, **disk):
+            before = await listing(sock)
+            r2 = await post(sock, bodies[1])
+            after = await listing(sock)
+            m = (await request(sock, "GET", "/metrics")).body.decode()
+    system = [r for r in before if r["kind"] == "system"][0]
+    assert {r["tier"] for r in before} == {"disk"}
+    assert cached(r2) == system["tokens"]
+    assert events(evs, "checkpoint_hit", id=system["id"], tier="disk")
+    assert [r["tier"] for r in after if r["id"] == system["id"]] == ["memory+disk"]
+    assert 'cairn_checkpoint_hits_total{tier="disk"} 1' in m
+    assert_parity([r1, r2], await replay_off(loaded, tmp_path, bodies))
+
+
+def _rewrite(path: Path, *, fingerprint: str | None = None, version: int | None = None) -> None:
+    raw = path.read_bytes()
+    h = disk_format.read_header(raw)
+    payload = raw[h.header_len:]
+    new = disk_format.encode(fingerprint or h.fingerprint, h.kind, h.tokens, payload)
+    if version is not None:
+        new = new[:8] + version.to_bytes(4, "little") + new[12:]
+    path.write_bytes(new)
+
+
+async def test_bad_files_are_skipped_removed_and_warned_never_restored(loaded, tmp_path):
+    sock, ckdir = tmp_path / "c.sock", tmp_path / "ck"
+    disk = dict(disk_checkpoints=True, checkpoint_dir=str(ckdir), **ON)
+    prompts = [ids(100 + 20 * i) for i in range(4)]
+    with trio.fail_after(90), capture_logs() as evs:
+        async with daemon(loaded, sock, **disk):
+            for p in prompts:
+                await post(sock, cmpl(p))
+            rows = await wait_disk(sock, 4)
+        files = {r["tokens"]: ckdir / f"{r['id']}.ckpt" for r in rows}
+        f_trunc, f_foreign, f_version, f_late = (files[len(p)] for p in prompts)
+        f_trunc.write_bytes(f_trunc.read_bytes()[:-100])
+        _rewrite(f_foreign, fingerprint="some-other-model;snapshot-v1")
+        _rewrite(f_version, version=2)
+        async with daemon(loaded, sock, **disk):
+            listed = await listing(sock)
+            # the last file goes bad after the scan: found at load time
+            raw = bytearray(f_late.read_bytes())
+            raw[-5] ^= 0xFF
+            f_late.write_bytes(bytes(raw))
+            later = [cmpl(p + ids(20)) for p in prompts]
+            out = [await post(sock, b) for b in later]
+    bad = {Path(e["path"]).name: e["reason"] for e in events(evs, "checkpoint_file_bad")}
+    assert bad == {f_trunc.name: "truncated", f_foreign.name: "foreign fingerprint",
+                   f_version.name: "wrong version 2 (expected 1)"}
+    assert [r["tokens"] for r in listed] == [len(prompts[3])]
+    late = events(evs, "checkpoint_bad")
+    assert len(late) == 1 and late[0]["reason"] == "checksum mismatch" and late[0]["log_level"] == "warning"
+    assert all(cached(r) == 0 for r in out)           # nothing restored from a bad file
+    assert not any(f.exists() for f in (f_trunc, f_foreign, f_version, f_late))
+    assert_parity(out, await replay_off(loaded, tmp_path, later))
+
+
+@contextmanager
+def _readonly_dir(path: Path):
+    path.mkdir()
+    if os.geteuid() == 0:       # root writes through mode bits: a read-only tmpfs instead
+        subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(path)], check=True)
+        try:
+            yield path
+        finally:
+            subprocess.run(["umount", str(path)], check=False)
+    else:
+        path.chmod(0o500)
+        try:
+            yield path
+        finally:
+            path.chmod(0o700)
+
+
+async def test_read_only_directory_one_warning_and_requests_succeed(loaded, tmp_path):
+    sock = tmp_path / "c.sock"
+    sys_msg = {"role": "system", "content": SYSTEM}
+    bodies = [chat([sys_msg, user(1)]), chat([sys_msg, user(2, "B")]), cmpl(ids(100))]
+    with _readonly_dir(tmp_path / "ro") as ro, trio.fail_after(60), capture_logs() as evs:
+        async with daemon(loaded, sock, disk_checkpoints=True, checkpoint_dir=str(ro), **ON):
+            out = [await post(sock, b) for b in bodies]
+            await trio.sleep(0.3)
+            rows = await listing(sock)
+    warn = events(evs, "checkpoint_disk_unavailable")
+    assert len(warn) == 1 and warn[0]["log_level"] == "warning"
+    assert cached(out[1]) > 0                          # memory checkpoints keep working
+    assert {r["tier"] for r in rows} == {"memory"}
+    assert_parity(out, await replay_off(loaded, tmp_path, bodies))
+
+
+# --- subprocess daemons: a full disk (RLIMIT_FSIZE) and kill -9 ----------------------------------
+
+class Proc:
+    """`cairn serve` in a subprocess; its JSON log lines are collected from a pipe."""
+
+    def __init__(self, model: Path, sock: Path, ckdir: Path, *, fsize: int | None = None) -> None:
+        args = [sys.executable, "-m", "cairn.daemon.cli", "serve", "--model", str(model), "--socket", str(sock),
+                "--threads", "2", "--disk-checkpoints", "--checkpoint-dir", str(ckdir),
+                "--checkpoint-min-tokens", "32"]
+
+        def limit():
+            if fsize is not None:
+                resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
+
+        self.lines: list[dict] = []
+        self.sock = sock
+        self.p = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, preexec_fn=limit)
+        self._t = threading.Thread(target=self._read, daemon=True)
+        self._t.start()
+
+    def _read(self) -> None:
+        for raw in self.p.stdout:
+            try:
+                self.lines.append(json.loads(raw))
+            except ValueError:
+                self.lines.append({"event": "text", "text": raw.decode(errors="replace")})
+
+    async def ready(self) -> None:
+        with trio.fail_after(60):
+            while not any(e.get("event") == "listening" for e in self.lines):
+                assert self.p.poll() is None, self.lines
+                await trio.sleep(0.05)
+
+    def stop(self, sig=signal.SIGTERM) -> None:
+        self.p.send_signal(sig)
+        self.p.wait(timeout=30)
+        self._t.join(timeout=5)
+
+
+async def test_full_disk_rlimit_fsize_one_warning_requests_succeed(loaded, tiny_model_dir, tmp_path):
+    sock, ckdir = tmp_path / "c.sock", tmp_path / "ck"
+    bodies = [cmpl(ids(200)), cmpl(ids(200)), cmpl(ids(200))]
+    d = Proc(tiny_model_dir, sock, ckdir, fsize=20_000)     # every checkpoint file is larger
+    try:
+        await d.ready()
+        with trio.fail_after(60):
+            out = [await post(sock, b) for b in bodies]
+            await trio.sleep(0.3)
+            rows = await listing(sock)
+    finally:
+        d.stop()
+    assert d.p.returncode == 0
+    warn = [e for e in d.lines if e.get("event") == "checkpoint_disk_unavailable"]
+    assert len(warn) == 1 and warn[0]["level"] == "warning" and "too large" in warn[0]["error"].lower()
+    assert {r["tier"] for r in rows} == {"memory"} and not list(ckdir.iterdir())
+    with capture_logs():
+        assert_parity(out, await replay_off(loaded, tmp_path, bodies))
+
+
+SLOW_WRITER = """
+import sys, time
+from cairn.actors import disk_io
+data = open(sys.argv[2], "rb").read()
+def parts():
+    yield data[:len(data) // 2]
+    print("half", flush=True)
+    time.sleep(60)
+    yield data[len(data) // 2:]
+disk_io.atomic_write(sys.argv[1], sys.argv[3], parts())
+"""
+
+
+async def test_kill_9_during_writes_leaves_nothing_that_loads(loaded, tiny_model_dir, tmp_path):
+    from cairn.daemon.main import checkpoint_fingerprint
+
+    sock, ckdir = tmp_path / "c.sock", tmp_path / "ck"
+    # 1. the daemon killed at arbitrary moments while it prefills, captures and writes
+    for delay in (0.05, 0.15, 0.3, 0.6):
+        d = Proc(tiny_model_dir, sock, ckdir)
+        await d.ready()
+
+        def fire():
+            try:
+                import httpx
+                with httpx.Client(transport=httpx.HTTPTransport(uds=str(sock)), timeout=30) as c:
+                    c.post("http://x/v1/completions", json=cmpl(ids(1500), max_tokens=1))
+            except Exception:
+                pass
+
+        t = threading.Thread(target=fire, daemon=True)
+        t.start()
+        await trio.sleep(delay)
+        d.stop(signal.SIGKILL)
+        t.join(timeout=10)
+    # 2. a checkpoint write killed exactly half-way (after the first buffer, before fsync/rename)
+    fp = checkpoint_fingerprint(loaded)
+    prompt = ids(300)
+    st = loaded.kernel.State(loaded.model)
+    loaded.kernel.prefill(st, np.asarray(prompt, dtype=np.int32), chunk=128)
+    blob = st.snapshot()
+    src = tmp_path / "whole.bin"
+    src.write_bytes(disk_format.encode(fp, "prompt_end", prompt, blob))
+    w = subprocess.Popen([sys.executable, "-c", SLOW_WRITER, str(ckdir), str(src), disk_format.file_name(prompt)],
+                         stdout=subprocess.PIPE)
+    assert w.stdout.readline().strip() == b"half"
+    w.kill()
+    w.wait(timeout=10)
+    assert list(ckdir.glob(".*.tmp")) and not (ckdir / disk_format.file_name(prompt)).exists()
+    with trio.fail_after(60), capture_logs() as evs:
+        async with daemon(loaded, sock, disk_checkpoints=True, checkpoint_dir=str(ckdir), **ON):
+            rows = await listing(sock)
+            at_start = {f.name for f in ckdir.glob("*.ckpt")}
+            r = await post(sock, cmpl(prompt + ids(30)))
+    assert {f"{row['id']}.ckpt" for row in rows} == at_start
+    assert not list(ckdir.glob(".*.tmp"))
+    assert any("interrupted write" in e["reason"] for e in events(evs, "checkpoint_file_bad"))
+    assert cached(r) == 0                                 # the half-written checkpoint was never loaded
+    for f in ckdir.glob("*.ckpt"):                         # every file left is whole and ours
+        h, payload = disk_io.load(f, fp)
+        assert loaded.kernel.State.restore(loaded.model, payload).n_tokens == h.n_tokens
