@@ -33,6 +33,11 @@ model: $(MODEL)/config.json
 serve: install $(MODEL)/config.json
 	$(VENV)/bin/cairn serve --model $(MODEL) $(ARGS)
 
+# An agent session through the real socket: checkpoints off / in memory / from disk after a restart;
+# prints TTFT per turn. Smaller run: make demo DEMO_ARGS="--system-tokens 2000 --turns 3"
+demo: install $(MODEL)/config.json
+	$(PY) bench/agent_session.py --model $(MODEL) $(DEMO_ARGS)
+
 test: install
 	sh scripts/ensure-systemd-tools.sh
 	$(PY) -m pytest -q tests

@@ -58,6 +58,7 @@ class Daemon:
                 raise SystemExit(f"daemon exited with {self.proc.returncode}; see {log}")
             try:
                 if self.client.get("/health").status_code == 200:
+                    self.model_id = self.client.get("/v1/models").json()["data"][0]["id"]
                     return
             except httpx.TransportError:
                 pass
@@ -66,7 +67,7 @@ class Daemon:
 
     def chat(self, messages: list[dict], max_tokens: int) -> tuple[float, str, int, int]:
         """Stream one turn; return (TTFT seconds, reply text, prompt tokens, cached tokens)."""
-        body = {"messages": messages, "max_tokens": max_tokens, "temperature": 0, "stream": True,
+        body = {"model": self.model_id, "messages": messages, "max_tokens": max_tokens, "temperature": 0, "stream": True,
                 "stream_options": {"include_usage": True}}
         t0 = time.perf_counter()
         ttft, text, usage = None, [], {}
