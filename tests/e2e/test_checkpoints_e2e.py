@@ -207,6 +207,22 @@ async def test_byte_budget_holds(loaded, tmp_path):
     assert f'cairn_checkpoint_bytes{{tier="ram"}} {total}' in m
 
 
+async def test_disk_byte_budget_deletes_files(loaded, tmp_path):
+    sock, ckdir = tmp_path / "c.sock", tmp_path / "ck"
+    with trio.fail_after(90), capture_logs() as evs:
+        async with daemon(loaded, sock, disk_checkpoints=True, checkpoint_dir=str(ckdir), checkpoint_disk_mb=1,
+                          **ON):
+            for i in range(9):
+                await post(sock, cmpl(ids(1200), max_tokens=1))
+                await wait_disk(sock, min(i + 1, 5))
+            await trio.sleep(0.3)
+            rows = await listing(sock)
+    files = {f.name: f.stat().st_size for f in ckdir.glob("*.ckpt")}
+    on_disk = {f"{r['id']}.ckpt" for r in rows if "disk" in r["tier"]}
+    assert set(files) == on_disk and sum(files.values()) <= 1 << 20 and 5 <= len(files) < 9
+    assert len(events(evs, "checkpoint_evict", tier="disk")) == 9 - len(files)
+
+
 async def test_main_system_checkpoint_survives_a_burst_of_side_requests(loaded, tmp_path):
     sock = tmp_path / "c.sock"
     sys_msg = {"role": "system", "content": SYSTEM}
