@@ -1,0 +1,99 @@
+"""Prefix checkpoints, measured on the kernel directly (no daemon): what a capture adds to a prefill,
+and what a restore costs against the snapshot size.
+
+    python bench/checkpoint_overhead.py models/small [--tokens 8192] [--repeat 3] [--json out.json]
+
+Capture overhead: the same prompt prefilled the way the prefill worker does it (kernel calls from
+`kernel_calls`), once without capture points and once with the two usual ones — a system-prefix
+cut at ~half the prompt plus the prompt end — snapshotting at each (`state.snapshot()`). Restore:
+`State.restore(model, blob)` for prefixes of growing length. Best of `--repeat` runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("model", type=Path)
+    ap.add_argument("--tokens", type=int, default=8192)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--chunk", type=int, default=128)
+    ap.add_argument("--segment", type=int, default=4096)
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--json")
+    args = ap.parse_args()
+
+    from cairn import _kernel as K
+    from cairn.actors.prefill import kernel_calls
+    from cairn.daemon.model_dir import load_model, open_model_dir
+
+    model = load_model(open_model_dir(args.model), args.threads)
+    vocab = int(model.vocab_size)
+    toks = np.random.default_rng(0).integers(100, vocab, size=args.tokens).astype(np.int32)
+    cut = (args.tokens // 2) // 100 * 100 + 37       # a system boundary off the chunk grid
+
+    def run(cuts: list[int], end_capture: bool) -> tuple[float, float, list[bytes]]:
+        st = K.State(model)
+        blobs, snap_s = [], 0.0
+        t0 = time.perf_counter()
+        for a, b in kernel_calls(0, args.tokens, args.chunk, args.segment, cuts):
+            K.prefill(st, toks[a:b], chunk=args.chunk)
+            if b in cuts:
+                t = time.perf_counter()
+                blobs.append(st.snapshot())
+                snap_s += time.perf_counter() - t
+        if end_capture:
+            t = time.perf_counter()
+            blobs.append(st.snapshot())
+            snap_s += time.perf_counter() - t
+        return time.perf_counter() - t0, snap_s, blobs
+
+    run([], False)                                    # warm-up (page in the weights)
+    plain = min(run([], False)[0] for _ in range(args.repeat))
+    captured = [run([cut], True) for _ in range(args.repeat)]
+    best = min(captured, key=lambda r: r[0])
+    print(f"prefill {args.tokens} tokens, chunk {args.chunk}, {args.threads} threads")
+    print(f"  no captures:                          {plain:8.3f} s")
+    print(f"  system cut at {cut} + prompt end:     {best[0]:8.3f} s   "
+          f"(+{(best[0] - plain) * 1000:.0f} ms, {100 * (best[0] - plain) / plain:+.1f} %; "
+          f"of which snapshots {best[1] * 1000:.1f} ms for {sum(map(len, best[2])) / 1e6:.2f} MB)")
+
+    rows = []
+    st = K.State(model)
+    done = 0
+    for n in (512, 1024, 2048, 4096, 8192, 16384):
+        if n > args.tokens * 2:
+            break
+        more = np.random.default_rng(n).integers(100, vocab, size=n - done).astype(np.int32)
+        K.prefill(st, more, chunk=args.chunk)
+        done = n
+        snap = min(_timed(st.snapshot) for _ in range(args.repeat))
+        blob = st.snapshot()
+        restore = min(_timed(lambda: K.State.restore(model, blob)) for _ in range(args.repeat))
+        rows.append({"tokens": n, "bytes": len(blob), "snapshot_ms": snap * 1000, "restore_ms": restore * 1000})
+    print(f"{'tokens':>7} {'snapshot MB':>12} {'snapshot ms':>12} {'restore ms':>11} {'restore GB/s':>13}")
+    for r in rows:
+        print(f"{r['tokens']:>7} {r['bytes'] / 1e6:12.2f} {r['snapshot_ms']:12.1f} {r['restore_ms']:11.1f} "
+              f"{r['bytes'] / 1e9 / max(r['restore_ms'] / 1000, 1e-9):13.2f}")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"plain_s": plain, "captured_s": best[0], "snapshots_s": best[1],
+                                               "cut": cut, "restore": rows}, indent=2))
+    return 0
+
+
+def _timed(fn) -> float:
+    t = time.perf_counter()
+    fn()
+    return time.perf_counter() - t
+
+
+if __name__ == "__main__":
+    sys.exit(main())
