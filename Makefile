@@ -22,21 +22,26 @@ $(STAMP): $(PY) pyproject.toml $(NATIVE)
 
 install: $(STAMP)
 
-# The default demo model: generated once, deterministically (preset small, seed 0).
-$(MODEL)/config.json: | $(STAMP)
+# The default demo model: generated once, deterministically (preset small, seed 0). The target is the
+# last file make-model writes, so an interrupted generation is redone.
+$(MODEL)/generation_config.json: | $(STAMP)
 	$(VENV)/bin/cairn make-model --preset small --seed 0 $(MODEL)
 
-model: $(MODEL)/config.json
+model: $(MODEL)/generation_config.json
 
 # Foreground daemon on the default Unix socket; prints the socket path and a curl example.
 # Extra flags: make serve ARGS="--tcp 127.0.0.1:8000 --log-level debug"
-serve: install $(MODEL)/config.json
+serve: install $(MODEL)/generation_config.json
 	$(VENV)/bin/cairn serve --model $(MODEL) $(ARGS)
 
 # An agent session through the real socket: checkpoints off / in memory / from disk after a restart;
 # prints TTFT per turn. Smaller run: make demo DEMO_ARGS="--system-tokens 2000 --turns 3"
-demo: install $(MODEL)/config.json
+demo: install $(MODEL)/generation_config.json
 	$(PY) bench/agent_session.py --model $(MODEL) $(DEMO_ARGS)
+
+# Kernel vs HF transformers, side by side (prefill, decode, snapshot/restore, machine limits).
+bench: install $(MODEL)/generation_config.json
+	$(PY) bench/kernel.py $(MODEL) --threads 2
 
 test: install
 	sh scripts/ensure-systemd-tools.sh
