@@ -2,8 +2,10 @@
 // shared expert with the same clamp).
 //
 // Design notes
-//  * Prefill groups the chunk's tokens by expert and runs each expert as GEMMs over its rows;
-//    decode (S == 1) goes through the same code with M == 1 (AVX2 GEMV).
+//  * Prefill groups the chunk's tokens by expert; each expert's ~S*k/E rows are too few for
+//    OpenBLAS (packing dominated), so the expert GEMMs use the register-tiled dot-form kernel
+//    (kernels.h dot_tile_any) straight over the weight rows; decode (S == 1) takes the same path.
+//    act = silu(min(g, L)) * clamp(u, -L, L), applied on the fused gate/up tile.
 //  * Routed outputs are accumulated in expert-index order, then the shared expert is added
 //    (HF: index_add_ per expert, then routed + shared).
 //  * Top-k ties in the router go to the lowest expert index.
@@ -11,6 +13,7 @@
 #include <cmath>
 #include <cstring>
 #include <numeric>
+#include <utility>
 
 #include "cairn/forward.h"
 #include "cairn/kernels.h"
@@ -19,15 +22,6 @@
 namespace cairn {
 
 static inline float softplus(float v) { return v > 20.f ? v : std::log1p(std::exp(v)); }
-
-// act[M, I] = silu(min(g, L)) * clamp(u, -L, L)
-static void swiglu(float* g, const float* u, size_t n, float lim) {
-  for (size_t i = 0; i < n; ++i) {
-    float a = std::min(g[i], lim);
-    float b = std::min(std::max(u[i], -lim), lim);
-    g[i] = (a / (1.f + std::exp(-a))) * b;
-  }
-}
 
 void moe_block(const Model& m, int layer, const float* x, const int32_t* tokens, int S, float* y) {
   const Config& c = m.cfg;
@@ -59,92 +53,124 @@ void moe_block(const Model& m, int layer, const float* x, const int32_t* tokens,
     for (int j = 0; j < k; ++j) wt[(size_t)i * k + j] = lg[ix[j]] / (sum + 1e-20f) * c.routed_scale;
   }
   prof_lap(P_ROUTER, t0);
-  // Active experts (and the shared expert, last) as jobs; all their GEMMs run as one task
-  // list per phase: task = (job, slice of output columns), each a single-threaded GEMM.
-  // Two parallel regions per MoE block instead of three per expert: far fewer barriers,
-  // and small experts no longer leave a thread idle.
+  // Active experts (index order) and the shared expert (last) as jobs. Token rows are read in
+  // place through row pointers (no gather copy). Two parallel phases:
+  //  1. task = (job, block of kRB intermediate rows): act = SwiGLU(w1 x, w3 x), gate and up rows
+  //     computed in the same register tile (dot_tile_any), the clamp/SiLU applied on the tile.
+  //  2. task = block of kCB output columns of y: for each job in order, y[rows] += wt * (w2 act);
+  //     every y element is owned by one task, so y accumulates the experts in index order and
+  //     then the shared expert, independent of how tokens are grouped into chunks.
   struct Job {
-    const float* x;                // [M, D] input rows
-    int M;
-    const Linear *w1, *w3, *w2;
-    std::vector<int> rows;         // token rows (routed)
-    std::vector<float> rw;         // routing weights (routed)
-    std::vector<float> xe, g, u, out;  // [M, D], [M, I], [M, I], [M, D]
+    int M = 0;
+    const Linear *w1 = nullptr, *w3 = nullptr, *w2 = nullptr;
+    std::vector<const float*> xs;  // [M] input rows
+    std::vector<int> rows;         // [M] token rows in the chunk
+    std::vector<float> rw;         // [M] routing weights (empty: shared, weight 1)
+    std::vector<float> act;        // [M, I]
+    std::vector<const float*> as;  // [M] act rows
   };
   std::vector<Job> jobs;
   jobs.reserve(E + 1);
-  for (int e = 0; e < E; ++e) {
-    Job j{};
-    for (int i = 0; i < S; ++i)
-      for (int a = 0; a < k; ++a)
-        if (idx[(size_t)i * k + a] == e) { j.rows.push_back(i); j.rw.push_back(wt[(size_t)i * k + a]); }
-    if (j.rows.empty()) continue;
-    j.M = (int)j.rows.size();
-    j.xe.resize((size_t)j.M * D);
-    for (int a = 0; a < j.M; ++a) std::memcpy(&j.xe[(size_t)a * D], x + (size_t)j.rows[a] * D, sizeof(float) * D);
-    j.x = j.xe.data();
-    j.w1 = &L.w1[e]; j.w3 = &L.w3[e]; j.w2 = &L.w2[e];
-    jobs.push_back(std::move(j));
-  }
   {
-    Job j{};
-    j.x = x; j.M = S; j.w1 = &L.sw1; j.w3 = &L.sw3; j.w2 = &L.sw2;
-    jobs.push_back(std::move(j));
+    std::vector<int> cnt(E, 0);
+    for (int i = 0; i < S * k; ++i) ++cnt[idx[i]];
+    for (int e = 0; e < E; ++e) {
+      if (!cnt[e]) continue;
+      Job j;
+      j.rows.reserve(cnt[e]);
+      j.rw.reserve(cnt[e]);
+      j.w1 = &L.w1[e]; j.w3 = &L.w3[e]; j.w2 = &L.w2[e];
+      jobs.push_back(std::move(j));
+    }
+    std::vector<int> slot(E, -1);
+    for (int e = 0, q = 0; e < E; ++e) if (cnt[e]) slot[e] = q++;
+    for (int i = 0; i < S; ++i)
+      for (int a = 0; a < k; ++a) {
+        Job& j = jobs[slot[idx[(size_t)i * k + a]]];
+        j.rows.push_back(i);
+        j.rw.push_back(wt[(size_t)i * k + a]);
+      }
+    Job sj;
+    sj.w1 = &L.sw1; sj.w3 = &L.sw3; sj.w2 = &L.sw2;
+    sj.rows.resize(S);
+    std::iota(sj.rows.begin(), sj.rows.end(), 0);
+    jobs.push_back(std::move(sj));
   }
   for (Job& j : jobs) {
-    j.g.resize((size_t)j.M * j.w1->out);
-    j.u.resize((size_t)j.M * j.w1->out);
-    j.out.resize((size_t)j.M * D);
+    j.M = (int)j.rows.size();
+    j.xs.resize(j.M);
+    for (int a = 0; a < j.M; ++a) j.xs[a] = x + (size_t)j.rows[a] * D;
+    const int I = j.w1->out;
+    j.act.resize((size_t)j.M * I);
+    j.as.resize(j.M);
+    for (int a = 0; a < j.M; ++a) j.as[a] = &j.act[(size_t)a * I];
   }
-  // column slices per job: whole jobs when there are enough of them to balance dynamically
-  const int nt = m.threads, nsl = (int)jobs.size() >= 3 * nt ? 1 : nt;
-  const int ntask = (int)jobs.size() * nsl;
+  const int nt = m.threads;
   const float lim = c.swiglu_limit;
-  auto slice = [&](int n, int s, int& n0, int& n1) {
-    int per = ((n + nsl - 1) / nsl + 15) / 16 * 16;
-    n0 = std::min(n, s * per);
-    n1 = std::min(n, n0 + per);
-  };
+  constexpr int kRB = 64, kCB = 64;
+  constexpr int GN = kTileN / 2 > 0 ? kTileN / 2 : 1;  // gate (= up) rows per fused tile
+  std::vector<std::pair<int, int>> t1;  // (job, first intermediate row)
+  for (int jj = 0; jj < (int)jobs.size(); ++jj)
+    for (int n0 = 0; n0 < jobs[jj].w1->out; n0 += kRB) t1.emplace_back(jj, n0);
+  const int nt1 = (int)t1.size(), nt2 = (D + kCB - 1) / kCB;
   int64_t work = 0;
   for (const Job& j : jobs) work += (int64_t)3 * j.M * j.w1->out * D;
 #pragma omp parallel num_threads(nt) if (work > kParMinWork)
   {
 #pragma omp for schedule(dynamic, 1)
-    for (int t = 0; t < ntask; ++t) {
-      Job& j = jobs[t / nsl];
-      const int I = j.w1->out;
-      int n0, n1;
-      slice(I, t % nsl, n0, n1);
-      if (n1 <= n0) continue;
-      matmul(j.x, j.M, D, D, j.w1->w + (size_t)n0 * D, n1 - n0, j.g.data() + n0, I, 1);
-      matmul(j.x, j.M, D, D, j.w3->w + (size_t)n0 * D, n1 - n0, j.u.data() + n0, I, 1);
-      for (int a = 0; a < j.M; ++a)
-        swiglu(&j.g[(size_t)a * I + n0], &j.u[(size_t)a * I + n0], n1 - n0, lim);
+    for (int t = 0; t < nt1; ++t) {
+      Job& j = jobs[t1[t].first];
+      const int I = j.w1->out, n0 = t1[t].second, n1 = std::min(I, n0 + kRB);
+      for (int n = n0; n < n1; n += GN) {
+        const int g = std::min(GN, n1 - n);
+        const float* w[2 * GN];
+        for (int q = 0; q < g; ++q) {
+          w[q] = j.w1->w + (size_t)(n + q) * D;
+          w[g + q] = j.w3->w + (size_t)(n + q) * D;
+        }
+        float r[kTileM * 2 * GN];
+        for (int a = 0; a < j.M; a += kTileM) {
+          const int mr = std::min(kTileM, j.M - a);
+          dot_tile_any(mr, 2 * g, &j.xs[a], w, D, r);
+          for (int i = 0; i < mr; ++i) {
+            float* dst = &j.act[(size_t)(a + i) * I + n];
+            for (int q = 0; q < g; ++q) {
+              float ga = std::min(r[i * 2 * g + q], lim);
+              float ub = std::min(std::max(r[i * 2 * g + g + q], -lim), lim);
+              dst[q] = (ga / (1.f + std::exp(-ga))) * ub;
+            }
+          }
+        }
+      }
     }
 #pragma omp for schedule(dynamic, 1)
-    for (int t = 0; t < ntask; ++t) {
-      Job& j = jobs[t / nsl];
-      const int I = j.w1->out;
-      int n0, n1;
-      slice(D, t % nsl, n0, n1);
-      if (n1 <= n0) continue;
-      matmul(j.g.data(), j.M, I, I, j.w2->w + (size_t)n0 * I, n1 - n0, j.out.data() + n0, D, 1);
+    for (int t = 0; t < nt2; ++t) {
+      const int c0 = t * kCB, c1 = std::min(D, c0 + kCB);
+      for (int i = 0; i < S; ++i) std::fill(y + (size_t)i * D + c0, y + (size_t)i * D + c1, 0.f);
+      for (const Job& j : jobs) {
+        const int I = j.w2->in;
+        const bool shared = j.rw.empty();
+        for (int n = c0; n < c1; n += kTileN) {
+          const int nr = std::min(kTileN, c1 - n);
+          const float* w[kTileN];
+          for (int q = 0; q < nr; ++q) w[q] = j.w2->w + (size_t)(n + q) * I;
+          float r[kTileM * kTileN];
+          for (int a = 0; a < j.M; a += kTileM) {
+            const int mr = std::min(kTileM, j.M - a);
+            dot_tile_any(mr, nr, &j.as[a], w, I, r);
+            for (int i = 0; i < mr; ++i) {
+              float* dst = y + (size_t)j.rows[a + i] * D + n;
+              if (shared)
+                for (int q = 0; q < nr; ++q) dst[q] = dst[q] + r[i * nr + q];
+              else
+                for (int q = 0; q < nr; ++q) dst[q] += r[i * nr + q] * j.rw[a + i];
+            }
+          }
+        }
+      }
     }
   }
   prof_lap(P_EXPERTS, t0);
-  // y = sum over experts in index order of w * expert(x), then + shared
-  std::fill(y, y + (size_t)S * D, 0.f);
-  for (size_t jj = 0; jj + 1 < jobs.size(); ++jj) {
-    const Job& j = jobs[jj];
-    for (int a = 0; a < j.M; ++a) {
-      float* dst = y + (size_t)j.rows[a] * D;
-      const float* src = &j.out[(size_t)a * D];
-      const float w = j.rw[a];
-      for (int d = 0; d < D; ++d) dst[d] += src[d] * w;
-    }
-  }
-  const float* sh = jobs.back().out.data();
-  for (size_t i = 0; i < (size_t)S * D; ++i) y[i] = y[i] + sh[i];
   prof_lap(P_SHARED, t0);
 }
 

@@ -19,6 +19,15 @@ void matmul(const float* X, int M, int K, int ldx, const float* W, int N, float*
 inline void linear(const float* X, int M, const Linear& L, float* Y, int threads) {
   matmul(X, M, L.in, L.in, L.w, L.out, Y, L.out, threads);
 }
+// Small-M dot-form tiles: r[i*nr + j] = sum_k x[i][k] w[j][k] (1 <= mr <= kTileM, 1 <= nr <= kTileN),
+// no packing; each output's reduction order depends only on K (see gemm.cpp).
+constexpr int kTileM = 4;
+#if defined(__AVX512F__)
+constexpr int kTileN = 6;  // 32 vector registers: 24 accumulators + 6 w + 1 x
+#else
+constexpr int kTileN = 3;  // 16 registers
+#endif
+void dot_tile_any(int mr, int nr, const float* const* x, const float* const* w, int K, float* r);
 float dot(const float* a, const float* b, int n);
 void axpy(float a, const float* x, float* y, int n);  // y += a*x
 // y = w * x * rsqrt(mean(x^2) + eps)  (w may be null => unweighted). In-place allowed.
