@@ -7,6 +7,16 @@ Reports prefill tok/s at each length (chunked, --chunk), decode tok/s after the 
 prefill, snapshot/restore time and size at the longest length, the kernel's fp32 GEMM GFLOP/s
 (C[128x4096] = A[128x1024] B^T) and memory read bandwidth (M=1 GEMV streaming 256 MB of weights),
 with HF run through its own cached, chunked path for the same lengths (up to --hf-max-len).
+Decode is also compared with its bandwidth bound: the fp32 bytes of every weight one decode token
+reads (decode_weight_bytes: attention, compressor, indexer and HC weights of every layer, the
+router, the k routed experts + shared expert of every layer, the hyper-head and the LM head; the
+embedding row is left out) divided into the measured read bandwidth. KV / compressed-state reads
+are not weights and are not counted.
+
+    .venv/bin/python bench/kernel.py --shape llama-peer
+
+builds (once) and runs the shape of llama.cpp's published DeepSeek-V4 CPU figures (hidden 160,
+7 layers, window 24, rates 4/128, 6 experts; see LLAMA_PEER) at 512 and 2048 tokens.
 Prints a markdown table (paste into docs/benchmarks.md) and optionally writes JSON (--json).
 """
 
@@ -24,6 +34,63 @@ import numpy as np
 
 def _now() -> float:
     return time.perf_counter()
+
+
+# llama.cpp's DeepSeek-V4 CPU anchor (/work/shared/docs/seed-and-anchors.md) gives hidden 160,
+# 7 layers, window 24, rates 4/128, 6 experts, f32. The other fields are not published; these are
+# our choices (V4-like proportions, llama.cpp's loader limits: hc_mult 4, indexer head dim >= 64).
+LLAMA_PEER = dict(
+    vocab_size=8192, hidden_size=160,
+    layer_types=("sliding_attention", "sliding_attention", "compressed_sparse_attention",
+                 "heavily_compressed_attention", "compressed_sparse_attention",
+                 "heavily_compressed_attention", "compressed_sparse_attention"),
+    mlp_layer_types=("hash_moe",) * 3 + ("moe",) * 4,
+    num_attention_heads=4, head_dim=64, qk_rope_head_dim=32, q_lora_rank=64, o_groups=2, o_lora_rank=64,
+    sliding_window=24, csa_rate=4, hca_rate=128, index_n_heads=4, index_head_dim=64, index_topk=16,
+    n_routed_experts=6, num_experts_per_tok=2, moe_intermediate_size=128, hc_mult=4,
+)
+LLAMA_PEER_NUMBERS = {"llama.cpp": {512: 1456, 2048: 1159, "decode": 404},
+                      "HF (their run)": {512: 1386, 2048: 593, "decode": 26}}
+
+
+def ensure_llama_peer(path: str) -> str:
+    from pathlib import Path
+
+    if not (Path(path) / "config.json").exists():
+        from cairn.daemon.make_model import make_model, preset_with
+
+        make_model(preset_with("small", **LLAMA_PEER), 0, path)
+    return path
+
+
+def decode_weight_bytes(model_dir: str) -> dict:
+    """fp32 bytes of the weights one decode token reads, by group (see module docstring)."""
+    with open(os.path.join(model_dir, "config.json")) as f:
+        c = json.load(f)
+    D, H, Dh = c["hidden_size"], c["num_attention_heads"], c["head_dim"]
+    Rq, G, Ro = c["q_lora_rank"], c["o_groups"], c["o_lora_rank"]
+    N, V = c.get("hc_mult", 4), c["vocab_size"]
+    E, k, I = c["n_routed_experts"], c["num_experts_per_tok"], c["moe_intermediate_size"]
+    ns = c.get("n_shared_experts", 1)
+    nI, Di = c["index_n_heads"], c["index_head_dim"]
+    rates = c["compress_rates"]
+    f = {"attention": 0, "compressor": 0, "indexer": 0, "hc": 0, "router": 0, "experts": 0, "head": 0}
+    for lt in c["layer_types"]:
+        f["attention"] += Rq * D + H * Dh * Rq + Dh * D + G * Ro * (H * Dh // G) + D * G * Ro + Rq + Dh + H + 2 * D
+        if lt == "compressed_sparse_attention":
+            R = rates[lt]
+            f["compressor"] += 2 * (2 * Dh * D) + R * 2 * Dh + Dh
+            f["indexer"] += 2 * (2 * Di * D) + R * 2 * Di + Di + nI * Di * Rq + nI * D
+        elif lt == "heavily_compressed_attention":
+            R = rates[lt]
+            f["compressor"] += 2 * (Dh * D) + R * Dh + Dh
+        f["hc"] += 2 * ((2 + N) * N * N * D + (2 + N) * N + 3)
+        f["router"] += E * D + E
+        f["experts"] += (k + ns) * 3 * I * D
+    f["head"] = V * D + N * N * D + N + 1 + D
+    out = {key: 4 * v for key, v in f.items()}
+    out["total"] = sum(out.values())
+    return out
 
 
 def bench_blas(threads: int) -> dict:
@@ -123,7 +190,10 @@ def bench_hf(path: str, threads: int, lengths: list[int], chunk: int, n_decode: 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("model_dir")
+    ap.add_argument("model_dir", nargs="?", help="model directory (default models/small, or "
+                    "models/llama-peer with --shape llama-peer)")
+    ap.add_argument("--shape", choices=["dir", "llama-peer"], default="dir",
+                    help="llama-peer: build/run the llama.cpp comparison shape at 512 and 2048 tokens")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--lengths", type=int, nargs="+", default=[1024, 4096, 8192])
     ap.add_argument("--chunk", type=int, default=128)
@@ -131,6 +201,12 @@ def main(argv=None) -> int:
     ap.add_argument("--hf-max-len", type=int, default=8192, help="skip HF above this length (0: no HF)")
     ap.add_argument("--json", help="write results here")
     args = ap.parse_args(argv)
+    if args.shape == "llama-peer":
+        args.model_dir = ensure_llama_peer(args.model_dir or "models/llama-peer")
+        if args.lengths == [1024, 4096, 8192]:
+            args.lengths = [512, 2048]
+    elif args.model_dir is None:
+        args.model_dir = "models/small"
     # one thread pool per process: keep numpy's / torch's BLAS from spinning next to ours
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     try:
@@ -149,6 +225,9 @@ def main(argv=None) -> int:
         res["hf"] = bench_hf(args.model_dir, args.threads, hf_lengths, args.chunk, args.decode)
 
     k, h = res["kernel"], res.get("hf", {"prefill": {}})
+    wb = decode_weight_bytes(args.model_dir)
+    bound = res["blas"]["read_gbs"] * 1e9 / wb["total"]
+    res["decode_bound"] = {"weight_bytes": wb, "bound_tok_s": bound, "ratio": k["decode_tok_s"] / bound}
     print(f"\n{args.model_dir}, {args.threads} threads, chunk {args.chunk}\n")
     print("| metric | cairn kernel | HF transformers (fp32 eager) |")
     print("|---|---|---|")
@@ -162,6 +241,15 @@ def main(argv=None) -> int:
     print(f"| snapshot at {k['snapshot_at']} | {k['snapshot_s'] * 1e3:.1f} ms, "
           f"{k['snapshot_bytes'] / 1e6:.2f} MB | — |")
     print(f"| restore at {k['snapshot_at']} | {k['restore_s'] * 1e3:.1f} ms | — |")
+    print(f"| decode bandwidth bound (weights {wb['total'] / 1e6:.1f} MB/token at "
+          f"{res['blas']['read_gbs']:.1f} GB/s) | {bound:.1f} tok/s; measured = "
+          f"{100 * k['decode_tok_s'] / bound:.0f} % of it | — |")
+    print("| decode weight bytes by group (MB) | " +
+          ", ".join(f"{key} {v / 1e6:.2f}" for key, v in wb.items() if key != "total") + " | — |")
+    if args.shape == "llama-peer":
+        for name, nums in LLAMA_PEER_NUMBERS.items():
+            print(f"| {name} (published, same shape): prefill 512 / 2048, decode | "
+                  f"{nums[512]} / {nums[2048]} / {nums['decode']} tok/s | — |")
     print(f"| fp32 GEMM 128x4096x1024 | {res['blas']['gemm_gflops']:.1f} GFLOP/s | — |")
     print(f"| memory read (GEMV, 256 MB) | {res['blas']['read_gbs']:.1f} GB/s | — |")
     if args.json:
