@@ -23,26 +23,38 @@ const char* const g_prof_names[P_N] = {"hc", "qkv", "compress", "indexer", "attn
 static inline float sigmoidf(float v) { return 1.f / (1.f + std::exp(-v)); }
 
 // HC pre-mix: returns collapsed [S, D], post [S, N], comb [S, N, N].
-// S == 1 (decode): the mix is a parallel GEMV (fn is the big read); otherwise tokens are
-// split across threads and each token's mix is N(2+N) AVX2 dots.
+// The mix is a small-M GEMM on the dot-form tiles (decode included, so a token's numbers do not
+// depend on how many tokens share its chunk); the per-token Sinkhorn and collapse follow.
 static void hc_pre(const Model& m, const float* fn, const float* base, const float* scale,
                    const float* h, int S, float* collapsed, float* post, float* comb) {
   ProfScope ps(P_HC);
   const Config& c = m.cfg;
   const int N = c.N, D = c.D, ND = N * D, NM = (2 + N) * N;
   std::vector<float> xn((size_t)S * ND), mix((size_t)S * NM);  // [S, N*D], [S, (2+N)N]
-  if (S == 1) {
-    rmsnorm(h, nullptr, xn.data(), ND, c.rms_eps);
-    matmul(xn.data(), 1, ND, ND, fn, NM, mix.data(), NM, m.threads);
+  // mix = fn xn: register tiles of (4 tokens x kTileN rows of fn), same reduction for any S
+  // (so a token's mix does not depend on its chunk); tasks = (token tile, fn row group).
+  const int ntile = (S + kTileM - 1) / kTileM, ngrp = (NM + kTileN - 1) / kTileN;
+  std::vector<const float*> xs(S);
+  for (int i = 0; i < S; ++i) xs[i] = &xn[(size_t)i * ND];
+#pragma omp parallel num_threads(m.threads) if ((int64_t)S * ND * NM >= kParMinWork / 2)
+  {
+#pragma omp for schedule(static)
+    for (int i = 0; i < S; ++i) rmsnorm(h + (size_t)i * ND, nullptr, &xn[(size_t)i * ND], ND, c.rms_eps);
+#pragma omp for schedule(static)
+    for (int t = 0; t < ntile * ngrp; ++t) {
+      const int a = (t / ngrp) * kTileM, o = (t % ngrp) * kTileN;
+      const int mr = std::min(kTileM, S - a), nr = std::min(kTileN, NM - o);
+      const float* w[kTileN];
+      for (int q = 0; q < nr; ++q) w[q] = fn + (size_t)(o + q) * ND;
+      float r[kTileM * kTileN];
+      dot_tile_any(mr, nr, &xs[a], w, ND, r);
+      for (int i = 0; i < mr; ++i)
+        for (int q = 0; q < nr; ++q) mix[(size_t)(a + i) * NM + o + q] = r[i * nr + q];
+    }
   }
-#pragma omp parallel for num_threads(m.threads) schedule(static) if (S > 1 && (int64_t)S * ND * NM > kParMinWork)
+#pragma omp parallel for num_threads(m.threads) schedule(static) if (S > 1 && (int64_t)S * NM * N * 64 > kParMinWork)
   for (int i = 0; i < S; ++i) {
     float* mx = &mix[(size_t)i * NM];
-    if (S > 1) {
-      float* xi = &xn[(size_t)i * ND];
-      rmsnorm(h + (size_t)i * ND, nullptr, xi, ND, c.rms_eps);
-      for (int o = 0; o < NM; ++o) mx[o] = dot(fn + (size_t)o * ND, xi, ND);
-    }
     float pre[64];
     float* po = post + (size_t)i * N;
     float* cb = comb + (size_t)i * N * N;
