@@ -57,10 +57,15 @@ def main() -> int:
         return time.perf_counter() - t0, snap_s, blobs
 
     run([], False)                                    # warm-up (page in the weights)
-    plain = min(run([], False)[0] for _ in range(args.repeat))
-    captured = [run([cut], True) for _ in range(args.repeat)]
+    plains, captured = [], []
+    for _ in range(args.repeat):                      # interleaved, so a busy minute hits both alike
+        plains.append(run([], False)[0])
+        captured.append(run([cut], True))
+    plain = min(plains)
     best = min(captured, key=lambda r: r[0])
-    print(f"prefill {args.tokens} tokens, chunk {args.chunk}, {args.threads} threads")
+    print(f"prefill {args.tokens} tokens, chunk {args.chunk}, {args.threads} threads", flush=True)
+    print(f"  runs without / with captures (s): {[round(x, 2) for x in plains]} / "
+          f"{[round(r[0], 2) for r in captured]}")
     print(f"  no captures:                          {plain:8.3f} s")
     print(f"  system cut at {cut} + prompt end:     {best[0]:8.3f} s   "
           f"(+{(best[0] - plain) * 1000:.0f} ms, {100 * (best[0] - plain) / plain:+.1f} %; "
@@ -79,6 +84,7 @@ def main() -> int:
         blob = st.snapshot()
         restore = min(_timed(lambda: K.State.restore(model, blob)) for _ in range(args.repeat))
         rows.append({"tokens": n, "bytes": len(blob), "snapshot_ms": snap * 1000, "restore_ms": restore * 1000})
+    sys.stdout.flush()
     print(f"{'tokens':>7} {'snapshot MB':>12} {'snapshot ms':>12} {'restore ms':>11} {'restore GB/s':>13}")
     for r in rows:
         print(f"{r['tokens']:>7} {r['bytes'] / 1e6:12.2f} {r['snapshot_ms']:12.1f} {r['restore_ms']:11.1f} "
