@@ -3,19 +3,7 @@ import numpy as np
 from cairn.actors.admission_queue import AdmissionQueue
 from cairn.actors.messages import Sampling
 from cairn.actors.sampling import choose, log_softmax, make_rng, top_logprobs
-from cairn.actors.start import decide_start
 from cairn.actors.stops import StopMatcher
-
-
-def test_decide_start_extends_live_state_only_on_a_prefix():
-    assert decide_start(None, False, [1, 2, 3], need_all_logits=False).fresh
-    s = decide_start([1, 2], True, [1, 2, 3], need_all_logits=False)
-    assert (s.fresh, s.reuse) == (False, 2)
-    assert decide_start([1, 9], True, [1, 2, 3], need_all_logits=False).fresh
-    assert decide_start([1, 2, 3, 4], True, [1, 2, 3], need_all_logits=False).fresh
-    assert decide_start([1, 2, 3], True, [1, 2, 3], need_all_logits=False).reuse == 3
-    assert decide_start([1, 2, 3], False, [1, 2, 3], need_all_logits=False).fresh
-    assert decide_start([1, 2], True, [1, 2, 3], need_all_logits=True).fresh  # echo+logprobs: every position
 
 
 def test_admission_queue_fifo_bounded_and_held_until_release():
