@@ -105,13 +105,14 @@ def session_turns(system: str, turns: int) -> list[tuple[str, int]]:
     return plan
 
 
-def run_session(d: Daemon, system: str, turns: int, max_tokens: int) -> list[dict]:
+def run_session(d: Daemon, system: str, turns: int, max_tokens: int, session: str = "") -> list[dict]:
+    """`session` tells sessions apart: a different one shares only the system prompt."""
     convs: dict[str, list[dict]] = {"A": [{"role": "system", "content": system}],
                                     "B": [{"role": "system", "content": system}]}
     rows = []
     for conv, i in session_turns(system, turns):
         msgs = convs[conv]
-        msgs.append({"role": "user", "content": f"Turn {i} of conversation {conv}: please fix test_{i}.py and "
+        msgs.append({"role": "user", "content": f"{session}Turn {i} of conversation {conv}: please fix test_{i}.py and "
                                                 f"explain the change in two sentences."})
         ttft, text, prompt, cached = d.chat(msgs, max_tokens)
         msgs.append({"role": "assistant", "content": text})
@@ -155,7 +156,9 @@ def main() -> int:
         d.stop()
         print("checkpoints from disk after a restart:")
         d = Daemon(model, sock, log, "--disk-checkpoints", "--checkpoint-dir", str(ckdir))
-        results["disk"] = run_session(d, system, args.turns, args.max_tokens)
+        # A new session after the restart (not a replay): it shares only the system prompt with
+        # what is on disk, so its first turn restores the system-prefix checkpoint from disk.
+        results["disk"] = run_session(d, system, args.turns, args.max_tokens, session="After the restart: ")
         disk_files = sorted(ckdir.glob("*.ckpt"))
         d.stop()
     finally:
