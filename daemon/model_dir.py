@@ -286,6 +286,18 @@ def _chat_template(path: Path, tok_cfg: dict) -> str:
     return tmpl
 
 
+def _read_json(file: Path, missing: str) -> dict:
+    try:
+        data = json.loads(file.read_text())
+    except FileNotFoundError:
+        raise ModelDirError(missing) from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ModelDirError(f"{file}: not valid JSON ({e})") from None
+    if not isinstance(data, dict):
+        raise ModelDirError(f"{file}: expected a JSON object, got {type(data).__name__}")
+    return data
+
+
 def _token_text(v) -> str | None:
     return v.get("content") if isinstance(v, dict) else v
 
@@ -296,24 +308,14 @@ def open_model_dir(path: str | Path) -> ModelDir:
     if not path.is_dir():
         raise ModelDirError(f"{path}: model directory does not exist")
     cfg_file = path / "config.json"
-    try:
-        raw_cfg = json.loads(cfg_file.read_text())
-    except FileNotFoundError:
-        raise ModelDirError(f"{cfg_file}: missing (a model directory needs config.json)") from None
-    except json.JSONDecodeError as e:
-        raise ModelDirError(f"{cfg_file}: not valid JSON ({e})") from None
-    cfg = resolve_config(raw_cfg, str(cfg_file))
+    cfg = resolve_config(_read_json(cfg_file, f"{cfg_file}: missing (a model directory needs config.json)"),
+                         str(cfg_file))
 
     tok_file = path / "tokenizer.json"
     if not tok_file.exists():
         raise ModelDirError(f"{path}: missing tokenizer.json (the tokenizer ships with the model directory)")
-    tok_cfg_file = path / "tokenizer_config.json"
-    try:
-        tok_cfg = json.loads(tok_cfg_file.read_text())
-    except FileNotFoundError:
-        raise ModelDirError(f"{path}: missing tokenizer_config.json (bos/eos tokens and chat template)") from None
-    except json.JSONDecodeError as e:
-        raise ModelDirError(f"{tok_cfg_file}: not valid JSON ({e})") from None
+    tok_cfg = _read_json(path / "tokenizer_config.json",
+                         f"{path}: missing tokenizer_config.json (bos/eos tokens and chat template)")
     template = _chat_template(path, tok_cfg)
 
     headers: list[bytes] = []

@@ -128,3 +128,16 @@ def test_no_weights(model):
 def test_not_a_directory(tmp_path):
     with pytest.raises(ModelDirError, match="model directory does not exist"):
         open_model_dir(tmp_path / "nope")
+
+
+def test_config_that_is_not_an_object_is_a_clear_error(tmp_path):
+    import shutil
+
+    from cairn.daemon.make_model import make_model
+    from cairn.daemon.model_dir import ModelDirError, open_model_dir
+
+    d = make_model("tiny", 0, tmp_path / "m")
+    (d / "config.json").write_text("[1, 2]")
+    with pytest.raises(ModelDirError, match="config.json: expected a JSON object, got list"):
+        open_model_dir(d)
+    shutil.rmtree(d)
