@@ -40,7 +40,7 @@ def system_prompt(target_tokens: int, tokenizer) -> str:
     while True:
         parts.append(f"Rule {i}: {rules[i % len(rules)]}")
         i += 1
-        if i % 50 == 0 and len(tokenizer.encode("\n".join(parts))) >= target_tokens:
+        if i % 5 == 0 and len(tokenizer.encode("\n".join(parts))) >= target_tokens:
             return "\n".join(parts)
 
 
