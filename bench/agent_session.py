@@ -98,10 +98,11 @@ class Daemon:
 
 
 def session_turns(system: str, turns: int) -> list[tuple[str, int]]:
-    """(conversation, user message) in order: A's turns, a side trip to B, back to A."""
+    """(conversation, turn) in order: A's turns with a side trip to B after the third, and a
+    return to B at the end: the client switching between two conversations that share a system prompt."""
     plan = [("A", i) for i in range(turns)]
     plan.insert(min(3, len(plan)), ("B", 0))
-    plan.insert(min(5, len(plan)), ("A", turns))
+    plan.append(("B", 1))
     return plan
 
 
