@@ -9,7 +9,7 @@
 //       CSA/HCA: entries (n/rate) x Dh, buf_kv and buf_gate (n%rate) x cw,
 //                CSA and n >= rate: overlap kv, gate rate x Dh
 //       CSA indexer: the same at Di
-//   | u64 FNV-1a of everything before it
+//   | u64 blob_checksum of everything before it
 // Every size is derived from (config, n), so restore checks the exact total length before
 // reading, then the checksum, then the contents: random, truncated or foreign blobs are rejected
 // with std::invalid_argument and never touch memory out of bounds.
@@ -89,10 +89,28 @@ struct Reader {
   template <class T> T get() { T v; raw(&v, sizeof v); return v; }
   void floats(float* dst, int64_t k) { raw(dst, sizeof(float) * (size_t)k); }
 };
-uint64_t fnv1a(const uint8_t* p, size_t n) {
-  uint64_t h = 1469598103934665603ull;
-  for (size_t i = 0; i < n; ++i) { h ^= p[i]; h *= 1099511628211ull; }
-  return h;
+// Blob checksum: four independent multiply-xorshift lanes over 8-byte words. A byte-wise FNV-1a
+// (one dependent multiply per byte) ran at ~0.6 GB/s and dominated restore; this runs at memory
+// speed. It detects corruption, not an adversary. Words are read little-endian (x86-64, AArch64).
+uint64_t blob_checksum(const uint8_t* p, size_t n) {
+  constexpr uint64_t K = 0x9E3779B97F4A7C15ull, M = 0xFF51AFD7ED558CCDull;
+  uint64_t h[4] = {K, K ^ 1, K ^ 2, K ^ 3};
+  size_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    for (int l = 0; l < 4; ++l) {
+      uint64_t w;
+      std::memcpy(&w, p + i + 8 * l, 8);
+      h[l] = (h[l] ^ w) * M;
+      h[l] ^= h[l] >> 29;
+    }
+  }
+  uint64_t r = (uint64_t)n;
+  for (; i < n; ++i) r = (r ^ p[i]) * 1099511628211ull;
+  for (uint64_t x : h) {
+    r = (r ^ x) * K;
+    r ^= r >> 31;
+  }
+  return r;
 }
 void write_comp(Writer& w, const CompState& cs, int64_t n) {
   if (!cs.rate) return;
@@ -146,7 +164,7 @@ void snapshot_into(const State& s, uint8_t* out) {
     write_comp(w, ls.comp, s.n);
     write_comp(w, ls.icomp, s.n);
   }
-  uint64_t h = fnv1a(out, w.off);
+  uint64_t h = blob_checksum(out, w.off);
   w.put<uint64_t>(h);
 }
 
@@ -184,7 +202,7 @@ State restore(const Model& m, const uint8_t* data, size_t size) {
   if (size > expect) throw std::invalid_argument("snapshot has trailing bytes (corrupt)");
   uint64_t stored;
   std::memcpy(&stored, data + size - 8, 8);
-  if (stored != fnv1a(data, size - 8)) throw std::invalid_argument("snapshot checksum mismatch (corrupt)");
+  if (stored != blob_checksum(data, size - 8)) throw std::invalid_argument("snapshot checksum mismatch (corrupt)");
   if ((n > 0) != (has_logits == 1)) throw std::invalid_argument("snapshot is corrupt (logits flag)");
   s.n = n;
   s.tokens.resize(n);

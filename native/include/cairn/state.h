@@ -42,7 +42,7 @@ struct State {
 };
 
 // Snapshot blob: see state.cpp for the layout.
-constexpr uint32_t SNAPSHOT_VERSION = 1;
+constexpr uint32_t SNAPSHOT_VERSION = 2;  // 2: word-wise blob checksum (1: byte-wise FNV-1a)
 size_t snapshot_size(const State& s);
 void snapshot_into(const State& s, uint8_t* out);  // out has snapshot_size(s) bytes
 // Throws std::invalid_argument with a clear message on any malformed input.
