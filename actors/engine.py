@@ -7,7 +7,7 @@ turns on `live` without a lock. `kernel` is injected (the real `cairn._kernel` o
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from .kernel_thread import KernelRunner
 
@@ -25,6 +25,8 @@ class Engine:
     runner: KernelRunner = field(init=False)
     checkpoints: Any = None           # actors.checkpoints.Checkpoints (None: built off in __post_init__)
     metrics: Any = None               # cairn.daemon.metrics.Metrics, or None (actor tests)
+    # One-line service status for the supervisor (systemd STATUS=); a no-op unless the daemon sets it.
+    announce: Callable[[str], Any] = lambda text: None
 
     def note_live_tokens(self) -> None:
         if self.metrics is not None:

@@ -173,6 +173,8 @@ async def run_prefill(engine: Engine, submit, log, progress: dict | None = None
                  tokens_total=n, tok_s=round(n_done / max(now - t0, 1e-9), 1),
                  eta_s=round((n - a - n_done) / rate, 2) if rate > 0 else None)
         reporter.segment_done(a + n_done)
+        engine.announce(f"prefill {submit.request_id}: {a + n_done}/{n} tokens"
+                        + (f", ETA {(n - a - n_done) / rate:.0f} s" if rate > 0 and a + n_done < n else ""))
         if n_done < len(seg):
             # Only an abort stops the kernel early; the cancel itself arrives at the next checkpoint.
             await trio.lowlevel.checkpoint()

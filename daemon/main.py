@@ -125,7 +125,10 @@ async def _serve_all(settings, loaded, engine, model_id, sockets, log, handle_si
         if handle_signals:
             _print_banner(model_id, sockets)
             await nursery.start(systemd.watchdog_task, systemd.watchdog_interval())
-            systemd.ready()
+            systemd.ready()                       # only now: the model is loaded and the socket accepts
+            serving = f"serving {model_id} on {', '.join(binds)}"
+            systemd.status(serving)
+            engine.announce = lambda text: systemd.status(f"{serving}; {text}")
         task_status.started(binds)
 
 
@@ -160,6 +163,7 @@ def _serve(args: argparse.Namespace) -> int:
         pass
     from .model_dir import ModelDirError
 
+    systemd.status(f"loading model {settings.model}")
     try:
         loaded = load(settings)
     except ModelDirError as e:
