@@ -20,9 +20,7 @@ async def checkpoint_writer(inbox: trio.MemoryReceiveChannel, *, checkpoints, lo
         task_status.started()
         async for msg in inbox:
             msg: WriteCheckpoint
-            if checkpoints is None:
-                continue
             try:
                 await checkpoints.write(msg)
-            except (ValueError, MemoryError) as e:   # a bug in a header must not stop the daemon
-                log.error("checkpoint_write_failed", id=msg.id, error=f"{type(e).__name__}: {e}")
+            except Exception as e:   # a bug in one write must not stop the daemon; the write is lost
+                log.exception("checkpoint_write_failed", id=msg.id, error=f"{type(e).__name__}: {e}")

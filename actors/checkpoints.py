@@ -149,8 +149,9 @@ class Checkpoints:
             reason = err.reason if isinstance(err, CheckpointFileError) else f"unreadable: {err.strerror or err}"
             await self.drop_bad(e, reason, request_id)
             return None, "disk"
-        self._apply(self.store.put(e.tokens, e.kind, blob))
-        self._update_bytes()
+        if self.store.get(entry_id) is e:     # not deleted or evicted while the file was read
+            self._apply(self.store.put(e.tokens, e.kind, blob))
+            self._update_bytes()
         return blob, "disk"
 
     async def drop_bad(self, e: Entry, reason: str, request_id: str | None = None) -> None:
@@ -166,6 +167,8 @@ class Checkpoints:
         self._update_bytes()
 
     def hit(self, entry_id: str, tier: str, request_id: str, prompt_tokens: int) -> None:
+        if self.store.get(entry_id) is None:  # deleted (API, disk eviction) while it was being restored
+            return
         e = self.store.touch(entry_id)
         if self.log is not None:
             self.log.info("checkpoint_hit", request_id=request_id, id=e.id, kind=e.kind, tokens=e.n_tokens,

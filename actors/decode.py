@@ -87,6 +87,10 @@ async def decode_worker(inbox: trio.MemoryReceiveChannel, to_admission: trio.Mem
                 except (RuntimeError, ValueError, MemoryError) as e:
                     error = f"{type(e).__name__}: {e}"
                     engine.discard_live()
+                except Exception as e:   # a bug must fail this request, not the daemon and its state
+                    log.exception("decode_bug", request_id=sub.request_id)
+                    error = f"internal error: {type(e).__name__}: {e}"
+                    engine.discard_live()
                 except trio.Cancelled:
                     if not sub.control.cancel_requested:   # shutdown: say so, then let it through
                         log_request(log, sub, metrics=engine.metrics, outcome="cancelled",
@@ -104,14 +108,17 @@ async def decode_worker(inbox: trio.MemoryReceiveChannel, to_admission: trio.Mem
                 log_request(log, sub, metrics=engine.metrics, outcome="cancelled", **common)
                 reply_nowait(sub, CancelAck(sub.request_id))
                 await to_admission.send(Finished(sub.request_id, "cancelled"))
+                engine.announce(f"idle; {sub.request_id} cancelled")
             elif error is not None:
                 log.error("decode_failed", request_id=sub.request_id, error=error)
                 log_request(log, sub, metrics=engine.metrics, outcome="error", error=error, **common)
                 reply_nowait(sub, Failed(error))
                 await to_admission.send(Finished(sub.request_id, "error"))
+                engine.announce(f"idle; {sub.request_id} failed")
             else:
                 # Free the engine before the (possibly slow) final reply: the state is consistent now.
                 await to_admission.send(Finished(sub.request_id, "done"))
+                engine.announce(f"idle; {sub.request_id} done")
                 log_request(log, sub, metrics=engine.metrics, outcome="done", finish_reason=done.finish_reason,
                             **common)
                 await reply(sub, done)

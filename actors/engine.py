@@ -39,9 +39,6 @@ class Engine:
 
             self.checkpoints = Checkpoints(enabled=False)
 
-    def live_tokens(self) -> list[int] | None:
-        return None if self.live is None else [int(t) for t in self.live.tokens]
-
     def new_state(self) -> Any:
         self.live = self.kernel.State(self.model)
         return self.live

@@ -206,6 +206,10 @@ async def prefill_worker(inbox: trio.MemoryReceiveChannel, to_decode: trio.Memor
                 except (PrefillError, RuntimeError, ValueError, MemoryError) as e:
                     error = f"{type(e).__name__}: {e}"
                     engine.discard_live()
+                except Exception as e:   # a bug must fail this request, not the daemon and its state
+                    log.exception("prefill_bug", request_id=sub.request_id)
+                    error = f"internal error: {type(e).__name__}: {e}"
+                    engine.discard_live()
                 except trio.Cancelled:
                     if not sub.control.cancel_requested:   # shutdown: say so, then let it through
                         log_request(log, sub, metrics=engine.metrics, outcome="cancelled",
@@ -221,12 +225,14 @@ async def prefill_worker(inbox: trio.MemoryReceiveChannel, to_decode: trio.Memor
                          state_tokens=0 if live is None else int(live.n_tokens))
                 reply_nowait(sub, CancelAck(sub.request_id))
                 await to_admission.send(Finished(sub.request_id, "cancelled"))
+                engine.announce(f"idle; {sub.request_id} cancelled")
             elif error is not None:
                 log.error("prefill_failed", request_id=sub.request_id, error=error)
                 log_request(log, sub, metrics=engine.metrics, outcome="error", arrived_at=adm.arrived_at,
                             reused=0, error=error)
                 reply_nowait(sub, Failed(error))
                 await to_admission.send(Finished(sub.request_id, "error"))
+                engine.announce(f"idle; {sub.request_id} failed")
             else:
                 logits, reused, prompt_lp = result
                 await to_decode.send(Prefilled(sub, logits, reused, prompt_lp, adm.arrived_at))

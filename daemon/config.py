@@ -90,7 +90,11 @@ def _octal_mode(v: str) -> str | None:
         m = int(v, 8)
     except ValueError:
         return "an octal file mode such as 0660"
-    return None if 0 <= m <= 0o777 else "an octal file mode from 0000 to 0777"
+    if not 0 <= m <= 0o777:
+        return "an octal file mode from 0000 to 0777"
+    if m & 0o002:  # anyone on the machine could drive the model; share through a group instead
+        return "a mode without write permission for others, e.g. 0660 (let users in through the socket's group)"
+    return None
 
 
 FIELDS: tuple[Field, ...] = (

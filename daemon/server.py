@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import socket
+import stat
 from pathlib import Path
 
 import trio
@@ -20,6 +21,10 @@ def _unix_socket(path: str, mode: int) -> socket.socket:
     p = Path(path)
     if not p.parent.exists():
         p.parent.mkdir(parents=True, mode=0o750)
+    parent = os.lstat(p.parent)
+    if stat.S_ISLNK(parent.st_mode) or (parent.st_mode & 0o002 and not parent.st_mode & stat.S_ISVTX):
+        # Someone else could swap the socket under us (e.g. a /tmp/cairn-$UID made by another user).
+        raise OSError(f"{p.parent}: is a symlink or writable by others; refusing to put the socket there")
     if p.is_socket():
         probe = socket.socket(socket.AF_UNIX)
         try:

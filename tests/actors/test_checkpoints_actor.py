@@ -84,3 +84,16 @@ async def test_restart_indexes_files_and_reads_payloads_on_first_use(tmp_path):
     blob, tier = await again.blob_for(row.id, "r2")
     assert (blob, tier) == (b"payload" * 50, "disk")
     assert again.listing()[0].tier == "memory+disk"
+
+
+async def test_checkpoint_deleted_while_it_is_being_restored_is_not_an_error(tmp_path):
+    """DELETE /v1/checkpoints/{id} can land between reading a checkpoint and the restore's hit: the
+    request goes on with the blob it has, and the deleted entry does not come back."""
+    ck = Checkpoints(fingerprint="fp", log=get_logger(), metrics=Metrics(("ram",)))
+    ck.capture(toks(1), "prompt_end", b"a" * 100, "r1")
+    entry_id = prefix_hash(toks(1))
+    blob, tier = await ck.blob_for(entry_id, "r2")
+    assert blob == b"a" * 100 and tier == "memory"
+    assert await ck.delete(entry_id)
+    ck.hit(entry_id, tier, "r2", 700)                    # the restore finished after the delete
+    assert len(ck.store) == 0

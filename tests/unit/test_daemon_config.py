@@ -83,3 +83,30 @@ def test_checkpoint_dir_defaults_to_the_state_directory_never_the_cache():
     assert default_checkpoint_dir({"XDG_STATE_HOME": "/h/.st", "CACHE_DIRECTORY": "/c"}) == "/h/.st/cairn/checkpoints"
     assert default_checkpoint_dir({"HOME": "/home/u"}) == "/home/u/.local/state/cairn/checkpoints"
     assert load_settings({}, {"HOME": "/home/u"}).checkpoint_dir == "/home/u/.local/state/cairn/checkpoints"
+
+
+@pytest.mark.parametrize("mode", ["0666", "0777", "0662"])
+def test_world_writable_socket_mode_is_refused(mode):
+    with pytest.raises(ConfigError, match="without write permission for others"):
+        load_settings(parse(["--socket-mode", mode]), {})
+    assert load_settings(parse(["--socket-mode", "0770"]), {}).socket_mode_int == 0o770
+
+
+def test_socket_not_placed_in_a_directory_others_can_write(tmp_path):
+    import os
+
+    from cairn.daemon.server import _unix_socket
+
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o777)                      # like a /tmp/cairn-$UID pre-made by someone else
+    with pytest.raises(OSError, match="writable by others"):
+        _unix_socket(str(shared / "cairn.sock"), 0o660)
+    link = tmp_path / "link"
+    link.symlink_to(shared)
+    with pytest.raises(OSError, match="symlink"):
+        _unix_socket(str(link / "cairn.sock"), 0o660)
+    own = tmp_path / "own"
+    sock = _unix_socket(str(own / "cairn.sock"), 0o660)   # created here, 0750: fine
+    assert (os.stat(own / "cairn.sock").st_mode & 0o777) == 0o660
+    sock.close()
