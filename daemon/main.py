@@ -78,7 +78,7 @@ async def _on_signal(cancel_scope: trio.CancelScope, log) -> None:
 
 async def run_daemon(settings: Settings, loaded: Loaded, *, handle_signals: bool = True,
                      task_status=trio.TASK_STATUS_IGNORED) -> None:
-    from .server import make_sockets
+    from .server import check_inherited, make_sockets
 
     log = get_logger()
     from .metrics import Metrics
@@ -91,6 +91,7 @@ async def run_daemon(settings: Settings, loaded: Loaded, *, handle_signals: bool
     model_id = settings.served_model_name or loaded.name
     # Socket activation: systemd (cairn.socket) passes the listening Unix socket; then it owns the path.
     inherited = [sock for _, sock in systemd.listen_fds()] if handle_signals else []
+    check_inherited(inherited, settings.api_key)
     own_path = None if inherited else settings.socket
     sockets = make_sockets(own_path, settings.socket_mode_int, settings.tcp_host_port, inherited)
     try:

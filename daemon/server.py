@@ -6,6 +6,7 @@ and `listen()` is called before `worker_serve(sockets=...)` (hypercorn does not 
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import socket
 import stat
@@ -55,6 +56,17 @@ def _tcp_socket(host: str, port: int) -> socket.socket:
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     sock.bind((host, port))
     return sock
+
+
+def check_inherited(inherited: list[socket.socket], api_key: str | None) -> None:
+    """systemd may pass TCP sockets too (a drop-in's ListenStream=): the same rule as --tcp applies —
+    a non-loopback address is refused unless an API key is set."""
+    for s in inherited:
+        if s.family in (socket.AF_INET, socket.AF_INET6) and api_key is None:
+            host = s.getsockname()[0]
+            if not ipaddress.ip_address(host).is_loopback:
+                raise OSError(f"systemd passed a TCP socket on {host}, which is not loopback; "
+                              "set api_key (--api-key / CAIRN_API_KEY) or listen on 127.0.0.1")
 
 
 def make_sockets(unix_path: str | None, mode: int, tcp: tuple[str, int] | None,

@@ -110,3 +110,17 @@ def test_socket_not_placed_in_a_directory_others_can_write(tmp_path):
     sock = _unix_socket(str(own / "cairn.sock"), 0o660)   # created here, 0750: fine
     assert (os.stat(own / "cairn.sock").st_mode & 0o777) == 0o660
     sock.close()
+
+
+def test_systemd_passed_tcp_socket_off_loopback_needs_an_api_key():
+    import socket
+
+    from cairn.daemon.server import check_inherited
+
+    with socket.socket() as public, socket.socket() as local:
+        public.bind(("0.0.0.0", 0))
+        local.bind(("127.0.0.1", 0))
+        check_inherited([local], None)
+        check_inherited([public], "secret")
+        with pytest.raises(OSError, match="not loopback; set api_key"):
+            check_inherited([local, public], None)
