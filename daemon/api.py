@@ -27,6 +27,13 @@ from .schemas import APIError, CommonParams, parse_chat, parse_completion, parse
 REPLY_BUFFER = 64  # tokens may run ahead of a slow client by this much; then decode waits for it
 
 
+def _leaves(eg: BaseExceptionGroup) -> list[BaseException]:
+    out: list[BaseException] = []
+    for e in eg.exceptions:
+        out += _leaves(e) if isinstance(e, BaseExceptionGroup) else [e]
+    return out
+
+
 class API:
     def __init__(self, *, inbox: trio.MemorySendChannel, tokenizer, renderer, model_id: str,
                  context_length: int, vocab_size: int, max_tokens_default: int, fingerprint: str,
@@ -60,20 +67,30 @@ class API:
             return
         try:
             await self._route(scope, receive, send)
-        except APIError as e:
-            await send_error(send, e)
-        except ConnectionAbortedError:
-            return
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            await send_error(send, APIError(503, "the server is shutting down", code="shutting_down"))
-        except Exception as e:  # a bug here must not take the daemon down; say so in the log
-            if isinstance(e, BaseExceptionGroup):
+        except BaseExceptionGroup as eg:
+            # Errors raised inside a handler's nursery arrive wrapped; one error is handled as itself.
+            leaves = _leaves(eg)
+            if len(leaves) != 1 or isinstance(leaves[0], trio.Cancelled):
                 raise
-            self.log.exception("handler_failed", path=scope.get("path"))
-            try:
-                await send_error(send, APIError(500, f"internal error: {type(e).__name__}", code="internal_error"))
-            except Exception:
-                pass
+            await self._fail(leaves[0], scope, send)
+        except Exception as e:
+            await self._fail(e, scope, send)
+
+    async def _fail(self, e: BaseException, scope, send) -> None:
+        if isinstance(e, APIError):
+            return await send_error(send, e)
+        if isinstance(e, ConnectionAbortedError):
+            return
+        if isinstance(e, (trio.BrokenResourceError, trio.ClosedResourceError)):
+            return await send_error(send, APIError(503, "the server is shutting down", code="shutting_down"))
+        if not isinstance(e, Exception):
+            raise e
+        # A bug here must not take the daemon down; say so in the log.
+        self.log.error("handler_failed", path=scope.get("path"), exc_info=e)
+        try:
+            await send_error(send, APIError(500, f"internal error: {type(e).__name__}", code="internal_error"))
+        except Exception:
+            pass
 
     async def _lifespan(self, receive, send) -> None:
         while True:

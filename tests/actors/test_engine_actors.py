@@ -132,3 +132,24 @@ async def test_streamed_chat_logprobs_match_non_streamed(tiny_model_dir, tmp_pat
     assert entries == full["choices"][0]["logprobs"]["content"]
     assert len(entries) == 6 and all(len(e["top_logprobs"]) == 3 for e in entries)
     assert stream[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+
+
+async def test_a_bug_in_a_handler_is_a_logged_500_and_the_daemon_keeps_serving(tiny_model_dir, tmp_path):
+    import dataclasses
+
+    loaded = fake_loaded(tiny_model_dir)
+
+    class BrokenRenderer:
+        def render(self, *a, **kw):
+            raise KeyError("bug in the renderer")
+
+    broken = dataclasses.replace(loaded, renderer=BrokenRenderer())
+    sock = tmp_path / "b.sock"
+    with trio.fail_after(30), capture_logs() as events:
+        async with daemon(broken, sock):
+            r = await request(sock, "POST", "/v1/chat/completions",
+                              {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
+            assert r.status == 500 and r.json()["error"]["code"] == "internal_error"
+            ok = await request(sock, "POST", "/v1/completions", {"model": "tiny", "prompt": [5, 6], "max_tokens": 2})
+            assert ok.status == 200
+    assert any(e["event"] == "handler_failed" and e["log_level"] == "error" for e in events)
