@@ -12,9 +12,10 @@ from __future__ import annotations
 import trio
 
 from .engine import Engine
-from .messages import CancelAck, Done, Failed, Finished, Prefilled, Started, TokenOut, Usage
+from .lifecycle import attached, end_cancelled, end_failed
+from .messages import Done, Finished, Prefilled, Started, TokenOut, Usage
 from .outcome import log_request
-from .replies import reply, reply_nowait
+from .replies import reply
 from .sampling import choose, log_softmax, make_rng, top_logprobs
 from .stops import StopMatcher
 
@@ -76,45 +77,26 @@ async def decode_worker(inbox: trio.MemoryReceiveChannel, to_admission: trio.Mem
             pre: Prefilled
             sub = pre.submit
             stats: dict = {"completion_tokens": 0, "first_token_at": None}
-            done = error = None
-            gone = False
-            with trio.CancelScope() as scope:
-                sub.control.attach(scope)
-                try:
-                    done = await run_decode(engine, pre, new_stream_decoder(), stats)
-                except ClientGone:
-                    gone = True
-                except (RuntimeError, ValueError, MemoryError) as e:
-                    error = f"{type(e).__name__}: {e}"
-                    engine.discard_live()
-                except Exception as e:   # a bug must fail this request, not the daemon and its state
-                    log.exception("decode_bug", request_id=sub.request_id)
-                    error = f"internal error: {type(e).__name__}: {e}"
-                    engine.discard_live()
-                except trio.Cancelled:
-                    if not sub.control.cancel_requested:   # shutdown: say so, then let it through
-                        log_request(log, sub, metrics=engine.metrics, outcome="cancelled",
-                                    arrived_at=pre.arrived_at,
-                                    reused=pre.reused_tokens, completion_tokens=stats["completion_tokens"],
-                                    first_token_at=stats["first_token_at"], error="shutdown")
-                    raise
-            sub.control.detach()
-            engine.note_live_tokens()
+
+            turn = await attached(
+                sub, lambda: run_decode(engine, pre, new_stream_decoder(), stats), engine=engine, log=log,
+                stage="decode", gone=(ClientGone,),
+                on_shutdown=lambda: log_request(log, sub, metrics=engine.metrics, outcome="cancelled",
+                                                arrived_at=pre.arrived_at, reused=pre.reused_tokens,
+                                                completion_tokens=stats["completion_tokens"],
+                                                first_token_at=stats["first_token_at"], error="shutdown"))
             first = stats["first_token_at"]
             common = dict(arrived_at=pre.arrived_at, reused=pre.reused_tokens, first_token_at=first,
                           completion_tokens=stats["completion_tokens"],
                           decode_s=(trio.current_time() - first) if first is not None else 0.0)
-            if scope.cancelled_caught or gone:
+            done = turn.result
+            if turn.cancelled:
                 log_request(log, sub, metrics=engine.metrics, outcome="cancelled", **common)
-                reply_nowait(sub, CancelAck(sub.request_id))
-                await to_admission.send(Finished(sub.request_id, "cancelled"))
-                engine.announce(f"idle; {sub.request_id} cancelled")
-            elif error is not None:
-                log.error("decode_failed", request_id=sub.request_id, error=error)
-                log_request(log, sub, metrics=engine.metrics, outcome="error", error=error, **common)
-                reply_nowait(sub, Failed(error))
-                await to_admission.send(Finished(sub.request_id, "error"))
-                engine.announce(f"idle; {sub.request_id} failed")
+                await end_cancelled(sub, to_admission, engine)
+            elif turn.error is not None:
+                await end_failed(sub, turn.error, to_admission, engine, log, "decode",
+                                 lambda: log_request(log, sub, metrics=engine.metrics, outcome="error",
+                                                     error=turn.error, **common))
             else:
                 # Free the engine before the (possibly slow) final reply: the state is consistent now.
                 await to_admission.send(Finished(sub.request_id, "done"))

@@ -16,10 +16,10 @@ import numpy as np
 import trio
 
 from .engine import Engine
-from .messages import Admitted, CancelAck, Failed, Finished, Prefilled, PromptLogprobs
+from .lifecycle import attached, end_cancelled, end_failed
+from .messages import Admitted, Prefilled, PromptLogprobs
 from .outcome import log_request
 from .progress import ProgressReporter
-from .replies import reply_nowait
 from .sampling import log_softmax, top_logprobs
 from .plan import pieces
 
@@ -197,42 +197,23 @@ async def prefill_worker(inbox: trio.MemoryReceiveChannel, to_decode: trio.Memor
         async for adm in inbox:
             adm: Admitted
             sub = adm.submit
-            result = error = None
             progress: dict = {}
-            with trio.CancelScope() as scope:
-                sub.control.attach(scope)
-                try:
-                    result = await run_prefill(engine, sub, log, progress)
-                except (PrefillError, RuntimeError, ValueError, MemoryError) as e:
-                    error = f"{type(e).__name__}: {e}"
-                    engine.discard_live()
-                except Exception as e:   # a bug must fail this request, not the daemon and its state
-                    log.exception("prefill_bug", request_id=sub.request_id)
-                    error = f"internal error: {type(e).__name__}: {e}"
-                    engine.discard_live()
-                except trio.Cancelled:
-                    if not sub.control.cancel_requested:   # shutdown: say so, then let it through
-                        log_request(log, sub, metrics=engine.metrics, outcome="cancelled",
-                                    arrived_at=adm.arrived_at, reused=progress.get("reused", 0), error="shutdown")
-                    raise
-            sub.control.detach()
-            engine.note_live_tokens()
-            if scope.cancelled_caught:
+
+            def log_outcome(outcome: str, error: str | None = None) -> None:
+                log_request(log, sub, metrics=engine.metrics, outcome=outcome, arrived_at=adm.arrived_at,
+                            reused=progress.get("reused", 0) if outcome == "cancelled" else 0, error=error)
+
+            turn = await attached(sub, lambda: run_prefill(engine, sub, log, progress), engine=engine, log=log,
+                                  stage="prefill", on_shutdown=lambda: log_outcome("cancelled", "shutdown"))
+            if turn.cancelled:
                 live = engine.live
-                log_request(log, sub, metrics=engine.metrics, outcome="cancelled", arrived_at=adm.arrived_at,
-                            reused=progress.get("reused", 0))
+                log_outcome("cancelled")
                 log.info("prefill_cancelled", request_id=sub.request_id,
                          state_tokens=0 if live is None else int(live.n_tokens))
-                reply_nowait(sub, CancelAck(sub.request_id))
-                await to_admission.send(Finished(sub.request_id, "cancelled"))
-                engine.announce(f"idle; {sub.request_id} cancelled")
-            elif error is not None:
-                log.error("prefill_failed", request_id=sub.request_id, error=error)
-                log_request(log, sub, metrics=engine.metrics, outcome="error", arrived_at=adm.arrived_at,
-                            reused=0, error=error)
-                reply_nowait(sub, Failed(error))
-                await to_admission.send(Finished(sub.request_id, "error"))
-                engine.announce(f"idle; {sub.request_id} failed")
+                await end_cancelled(sub, to_admission, engine)
+            elif turn.error is not None:
+                await end_failed(sub, turn.error, to_admission, engine, log, "prefill",
+                                 lambda: log_outcome("error", turn.error))
             else:
-                logits, reused, prompt_lp = result
+                logits, reused, prompt_lp = turn.result
                 await to_decode.send(Prefilled(sub, logits, reused, prompt_lp, adm.arrived_at))
