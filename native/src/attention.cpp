@@ -236,8 +236,7 @@ void attention_block(const Model& m, int layer, LayerState& ls, const float* x, 
   const int G = c.G, Ro = c.Ro, gin = H * Dh / G;
   std::vector<float> z((size_t)S * G * Ro);
   for (int g = 0; g < G; ++g)
-    matmul(o.data() + (size_t)g * gin, S, gin, H * Dh, L.wo_a.w + (size_t)g * Ro * gin, Ro,
-           z.data() + (size_t)g * Ro, G * Ro, nt);
+    linear(o.data() + (size_t)g * gin, S, H * Dh, L.wo_a_g[g], z.data() + (size_t)g * Ro, G * Ro, nt);
   linear(z.data(), S, L.wo_b, y, nt);
   prof_lap(P_OUT, t0);
   (void)D;

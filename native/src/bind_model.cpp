@@ -119,7 +119,7 @@ struct Loader {
     }
     return out;
   }
-  Linear lin(const std::string& name, int out, int in) { return Linear{f32(name, {out, in}), out, in}; }
+  Linear lin(const std::string& name, int out, int in) { return Linear{f32(name, {out, in}), nullptr, out, in}; }
   void run_jobs(int threads) {
     py::gil_scoped_release rel;
 #pragma omp parallel for num_threads(threads) schedule(dynamic)
@@ -281,6 +281,10 @@ BoundModel::BoundModel(py::dict config, py::dict weights, std::string fp, int nt
     L.sw3 = ld.lin(f + "shared_experts.w3.weight", Is, D);
   }
   ld.run_jobs(threads);
+  {
+    py::gil_scoped_release rel;
+    pack_weights(*this, threads);
+  }
   init_rope(*this);
 }
 

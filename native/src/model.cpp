@@ -43,3 +43,93 @@ void init_rope(Model& m) {
 }
 
 }  // namespace cairn
+
+// ---- weight packing -------------------------------------------------------------------------
+#include <unordered_set>
+
+#include "cairn/kernels.h"
+
+namespace cairn {
+
+namespace {
+struct PackJob {
+  Linear* dst;
+  std::vector<const float*> rows;  // logical rows (nullptr = zero padding)
+};
+
+std::vector<const float*> rows_of(const Linear& L, int r0 = 0, int n = -1) {
+  if (n < 0) n = L.out;
+  std::vector<const float*> rows(n);
+  for (int i = 0; i < n; ++i) rows[i] = L.w + (size_t)(r0 + i) * L.in;
+  return rows;
+}
+
+// 16 gate rows, the same 16 up rows, ... (rows past `out` are zero).
+std::vector<const float*> fused_rows(const Linear& g, const Linear& u) {
+  const int np = (g.out + kPanel - 1) / kPanel;
+  std::vector<const float*> rows((size_t)2 * np * kPanel, nullptr);
+  for (int q = 0; q < np; ++q)
+    for (int l = 0; l < kPanel && q * kPanel + l < g.out; ++l) {
+      rows[(size_t)(2 * q) * kPanel + l] = g.w + (size_t)(q * kPanel + l) * g.in;
+      rows[(size_t)(2 * q + 1) * kPanel + l] = u.w + (size_t)(q * kPanel + l) * u.in;
+    }
+  return rows;
+}
+}  // namespace
+
+void pack_weights(Model& m, int threads) {
+  const Config& c = m.cfg;
+  std::vector<PackJob> jobs;
+  std::vector<Linear*> sources;  // every Linear whose row-major source is dropped afterwards
+  auto plain = [&](Linear& L) {
+    if (!L.w) return;
+    jobs.push_back({&L, rows_of(L)});
+    sources.push_back(&L);
+  };
+  for (LayerW& L : m.layers) {
+    for (Linear* x : {&L.wq_a, &L.wq_b, &L.wkv, &L.wo_b, &L.comp.wkv, &L.comp.wgate, &L.icomp.wkv,
+                      &L.icomp.wgate, &L.iwq_b, &L.iweights, &L.gate})
+      plain(*x);
+    const int gin = L.wo_a.in;
+    L.wo_a_g.assign(c.G, Linear{});
+    for (int g = 0; g < c.G; ++g) {
+      L.wo_a_g[g] = Linear{nullptr, nullptr, c.Ro, gin};
+      jobs.push_back({&L.wo_a_g[g], rows_of(L.wo_a, g * c.Ro, c.Ro)});
+    }
+    sources.push_back(&L.wo_a);
+    L.w13.assign(L.w1.size(), Linear{});
+    for (size_t e = 0; e < L.w1.size(); ++e) {
+      L.w13[e] = Linear{nullptr, nullptr, 2 * ((L.w1[e].out + kPanel - 1) / kPanel) * kPanel, L.w1[e].in};
+      jobs.push_back({&L.w13[e], fused_rows(L.w1[e], L.w3[e])});
+      plain(L.w2[e]);
+      sources.push_back(&L.w1[e]);
+      sources.push_back(&L.w3[e]);
+    }
+    L.sw13 = Linear{nullptr, nullptr, 2 * ((L.sw1.out + kPanel - 1) / kPanel) * kPanel, L.sw1.in};
+    jobs.push_back({&L.sw13, fused_rows(L.sw1, L.sw3)});
+    plain(L.sw2);
+    sources.push_back(&L.sw1);
+    sources.push_back(&L.sw3);
+  }
+  std::vector<float*> bufs(jobs.size());
+  for (size_t j = 0; j < jobs.size(); ++j) {
+    const size_t bytes = (packed_floats((int)jobs[j].rows.size(), jobs[j].dst->in) * sizeof(float) + 63) / 64 * 64;
+    float* b = (float*)std::aligned_alloc(64, std::max<size_t>(bytes, 64));
+    if (!b) throw std::bad_alloc();
+    m.packed.emplace_back(b);
+    bufs[j] = b;
+  }
+#pragma omp parallel for num_threads(std::max(1, threads)) schedule(dynamic, 1)
+  for (size_t j = 0; j < jobs.size(); ++j) pack_panels(jobs[j].rows, jobs[j].dst->in, bufs[j]);
+  for (size_t j = 0; j < jobs.size(); ++j) jobs[j].dst->p = bufs[j];
+  // the widened (BF16/F16) sources of packed matrices are no longer needed
+  std::unordered_set<const float*> dropped;
+  for (Linear* L : sources) {
+    dropped.insert(L->w);
+    L->w = nullptr;
+  }
+  for (auto& o : m.owned)
+    if (o && dropped.count(o->data())) o.reset();
+}
+
+}  // namespace cairn

@@ -16,8 +16,27 @@ constexpr int64_t kParMinWork = 1 << 17;
 // Deterministic for a given (M, N, K, threads).
 void matmul(const float* X, int M, int K, int ldx, const float* W, int N, float* Y, int ldy,
             int threads);
+// Packed weights (packed.cpp): panels of kPanel output rows, k-major; micro-tiles of up to
+// kPackM input rows x kPackN panels. Each output = fma chain over k ascending from 0, so it
+// depends only on (x row, w row, K).
+constexpr int kPanel = 16;
+#if defined(__AVX512F__)
+constexpr int kPackM = 6, kPackN = 4;  // 24 zmm accumulators + 4 panel vectors + 1 broadcast
+#elif defined(__AVX2__)
+constexpr int kPackM = 2, kPackN = 2;  // 8 ymm-pair accumulators in 16 registers
+#else
+constexpr int kPackM = 2, kPackN = 2;
+#endif
+size_t packed_floats(int N, int K);
+// rows: logical rows of the matrix (nullptr = zero row), K floats each -> P (packed_floats)
+void pack_panels(const std::vector<const float*>& rows, int K, float* P);
+// r[i][j*16 + l] (row stride np*16) = x[i] . row (16 p_j + l); 1 <= mr <= kPackM, 1 <= np <= kPackN;
+// p points at the first panel, panels K*16 floats apart.
+void packed_tile(int mr, int np, const float* const* x, const float* p, int K, float* r);
+// Y[M, out] (ldy) = X[M, in] (ldx) W^T through L's packed panels, tasks split over threads.
+void linear(const float* X, int M, int ldx, const Linear& L, float* Y, int ldy, int threads);
 inline void linear(const float* X, int M, const Linear& L, float* Y, int threads) {
-  matmul(X, M, L.in, L.in, L.w, L.out, Y, L.out, threads);
+  linear(X, M, L.in, L, Y, L.out, threads);
 }
 // Small-M dot-form tiles: r[i*nr + j] = sum_k x[i][k] w[j][k] (1 <= mr <= kTileM, 1 <= nr <= kTileN),
 // no packing; each output's reduction order depends only on K (see gemm.cpp).

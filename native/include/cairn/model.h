@@ -10,6 +10,7 @@
 //    compute runs on whatever Python thread calls in (the OMP ICV is per thread).
 #pragma once
 #include <cstdint>
+#include <cstdlib>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -48,7 +49,8 @@ struct Tensor {
 };
 
 struct Linear {  // W [out, in]
-  const float* w = nullptr;
+  const float* w = nullptr;  // row-major source; only read while packing (null afterwards)
+  const float* p = nullptr;  // packed panels [ceil(out/16)][in][16] (packed.cpp), what compute reads
   int out = 0, in = 0;
 };
 
@@ -63,6 +65,7 @@ struct LayerW {
   const float *hc_attn_fn = nullptr, *hc_attn_base = nullptr, *hc_attn_scale = nullptr;  // [(2+N)N, N*D], [(2+N)N], [3]
   const float *hc_ffn_fn = nullptr, *hc_ffn_base = nullptr, *hc_ffn_scale = nullptr;
   Linear wq_a, wq_b, wkv, wo_a, wo_b;  // [Rq,D] [H*Dh,Rq] [Dh,D] [G*Ro, H*Dh/G] [D, G*Ro]
+  std::vector<Linear> wo_a_g;          // wo_a split per output group: G x [Ro, H*Dh/G]
   const float *q_norm = nullptr, *kv_norm = nullptr, *sink = nullptr;  // [Rq] [Dh] [H]
   CompressorW comp;   // CSA / HCA
   CompressorW icomp;  // CSA indexer
@@ -73,6 +76,10 @@ struct LayerW {
   std::vector<int32_t> tid2eid;      // [V, k] (hash layers)
   std::vector<Linear> w1, w2, w3;    // per expert: [I,D], [D,I], [I,D]
   Linear sw1, sw2, sw3;              // shared expert (width I * n_shared)
+  // gate and up fused for one pass: packed rows are 16 w1 rows, the same 16 w3 rows, ...
+  // ([2*ceil(I/16)*16, D]); the SwiGLU reads gate and up from neighbouring panels.
+  std::vector<Linear> w13;
+  Linear sw13;
 };
 
 struct Model {
@@ -85,8 +92,12 @@ struct Model {
   std::vector<LayerW> layers;
   std::vector<float> inv_freq_main, inv_freq_comp;  // [r/2]
   std::vector<std::unique_ptr<std::vector<float>>> owned;  // widened BF16/F16 weights
+  struct FreeDeleter { void operator()(float* p) const { std::free(p); } };
+  std::vector<std::unique_ptr<float, FreeDeleter>> packed;  // 64-byte aligned Linear panels
 };
 
 void init_rope(Model& m);
+// Packs every Linear (and the fused expert gate/up pairs) into panels; `threads` pack in parallel.
+void pack_weights(Model& m, int threads);
 
 }  // namespace cairn

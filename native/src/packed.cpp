@@ -1,0 +1,137 @@
+// cairn kernel: packed-panel GEMM for the weight matrices.
+//
+// Design notes
+//  * Every nn.Linear weight W[N, K] is packed once at load into panels of kPanel output rows,
+//    k-major inside a panel: P[ceil(N/16)][K][16], padding rows zero. The micro-kernel then
+//    runs in broadcast form: per k it loads np panel vectors (contiguous, 64 B each) and
+//    broadcasts one scalar of each of mr input rows -- mr x np FMAs per (np + mr) loads, no
+//    horizontal sums, no per-call packing of B (OpenBLAS re-packs the whole weight on every
+//    call, which dominates for the 30-130-row expert GEMMs of a chunk).
+//  * Reduction order: every output is acc = fma(x[k], w[k], acc) for k = 0, 1, ..., K-1 from 0.
+//    That depends only on (x row, w row, K) -- not on the tile shape, the row count, the
+//    thread split or the ISA (AVX-512, AVX2 and the scalar std::fma fallback round alike) -- so
+//    a token's numbers are the same in a 1-token decode and a 512-token chunk.
+#include <omp.h>
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <utility>
+
+#include "cairn/kernels.h"
+#ifdef __AVX2__
+#include <immintrin.h>
+#endif
+
+namespace cairn {
+
+size_t packed_floats(int N, int K) { return (size_t)((N + kPanel - 1) / kPanel) * K * kPanel; }
+
+void pack_panels(const std::vector<const float*>& rows, int K, float* P) {
+  const int np = (int)((rows.size() + kPanel - 1) / kPanel);
+  for (int p = 0; p < np; ++p) {
+    float* dst = P + (size_t)p * K * kPanel;  // [K][16]
+    for (int l = 0; l < kPanel; ++l) {
+      const size_t n = (size_t)p * kPanel + l;
+      const float* src = n < rows.size() ? rows[n] : nullptr;
+      for (int k = 0; k < K; ++k) dst[(size_t)k * kPanel + l] = src ? src[k] : 0.f;
+    }
+  }
+}
+
+// r[i][j*16 + l] = sum_k x[i][k] * P[j][k][l] for i < MR, j < NP (panel stride ps floats).
+template <int MR, int NP>
+static void ptile(const float* const* x, const float* p, size_t ps, int K, float* r) {
+#if defined(__AVX512F__)
+  __m512 acc[MR][NP];
+  for (int i = 0; i < MR; ++i)
+    for (int j = 0; j < NP; ++j) acc[i][j] = _mm512_setzero_ps();
+  for (int k = 0; k < K; ++k) {
+    __m512 b[NP];
+    for (int j = 0; j < NP; ++j) b[j] = _mm512_loadu_ps(p + j * ps + (size_t)k * kPanel);
+    for (int i = 0; i < MR; ++i) {
+      const __m512 a = _mm512_set1_ps(x[i][k]);
+      for (int j = 0; j < NP; ++j) acc[i][j] = _mm512_fmadd_ps(a, b[j], acc[i][j]);
+    }
+  }
+  for (int i = 0; i < MR; ++i)
+    for (int j = 0; j < NP; ++j) _mm512_storeu_ps(r + (i * NP + j) * kPanel, acc[i][j]);
+#elif defined(__AVX2__) && defined(__FMA__)
+  __m256 acc[MR][2 * NP];
+  for (int i = 0; i < MR; ++i)
+    for (int j = 0; j < 2 * NP; ++j) acc[i][j] = _mm256_setzero_ps();
+  for (int k = 0; k < K; ++k) {
+    __m256 b[2 * NP];
+    for (int j = 0; j < NP; ++j) {
+      b[2 * j] = _mm256_loadu_ps(p + j * ps + (size_t)k * kPanel);
+      b[2 * j + 1] = _mm256_loadu_ps(p + j * ps + (size_t)k * kPanel + 8);
+    }
+    for (int i = 0; i < MR; ++i) {
+      const __m256 a = _mm256_set1_ps(x[i][k]);
+      for (int j = 0; j < 2 * NP; ++j) acc[i][j] = _mm256_fmadd_ps(a, b[j], acc[i][j]);
+    }
+  }
+  for (int i = 0; i < MR; ++i)
+    for (int j = 0; j < 2 * NP; ++j) _mm256_storeu_ps(r + i * NP * kPanel + j * 8, acc[i][j]);
+#else
+  for (int i = 0; i < MR; ++i)
+    for (int j = 0; j < NP; ++j)
+      for (int l = 0; l < kPanel; ++l) {
+        float a = 0.f;
+        for (int k = 0; k < K; ++k) a = std::fma(x[i][k], p[j * ps + (size_t)k * kPanel + l], a);
+        r[(i * NP + j) * kPanel + l] = a;
+      }
+#endif
+}
+
+using PTileFn = void (*)(const float* const*, const float*, size_t, int, float*);
+template <int MR, int... NPs>
+static constexpr std::array<PTileFn, sizeof...(NPs)> ptile_row(std::integer_sequence<int, NPs...>) {
+  return {&ptile<MR, NPs + 1>...};
+}
+template <int... MRs>
+static constexpr std::array<std::array<PTileFn, kPackN>, sizeof...(MRs)> ptile_table(std::integer_sequence<int, MRs...>) {
+  return {ptile_row<MRs + 1>(std::make_integer_sequence<int, kPackN>{})...};
+}
+static const auto kPTiles = ptile_table(std::make_integer_sequence<int, kPackM>{});  // [mr-1][np-1]
+
+void packed_tile(int mr, int np, const float* const* x, const float* p, int K, float* r) {
+  kPTiles[mr - 1][np - 1](x, p, (size_t)K * kPanel, K, r);
+}
+
+// Rows [a0, a1) x panels [p0, p1) of Y = X W^T.
+static void packed_block(const float* const* x, int a0, int a1, const Linear& L, int p0, int p1, float* Y,
+                         int ldy) {
+  const size_t ps = (size_t)L.in * kPanel;
+  float r[kPackM * kPackN * kPanel];
+  for (int p = p0; p < p1; p += kPackN) {
+    const int np = std::min(kPackN, p1 - p);
+    const int c0 = p * kPanel, nc = std::min(L.out, (p + np) * kPanel) - c0;
+    for (int a = a0; a < a1; a += kPackM) {
+      const int mr = std::min(kPackM, a1 - a);
+      packed_tile(mr, np, x + a, L.p + p * ps, L.in, r);
+      for (int i = 0; i < mr; ++i) std::memcpy(Y + (size_t)(a + i) * ldy + c0, r + i * np * kPanel, sizeof(float) * nc);
+    }
+  }
+}
+
+void linear(const float* X, int M, int ldx, const Linear& L, float* Y, int ldy, int threads) {
+  if (M <= 0) return;
+  std::vector<const float*> x(M);
+  for (int i = 0; i < M; ++i) x[i] = X + (size_t)i * ldx;
+  const int npan = (L.out + kPanel - 1) / kPanel;
+  const int ncg = (npan + kPackN - 1) / kPackN;  // column groups
+  constexpr int kRB = kPackM * 8;                // rows per task
+  const int nrb = (M + kRB - 1) / kRB;
+  const int64_t work = (int64_t)M * L.out * L.in;
+#pragma omp parallel for num_threads(std::max(1, threads)) schedule(dynamic, 1) if (threads > 1 && work > kParMinWork)
+  for (int t = 0; t < ncg * nrb; ++t) {
+    const int g = t % ncg, b = t / ncg;
+    packed_block(x.data(), b * kRB, std::min(M, (b + 1) * kRB), L, g * kPackN, std::min(npan, (g + 1) * kPackN),
+                 Y, ldy);
+  }
+}
+
+}  // namespace cairn
