@@ -6,10 +6,11 @@
 //    absolute positions t-W+1..t (W keys, itself included).
 //  * Compressors run over the whole chunk before attention (as HF): query t may only use
 //    entries w < (t+1)/rate. HCA attends to all of them; CSA to the indexer's top-k.
-//  * Indexer: score(t, s) = sum_h relu(qI_h . k_s) * Di^-0.5 * (w_h * nI^-0.5), computed by one
-//    function with a fixed reduction order, so a query's scores are bit-identical whether the
-//    chunk is scored in one batched pass (default; entries outer, keys reused across queries)
-//    or per query (Model.batched_indexer = False). Top-k ties go to the lowest entry index.
+//  * Indexer: score(t, s) = sum_h relu(qI_h . k_s) * Di^-0.5 * (w_h * nI^-0.5) with one fixed
+//    order of fp32 operations, so a query's scores are bit-identical whether the chunk's keys
+//    are packed once and scored by the packed micro-kernel (default) or each (query, key) is
+//    computed by the scalar reference loop (Model.batched_indexer = False), and whatever the
+//    chunking. Top-k ties go to the lowest entry index.
 //  * Softmax includes the per-head sink logit in the denominator; output RoPE is undone at the
 //    query position before the grouped low-rank output projection.
 #include <cblas.h>
@@ -18,6 +19,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <numeric>
 
@@ -27,20 +29,65 @@
 
 namespace cairn {
 
-static inline float index_score(const float* q /*[nI,Di]*/, const float* wts /*[nI]*/,
-                                const float* k /*[Di]*/, int nI, int Di, float ss, float ws) {
-  float acc = 0.f;
-  for (int h = 0; h < nI; ++h) {
-    float d = dot(q + (size_t)h * Di, k, Di);
-    acc += (std::max(d, 0.f) * ss) * (wts[h] * ws);
+// score(t, s) = sum over heads h ascending of fma(relu(d_h) * ss, w_h * ws, acc), where
+// d_h = fma chain over the Di channels ascending (the packed micro-kernel's order). The
+// per-query reference path below and the packed path compute exactly these operations.
+static void index_scores_ref(const float* q /*[nI,Di]*/, const float* wts /*[nI]*/, const float* keys,
+                             int64_t T, int nI, int Di, float ss, float ws, float* sc /*[T]*/) {
+  for (int64_t s = 0; s < T; ++s) {
+    const float* k = keys + (size_t)s * Di;
+    float acc = 0.f;
+    for (int h = 0; h < nI; ++h) {
+      float d = 0.f;
+      for (int c = 0; c < Di; ++c) d = std::fma(q[(size_t)h * Di + c], k[c], d);
+      acc = std::fma(std::max(d, 0.f) * ss, wts[h] * ws, acc);
+    }
+    sc[s] = acc;
   }
-  return acc;
 }
 
-// For each query i, fills sel[i] with the selected entry indices (ascending). Queries are
-// handled in blocks of kQB so the score buffer stays [kQB, T] however long the context.
-static constexpr int kQB = 32;
+// Same scores from key panels kp ([ceil(T/16)][Di][16], packed per chunk): heads are the
+// micro-kernel's input rows, keys its panel columns.
+static void index_scores_packed(const float* q, const float* wts, const float* kp, int64_t T, int nI, int Di,
+                                float ss, float ws, float* sc /*[>= ceil(T/16)*16]*/) {
+  const int npan = (int)((T + kPanel - 1) / kPanel);
+  const float* qh[64];
+  float cw[64];
+  for (int h = 0; h < nI; ++h) { qh[h] = q + (size_t)h * Di; cw[h] = wts[h] * ws; }
+  float r[kPackM * kPackN * kPanel];
+  for (int p0 = 0; p0 < npan; p0 += kPackN) {
+    const int np = std::min(kPackN, npan - p0), nc = np * kPanel;
+    float* out = sc + (size_t)p0 * kPanel;
+    std::fill(out, out + nc, 0.f);
+    for (int h0 = 0; h0 < nI; h0 += kPackM) {
+      const int mr = std::min(kPackM, nI - h0);
+      packed_tile(mr, np, qh + h0, kp + (size_t)p0 * Di * kPanel, Di, r);
+      for (int i = 0; i < mr; ++i) {
+        const float c = cw[h0 + i];
+        const float* ri = r + i * nc;
+        for (int j = 0; j < nc; ++j) out[j] = std::fma(std::max(ri[j], 0.f) * ss, c, out[j]);
+      }
+    }
+  }
+}
 
+// The K best of row[0..n) (ties to the lowest index), ascending: the K-th largest value by
+// nth_element on a copy, then one ascending scan taking everything above it and the lowest
+// indices equal to it -- the same set a (score desc, index asc) sort would give.
+static void top_k(const float* row, int64_t n, int K, std::vector<float>& tmp, std::vector<int>& out) {
+  tmp.assign(row, row + n);
+  std::nth_element(tmp.begin(), tmp.begin() + (K - 1), tmp.end(), std::greater<float>());
+  const float v = tmp[K - 1];
+  int64_t above = 0;
+  for (int64_t s = 0; s < n; ++s) above += row[s] > v;
+  int64_t ties = K - above;
+  out.clear();
+  out.reserve(K);
+  for (int64_t s = 0; s < n; ++s)
+    if (row[s] > v || (row[s] == v && ties-- > 0)) out.push_back((int)s);
+}
+
+// For each query i, fills sel[i] with the selected entry indices (ascending).
 static void indexer_select(const Model& m, const LayerState& ls, const float* qI /*[S,nI*Di]*/,
                            const float* wI /*[S,nI]*/, int S, int64_t pos0,
                            std::vector<std::vector<int>>& sel) {
@@ -49,56 +96,34 @@ static void indexer_select(const Model& m, const LayerState& ls, const float* qI
   const int64_t T = ls.icomp.n_entries();
   const float* keys = ls.icomp.entries.data();
   const float ss = 1.f / std::sqrt((float)Di), ws = 1.f / std::sqrt((float)nI);
-  const int nt = m.threads;
   sel.assign(S, {});
-  std::vector<float> sc;  // [qb, Tmax] scores of the current query block
-  for (int b0 = 0; b0 < S; b0 += kQB) {
-    const int qb = std::min(kQB, S - b0);
-    int64_t Ti[kQB], Tmax = 0;
-    bool any = false;
-    for (int a = 0; a < qb; ++a) {
-      Ti[a] = std::min<int64_t>(T, (pos0 + b0 + a + 1) / R);
-      Tmax = std::max(Tmax, Ti[a]);
-      any |= Ti[a] > K;
-    }
-    if (any) {
-      sc.assign((size_t)qb * Tmax, 0.f);
-      if (m.batched_indexer) {  // entries outer: each key row is loaded once for the block
-#pragma omp parallel for num_threads(nt) schedule(static) if ((int64_t)qb * Tmax * nI * Di > kParMinWork)
-        for (int64_t s = 0; s < Tmax; ++s)
-          for (int a = 0; a < qb; ++a)
-            if (Ti[a] > K && s < Ti[a]) {
-              const int i = b0 + a;
-              sc[(size_t)a * Tmax + s] = index_score(qI + (size_t)i * nI * Di, wI + (size_t)i * nI,
-                                                     keys + (size_t)s * Di, nI, Di, ss, ws);
-            }
-      } else {  // one query at a time
-#pragma omp parallel for num_threads(nt) schedule(dynamic, 1) if ((int64_t)qb * Tmax * nI * Di > kParMinWork)
-        for (int a = 0; a < qb; ++a)
-          if (Ti[a] > K)
-            for (int64_t s = 0; s < Ti[a]; ++s) {
-              const int i = b0 + a;
-              sc[(size_t)a * Tmax + s] = index_score(qI + (size_t)i * nI * Di, wI + (size_t)i * nI,
-                                                     keys + (size_t)s * Di, nI, Di, ss, ws);
-            }
-      }
-    }
-#pragma omp parallel for num_threads(nt) schedule(static) if (qb > 1 && (int64_t)qb * Tmax > 4096)
-    for (int a = 0; a < qb; ++a) {
-      std::vector<int>& out = sel[b0 + a];
-      if (Ti[a] <= K) {
-        out.resize(Ti[a]);
+  const int64_t Tlast = std::min<int64_t>(T, (pos0 + S) / R);  // the most any query of the chunk sees
+  std::vector<float> kp;
+  if (m.batched_indexer && Tlast > K) {
+    std::vector<const float*> rows(Tlast);
+    for (int64_t s = 0; s < Tlast; ++s) rows[s] = keys + (size_t)s * Di;
+    kp.resize(packed_floats((int)Tlast, Di));
+    pack_panels(rows, Di, kp.data());
+  }
+  const int64_t work = (int64_t)S * Tlast * nI * Di;
+#pragma omp parallel num_threads(m.threads) if (S > 1 && work > kParMinWork)
+  {
+    std::vector<float> sc, tmp;
+#pragma omp for schedule(dynamic, 4)
+    for (int i = 0; i < S; ++i) {
+      const int64_t Ti = std::min<int64_t>(T, (pos0 + i + 1) / R);
+      std::vector<int>& out = sel[i];
+      if (Ti <= K) {
+        out.resize(Ti);
         std::iota(out.begin(), out.end(), 0);
         continue;
       }
-      const float* row = sc.data() + (size_t)a * Tmax;
-      std::vector<int> idx(Ti[a]);
-      std::iota(idx.begin(), idx.end(), 0);
-      auto better = [row](int x, int y) { return row[x] > row[y] || (row[x] == row[y] && x < y); };
-      std::nth_element(idx.begin(), idx.begin() + K, idx.end(), better);
-      idx.resize(K);
-      std::sort(idx.begin(), idx.end());
-      out = std::move(idx);
+      sc.resize((size_t)(Ti + kPanel * kPackN));
+      if (m.batched_indexer)
+        index_scores_packed(qI + (size_t)i * nI * Di, wI + (size_t)i * nI, kp.data(), Ti, nI, Di, ss, ws, sc.data());
+      else
+        index_scores_ref(qI + (size_t)i * nI * Di, wI + (size_t)i * nI, keys, Ti, nI, Di, ss, ws, sc.data());
+      top_k(sc.data(), Ti, K, tmp, out);
     }
   }
 }

@@ -2,6 +2,10 @@
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 
+#include <omp.h>
+
+#include <vector>
+
 #include "bind.h"
 #include "cairn/kernels.h"
 #include "cairn/profile.h"
@@ -25,6 +29,33 @@ void register_bench(py::module_& m) {
     return y;
   }, py::arg("x"), py::arg("w"), py::arg("threads") = 1,
      "y = x @ w.T through the kernel's GEMM (M > 1: OpenBLAS split over OpenMP) or GEMV (M == 1).");
+  m.def("_packed_matmul", [](py::array_t<float, py::array::c_style | py::array::forcecast> x,
+                             py::array_t<float, py::array::c_style | py::array::forcecast> w, int threads,
+                             int reps) {
+    if (x.ndim() != 2 || w.ndim() != 2 || x.shape(1) != w.shape(1))
+      throw py::value_error("_packed_matmul: want x [M, K], w [N, K]");
+    if (reps < 1) throw py::value_error("_packed_matmul: reps must be >= 1");
+    const int M = (int)x.shape(0), K = (int)x.shape(1), N = (int)w.shape(0);
+    py::array_t<float> y({(py::ssize_t)M, (py::ssize_t)N});
+    const float* xp = x.data();
+    const float* wp = w.data();
+    float* yp = y.mutable_data();
+    double dt;
+    {
+      py::gil_scoped_release rel;
+      std::vector<float> panels(cairn::packed_floats(N, K) + 16);
+      float* P = panels.data() + (16 - ((uintptr_t)panels.data() / 4) % 16) % 16;  // 64-byte aligned
+      std::vector<const float*> rows(N);
+      for (int i = 0; i < N; ++i) rows[i] = wp + (size_t)i * K;
+      cairn::pack_panels(rows, K, P);
+      cairn::Linear L{nullptr, P, N, K};
+      double t0 = omp_get_wtime();
+      for (int r = 0; r < reps; ++r) cairn::linear(xp, M, L, yp, std::max(1, threads));
+      dt = (omp_get_wtime() - t0) / reps;
+    }
+    return py::make_tuple(y, dt);
+  }, py::arg("x"), py::arg("w"), py::arg("threads") = 1, py::arg("reps") = 1,
+     "(y, seconds per call) for y = x @ w.T through the packed-panel GEMM (w packed once, untimed).");
   m.def("_profile", [](bool reset) {
     py::dict d;
     for (int i = 0; i < cairn::P_N; ++i) d[cairn::g_prof_names[i]] = cairn::g_prof[i];

@@ -205,6 +205,7 @@ Config parse_config(const py::dict& d) {
   req(c.N >= 1 && c.N <= 8, "hc_mult must be in 1..8");
   req(c.k >= 1 && c.k <= c.E, "num_experts_per_tok must be in 1..n_routed_experts");
   req(c.topk >= 1 && c.nI >= 1 && c.Di >= 1, "indexer sizes must be positive");
+  req(c.nI <= 64, "index_n_heads must be <= 64");
   return c;
 }
 
