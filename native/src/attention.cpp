@@ -199,61 +199,101 @@ void attention_block(const Model& m, int layer, LayerState& ls, const float* x, 
     }
   }
 
-  // attention: o [S, H, Dh]. K == V and all heads share one KV head, so per query the keys
-  // are gathered once into Kc [nk, Dh] and the heads run as two small GEMMs:
-  // scores [hg, nk] = Q [hg, Dh] Kc^T, o [hg, Dh] = P Kc. Tasks = (query, head group); head
-  // groups only split when there are fewer queries than threads (decode).
+  // attention: o [S, H, Dh]. K == V and all heads share one KV head, so a block of kQB
+  // queries runs as GEMMs over the union of its keys, U = [window rows t0-W+1 .. t1 | HCA
+  // entries visible to the block's last query]: scores [nq*H, |U|] = Q U^T, then per (query,
+  // head) a masked softmax (with sink) and o = P U. A masked key's weight is an exact 0, so a
+  // query's sums see the same nonzero terms in the same order whichever block it falls in.
+  // CSA queries add their own top-k entries as a second, per-query pair of GEMMs.
   std::vector<float> o((size_t)S * H * Dh);
   const float scale = 1.f / std::sqrt((float)Dh);
   const int rate = type == AttnType::HCA ? c.hca_rate : c.csa_rate;
   const float* ent = ls.comp.entries.data();
   const int64_t nent = ls.comp.n_entries();
-  const int hgroups = S >= nt ? 1 : std::min(H, nt);
-  const int hper = (H + hgroups - 1) / hgroups;
+  constexpr int kQB = 16;
+  const int nblk = (S + kQB - 1) / kQB;
   const int64_t extra_keys = type == AttnType::HCA ? nent : type == AttnType::CSA ? std::min<int64_t>(nent, c.topk) : 0;
   const int64_t attn_work = (int64_t)S * H * Dh * (std::min<int64_t>(W, pos0 + S) + extra_keys);
-#pragma omp parallel num_threads(nt) if (attn_work > kParMinWork)
+#pragma omp parallel num_threads(nt) if (nblk > 1 && attn_work > kParMinWork)
   {
-    std::vector<float> kc, sc;
+    std::vector<float> uq, uv, sc, sq, sv, ssc, osel;
+    std::vector<const float*> urow, qrow, prow, srow;
 #pragma omp for schedule(dynamic, 1)
-    for (int task = 0; task < S * hgroups; ++task) {
-      const int i = task / hgroups, h0 = (task % hgroups) * hper, h1 = std::min(H, h0 + hper);
-      if (h1 <= h0) continue;
-      const int hg = h1 - h0;
-      const int64_t t = pos0 + i;
-      const int64_t p0 = std::max<int64_t>(0, t - W + 1);
-      const int nwin = (int)(t - p0 + 1);
-      int nextra = 0;
-      if (type == AttnType::HCA) nextra = (int)std::min<int64_t>(nent, (t + 1) / rate);
-      else if (type == AttnType::CSA) nextra = (int)sel[i].size();
-      const int nk = nwin + nextra;
-      kc.resize((size_t)nk * Dh);
-      std::memcpy(kc.data(), &keys[(size_t)(p0 - kbase) * Dh], sizeof(float) * (size_t)nwin * Dh);
-      if (type == AttnType::HCA)
-        std::memcpy(&kc[(size_t)nwin * Dh], ent, sizeof(float) * (size_t)nextra * Dh);
-      else if (type == AttnType::CSA)
-        for (int e = 0; e < nextra; ++e)
-          std::memcpy(&kc[(size_t)(nwin + e) * Dh], ent + (size_t)sel[i][e] * Dh, sizeof(float) * Dh);
-      sc.resize((size_t)hg * nk);
-      const float* qh = &q[((size_t)i * H + h0) * Dh];
-      float* oh = &o[((size_t)i * H + h0) * Dh];
-      scipy_cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, hg, nk, Dh, 1.f, qh, Dh, kc.data(), Dh, 0.f,
-                        sc.data(), nk);
-      for (int hh = 0; hh < hg; ++hh) {
-        float* row = &sc[(size_t)hh * nk];
-        const float sink = L.sink[h0 + hh];
-        float mx = sink;
-        for (int j = 0; j < nk; ++j) { row[j] *= scale; mx = std::max(mx, row[j]); }
-        float sum = 0.f;
-        for (int j = 0; j < nk; ++j) { row[j] = std::exp(row[j] - mx); sum += row[j]; }
-        sum += std::exp(sink - mx);
-        const float inv = 1.f / sum;
-        for (int j = 0; j < nk; ++j) row[j] *= inv;
+    for (int b = 0; b < nblk; ++b) {
+      const int i0 = b * kQB, nq = std::min(kQB, S - i0);
+      const int64_t tf = pos0 + i0, tl = tf + nq - 1;
+      const int64_t u0 = std::max<int64_t>(0, tf - W + 1);
+      const int nwin = (int)(tl - u0 + 1);
+      const int nhca = type == AttnType::HCA ? (int)std::min<int64_t>(nent, (tl + 1) / rate) : 0;
+      const int nu = nwin + nhca;
+      urow.resize(nu);
+      for (int j = 0; j < nwin; ++j) urow[j] = &keys[(size_t)(u0 - kbase + j) * Dh];
+      for (int e = 0; e < nhca; ++e) urow[nwin + e] = ent + (size_t)e * Dh;
+      uq.resize(packed_floats(nu, Dh));
+      uv.resize(packed_floats(Dh, nu));
+      pack_panels(urow, Dh, uq.data());
+      pack_panels_kn(urow.data(), nu, Dh, uv.data());
+      qrow.resize((size_t)nq * H);
+      for (int a = 0; a < nq * H; ++a) qrow[a] = &q[((size_t)i0 * H + a) * Dh];
+      sc.resize((size_t)nq * H * nu);
+      linear_rows(qrow.data(), nq * H, Linear{nullptr, uq.data(), nu, Dh}, sc.data(), nu);
+      for (int a = 0; a < nq; ++a) {
+        const int i = i0 + a;
+        const int64_t t = pos0 + i;
+        const int lo = (int)(std::max<int64_t>(0, t - W + 1) - u0), hi = (int)(t - u0);  // window [lo, hi]
+        const int vh = type == AttnType::HCA ? (int)std::min<int64_t>(nent, (t + 1) / rate) : 0;
+        const int nsel = type == AttnType::CSA ? (int)sel[i].size() : 0;
+        if (nsel) {  // this query's top-k entries: scores [H, nsel]
+          srow.resize(nsel);
+          for (int e = 0; e < nsel; ++e) srow[e] = ent + (size_t)sel[i][e] * Dh;
+          sq.resize(packed_floats(nsel, Dh));
+          pack_panels(srow, Dh, sq.data());
+          ssc.resize((size_t)H * nsel);
+          linear_rows(&qrow[(size_t)a * H], H, Linear{nullptr, sq.data(), nsel, Dh}, ssc.data(), nsel);
+        }
+        for (int h = 0; h < H; ++h) {
+          float* row = &sc[((size_t)a * H + h) * nu];
+          float* srw = nsel ? &ssc[(size_t)h * nsel] : nullptr;
+          const float sink = L.sink[h];
+          float mx = sink;
+          for (int j = 0; j < nu; ++j) row[j] *= scale;
+          for (int e = 0; e < nsel; ++e) srw[e] *= scale;
+          for (int j = lo; j <= hi; ++j) mx = std::max(mx, row[j]);
+          for (int j = nwin; j < nwin + vh; ++j) mx = std::max(mx, row[j]);
+          for (int e = 0; e < nsel; ++e) mx = std::max(mx, srw[e]);
+          for (int j = 0; j < nu; ++j) row[j] -= mx;
+          for (int e = 0; e < nsel; ++e) srw[e] -= mx;
+          vexp(row, row, nu);
+          if (nsel) vexp(srw, srw, nsel);
+          std::fill(row, row + lo, 0.f);  // masked keys weigh exactly 0
+          std::fill(row + hi + 1, row + nwin, 0.f);
+          std::fill(row + nwin + vh, row + nu, 0.f);
+          float sum = 0.f;
+          for (int j = lo; j <= hi; ++j) sum += row[j];
+          for (int j = nwin; j < nwin + vh; ++j) sum += row[j];
+          for (int e = 0; e < nsel; ++e) sum += srw[e];
+          sum += fexp(sink - mx);
+          const float inv = 1.f / sum;
+          for (int j = 0; j < nu; ++j) row[j] *= inv;
+          for (int e = 0; e < nsel; ++e) srw[e] *= inv;
+        }
+        if (nsel) {  // o_sel [H, Dh] = P_sel S, added after the window/HCA part below
+          sv.resize(packed_floats(Dh, nsel));
+          pack_panels_kn(srow.data(), nsel, Dh, sv.data());
+          prow.resize(H);
+          for (int h = 0; h < H; ++h) prow[h] = &ssc[(size_t)h * nsel];
+          osel.resize((size_t)H * Dh);
+          linear_rows(prow.data(), H, Linear{nullptr, sv.data(), Dh, nsel}, osel.data(), Dh);
+        }
+        prow.resize(H);
+        for (int h = 0; h < H; ++h) prow[h] = &sc[((size_t)a * H + h) * nu];
+        float* oi = &o[(size_t)i * H * Dh];
+        linear_rows(prow.data(), H, Linear{nullptr, uv.data(), Dh, nu}, oi, Dh);
+        if (nsel)
+          for (int d = 0; d < H * Dh; ++d) oi[d] = oi[d] + osel[d];
+        for (int h = 0; h < H; ++h)
+          rope_apply(oi + (size_t)h * Dh, Dh, r, &cs[(size_t)i * half], &sn[(size_t)i * half], -1.f);
       }
-      scipy_cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, hg, Dh, nk, 1.f, sc.data(), nk, kc.data(), Dh,
-                        0.f, oh, Dh);
-      for (int hh = 0; hh < hg; ++hh)
-        rope_apply(oh + (size_t)hh * Dh, Dh, r, &cs[(size_t)i * half], &sn[(size_t)i * half], -1.f);
     }
   }
   prof_lap(P_ATTN, t0);

@@ -179,6 +179,52 @@ void dot_tile_any(int mr, int nr, const float* const* x, const float* const* w, 
   kTiles[mr - 1][nr - 1](x, w, K, r);
 }
 
+// ---- vectorised exp ----------------------------------------------------------------------
+// Cephes-style: n = round(x log2 e), r = x - n ln2 (two-part), degree-6 polynomial, times 2^n.
+// About 1-2 ulp. The scalar version performs the same fp32 operations as each vector lane, so
+// a value's exp does not depend on whether it falls in a vector or in the tail.
+namespace {
+constexpr float kExpHi = 88.3762626647949f, kExpLo = -88.3762626647949f, kLog2e = 1.44269504088896341f;
+constexpr float kC1 = 0.693359375f, kC2 = -2.12194440e-4f;
+constexpr float kP0 = 1.9875691500E-4f, kP1 = 1.3981999507E-3f, kP2 = 8.3334519073E-3f,
+                kP3 = 4.1665795894E-2f, kP4 = 1.6666665459E-1f, kP5 = 5.0000001201E-1f;
+inline float exp_scalar(float x) {
+  x = std::min(std::max(x, kExpLo), kExpHi);
+  const float n = std::nearbyint(x * kLog2e);
+  float r = std::fma(n, -kC1, x);
+  r = std::fma(n, -kC2, r);
+  float p = kP0;
+  p = std::fma(p, r, kP1); p = std::fma(p, r, kP2); p = std::fma(p, r, kP3);
+  p = std::fma(p, r, kP4); p = std::fma(p, r, kP5);
+  const float y = std::fma(p, r * r, r) + 1.f;
+  return std::ldexp(y, (int)n);
+}
+#if defined(__AVX512F__)
+inline __m512 exp512(__m512 x) {
+  x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(kExpLo)), _mm512_set1_ps(kExpHi));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(kLog2e)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fmadd_ps(n, _mm512_set1_ps(-kC1), x);
+  r = _mm512_fmadd_ps(n, _mm512_set1_ps(-kC2), r);
+  __m512 p = _mm512_set1_ps(kP0);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kP1)); p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kP2));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kP3)); p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kP4));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kP5));
+  const __m512 y = _mm512_add_ps(_mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r), _mm512_set1_ps(1.f));
+  return _mm512_scalef_ps(y, n);
+}
+#endif
+}  // namespace
+
+void vexp(const float* x, float* y, int n) {
+  int i = 0;
+#if defined(__AVX512F__)
+  for (; i + 16 <= n; i += 16) _mm512_storeu_ps(y + i, exp512(_mm512_loadu_ps(x + i)));
+#endif
+  for (; i < n; ++i) y[i] = exp_scalar(x[i]);
+}
+
+float fexp(float x) { return exp_scalar(x); }
+
 void rmsnorm(const float* x, const float* w, float* y, int n, float eps) {
   // 32-lane fp32 accumulation (as torch's vectorised reduction: no long serial chain)
   float var = dot(x, x, n) / (float)n;

@@ -129,12 +129,18 @@ void moe_block(const Model& m, int layer, const float* x, const int32_t* tokens,
         for (int i = 0; i < mr; ++i) {
           const float* ri = r + i * np * kPanel;
           float* dst = &j.act[(size_t)(a + i) * Ip + (size_t)(p0 / 2) * kPanel];
-          for (int q = 0; q < np / 2; ++q)
+          for (int q = 0; q < np / 2; ++q) {
+            float ga[kPanel], en[kPanel];
             for (int l = 0; l < kPanel; ++l) {
-              float ga = std::min(ri[(2 * q) * kPanel + l], lim);
-              float ub = std::min(std::max(ri[(2 * q + 1) * kPanel + l], -lim), lim);
-              dst[q * kPanel + l] = (ga / (1.f + std::exp(-ga))) * ub;
+              ga[l] = std::min(ri[(2 * q) * kPanel + l], lim);
+              en[l] = -ga[l];
             }
+            vexp(en, en, kPanel);
+            for (int l = 0; l < kPanel; ++l) {
+              const float ub = std::min(std::max(ri[(2 * q + 1) * kPanel + l], -lim), lim);
+              dst[q * kPanel + l] = (ga[l] / (1.f + en[l])) * ub;
+            }
+          }
         }
       }
     }

@@ -41,6 +41,18 @@ void pack_panels(const std::vector<const float*>& rows, int K, float* P) {
   }
 }
 
+void pack_panels_kn(const float* const* rows, int K, int N, float* P) {
+  const int np = (N + kPanel - 1) / kPanel;
+  for (int p = 0; p < np; ++p) {
+    float* dst = P + (size_t)p * K * kPanel;
+    const int n0 = p * kPanel, nn = std::min(kPanel, N - n0);
+    for (int k = 0; k < K; ++k) {
+      std::memcpy(dst + (size_t)k * kPanel, rows[k] + n0, sizeof(float) * nn);
+      std::fill(dst + (size_t)k * kPanel + nn, dst + (size_t)(k + 1) * kPanel, 0.f);
+    }
+  }
+}
+
 // r[i][j*16 + l] = sum_k x[i][k] * P[j][k][l] for i < MR, j < NP (panel stride ps floats).
 template <int MR, int NP>
 static void ptile(const float* const* x, const float* p, size_t ps, int K, float* r) {
@@ -115,6 +127,10 @@ static void packed_block(const float* const* x, int a0, int a1, const Linear& L,
       for (int i = 0; i < mr; ++i) std::memcpy(Y + (size_t)(a + i) * ldy + c0, r + i * np * kPanel, sizeof(float) * nc);
     }
   }
+}
+
+void linear_rows(const float* const* x, int M, const Linear& L, float* Y, int ldy) {
+  packed_block(x, 0, M, L, 0, (L.out + kPanel - 1) / kPanel, Y, ldy);
 }
 
 void linear(const float* X, int M, int ldx, const Linear& L, float* Y, int ldy, int threads) {

@@ -30,11 +30,15 @@ constexpr int kPackM = 2, kPackN = 2;
 size_t packed_floats(int N, int K);
 // rows: logical rows of the matrix (nullptr = zero row), K floats each -> P (packed_floats)
 void pack_panels(const std::vector<const float*>& rows, int K, float* P);
+// rows: K rows of N floats (a [K, N] matrix) -> the panels of its transpose (W[N, K] = rows^T)
+void pack_panels_kn(const float* const* rows, int K, int N, float* P);
 // r[i][j*16 + l] (row stride np*16) = x[i] . row (16 p_j + l); 1 <= mr <= kPackM, 1 <= np <= kPackN;
 // p points at the first panel, panels K*16 floats apart.
 void packed_tile(int mr, int np, const float* const* x, const float* p, int K, float* r);
 // Y[M, out] (ldy) = X[M, in] (ldx) W^T through L's packed panels, tasks split over threads.
 void linear(const float* X, int M, int ldx, const Linear& L, float* Y, int ldy, int threads);
+// Y[M, out] (ldy) = rows x[0..M) times W^T, on the calling thread (for use inside parallel regions).
+void linear_rows(const float* const* x, int M, const Linear& L, float* Y, int ldy);
 inline void linear(const float* X, int M, const Linear& L, float* Y, int threads) {
   linear(X, M, L.in, L, Y, L.out, threads);
 }
@@ -48,6 +52,9 @@ constexpr int kTileN = 3;  // 16 registers
 #endif
 void dot_tile_any(int mr, int nr, const float* const* x, const float* const* w, int K, float* r);
 float dot(const float* a, const float* b, int n);
+// y[i] = exp(x[i]) (in place allowed), ~1-2 ulp; fexp is the same function for one value.
+void vexp(const float* x, float* y, int n);
+float fexp(float x);
 void axpy(float a, const float* x, float* y, int n);  // y += a*x
 // y = w * x * rsqrt(mean(x^2) + eps)  (w may be null => unweighted). In-place allowed.
 void rmsnorm(const float* x, const float* w, float* y, int n, float eps);
