@@ -226,7 +226,7 @@ BoundModel::BoundModel(py::dict config, py::dict weights, std::string fp, int nt
   embed = ld.f32("embed.weight", {V, D});
   head = ld.f32("head.weight", {V, D});
   norm = ld.f32("norm.weight", {D});
-  hc_head_fn = ld.f32("hc_head_fn", {N, N * D});
+  hc_head = ld.lin("hc_head_fn", N, N * D);
   hc_head_base = ld.f32("hc_head_base", {N});
   hc_head_scale = ld.f32("hc_head_scale", {1});
   layers.resize(c.n_layers);
@@ -235,10 +235,10 @@ BoundModel::BoundModel(py::dict config, py::dict weights, std::string fp, int nt
     const std::string p = "layers." + std::to_string(l) + ".";
     L.attn_norm = ld.f32(p + "attn_norm.weight", {D});
     L.ffn_norm = ld.f32(p + "ffn_norm.weight", {D});
-    L.hc_attn_fn = ld.f32(p + "hc_attn_fn", {NM, N * D});
+    L.hc_attn = ld.lin(p + "hc_attn_fn", NM, N * D);
     L.hc_attn_base = ld.f32(p + "hc_attn_base", {NM});
     L.hc_attn_scale = ld.f32(p + "hc_attn_scale", {3});
-    L.hc_ffn_fn = ld.f32(p + "hc_ffn_fn", {NM, N * D});
+    L.hc_ffn = ld.lin(p + "hc_ffn_fn", NM, N * D);
     L.hc_ffn_base = ld.f32(p + "hc_ffn_base", {NM});
     L.hc_ffn_scale = ld.f32(p + "hc_ffn_scale", {3});
     const std::string a = p + "attn.";

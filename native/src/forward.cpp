@@ -5,8 +5,10 @@
 //  * HC (per sub-block): x = rms(flatten h) unweighted; mix = fn x; pre = sigmoid(.)+eps,
 //    post = 2 sigmoid(.), comb = softmax_row(.)+eps then Sinkhorn (column first, then
 //    iters-1 x (row, column)); block input = sum_n pre_n h_n; new h_k = post_k y + sum_j comb[j,k] h_j.
+//    Closing one sub-block and opening the next is one fused pass (hc_step).
 //  * State is only mutated layer by layer inside forward_chunk; the abort flag is checked
 //    between chunks, so a State always reflects a whole number of completed chunks.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -22,98 +24,105 @@ const char* const g_prof_names[P_N] = {"hc", "qkv", "compress", "indexer", "attn
 
 static inline float sigmoidf(float v) { return 1.f / (1.f + std::exp(-v)); }
 
-// HC pre-mix: returns collapsed [S, D], post [S, N], comb [S, N, N].
-// The mix is a small-M GEMM on the dot-form tiles (decode included, so a token's numbers do not
-// depend on how many tokens share its chunk); the per-token Sinkhorn and collapse follow.
-static void hc_pre(const Model& m, const float* fn, const float* base, const float* scale,
-                   const float* h, int S, float* collapsed, float* post, float* comb) {
+// The sub-block an HC step opens: its mixing weights and the RMSNorm weight of its input.
+struct HcOpen {
+  const Linear* fn;  // [(2+N)N, N*D] packed
+  const float *base, *scale, *norm_w;
+};
+
+// One HC step over the chunk, in blocks of kTB tokens so a block's residual rows (kTB x N*D
+// floats) stay in cache across all of it (the whole [S, N, D] residual does not):
+//  1. y != null: close the previous sub-block: h_k = post_k y + sum_j comb[j,k] h_j;
+//  2. open != null: open the next one: mix = fn rms(flatten h); pre = sigmoid(.)+eps,
+//     post = 2 sigmoid(.), comb = softmax_row(.)+eps then Sinkhorn (column first, then
+//     iters-1 x (row, column)); x = norm_w * rms(sum_n pre_n h_n).
+// Sinkhorn runs with the block's tokens side by side (each lane does one token's scalar
+// sequence), and every other step is per token, so a token's numbers do not depend on its
+// block or chunk.
+static constexpr int kTB = 16;
+
+static void hc_step(const Model& m, float* h, int S, const float* y, float* post, float* comb, const HcOpen* open,
+                    float* x) {
   ProfScope ps(P_HC);
   const Config& c = m.cfg;
-  const int N = c.N, D = c.D, ND = N * D, NM = (2 + N) * N;
-  std::vector<float> xn((size_t)S * ND), mix((size_t)S * NM);  // [S, N*D], [S, (2+N)N]
-  // mix = fn xn: register tiles of (4 tokens x kTileN rows of fn), same reduction for any S
-  // (so a token's mix does not depend on its chunk); tasks = (token tile, fn row group).
-  const int ntile = (S + kTileM - 1) / kTileM, ngrp = (NM + kTileN - 1) / kTileN;
-  std::vector<const float*> xs(S);
-  for (int i = 0; i < S; ++i) xs[i] = &xn[(size_t)i * ND];
-#pragma omp parallel num_threads(m.threads) if ((int64_t)S * ND * NM >= kParMinWork / 2)
+  const int N = c.N, D = c.D, ND = N * D, NM = (2 + N) * N, NN = N * N;
+  const int nblk = (S + kTB - 1) / kTB;
+#pragma omp parallel num_threads(m.threads) if (nblk > 1)
   {
+    std::vector<float> tmp((size_t)ND), xn((size_t)kTB * ND), mix((size_t)kTB * NM), cbt((size_t)NN * kTB);
+    std::vector<const float*> xr(kTB);
 #pragma omp for schedule(static)
-    for (int i = 0; i < S; ++i) rmsnorm(h + (size_t)i * ND, nullptr, &xn[(size_t)i * ND], ND, c.rms_eps);
-#pragma omp for schedule(static)
-    for (int t = 0; t < ntile * ngrp; ++t) {
-      const int a = (t / ngrp) * kTileM, o = (t % ngrp) * kTileN;
-      const int mr = std::min(kTileM, S - a), nr = std::min(kTileN, NM - o);
-      const float* w[kTileN];
-      for (int q = 0; q < nr; ++q) w[q] = fn + (size_t)(o + q) * ND;
-      float r[kTileM * kTileN];
-      dot_tile_any(mr, nr, &xs[a], w, ND, r);
-      for (int i = 0; i < mr; ++i)
-        for (int q = 0; q < nr; ++q) mix[(size_t)(a + i) * NM + o + q] = r[i * nr + q];
-    }
-  }
-#pragma omp parallel for num_threads(m.threads) schedule(static) if (S > 1 && (int64_t)S * NM * N * 64 > kParMinWork)
-  for (int i = 0; i < S; ++i) {
-    float* mx = &mix[(size_t)i * NM];
-    float pre[64];
-    float* po = post + (size_t)i * N;
-    float* cb = comb + (size_t)i * N * N;
-    for (int n = 0; n < N; ++n) pre[n] = sigmoidf(mx[n] * scale[0] + base[n]) + c.hc_eps;
-    for (int n = 0; n < N; ++n) po[n] = 2.f * sigmoidf(mx[N + n] * scale[1] + base[N + n]);
-    for (int a = 0; a < N; ++a) {
-      float* row = cb + a * N;
-      float mxv = -INFINITY;
-      for (int b = 0; b < N; ++b) {
-        row[b] = mx[2 * N + a * N + b] * scale[2] + base[2 * N + a * N + b];
-        mxv = std::max(mxv, row[b]);
+    for (int b = 0; b < nblk; ++b) {
+      const int i0 = b * kTB, nb = std::min(kTB, S - i0);
+      if (y)
+        for (int i = i0; i < i0 + nb; ++i) {
+          float* hi = h + (size_t)i * ND;
+          const float* yi = y + (size_t)i * D;
+          const float* cb = comb + (size_t)i * NN;
+          for (int k = 0; k < N; ++k) {
+            float* t = &tmp[(size_t)k * D];
+            std::fill(t, t + D, 0.f);
+            for (int j = 0; j < N; ++j) axpy(cb[j * N + k], hi + (size_t)j * D, t, D);
+            const float pk = post[(size_t)i * N + k];
+            for (int d = 0; d < D; ++d) t[d] = pk * yi[d] + t[d];
+          }
+          std::memcpy(hi, tmp.data(), sizeof(float) * ND);
+        }
+      if (!open) continue;
+      for (int a = 0; a < nb; ++a) {
+        rmsnorm(h + (size_t)(i0 + a) * ND, nullptr, &xn[(size_t)a * ND], ND, c.rms_eps);
+        xr[a] = &xn[(size_t)a * ND];
       }
-      float s = 0.f;
-      for (int b = 0; b < N; ++b) { row[b] = std::exp(row[b] - mxv); s += row[b]; }
-      for (int b = 0; b < N; ++b) row[b] = row[b] / s + c.hc_eps;
-    }
-    auto colnorm = [&]() {
-      for (int b = 0; b < N; ++b) {
-        float s = 0.f;
-        for (int a = 0; a < N; ++a) s += cb[a * N + b];
-        for (int a = 0; a < N; ++a) cb[a * N + b] /= (s + c.hc_eps);
+      linear_rows(xr.data(), nb, *open->fn, mix.data(), NM);
+      const float *base = open->base, *scale = open->scale;
+      float pre[kTB][8];
+      for (int a = 0; a < nb; ++a) {
+        const float* mx = &mix[(size_t)a * NM];
+        float* po = post + (size_t)(i0 + a) * N;
+        for (int n = 0; n < N; ++n) pre[a][n] = sigmoidf(mx[n] * scale[0] + base[n]) + c.hc_eps;
+        for (int n = 0; n < N; ++n) po[n] = 2.f * sigmoidf(mx[N + n] * scale[1] + base[N + n]);
+        for (int r = 0; r < N; ++r) {
+          float row[8], mxv = -INFINITY;
+          for (int q = 0; q < N; ++q) {
+            row[q] = mx[2 * N + r * N + q] * scale[2] + base[2 * N + r * N + q];
+            mxv = std::max(mxv, row[q]);
+          }
+          float s = 0.f;
+          for (int q = 0; q < N; ++q) { row[q] = std::exp(row[q] - mxv); s += row[q]; }
+          for (int q = 0; q < N; ++q) cbt[(size_t)(r * N + q) * kTB + a] = row[q] / s + c.hc_eps;
+        }
       }
-    };
-    colnorm();
-    for (int it = 0; it < c.sinkhorn_iters - 1; ++it) {
-      for (int a = 0; a < N; ++a) {
-        float s = 0.f;
-        for (int b = 0; b < N; ++b) s += cb[a * N + b];
-        for (int b = 0; b < N; ++b) cb[a * N + b] /= (s + c.hc_eps);
-      }
+      // Sinkhorn, lanes = tokens: cbt[(r*N + q)][a]
+      auto colnorm = [&]() {
+        for (int q = 0; q < N; ++q) {
+          float sum[kTB] = {};
+          for (int r = 0; r < N; ++r)
+            for (int a = 0; a < kTB; ++a) sum[a] += cbt[(size_t)(r * N + q) * kTB + a];
+          for (int r = 0; r < N; ++r)
+            for (int a = 0; a < kTB; ++a) cbt[(size_t)(r * N + q) * kTB + a] /= (sum[a] + c.hc_eps);
+        }
+      };
       colnorm();
-    }
-    float* out = collapsed + (size_t)i * D;
-    const float* hi = h + (size_t)i * ND;
-    std::memset(out, 0, sizeof(float) * D);
-    for (int n = 0; n < N; ++n) axpy(pre[n], hi + (size_t)n * D, out, D);
-  }
-}
-
-// h[k] = post[k] * y + sum_j comb[j,k] h[j]
-static void hc_post(const Model& m, float* h, const float* y, const float* post, const float* comb, int S) {
-  ProfScope ps(P_HC);
-  const int N = m.cfg.N, D = m.cfg.D;
-#pragma omp parallel num_threads(m.threads) if (S > 1 && (int64_t)S * N * N * D > kParMinWork)
-  {
-    std::vector<float> tmp((size_t)N * D), acc(D);
-#pragma omp for schedule(static)
-    for (int i = 0; i < S; ++i) {
-      float* hi = h + (size_t)i * N * D;
-      const float* yi = y + (size_t)i * D;
-      const float* cb = comb + (size_t)i * N * N;
-      for (int k = 0; k < N; ++k) {
-        std::fill(acc.begin(), acc.end(), 0.f);
-        for (int j = 0; j < N; ++j) axpy(cb[j * N + k], hi + (size_t)j * D, acc.data(), D);
-        float* t = &tmp[(size_t)k * D];
-        const float pk = post[(size_t)i * N + k];
-        for (int d = 0; d < D; ++d) t[d] = pk * yi[d] + acc[d];
+      for (int it = 0; it < c.sinkhorn_iters - 1; ++it) {
+        for (int r = 0; r < N; ++r) {
+          float sum[kTB] = {};
+          for (int q = 0; q < N; ++q)
+            for (int a = 0; a < kTB; ++a) sum[a] += cbt[(size_t)(r * N + q) * kTB + a];
+          for (int q = 0; q < N; ++q)
+            for (int a = 0; a < kTB; ++a) cbt[(size_t)(r * N + q) * kTB + a] /= (sum[a] + c.hc_eps);
+        }
+        colnorm();
       }
-      std::memcpy(hi, tmp.data(), sizeof(float) * N * D);
+      for (int a = 0; a < nb; ++a) {
+        const int i = i0 + a;
+        float* cb = comb + (size_t)i * NN;
+        for (int e = 0; e < NN; ++e) cb[e] = cbt[(size_t)e * kTB + a];
+        float* xi = x + (size_t)i * D;
+        const float* hi = h + (size_t)i * ND;
+        std::fill(xi, xi + D, 0.f);
+        for (int n = 0; n < N; ++n) axpy(pre[a][n], hi + (size_t)n * D, xi, D);
+        rmsnorm(xi, open->norm_w, xi, D, c.rms_eps);
+      }
     }
   }
 }
@@ -127,25 +136,29 @@ void forward_chunk(State& st, const int32_t* tokens, int S, float* logits_out, b
   for (int i = 0; i < S; ++i)
     for (int n = 0; n < N; ++n)
       std::memcpy(&h[(size_t)i * ND + (size_t)n * D], m.embed + (size_t)tokens[i] * D, sizeof(float) * D);
-  std::vector<float> col((size_t)S * D), x((size_t)S * D), y((size_t)S * D);  // [S, D]
+  std::vector<float> x((size_t)S * D), y((size_t)S * D);  // [S, D]
   std::vector<float> post((size_t)S * N), comb((size_t)S * N * N);
+  auto attn_open = [&](int l) {
+    const LayerW& L = m.layers[l];
+    return HcOpen{&L.hc_attn, L.hc_attn_base, L.hc_attn_scale, L.attn_norm};
+  };
+  HcOpen open = attn_open(0);
+  hc_step(m, h.data(), S, nullptr, post.data(), comb.data(), &open, x.data());
   for (int l = 0; l < c.n_layers; ++l) {
     const LayerW& L = m.layers[l];
-    hc_pre(m, L.hc_attn_fn, L.hc_attn_base, L.hc_attn_scale, h.data(), S, col.data(), post.data(), comb.data());
-    for (int i = 0; i < S; ++i) rmsnorm(&col[(size_t)i * D], L.attn_norm, &x[(size_t)i * D], D, c.rms_eps);
     attention_block(m, l, st.layers[l], x.data(), S, pos0, y.data());
-    hc_post(m, h.data(), y.data(), post.data(), comb.data(), S);
-    hc_pre(m, L.hc_ffn_fn, L.hc_ffn_base, L.hc_ffn_scale, h.data(), S, col.data(), post.data(), comb.data());
-    for (int i = 0; i < S; ++i) rmsnorm(&col[(size_t)i * D], L.ffn_norm, &x[(size_t)i * D], D, c.rms_eps);
+    open = HcOpen{&L.hc_ffn, L.hc_ffn_base, L.hc_ffn_scale, L.ffn_norm};
+    hc_step(m, h.data(), S, y.data(), post.data(), comb.data(), &open, x.data());
     moe_block(m, l, x.data(), tokens, S, y.data());
-    hc_post(m, h.data(), y.data(), post.data(), comb.data(), S);
+    if (l + 1 < c.n_layers) open = attn_open(l + 1);
+    hc_step(m, h.data(), S, y.data(), post.data(), comb.data(), l + 1 < c.n_layers ? &open : nullptr, x.data());
   }
   // hyper-head: only the rows whose logits are needed
   ProfScope ps(P_HEAD);
   const int r0 = all_logits ? 0 : S - 1, nr = S - r0;
   std::vector<float> xn((size_t)nr * ND), mix((size_t)nr * N), out((size_t)nr * D);
   for (int i = 0; i < nr; ++i) rmsnorm(&h[(size_t)(r0 + i) * ND], nullptr, &xn[(size_t)i * ND], ND, c.rms_eps);
-  matmul(xn.data(), nr, ND, ND, m.hc_head_fn, N, mix.data(), N, m.threads);
+  linear(xn.data(), nr, m.hc_head, mix.data(), m.threads);
   for (int i = 0; i < nr; ++i) {
     float pre[64];
     for (int n = 0; n < N; ++n) pre[n] = sigmoidf(mix[(size_t)i * N + n] * m.hc_head_scale[0] + m.hc_head_base[n]) + c.hc_eps;

@@ -62,8 +62,9 @@ struct CompressorW {
 
 struct LayerW {
   const float *attn_norm = nullptr, *ffn_norm = nullptr;         // [D]
-  const float *hc_attn_fn = nullptr, *hc_attn_base = nullptr, *hc_attn_scale = nullptr;  // [(2+N)N, N*D], [(2+N)N], [3]
-  const float *hc_ffn_fn = nullptr, *hc_ffn_base = nullptr, *hc_ffn_scale = nullptr;
+  Linear hc_attn, hc_ffn;  // HC mixing fn [(2+N)N, N*D]
+  const float *hc_attn_base = nullptr, *hc_attn_scale = nullptr;  // [(2+N)N], [3]
+  const float *hc_ffn_base = nullptr, *hc_ffn_scale = nullptr;
   Linear wq_a, wq_b, wkv, wo_a, wo_b;  // [Rq,D] [H*Dh,Rq] [Dh,D] [G*Ro, H*Dh/G] [D, G*Ro]
   std::vector<Linear> wo_a_g;          // wo_a split per output group: G x [Ro, H*Dh/G]
   const float *q_norm = nullptr, *kv_norm = nullptr, *sink = nullptr;  // [Rq] [Dh] [H]
@@ -88,7 +89,8 @@ struct Model {
   int threads = 1;
   bool batched_indexer = true;
   const float *embed = nullptr, *head = nullptr, *norm = nullptr;  // [V,D] [V,D] [D]
-  const float *hc_head_fn = nullptr, *hc_head_base = nullptr, *hc_head_scale = nullptr;  // [N, N*D] [N] [1]
+  Linear hc_head;  // [N, N*D]
+  const float *hc_head_base = nullptr, *hc_head_scale = nullptr;  // [N] [1]
   std::vector<LayerW> layers;
   std::vector<float> inv_freq_main, inv_freq_comp;  // [r/2]
   std::vector<std::unique_ptr<std::vector<float>>> owned;  // widened BF16/F16 weights
