@@ -116,54 +116,48 @@ void moe_block(const Model& m, int layer, const float* x, const int32_t* tokens,
   for (const Job& j : jobs) work += (int64_t)3 * j.M * j.w2->in * D;
 #pragma omp parallel num_threads(nt) if (work > kParMinWork)
   {
-    float r[kPackM * kPackN * kPanel];
+    std::vector<float> buf;  // [M, kPackN*16] one task's tile results
 #pragma omp for schedule(dynamic, 1)
     for (int t = 0; t < nt1; ++t) {
       Job& j = jobs[t1[t].first];
-      const int p0 = t1[t].second, np = std::min(kPackN, j.w13->out / kPanel - p0);
+      const int p0 = t1[t].second, np = std::min(kPackN, j.w13->out / kPanel - p0), ld = np * kPanel;
       const int Ip = j.w13->out / 2;
-      const float* pp = j.w13->p + (size_t)p0 * D * kPanel;
-      for (int a = 0; a < j.M; a += kPackM) {
-        const int mr = std::min(kPackM, j.M - a);
-        packed_tile(mr, np, &j.xs[a], pp, D, r);
-        for (int i = 0; i < mr; ++i) {
-          const float* ri = r + i * np * kPanel;
-          float* dst = &j.act[(size_t)(a + i) * Ip + (size_t)(p0 / 2) * kPanel];
-          for (int q = 0; q < np / 2; ++q) {
-            float ga[kPanel], en[kPanel];
-            for (int l = 0; l < kPanel; ++l) {
-              ga[l] = std::min(ri[(2 * q) * kPanel + l], lim);
-              en[l] = -ga[l];
-            }
-            vexp(en, en, kPanel);
-            for (int l = 0; l < kPanel; ++l) {
-              const float ub = std::min(std::max(ri[(2 * q + 1) * kPanel + l], -lim), lim);
-              dst[q * kPanel + l] = (ga[l] / (1.f + en[l])) * ub;
-            }
+      buf.resize((size_t)j.M * ld);
+      packed_panels(j.xs.data(), j.M, j.w13->p + (size_t)p0 * D * kPanel, D, np, buf.data());
+      for (int i = 0; i < j.M; ++i) {
+        const float* ri = &buf[(size_t)i * ld];
+        float* dst = &j.act[(size_t)i * Ip + (size_t)(p0 / 2) * kPanel];
+        for (int q = 0; q < np / 2; ++q) {
+          float ga[kPanel], en[kPanel];
+          for (int l = 0; l < kPanel; ++l) {
+            ga[l] = std::min(ri[(2 * q) * kPanel + l], lim);
+            en[l] = -ga[l];
+          }
+          vexp(en, en, kPanel);
+          for (int l = 0; l < kPanel; ++l) {
+            const float ub = std::min(std::max(ri[(2 * q + 1) * kPanel + l], -lim), lim);
+            dst[q * kPanel + l] = (ga[l] / (1.f + en[l])) * ub;
           }
         }
       }
     }
 #pragma omp for schedule(dynamic, 1)
     for (int t = 0; t < nt2; ++t) {
-      const int p0 = t * kPackN, np = std::min(kPackN, npan2 - p0);
+      const int p0 = t * kPackN, np = std::min(kPackN, npan2 - p0), ld = np * kPanel;
       const int c0 = p0 * kPanel, nc = std::min(D, (p0 + np) * kPanel) - c0;
       for (int i = 0; i < S; ++i) std::fill(y + (size_t)i * D + c0, y + (size_t)i * D + c0 + nc, 0.f);
       for (const Job& j : jobs) {
         const int I = j.w2->in;
         const bool shared = j.rw.empty();
-        const float* pp = j.w2->p + (size_t)p0 * I * kPanel;
-        for (int a = 0; a < j.M; a += kPackM) {
-          const int mr = std::min(kPackM, j.M - a);
-          packed_tile(mr, np, &j.as[a], pp, I, r);
-          for (int i = 0; i < mr; ++i) {
-            float* dst = y + (size_t)j.rows[a + i] * D + c0;
-            const float* ri = r + i * np * kPanel;
-            if (shared)
-              for (int q = 0; q < nc; ++q) dst[q] = dst[q] + ri[q];
-            else
-              for (int q = 0; q < nc; ++q) dst[q] += ri[q] * j.rw[a + i];
-          }
+        buf.resize((size_t)j.M * ld);
+        packed_panels(j.as.data(), j.M, j.w2->p + (size_t)p0 * I * kPanel, I, np, buf.data());
+        for (int i = 0; i < j.M; ++i) {
+          float* dst = y + (size_t)j.rows[i] * D + c0;
+          const float* ri = &buf[(size_t)i * ld];
+          if (shared)
+            for (int q = 0; q < nc; ++q) dst[q] = dst[q] + ri[q];
+          else
+            for (int q = 0; q < nc; ++q) dst[q] += ri[q] * j.rw[i];
         }
       }
     }

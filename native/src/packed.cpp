@@ -53,18 +53,25 @@ void pack_panels_kn(const float* const* rows, int K, int N, float* P) {
   }
 }
 
-// r[i][j*16 + l] = sum_k x[i][k] * P[j][k][l] for i < MR, j < NP (panel stride ps floats).
+// r[i][j*16 + l] (+)= sum_{k0 <= k < k0+kc} x[i][k] * P[j][k][l] for i < MR, j < NP (panel
+// stride ps floats). cont: continue the sums already in r (an exact fp32 partial, so splitting
+// K into blocks does not change the chain of FMAs).
 template <int MR, int NP>
-static void ptile(const float* const* x, const float* p, size_t ps, int K, float* r) {
+static void ptile(const float* const* x, int k0, int kc, const float* p, size_t ps, float* r, bool cont) {
+  p += (size_t)k0 * kPanel;
 #if defined(__AVX512F__)
   __m512 acc[MR][NP];
-  for (int i = 0; i < MR; ++i)
-    for (int j = 0; j < NP; ++j) acc[i][j] = _mm512_setzero_ps();
-  for (int k = 0; k < K; ++k) {
+  const float* xr[MR];
+  for (int i = 0; i < MR; ++i) {
+    xr[i] = x[i] + k0;
+    for (int j = 0; j < NP; ++j)
+      acc[i][j] = cont ? _mm512_loadu_ps(r + (i * NP + j) * kPanel) : _mm512_setzero_ps();
+  }
+  for (int k = 0; k < kc; ++k) {
     __m512 b[NP];
     for (int j = 0; j < NP; ++j) b[j] = _mm512_loadu_ps(p + j * ps + (size_t)k * kPanel);
     for (int i = 0; i < MR; ++i) {
-      const __m512 a = _mm512_set1_ps(x[i][k]);
+      const __m512 a = _mm512_set1_ps(xr[i][k]);
       for (int j = 0; j < NP; ++j) acc[i][j] = _mm512_fmadd_ps(a, b[j], acc[i][j]);
     }
   }
@@ -72,16 +79,19 @@ static void ptile(const float* const* x, const float* p, size_t ps, int K, float
     for (int j = 0; j < NP; ++j) _mm512_storeu_ps(r + (i * NP + j) * kPanel, acc[i][j]);
 #elif defined(__AVX2__) && defined(__FMA__)
   __m256 acc[MR][2 * NP];
-  for (int i = 0; i < MR; ++i)
-    for (int j = 0; j < 2 * NP; ++j) acc[i][j] = _mm256_setzero_ps();
-  for (int k = 0; k < K; ++k) {
+  const float* xr[MR];
+  for (int i = 0; i < MR; ++i) {
+    xr[i] = x[i] + k0;
+    for (int j = 0; j < 2 * NP; ++j) acc[i][j] = cont ? _mm256_loadu_ps(r + i * NP * kPanel + j * 8) : _mm256_setzero_ps();
+  }
+  for (int k = 0; k < kc; ++k) {
     __m256 b[2 * NP];
     for (int j = 0; j < NP; ++j) {
       b[2 * j] = _mm256_loadu_ps(p + j * ps + (size_t)k * kPanel);
       b[2 * j + 1] = _mm256_loadu_ps(p + j * ps + (size_t)k * kPanel + 8);
     }
     for (int i = 0; i < MR; ++i) {
-      const __m256 a = _mm256_set1_ps(x[i][k]);
+      const __m256 a = _mm256_set1_ps(xr[i][k]);
       for (int j = 0; j < 2 * NP; ++j) acc[i][j] = _mm256_fmadd_ps(a, b[j], acc[i][j]);
     }
   }
@@ -91,14 +101,14 @@ static void ptile(const float* const* x, const float* p, size_t ps, int K, float
   for (int i = 0; i < MR; ++i)
     for (int j = 0; j < NP; ++j)
       for (int l = 0; l < kPanel; ++l) {
-        float a = 0.f;
-        for (int k = 0; k < K; ++k) a = std::fma(x[i][k], p[j * ps + (size_t)k * kPanel + l], a);
+        float a = cont ? r[(i * NP + j) * kPanel + l] : 0.f;
+        for (int k = 0; k < kc; ++k) a = std::fma(x[i][k0 + k], p[j * ps + (size_t)k * kPanel + l], a);
         r[(i * NP + j) * kPanel + l] = a;
       }
 #endif
 }
 
-using PTileFn = void (*)(const float* const*, const float*, size_t, int, float*);
+using PTileFn = void (*)(const float* const*, int, int, const float*, size_t, float*, bool);
 template <int MR, int... NPs>
 static constexpr std::array<PTileFn, sizeof...(NPs)> ptile_row(std::integer_sequence<int, NPs...>) {
   return {&ptile<MR, NPs + 1>...};
@@ -110,27 +120,42 @@ static constexpr std::array<std::array<PTileFn, kPackN>, sizeof...(MRs)> ptile_t
 static const auto kPTiles = ptile_table(std::make_integer_sequence<int, kPackM>{});  // [mr-1][np-1]
 
 void packed_tile(int mr, int np, const float* const* x, const float* p, int K, float* r) {
-  kPTiles[mr - 1][np - 1](x, p, (size_t)K * kPanel, K, r);
+  kPTiles[mr - 1][np - 1](x, 0, K, p, (size_t)K * kPanel, r, false);
 }
 
-// Rows [a0, a1) x panels [p0, p1) of Y = X W^T.
-static void packed_block(const float* const* x, int a0, int a1, const Linear& L, int p0, int p1, float* Y,
-                         int ldy) {
-  const size_t ps = (size_t)L.in * kPanel;
-  float r[kPackM * kPackN * kPanel];
-  for (int p = p0; p < p1; p += kPackN) {
-    const int np = std::min(kPackN, p1 - p);
-    const int c0 = p * kPanel, nc = std::min(L.out, (p + np) * kPanel) - c0;
-    for (int a = a0; a < a1; a += kPackM) {
-      const int mr = std::min(kPackM, a1 - a);
-      packed_tile(mr, np, x + a, L.p + p * ps, L.in, r);
-      for (int i = 0; i < mr; ++i) std::memcpy(Y + (size_t)(a + i) * ldy + c0, r + i * np * kPanel, sizeof(float) * nc);
+// K is walked in blocks of kKC: every row tile re-reads the np panels' block (np x kKC x 64 B,
+// 128 KB) from L2, half of what one pass over K = 1024 would stream; partial sums wait in out.
+static constexpr int kKC = 512;
+
+void packed_panels(const float* const* x, int M, const float* p, int K, int np, float* out) {
+  const size_t ps = (size_t)K * kPanel;
+  const int ld = np * kPanel;
+  for (int k0 = 0; k0 < K; k0 += kKC) {
+    const int kc = std::min(kKC, K - k0);
+    for (int a = 0; a < M; a += kPackM) {
+      const int mr = std::min(kPackM, M - a);
+      kPTiles[mr - 1][np - 1](x + a, k0, kc, p, ps, out + (size_t)a * ld, k0 > 0);
     }
   }
 }
 
+// Rows [a0, a1) x panels [p0, p1) of Y = X W^T.
+static void packed_block(const float* const* x, int a0, int a1, const Linear& L, int p0, int p1, float* Y,
+                         int ldy, std::vector<float>& buf) {
+  const size_t ps = (size_t)L.in * kPanel;
+  buf.resize((size_t)(a1 - a0) * kPackN * kPanel);
+  for (int p = p0; p < p1; p += kPackN) {
+    const int np = std::min(kPackN, p1 - p);
+    const int c0 = p * kPanel, nc = std::min(L.out, (p + np) * kPanel) - c0;
+    packed_panels(x + a0, a1 - a0, L.p + p * ps, L.in, np, buf.data());
+    for (int i = a0; i < a1; ++i)
+      std::memcpy(Y + (size_t)i * ldy + c0, &buf[(size_t)(i - a0) * np * kPanel], sizeof(float) * nc);
+  }
+}
+
 void linear_rows(const float* const* x, int M, const Linear& L, float* Y, int ldy) {
-  packed_block(x, 0, M, L, 0, (L.out + kPanel - 1) / kPanel, Y, ldy);
+  std::vector<float> buf;
+  packed_block(x, 0, M, L, 0, (L.out + kPanel - 1) / kPanel, Y, ldy, buf);
 }
 
 void linear(const float* X, int M, int ldx, const Linear& L, float* Y, int ldy, int threads) {
@@ -145,8 +170,9 @@ void linear(const float* X, int M, int ldx, const Linear& L, float* Y, int ldy, 
 #pragma omp parallel for num_threads(std::max(1, threads)) schedule(dynamic, 1) if (threads > 1 && work > kParMinWork)
   for (int t = 0; t < ncg * nrb; ++t) {
     const int g = t % ncg, b = t / ncg;
+    thread_local std::vector<float> buf;
     packed_block(x.data(), b * kRB, std::min(M, (b + 1) * kRB), L, g * kPackN, std::min(npan, (g + 1) * kPackN),
-                 Y, ldy);
+                 Y, ldy, buf);
   }
 }
 
