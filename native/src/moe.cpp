@@ -39,14 +39,20 @@ void moe_block(const Model& m, int layer, const float* x, const int32_t* tokens,
     if (c.hash_moe[layer]) {
       for (int j = 0; j < k; ++j) ix[j] = L.tid2eid[(size_t)tokens[i] * k + j];
     } else {
-      std::vector<int> ord(E);
-      std::iota(ord.begin(), ord.end(), 0);
+      // top-k of score + bias by insertion into a sorted list of k (ties: lowest index first,
+      // since a later expert only displaces on a strictly greater value)
       const float* b = L.gate_bias;
-      std::partial_sort(ord.begin(), ord.begin() + k, ord.end(), [&](int a, int bb) {
-        float va = lg[a] + b[a], vb = lg[bb] + b[bb];
-        return va > vb || (va == vb && a < bb);
-      });
-      for (int j = 0; j < k; ++j) ix[j] = ord[j];
+      int n = 0;
+      for (int e = 0; e < E; ++e) {
+        const float v = lg[e] + b[e];
+        if (n == k && !(v > lg[ix[k - 1]] + b[ix[k - 1]])) continue;
+        int pos = n < k ? n++ : k - 1;
+        while (pos > 0 && v > lg[ix[pos - 1]] + b[ix[pos - 1]]) {
+          ix[pos] = ix[pos - 1];
+          --pos;
+        }
+        ix[pos] = e;
+      }
     }
     float sum = 0.f;
     for (int j = 0; j < k; ++j) sum += lg[ix[j]];

@@ -154,7 +154,7 @@ static void packed_block(const float* const* x, int a0, int a1, const Linear& L,
 }
 
 void linear_rows(const float* const* x, int M, const Linear& L, float* Y, int ldy) {
-  std::vector<float> buf;
+  thread_local std::vector<float> buf;  // called per query / token block: no allocation per call
   packed_block(x, 0, M, L, 0, (L.out + kPanel - 1) / kPanel, Y, ldy, buf);
 }
 
