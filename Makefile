@@ -16,7 +16,7 @@ $(PY):
 # Build requirements go into the venv first so the extension builds without isolation and
 # keeps its CMake build directory (build/) between installs: a rebuild after an edit is incremental.
 $(STAMP): $(PY) pyproject.toml $(NATIVE)
-	$(PIP) install -q scikit-build-core pybind11 scipy-openblas32 cmake ninja
+	$(PIP) install -q scikit-build-core pybind11 cmake ninja
 	$(PIP) install -q --no-build-isolation -e '.[test,oracle]'
 	touch $(STAMP)
 

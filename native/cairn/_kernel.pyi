@@ -19,9 +19,10 @@ class AbortFlag:
     def is_set(self) -> bool: ...
 
 class Model:
-    """Immutable config + weights. F32 weights are used in place (kept alive by the Model);
-    BF16 (uint16 view) / F16 are widened to fp32 at load. threads=0: all cores.
-    batched_indexer=False scores the CSA indexer one query at a time (identical results)."""
+    """Immutable config + weights. Every weight matrix is packed at load into fp32 panels (BF16 /
+    F16 widened on the way); other F32 tensors are used in place (kept alive by the Model).
+    threads=0: all cores. batched_indexer=False scores the CSA indexer with the scalar
+    per-query reference loop (identical results)."""
     def __init__(
         self,
         config: dict,
@@ -68,5 +69,7 @@ def prefill(
 def decode(state: State, token: int) -> npt.NDArray[np.float32]: ...
 
 # benchmark / test hooks (not API)
-def _matmul(x: npt.NDArray[np.float32], w: npt.NDArray[np.float32], threads: int = 1) -> npt.NDArray[np.float32]: ...
+def _packed_matmul(
+    x: npt.NDArray[np.float32], w: npt.NDArray[np.float32], threads: int = 1, reps: int = 1
+) -> tuple[npt.NDArray[np.float32], float]: ...
 def _profile(reset: bool = True) -> dict[str, float]: ...

@@ -13,7 +13,6 @@
 //    chunking. Top-k ties go to the lowest entry index.
 //  * Softmax includes the per-head sink logit in the denominator; output RoPE is undone at the
 //    query position before the grouped low-rank output projection.
-#include <cblas.h>
 #include <omp.h>
 
 #include <algorithm>

@@ -5,7 +5,8 @@
 //    F32 C-contiguous arrays are used in place and the Python objects kept alive by the
 //    Model; BF16 (uint16 view) and F16 arrays are widened to fp32 after releasing the GIL
 //    (safe: the source buffers are pinned by references taken while holding it, and the
-//    destination buffers are private to this constructor).
+//    destination buffers are private to this constructor); then every weight matrix is packed
+//    into panels (pack_weights), also without the GIL.
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -224,7 +225,7 @@ BoundModel::BoundModel(py::dict config, py::dict weights, std::string fp, int nt
   const int D = c.D, N = c.N, NM = (2 + N) * N, V = c.vocab;
   Loader ld{*this, weights, {}};
   embed = ld.f32("embed.weight", {V, D});
-  head = ld.f32("head.weight", {V, D});
+  head = ld.lin("head.weight", V, D);
   norm = ld.f32("norm.weight", {D});
   hc_head = ld.lin("hc_head_fn", N, N * D);
   hc_head_base = ld.f32("hc_head_base", {N});
@@ -293,8 +294,9 @@ void register_model(py::module_& m) {
   py::class_<BoundModel, std::shared_ptr<BoundModel>>(m, "Model", R"doc(Immutable DeepSeek-V4 weights + config.
 
 config: resolved config dict; weights: canonical name -> (array, "F32"|"BF16"|"F16"|"I64"|"I32").
-F32 arrays are used in place (kept alive by the Model); BF16/F16 are widened to fp32 at load.
-threads=0 uses all cores. batched_indexer=False scores the CSA indexer per query (same results).)doc")
+Weight matrices are packed into fp32 panels at load (BF16/F16 widened on the way); other F32
+arrays are used in place (kept alive by the Model). threads=0 uses all cores.
+batched_indexer=False scores the CSA indexer with the scalar per-query reference loop (same results).)doc")
       .def(py::init<py::dict, py::dict, std::string, int, bool>(), py::arg("config"), py::arg("weights"),
            py::arg("fingerprint"), py::arg("threads") = 0, py::kw_only(), py::arg("batched_indexer") = true)
       .def_property_readonly("fingerprint", [](const BoundModel& m) { return m.fingerprint; })

@@ -172,7 +172,7 @@ void forward_chunk(State& st, const int32_t* tokens, int S, float* logits_out, b
     rmsnorm(o, m.norm, o, D, c.rms_eps);
   }
   std::vector<float> logits((size_t)nr * V);  // [nr, V]
-  matmul(out.data(), nr, D, D, m.head, V, logits.data(), V, m.threads);
+  linear(out.data(), nr, m.head, logits.data(), m.threads);
   st.n += S;
   st.tokens.insert(st.tokens.end(), tokens, tokens + S);
   st.last_logits.assign(logits.end() - V, logits.end());

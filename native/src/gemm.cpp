@@ -1,16 +1,9 @@
-// cairn kernel: GEMM / GEMV and small vector helpers.
+// cairn kernel: small vector helpers (dot, axpy, exp, RMSNorm, RoPE). The matrix products
+// live in packed.cpp.
 //
 // Design notes
-//  * Threading choice: OpenMP is the only pool. OpenBLAS runs single-threaded (set at module
-//    import) and we split the N (output-feature) dimension of every GEMM into one contiguous
-//    slice per OpenMP thread, each slice a separate sgemm call. Two pools on 2 cores fight
-//    (see docs/stack-notes.md), so OpenBLAS's own threads are never used.
-//  * M == 1 (decode, chunk 1) uses a hand-written AVX2/FMA GEMV (memory-bound; rows are
-//    streamed with 4 independent accumulators and software prefetch), portable fallback when
-//    the build lacks AVX2 (CAIRN_PORTABLE=ON).
 //  * Every reduction has a fixed order that depends only on its length, so results are
-//    reproducible across calls and chunkings that issue the same shapes.
-#include <cblas.h>
+//    reproducible across calls and chunkings.
 #include <omp.h>
 
 #include <algorithm>
@@ -64,119 +57,6 @@ void axpy(float a, const float* x, float* y, int n) {
     _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
 #endif
   for (; i < n; ++i) y[i] += a * x[i];
-}
-
-// y[N] = W[N,K] x[K], rows [n0, n1)
-static void gemv_rows(const float* x, int K, const float* W, int n0, int n1, float* y) {
-  for (int j = n0; j < n1; ++j) {
-#ifdef __AVX2__
-    if (j + 2 < n1) _mm_prefetch((const char*)(W + (int64_t)(j + 2) * K), _MM_HINT_T0);
-#endif
-    y[j] = dot(W + (int64_t)j * K, x, K);
-  }
-}
-
-void matmul(const float* X, int M, int K, int ldx, const float* W, int N, float* Y, int ldy,
-            int threads) {
-  if (M <= 0 || N <= 0) return;
-  int T = std::max(1, threads);
-  if (M == 1) {
-    if (T == 1 || (int64_t)N * K < kParMinWork) {
-      gemv_rows(X, K, W, 0, N, Y);
-      return;
-    }
-#pragma omp parallel num_threads(T)
-    {
-      int t = omp_get_thread_num(), nt = omp_get_num_threads();
-      int per = (N + nt - 1) / nt;
-      int n0 = std::min(N, t * per), n1 = std::min(N, n0 + per);
-      gemv_rows(X, K, W, n0, n1, Y);
-    }
-    return;
-  }
-  if (T == 1 || (int64_t)M * N * K < 2 * kParMinWork) {
-    scipy_cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, N, K, 1.f, X, ldx, W, K, 0.f, Y, ldy);
-    return;
-  }
-#pragma omp parallel num_threads(T)
-  {
-    int t = omp_get_thread_num(), nt = omp_get_num_threads();
-    int per = ((N + nt - 1) / nt + 15) / 16 * 16;
-    int n0 = std::min(N, t * per), n1 = std::min(N, n0 + per);
-    if (n1 > n0)
-      scipy_cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, n1 - n0, K, 1.f, X, ldx,
-                  W + (int64_t)n0 * K, K, 0.f, Y + n0, ldy);
-  }
-}
-
-// ---- small-M "dot form" tiles (routed experts) -------------------------------------------
-// out(i, j) = sum_k x_i[k] w_j[k] for MR rows x_i and NR rows w_j, all K contiguous. No packing:
-// weight rows are streamed as they lie in memory, each loaded vector is reused MR (w) or NR (x)
-// times from registers. Reduction per output: one 8-lane FMA accumulator over k ascending, then
-// hsum256, then the scalar tail -- the same for every tile shape, so an output depends only on
-// (x_i, w_j, K), not on which other rows share the tile or the chunk.
-template <int MR, int NR>
-static inline void dot_tile(const float* const* x, const float* const* w, int K, float* r /*[MR*NR]*/) {
-  int k = 0;
-#if defined(__AVX512F__)
-  // 16 lanes (32 zmm registers: 4x6 accumulators + 6 w + 1 x); then one 8-lane step, the tail.
-  __m512 acc[MR][NR];
-  for (int i = 0; i < MR; ++i)
-    for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_setzero_ps();
-  for (; k + 16 <= K; k += 16) {
-    __m512 wv[NR];
-    for (int j = 0; j < NR; ++j) wv[j] = _mm512_loadu_ps(w[j] + k);
-    for (int i = 0; i < MR; ++i) {
-      const __m512 xv = _mm512_loadu_ps(x[i] + k);
-      for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_fmadd_ps(xv, wv[j], acc[i][j]);
-    }
-  }
-  for (int i = 0; i < MR; ++i)
-    for (int j = 0; j < NR; ++j) {
-      __m256 v = _mm256_add_ps(_mm512_castps512_ps256(acc[i][j]),
-                               _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[i][j]), 1)));
-      if (k + 8 <= K) v = _mm256_fmadd_ps(_mm256_loadu_ps(x[i] + k), _mm256_loadu_ps(w[j] + k), v);
-      r[i * NR + j] = hsum256(v);
-    }
-  if (k + 8 <= K) k += 8;
-#elif defined(__AVX2__)
-  __m256 acc[MR][NR];
-  for (int i = 0; i < MR; ++i)
-    for (int j = 0; j < NR; ++j) acc[i][j] = _mm256_setzero_ps();
-  for (; k + 8 <= K; k += 8) {
-    __m256 wv[NR];
-    for (int j = 0; j < NR; ++j) wv[j] = _mm256_loadu_ps(w[j] + k);
-    for (int i = 0; i < MR; ++i) {
-      const __m256 xv = _mm256_loadu_ps(x[i] + k);
-      for (int j = 0; j < NR; ++j) acc[i][j] = _mm256_fmadd_ps(xv, wv[j], acc[i][j]);
-    }
-  }
-  for (int i = 0; i < MR; ++i)
-    for (int j = 0; j < NR; ++j) r[i * NR + j] = hsum256(acc[i][j]);
-#else
-  for (int i = 0; i < MR * NR; ++i) r[i] = 0.f;
-#endif
-  for (; k < K; ++k)
-    for (int i = 0; i < MR; ++i)
-      for (int j = 0; j < NR; ++j) r[i * NR + j] += x[i][k] * w[j][k];
-}
-
-using DotTileFn = void (*)(const float* const*, const float* const*, int, float*);
-template <int MR, int... NRs>
-static constexpr std::array<DotTileFn, sizeof...(NRs)> row_of_tiles(std::integer_sequence<int, NRs...>) {
-  return {&dot_tile<MR, NRs + 1>...};
-}
-// kTiles[mr-1][nr-1]
-static const std::array<std::array<DotTileFn, kTileN>, kTileM> kTiles = {
-    row_of_tiles<1>(std::make_integer_sequence<int, kTileN>{}),
-    row_of_tiles<2>(std::make_integer_sequence<int, kTileN>{}),
-    row_of_tiles<3>(std::make_integer_sequence<int, kTileN>{}),
-    row_of_tiles<4>(std::make_integer_sequence<int, kTileN>{}),
-};
-static_assert(kTileM == 4, "kTiles lists MR = 1..4");
-
-void dot_tile_any(int mr, int nr, const float* const* x, const float* const* w, int K, float* r) {
-  kTiles[mr - 1][nr - 1](x, w, K, r);
 }
 
 // ---- vectorised exp ----------------------------------------------------------------------

@@ -87,6 +87,7 @@ void pack_weights(Model& m, int threads) {
     sources.push_back(&L);
   };
   plain(m.hc_head);
+  plain(m.head);
   for (LayerW& L : m.layers) {
     for (Linear* x : {&L.hc_attn, &L.hc_ffn, &L.wq_a, &L.wq_b, &L.wkv, &L.wo_b, &L.comp.wkv, &L.comp.wgate, &L.icomp.wkv,
                       &L.icomp.wgate, &L.iwq_b, &L.iweights, &L.gate})

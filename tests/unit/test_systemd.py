@@ -349,7 +349,7 @@ PROBE = textwrap.dedent("""
     import numpy as np, threadpoolctl, trio, hypercorn.trio, structlog, tokenizers, jinja2
     import cairn.daemon.cli
     try:
-        import cairn._kernel  # loads scipy-openblas32 too; an ImportError (kernel not built) is not ours
+        import cairn._kernel  # loads libgomp too; an ImportError (kernel not built) is not ours
     except ImportError:
         pass
     from cairn.daemon import systemd

@@ -1,4 +1,4 @@
-// cairn kernel: low-level numeric helpers (GEMM/GEMV, dot, norms, RoPE).
+// cairn kernel: low-level numeric helpers (packed GEMM, dot, exp, norms, RoPE).
 #pragma once
 #include <cstdint>
 #include <vector>
@@ -11,11 +11,6 @@ namespace cairn {
 // (and, on an oversubscribed machine, waiting for a descheduled thread) costs more than it saves.
 constexpr int64_t kParMinWork = 1 << 17;
 
-// Y[M, N] (ldy) = X[M, K] (ldx) * W[N, K]^T (ldw = K). M == 1 uses the AVX2 GEMV;
-// otherwise OpenBLAS sgemm (single-threaded) with N split across OpenMP threads.
-// Deterministic for a given (M, N, K, threads).
-void matmul(const float* X, int M, int K, int ldx, const float* W, int N, float* Y, int ldy,
-            int threads);
 // Packed weights (packed.cpp): panels of kPanel output rows, k-major; micro-tiles of up to
 // kPackM input rows x kPackN panels. Each output = fma chain over k ascending from 0, so it
 // depends only on (x row, w row, K).
@@ -45,15 +40,6 @@ void linear_rows(const float* const* x, int M, const Linear& L, float* Y, int ld
 inline void linear(const float* X, int M, const Linear& L, float* Y, int threads) {
   linear(X, M, L.in, L, Y, L.out, threads);
 }
-// Small-M dot-form tiles: r[i*nr + j] = sum_k x[i][k] w[j][k] (1 <= mr <= kTileM, 1 <= nr <= kTileN),
-// no packing; each output's reduction order depends only on K (see gemm.cpp).
-constexpr int kTileM = 4;
-#if defined(__AVX512F__)
-constexpr int kTileN = 6;  // 32 vector registers: 24 accumulators + 6 w + 1 x
-#else
-constexpr int kTileN = 3;  // 16 registers
-#endif
-void dot_tile_any(int mr, int nr, const float* const* x, const float* const* w, int K, float* r);
 float dot(const float* a, const float* b, int n);
 // y[i] = exp(x[i]) (in place allowed), ~1-2 ulp; fexp is the same function for one value.
 void vexp(const float* x, float* y, int n);

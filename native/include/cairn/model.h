@@ -1,13 +1,16 @@
 // cairn kernel: immutable model (config + weights) for the DeepSeek-V4 forward pass.
 //
 // Design notes
-//  * All compute is fp32. F32 weights are used in place (zero-copy views of the caller's
-//    memory-mapped arrays; the binding layer keeps the owning Python objects alive). BF16/F16
-//    weights are widened to fp32 once at load into buffers owned by `Model::owned`.
-//  * Weight matrices follow the PyTorch nn.Linear convention: W[out, in], row-major, y = W x.
-//  * Threading: OpenMP is the single thread pool. OpenBLAS is pinned to 1 thread at module
-//    import and every parallel region says `num_threads(model.threads)` explicitly, because the
-//    compute runs on whatever Python thread calls in (the OMP ICV is per thread).
+//  * All compute is fp32. F32 tensors are zero-copy views of the caller's memory-mapped arrays
+//    (the binding layer keeps the owning Python objects alive); BF16/F16 ones are widened to
+//    fp32 once at load into buffers owned by `Model::owned`.
+//  * Weight matrices arrive in the PyTorch nn.Linear convention, W[out, in], and are then packed
+//    (pack_weights) into 16-row panels, the only form compute reads: a once-per-load copy that
+//    spares every GEMM call from re-packing (and frees the widened BF16/F16 rows).
+//    The embedding stays row-major (row lookups).
+//  * Threading: OpenMP is the single thread pool (no BLAS library, no second pool), and every
+//    parallel region says `num_threads(model.threads)` explicitly, because the compute runs on
+//    whatever Python thread calls in (the OMP ICV is per thread).
 #pragma once
 #include <cstdint>
 #include <cstdlib>
@@ -88,7 +91,8 @@ struct Model {
   std::string fingerprint;
   int threads = 1;
   bool batched_indexer = true;
-  const float *embed = nullptr, *head = nullptr, *norm = nullptr;  // [V,D] [V,D] [D]
+  const float *embed = nullptr, *norm = nullptr;  // [V,D] [D]
+  Linear head;                                    // [V,D]
   Linear hc_head;  // [N, N*D]
   const float *hc_head_base = nullptr, *hc_head_scale = nullptr;  // [N] [1]
   std::vector<LayerW> layers;
