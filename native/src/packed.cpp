@@ -164,14 +164,18 @@ void linear(const float* X, int M, int ldx, const Linear& L, float* Y, int ldy, 
   for (int i = 0; i < M; ++i) x[i] = X + (size_t)i * ldx;
   const int npan = (L.out + kPanel - 1) / kPanel;
   const int ncg = (npan + kPackN - 1) / kPackN;  // column groups
-  constexpr int kRB = kPackM * 8;                // rows per task
-  const int nrb = (M + kRB - 1) / kRB;
+  // Tasks take all rows of a column group (its weights are read from memory once), and rows
+  // are split only when there are too few column groups to keep every thread busy.
+  const int T = std::max(1, threads);
+  const int nrb = std::min((M + kPackM - 1) / kPackM, std::max(1, (4 * T + ncg - 1) / ncg));
+  const int rb = ((M + nrb - 1) / nrb + kPackM - 1) / kPackM * kPackM;  // rows per task
   const int64_t work = (int64_t)M * L.out * L.in;
-#pragma omp parallel for num_threads(std::max(1, threads)) schedule(dynamic, 1) if (threads > 1 && work > kParMinWork)
+#pragma omp parallel for num_threads(T) schedule(dynamic, 1) if (T > 1 && work > kParMinWork)
   for (int t = 0; t < ncg * nrb; ++t) {
     const int g = t % ncg, b = t / ncg;
+    if (b * rb >= M) continue;
     thread_local std::vector<float> buf;
-    packed_block(x.data(), b * kRB, std::min(M, (b + 1) * kRB), L, g * kPackN, std::min(npan, (g + 1) * kPackN),
+    packed_block(x.data(), b * rb, std::min(M, (b + 1) * rb), L, g * kPackN, std::min(npan, (g + 1) * kPackN),
                  Y, ldy, buf);
   }
 }
