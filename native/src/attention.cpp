@@ -276,20 +276,25 @@ void attention_block(const Model& m, int layer, LayerState& ls, const float* x, 
           for (int j = 0; j < nu; ++j) row[j] *= inv;
           for (int e = 0; e < nsel; ++e) srw[e] *= inv;
         }
-        if (nsel) {  // o_sel [H, Dh] = P_sel S, added after the window/HCA part below
+        if (nsel) {  // o_sel [H, Dh] = P_sel S, added to the window/HCA part below
           sv.resize(packed_floats(Dh, nsel));
           pack_panels_kn(srow.data(), nsel, Dh, sv.data());
           prow.resize(H);
           for (int h = 0; h < H; ++h) prow[h] = &ssc[(size_t)h * nsel];
-          osel.resize((size_t)H * Dh);
-          linear_rows(prow.data(), H, Linear{nullptr, sv.data(), Dh, nsel}, osel.data(), Dh);
+          osel.resize((size_t)nq * H * Dh);
+          linear_rows(prow.data(), H, Linear{nullptr, sv.data(), Dh, nsel}, &osel[(size_t)a * H * Dh], Dh);
         }
-        prow.resize(H);
-        for (int h = 0; h < H; ++h) prow[h] = &sc[((size_t)a * H + h) * nu];
-        float* oi = &o[(size_t)i * H * Dh];
-        linear_rows(prow.data(), H, Linear{nullptr, uv.data(), Dh, nu}, oi, Dh);
-        if (nsel)
-          for (int d = 0; d < H * Dh; ++d) oi[d] = oi[d] + osel[d];
+      }
+      // o rows of the block [nq*H, Dh] = P U, one product for the whole block
+      prow.resize((size_t)nq * H);
+      for (int a = 0; a < nq * H; ++a) prow[a] = &sc[(size_t)a * nu];
+      float* ob = &o[(size_t)i0 * H * Dh];
+      linear_rows(prow.data(), nq * H, Linear{nullptr, uv.data(), Dh, nu}, ob, Dh);
+      for (int a = 0; a < nq; ++a) {
+        const int i = i0 + a;
+        float* oi = ob + (size_t)a * H * Dh;
+        if (type == AttnType::CSA && !sel[i].empty())
+          for (int d = 0; d < H * Dh; ++d) oi[d] = oi[d] + osel[(size_t)a * H * Dh + d];
         for (int h = 0; h < H; ++h)
           rope_apply(oi + (size_t)h * Dh, Dh, r, &cs[(size_t)i * half], &sn[(size_t)i * half], -1.f);
       }
