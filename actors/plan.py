@@ -177,16 +177,16 @@ def _reject(pos: int, n: int, start: int, min_tokens: int, tail_guard: int) -> s
     return None
 
 
-def pieces(start: int, end: int, chunk: int, cuts: Sequence[int] = (), *, align: bool = True) -> Iterator[tuple[int, int]]:
-    """Split [start, end) into (from, to) pieces of at most ``chunk`` tokens so that every cut
-    in (start, end) is a piece boundary: the loop snapshots after the piece ending there.
+def pieces(start: int, end: int, size: int, cuts: Sequence[int] = ()) -> Iterator[tuple[int, int]]:
+    """Split [start, end) into (from, to) pieces of at most ``size`` tokens so that every cut in
+    (start, end) is a piece boundary: the loop snapshots after the piece ending there.
 
-    With ``align`` the other boundaries fall on multiples of ``chunk`` (absolute positions), so a
-    prefill resumed from a restore or an abort is chunked exactly as a fresh one would be, and
-    snapshots taken at chunk boundaries have empty compressor buffers (digest §3).
+    No other alignment is needed: the kernel's results do not depend on how a prompt is split
+    into calls or chunks (bit-identical; tests/native/test_parity.py), so a prefill resumed from
+    a restore or an abort computes exactly what a fresh one would.
     """
-    if chunk <= 0:
-        raise ValueError("chunk must be positive")
+    if size <= 0:
+        raise ValueError("size must be positive")
     if start > end:
         raise ValueError("start > end")
     stops = sorted({c for c in cuts if start < c < end})
@@ -194,7 +194,6 @@ def pieces(start: int, end: int, chunk: int, cuts: Sequence[int] = (), *, align:
     pos = start
     for stop in stops:
         while pos < stop:
-            nxt = (pos // chunk + 1) * chunk if align else pos + chunk
-            nxt = min(nxt, stop)
+            nxt = min(pos + size, stop)
             yield pos, nxt
             pos = nxt

@@ -2,8 +2,10 @@
 the prompt's pieces in the kernel thread, snapshotting at the plan's capture points.
 
 Design notes. The plan (plan.py) and the checkpoint index (store.py) are pure; their effects live in
-checkpoints.py. Pieces (plan.pieces) split chunks at capture points, so a capture never recomputes
-anything; consecutive pieces are grouped into segment-sized kernel calls (`kernel_calls`). A request's cancel scope (attached through its RequestControl) covers the whole
+checkpoints.py. The prompt runs as segment-sized kernel calls (plan.pieces) that end at every
+capture point, so a capture never recomputes anything; the kernel chunks each call itself, and its
+results do not depend on where calls or chunks start. A request's cancel scope (attached through
+its RequestControl) covers the whole
 prefill; each segment is one abortable kernel call, so a cancel stops the kernel at the next chunk
 boundary and the live state keeps every completed chunk — an identical retry extends it and
 resumes there. `Finished` goes to admission only after the kernel call has returned, which is what
@@ -56,25 +58,6 @@ def _prefill_with_logprobs(kernel, state, tokens, prev_row, k, *, chunk, abort):
             tops.append(top_logprobs(lp, k))
         prev = rows[j]
     return n_done, (rows[n_done - 1] if n_done else prev_row), lps, tops
-
-
-def kernel_calls(start: int, end: int, chunk: int, seg_len: int, cuts=()) -> list[tuple[int, int]]:
-    """Group ``plan.pieces`` into kernel calls of at most ``seg_len`` tokens (one progress line each).
-
-    Every capture point ends a call (the worker snapshots there). A call that starts off a multiple
-    of ``chunk`` (after a restore or a capture) is that one short piece; every other call starts on
-    a multiple, so the kernel's own chunking inside it falls on the same absolute boundaries as a
-    fresh prefill's: a restored or resumed prefill is chunked like an uninterrupted one."""
-    cut = set(cuts)
-    calls: list[tuple[int, int]] = []
-    for a, b in pieces(start, end, chunk, sorted(cut)):
-        if calls:
-            c0, c1 = calls[-1]
-            if c1 == a and c0 % chunk == 0 and a % chunk == 0 and a not in cut and b - c0 <= seg_len:
-                calls[-1] = (c0, b)
-                continue
-        calls.append((a, b))
-    return calls
 
 
 async def _prepare(engine: Engine, submit, ids: np.ndarray, log):
@@ -151,7 +134,7 @@ async def run_prefill(engine: Engine, submit, log, progress: dict | None = None
     if reused < n:
         reporter.begin()
     seg_len = segment_length(engine.segment, engine.chunk, int(engine.model.vocab_size), submit.prompt_logprobs)
-    for a, b in kernel_calls(plan.start, n, engine.chunk, seg_len, cut_kind):
+    for a, b in pieces(plan.start, n, seg_len, cut_kind):  # one kernel call (and log line) each
         seg = ids[a:b]
         t0 = trio.current_time()
         if submit.prompt_logprobs:

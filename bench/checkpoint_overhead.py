@@ -4,7 +4,7 @@ and what a restore costs against the snapshot size.
     python bench/checkpoint_overhead.py models/small [--tokens 8192] [--repeat 3] [--json out.json]
 
 Capture overhead: the same prompt prefilled the way the prefill worker does it (kernel calls from
-`kernel_calls`), once without capture points and once with the two usual ones — a system-prefix
+`plan.pieces`), once without capture points and once with the two usual ones — a system-prefix
 cut at ~half the prompt plus the prompt end — snapshotting at each (`state.snapshot()`). Restore:
 `State.restore(model, blob)` for prefixes of growing length. Best of `--repeat` runs.
 """
@@ -35,7 +35,7 @@ def main() -> int:
 
     from cairn import _kernel as K
     from cairn.actors import disk_format, disk_io
-    from cairn.actors.prefill import kernel_calls
+    from cairn.actors.plan import pieces
     from cairn.daemon.model_dir import load_model, open_model_dir
 
     model = load_model(open_model_dir(args.model), args.threads)
@@ -47,7 +47,7 @@ def main() -> int:
         st = K.State(model)
         blobs, snap_s = [], 0.0
         t0 = time.perf_counter()
-        for a, b in kernel_calls(0, args.tokens, args.chunk, args.segment, cuts):
+        for a, b in pieces(0, args.tokens, args.segment, cuts):
             K.prefill(st, toks[a:b], chunk=args.chunk)
             if b in cuts:
                 t = time.perf_counter()

@@ -49,6 +49,22 @@ def test_batched_indexer_on_off_identical(oracle):
     np.testing.assert_array_equal(results[0], results[1])
 
 
+def test_results_do_not_depend_on_chunking_or_call_splits(oracle):
+    """Every step computes a token's numbers from its own inputs in a fixed order, so any chunk
+    size, any split into calls (as after a restore or a capture) and token-by-token decode give
+    bit-identical logits -- what lets the daemon start a kernel call anywhere."""
+    m = oracle.model()
+    toks = oracle.tokens
+    ref = K.prefill(K.State(m), toks, chunk=512, all_logits=True)[1]
+    for chunk in (1, 7, 37, 128):
+        np.testing.assert_array_equal(K.prefill(K.State(m), toks, chunk=chunk, all_logits=True)[1], ref)
+    st, rows = K.State(m), []
+    for a, b in [(0, 37), (37, 38), (38, 131), (131, 300)]:
+        rows.append(K.prefill(st, toks[a:b], chunk=64, all_logits=True)[1])
+    rows += [K.decode(st, int(t))[None] for t in toks[300:]]
+    np.testing.assert_array_equal(np.concatenate(rows), ref)
+
+
 def test_decode_equals_prefill_chunk_1(small_oracle):
     m = small_oracle.model()
     a, b = K.State(m), K.State(m)

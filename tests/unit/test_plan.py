@@ -137,23 +137,21 @@ def test_common_prefix_len():
 
 
 def test_pieces_cut_exactly_at_capture_points():
-    got = list(pieces(100, 700, 128, [600, 300]))
-    assert got == [(100, 128), (128, 256), (256, 300), (300, 384), (384, 512), (512, 600), (600, 640), (640, 700)]
-    bounds = {b for piece in got for b in piece}
-    assert {300, 600} <= bounds
-    assert all(0 < b - a <= 128 for a, b in got)
-    assert got[0][0] == 100 and got[-1][1] == 700
-    assert all(got[i][1] == got[i + 1][0] for i in range(len(got) - 1))
+    got = list(pieces(100, 1500, 512, [600, 300]))
+    assert got == [(100, 300), (300, 600), (600, 1112), (1112, 1500)]
 
 
-def test_pieces_resume_on_the_same_grid_as_a_fresh_prefill():
-    fresh = list(pieces(0, 1000, 128, [600]))
-    resumed = list(pieces(600, 1000, 128))
-    assert fresh[-len(resumed):] == resumed
+@pytest.mark.parametrize("start,end,size,cuts", [(0, 5000, 1024, [700, 3001]), (13, 999, 100, [40, 41, 13, 999]),
+                                                 (0, 10, 4, [])])
+def test_pieces_cover_the_range_split_at_cuts_within_the_size(start, end, size, cuts):
+    got = list(pieces(start, end, size, cuts))
+    assert got[0][0] == start and got[-1][1] == end
+    assert all(a[1] == b[0] for a, b in zip(got, got[1:]))
+    assert all(0 < b - a <= size for a, b in got)
+    assert {c for c in cuts if start < c < end} <= {b for _, b in got}
 
 
-def test_pieces_unaligned_and_edge_cases():
-    assert list(pieces(10, 300, 128, [200], align=False)) == [(10, 138), (138, 200), (200, 300)]
+def test_pieces_edge_cases():
     assert list(pieces(0, 256, 128, [0, 128, 256])) == [(0, 128), (128, 256)]
     assert list(pieces(5, 5, 128)) == []
     with pytest.raises(ValueError):
