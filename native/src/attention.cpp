@@ -38,8 +38,8 @@ static void index_scores_ref(const float* q /*[nI,Di]*/, const float* wts /*[nI]
     float acc = 0.f;
     for (int h = 0; h < nI; ++h) {
       float d = 0.f;
-      for (int c = 0; c < Di; ++c) d = std::fma(q[(size_t)h * Di + c], k[c], d);
-      acc = std::fma(std::max(d, 0.f) * ss, wts[h] * ws, acc);
+      for (int c = 0; c < Di; ++c) d = fmadd(q[(size_t)h * Di + c], k[c], d);
+      acc = fmadd(std::max(d, 0.f) * ss, wts[h] * ws, acc);
     }
     sc[s] = acc;
   }
@@ -64,7 +64,7 @@ static void index_scores_packed(const float* q, const float* wts, const float* k
       for (int i = 0; i < mr; ++i) {
         const float c = cw[h0 + i];
         const float* ri = r + i * nc;
-        for (int j = 0; j < nc; ++j) out[j] = std::fma(std::max(ri[j], 0.f) * ss, c, out[j]);
+        for (int j = 0; j < nc; ++j) out[j] = fmadd(std::max(ri[j], 0.f) * ss, c, out[j]);
       }
     }
   }

@@ -71,12 +71,12 @@ constexpr float kP0 = 1.9875691500E-4f, kP1 = 1.3981999507E-3f, kP2 = 8.33345190
 inline float exp_scalar(float x) {
   x = std::min(std::max(x, kExpLo), kExpHi);
   const float n = std::nearbyint(x * kLog2e);
-  float r = std::fma(n, -kC1, x);
-  r = std::fma(n, -kC2, r);
+  float r = fmadd(n, -kC1, x);
+  r = fmadd(n, -kC2, r);
   float p = kP0;
-  p = std::fma(p, r, kP1); p = std::fma(p, r, kP2); p = std::fma(p, r, kP3);
-  p = std::fma(p, r, kP4); p = std::fma(p, r, kP5);
-  const float y = std::fma(p, r * r, r) + 1.f;
+  p = fmadd(p, r, kP1); p = fmadd(p, r, kP2); p = fmadd(p, r, kP3);
+  p = fmadd(p, r, kP4); p = fmadd(p, r, kP5);
+  const float y = fmadd(p, r * r, r) + 1.f;
   return std::ldexp(y, (int)n);
 }
 #if defined(__AVX512F__)

@@ -9,7 +9,7 @@
 //    call, which dominates for the 30-130-row expert GEMMs of a chunk).
 //  * Reduction order: every output is acc = fma(x[k], w[k], acc) for k = 0, 1, ..., K-1 from 0.
 //    That depends only on (x row, w row, K) -- not on the tile shape, the row count, the
-//    thread split or the ISA (AVX-512, AVX2 and the scalar std::fma fallback round alike) -- so
+//    thread split or the ISA (AVX-512, AVX2 and the scalar fmadd fallback round alike) -- so
 //    a token's numbers are the same in a 1-token decode and a 512-token chunk.
 #include <omp.h>
 
@@ -102,7 +102,7 @@ static void ptile(const float* const* x, int k0, int kc, const float* p, size_t 
     for (int j = 0; j < NP; ++j)
       for (int l = 0; l < kPanel; ++l) {
         float a = cont ? r[(i * NP + j) * kPanel + l] : 0.f;
-        for (int k = 0; k < kc; ++k) a = std::fma(x[i][k0 + k], p[j * ps + (size_t)k * kPanel + l], a);
+        for (int k = 0; k < kc; ++k) a = fmadd(x[i][k0 + k], p[j * ps + (size_t)k * kPanel + l], a);
         r[(i * NP + j) * kPanel + l] = a;
       }
 #endif

@@ -40,6 +40,17 @@ void linear_rows(const float* const* x, int M, const Linear& L, float* Y, int ld
 inline void linear(const float* X, int M, const Linear& L, float* Y, int threads) {
   linear(X, M, L.in, L, Y, L.out, threads);
 }
+// a*b + c rounded once where the build has FMA instructions -- the rounding of the vector paths,
+// so scalar tails and reference loops match their lanes bit for bit. A build without FMA
+// (CAIRN_PORTABLE) has no vector paths to match and uses a multiply and an add (std::fma would
+// be a slow library call there).
+inline float fmadd(float a, float b, float c) {
+#if defined(__FMA__)
+  return __builtin_fmaf(a, b, c);
+#else
+  return a * b + c;
+#endif
+}
 float dot(const float* a, const float* b, int n);
 // y[i] = exp(x[i]) (in place allowed), ~1-2 ulp; fexp is the same function for one value.
 void vexp(const float* x, float* y, int n);
