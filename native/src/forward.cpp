@@ -92,26 +92,21 @@ static void hc_step(const Model& m, float* h, int S, const float* y, float* post
           for (int q = 0; q < N; ++q) cbt[(size_t)(r * N + q) * kTB + a] = row[q] / s + c.hc_eps;
         }
       }
-      // Sinkhorn, lanes = tokens: cbt[(r*N + q)][a]
-      auto colnorm = [&]() {
-        for (int q = 0; q < N; ++q) {
+      // Sinkhorn, lanes = tokens: cbt[(r*N + q)][a]. normalize(so, si) divides each line u
+      // (entries u*so + v*si, v ascending) by its sum + eps: rows (N, 1), columns (1, N).
+      auto normalize = [&](int so, int si) {
+        for (int u = 0; u < N; ++u) {
           float sum[kTB] = {};
-          for (int r = 0; r < N; ++r)
-            for (int a = 0; a < kTB; ++a) sum[a] += cbt[(size_t)(r * N + q) * kTB + a];
-          for (int r = 0; r < N; ++r)
-            for (int a = 0; a < kTB; ++a) cbt[(size_t)(r * N + q) * kTB + a] /= (sum[a] + c.hc_eps);
+          for (int v = 0; v < N; ++v)
+            for (int a = 0; a < kTB; ++a) sum[a] += cbt[(size_t)(u * so + v * si) * kTB + a];
+          for (int v = 0; v < N; ++v)
+            for (int a = 0; a < kTB; ++a) cbt[(size_t)(u * so + v * si) * kTB + a] /= (sum[a] + c.hc_eps);
         }
       };
-      colnorm();
+      normalize(1, N);
       for (int it = 0; it < c.sinkhorn_iters - 1; ++it) {
-        for (int r = 0; r < N; ++r) {
-          float sum[kTB] = {};
-          for (int q = 0; q < N; ++q)
-            for (int a = 0; a < kTB; ++a) sum[a] += cbt[(size_t)(r * N + q) * kTB + a];
-          for (int q = 0; q < N; ++q)
-            for (int a = 0; a < kTB; ++a) cbt[(size_t)(r * N + q) * kTB + a] /= (sum[a] + c.hc_eps);
-        }
-        colnorm();
+        normalize(N, 1);
+        normalize(1, N);
       }
       for (int a = 0; a < nb; ++a) {
         const int i = i0 + a;
