@@ -8,7 +8,8 @@ prefill, snapshot/restore time and size at the longest length, the kernel's fp32
 (C[128x4096] = A[128x1024] B^T on the kernel's packed GEMM) and memory read bandwidth (M=1 GEMM
 streaming 256 MB of packed weights),
 with HF run through its own cached, chunked path for the same lengths (up to --hf-max-len).
-Decode is also compared with its bandwidth bound: the fp32 bytes of every weight one decode token
+Decode is also compared with its bandwidth bound: the bytes (4 per parameter; 2 for a bfloat16
+directory, whose matrices the kernel keeps as BF16 panels unless --widen-bf16) of every weight one decode token
 reads (decode_weight_bytes: attention, compressor, indexer and HC weights of every layer, the
 router, the k routed experts + shared expert of every layer, the hyper-head and the LM head; the
 embedding row is left out) divided into the measured read bandwidth. KV / compressed-state reads
@@ -64,10 +65,12 @@ def ensure_llama_peer(path: str) -> str:
     return path
 
 
-def decode_weight_bytes(model_dir: str) -> dict:
-    """fp32 bytes of the weights one decode token reads, by group (see module docstring)."""
+def decode_weight_bytes(model_dir: str, widen_bf16: bool = False) -> dict:
+    """Bytes of the weights one decode token reads, by group (see module docstring): 4 per
+    parameter, 2 for a bfloat16 directory (the kernel keeps BF16 panels unless widen_bf16)."""
     with open(os.path.join(model_dir, "config.json")) as f:
         c = json.load(f)
+    elem = 2 if c.get("dtype", c.get("torch_dtype")) == "bfloat16" and not widen_bf16 else 4
     D, H, Dh = c["hidden_size"], c["num_attention_heads"], c["head_dim"]
     Rq, G, Ro = c["q_lora_rank"], c["o_groups"], c["o_lora_rank"]
     N, V = c.get("hc_mult", 4), c["vocab_size"]
@@ -89,7 +92,7 @@ def decode_weight_bytes(model_dir: str) -> dict:
         f["router"] += E * D + E
         f["experts"] += (k + ns) * 3 * I * D
     f["head"] = V * D + N * N * D + N + 1 + D
-    out = {key: 4 * v for key, v in f.items()}
+    out = {key: elem * v for key, v in f.items()}
     out["total"] = sum(out.values())
     return out
 
@@ -118,12 +121,13 @@ def bench_read(threads: int) -> float:
     return w.nbytes / best / 1e9
 
 
-def bench_kernel(path: str, threads: int, lengths: list[int], chunk: int, n_decode: int) -> dict:
+def bench_kernel(path: str, threads: int, lengths: list[int], chunk: int, n_decode: int,
+                 widen_bf16: bool = False) -> dict:
     import cairn._kernel as K
     from cairn.daemon.model_dir import load_model
 
     t = _now()
-    model = load_model(path, threads=threads)
+    model = load_model(path, threads=threads, widen_bf16=widen_bf16)
     out: dict = {"load_s": _now() - t, "prefill": {}}
     rng = np.random.default_rng(0)
     state = None
@@ -207,6 +211,8 @@ def main(argv=None) -> int:
     ap.add_argument("--chunk", type=int, default=128)
     ap.add_argument("--decode", type=int, default=32, help="tokens to decode after the longest prefill")
     ap.add_argument("--hf-max-len", type=int, default=8192, help="skip HF above this length (0: no HF)")
+    ap.add_argument("--widen-bf16", action="store_true",
+                    help="a bfloat16 directory's matrices as fp32 panels (default: BF16 panels)")
     ap.add_argument("--json", help="write results here")
     args = ap.parse_args(argv)
     if args.shape == "llama-peer":
@@ -225,15 +231,16 @@ def main(argv=None) -> int:
         pass
 
     res: dict = {"machine": platform.processor() or platform.machine(), "threads": args.threads,
-                 "chunk": args.chunk, "model_dir": args.model_dir}
+                 "chunk": args.chunk, "model_dir": args.model_dir, "widen_bf16": args.widen_bf16}
     res["blas"] = bench_blas(args.threads)
-    res["kernel"] = bench_kernel(args.model_dir, args.threads, args.lengths, args.chunk, args.decode)
+    res["kernel"] = bench_kernel(args.model_dir, args.threads, args.lengths, args.chunk, args.decode,
+                                 args.widen_bf16)
     hf_lengths = [n for n in args.lengths if n <= args.hf_max_len]
     if hf_lengths:
         res["hf"] = bench_hf(args.model_dir, args.threads, hf_lengths, args.chunk, args.decode)
 
     k, h = res["kernel"], res.get("hf", {"prefill": {}})
-    wb = decode_weight_bytes(args.model_dir)
+    wb = decode_weight_bytes(args.model_dir, args.widen_bf16)
     gbs = max(k["read_gbs_adjacent"])
     bound = gbs * 1e9 / wb["total"]
     res["decode_bound"] = {"weight_bytes": wb, "bound_tok_s": bound, "ratio": k["decode_tok_s"] / bound}

@@ -367,9 +367,9 @@ def map_weights(md: ModelDir) -> dict[str, tuple[np.ndarray, str]]:
     return {name: (map_tensor(info), info.dtype) for name, info in md.tensors.items()}
 
 
-def load_model(path: str | Path | ModelDir, threads: int = 0):
+def load_model(path: str | Path | ModelDir, threads: int = 0, *, widen_bf16: bool = False):
     """Open a model directory and build the kernel's immutable Model from it."""
     from .. import _kernel
 
     md = path if isinstance(path, ModelDir) else open_model_dir(path)
-    return _kernel.Model(md.config, map_weights(md), md.fingerprint, threads)
+    return _kernel.Model(md.config, map_weights(md), md.fingerprint, threads, widen_bf16=widen_bf16)

@@ -19,10 +19,11 @@ class AbortFlag:
     def is_set(self) -> bool: ...
 
 class Model:
-    """Immutable config + weights. Every weight matrix is packed at load into fp32 panels (BF16 /
-    F16 widened on the way); other F32 tensors are used in place (kept alive by the Model).
-    threads=0: all cores. batched_indexer=False scores the CSA indexer with the scalar
-    per-query reference loop (identical results)."""
+    """Immutable config + weights. Every weight matrix is packed at load into panels: BF16 ones
+    as BF16 panels widened inside the product (half the memory and bandwidth, identical results;
+    widen_bf16=True stores fp32 panels instead), F16/F32 ones as fp32 panels. Other F32 tensors
+    are used in place (kept alive by the Model). threads=0: all cores. batched_indexer=False
+    scores the CSA indexer with the scalar per-query reference loop (identical results)."""
     def __init__(
         self,
         config: dict,
@@ -31,6 +32,7 @@ class Model:
         threads: int = 0,
         *,
         batched_indexer: bool = True,
+        widen_bf16: bool = False,
     ) -> None: ...
     @property
     def fingerprint(self) -> str: ...
@@ -40,6 +42,8 @@ class Model:
     def n_layers(self) -> int: ...
     @property
     def threads(self) -> int: ...
+    @property
+    def widen_bf16(self) -> bool: ...
     batched_indexer: bool
 
 class State:

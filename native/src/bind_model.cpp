@@ -102,6 +102,7 @@ struct Loader {
       m.owned.push_back(std::make_unique<std::vector<float>>((size_t)n));
       float* dst = m.owned.back()->data();
       jobs.push_back({c.data(), dst, n, tag == "BF16"});
+      if (tag == "BF16") m.bf16_sources.insert(dst);
       return dst;
     }
     throw py::value_error("weight '" + name + "' has unsupported dtype tag '" + tag + "' (want F32/BF16/F16)");
@@ -212,7 +213,8 @@ Config parse_config(const py::dict& d) {
 
 }  // namespace
 
-BoundModel::BoundModel(py::dict config, py::dict weights, std::string fp, int nthreads, bool batched) {
+BoundModel::BoundModel(py::dict config, py::dict weights, std::string fp, int nthreads, bool batched,
+                       bool widen) {
   cfg = parse_config(config);
   fingerprint = std::move(fp);
   // all cores this process may run on (affinity mask), not every core of the machine
@@ -221,6 +223,7 @@ BoundModel::BoundModel(py::dict config, py::dict weights, std::string fp, int nt
   if (nthreads < 0) throw py::value_error("threads must be >= 0");
   threads = nthreads == 0 ? std::max(1, hw) : nthreads;
   batched_indexer = batched;
+  widen_bf16 = widen;
   const Config& c = cfg;
   const int D = c.D, N = c.N, NM = (2 + N) * N, V = c.vocab;
   Loader ld{*this, weights, {}};
@@ -294,15 +297,19 @@ void register_model(py::module_& m) {
   py::class_<BoundModel, std::shared_ptr<BoundModel>>(m, "Model", R"doc(Immutable DeepSeek-V4 weights + config.
 
 config: resolved config dict; weights: canonical name -> (array, "F32"|"BF16"|"F16"|"I64"|"I32").
-Weight matrices are packed into fp32 panels at load (BF16/F16 widened on the way); other F32
-arrays are used in place (kept alive by the Model). threads=0 uses all cores.
+Weight matrices are packed into panels at load: BF16 ones as BF16 panels widened inside the product
+(half the memory and bandwidth, identical results; widen_bf16=True stores them as fp32 panels),
+F16/F32 ones as fp32 panels. Other F32 arrays are used in place (kept alive by the Model).
+threads=0 uses all cores.
 batched_indexer=False scores the CSA indexer with the scalar per-query reference loop (same results).)doc")
-      .def(py::init<py::dict, py::dict, std::string, int, bool>(), py::arg("config"), py::arg("weights"),
-           py::arg("fingerprint"), py::arg("threads") = 0, py::kw_only(), py::arg("batched_indexer") = true)
+      .def(py::init<py::dict, py::dict, std::string, int, bool, bool>(), py::arg("config"), py::arg("weights"),
+           py::arg("fingerprint"), py::arg("threads") = 0, py::kw_only(), py::arg("batched_indexer") = true,
+           py::arg("widen_bf16") = false)
       .def_property_readonly("fingerprint", [](const BoundModel& m) { return m.fingerprint; })
       .def_property_readonly("vocab_size", [](const BoundModel& m) { return m.cfg.vocab; })
       .def_property_readonly("n_layers", [](const BoundModel& m) { return m.cfg.n_layers; })
       .def_property_readonly("threads", [](const BoundModel& m) { return m.threads; })
+      .def_property_readonly("widen_bf16", [](const BoundModel& m) { return m.widen_bf16; })
       .def_property("batched_indexer", [](const BoundModel& m) { return m.batched_indexer; },
                     [](BoundModel& m, bool v) { m.batched_indexer = v; });
 }

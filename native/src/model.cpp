@@ -55,6 +55,7 @@ namespace {
 struct PackJob {
   Linear* dst;
   std::vector<const float*> rows;  // logical rows (nullptr = zero padding)
+  bool bf16;                       // store BF16 panels (every source row holds BF16 values)
 };
 
 std::vector<const float*> rows_of(const Linear& L, int r0 = 0, int n = -1) {
@@ -81,9 +82,10 @@ void pack_weights(Model& m, int threads) {
   const Config& c = m.cfg;
   std::vector<PackJob> jobs;
   std::vector<Linear*> sources;  // every Linear whose row-major source is dropped afterwards
+  auto bf16 = [&](const Linear& L) { return !m.widen_bf16 && m.bf16_sources.count(L.w) > 0; };
   auto plain = [&](Linear& L) {
     if (!L.w) return;
-    jobs.push_back({&L, rows_of(L)});
+    jobs.push_back({&L, rows_of(L), bf16(L)});
     sources.push_back(&L);
   };
   plain(m.hc_head);
@@ -96,34 +98,41 @@ void pack_weights(Model& m, int threads) {
     L.wo_a_g.assign(c.G, Linear{});
     for (int g = 0; g < c.G; ++g) {
       L.wo_a_g[g] = Linear{nullptr, nullptr, c.Ro, gin};
-      jobs.push_back({&L.wo_a_g[g], rows_of(L.wo_a, g * c.Ro, c.Ro)});
+      jobs.push_back({&L.wo_a_g[g], rows_of(L.wo_a, g * c.Ro, c.Ro), bf16(L.wo_a)});
     }
     sources.push_back(&L.wo_a);
     L.w13.assign(L.w1.size(), Linear{});
     for (size_t e = 0; e < L.w1.size(); ++e) {
       L.w13[e] = Linear{nullptr, nullptr, 2 * ((L.w1[e].out + kPanel - 1) / kPanel) * kPanel, L.w1[e].in};
-      jobs.push_back({&L.w13[e], fused_rows(L.w1[e], L.w3[e])});
+      jobs.push_back({&L.w13[e], fused_rows(L.w1[e], L.w3[e]), bf16(L.w1[e]) && bf16(L.w3[e])});
       plain(L.w2[e]);
       sources.push_back(&L.w1[e]);
       sources.push_back(&L.w3[e]);
     }
     L.sw13 = Linear{nullptr, nullptr, 2 * ((L.sw1.out + kPanel - 1) / kPanel) * kPanel, L.sw1.in};
-    jobs.push_back({&L.sw13, fused_rows(L.sw1, L.sw3)});
+    jobs.push_back({&L.sw13, fused_rows(L.sw1, L.sw3), bf16(L.sw1) && bf16(L.sw3)});
     plain(L.sw2);
     sources.push_back(&L.sw1);
     sources.push_back(&L.sw3);
   }
-  std::vector<float*> bufs(jobs.size());
+  std::vector<void*> bufs(jobs.size());
   for (size_t j = 0; j < jobs.size(); ++j) {
-    const size_t bytes = (packed_floats((int)jobs[j].rows.size(), jobs[j].dst->in) * sizeof(float) + 63) / 64 * 64;
-    float* b = (float*)std::aligned_alloc(64, std::max<size_t>(bytes, 64));
+    const size_t elem = jobs[j].bf16 ? sizeof(uint16_t) : sizeof(float);
+    const size_t bytes = (packed_floats((int)jobs[j].rows.size(), jobs[j].dst->in) * elem + 63) / 64 * 64;
+    void* b = std::aligned_alloc(64, std::max<size_t>(bytes, 64));
     if (!b) throw std::bad_alloc();
     m.packed.emplace_back(b);
     bufs[j] = b;
   }
 #pragma omp parallel for num_threads(std::max(1, threads)) schedule(dynamic, 1)
-  for (size_t j = 0; j < jobs.size(); ++j) pack_panels(jobs[j].rows, jobs[j].dst->in, bufs[j]);
-  for (size_t j = 0; j < jobs.size(); ++j) jobs[j].dst->p = bufs[j];
+  for (size_t j = 0; j < jobs.size(); ++j) {
+    if (jobs[j].bf16) pack_panels_bf16(jobs[j].rows, jobs[j].dst->in, (uint16_t*)bufs[j]);
+    else pack_panels(jobs[j].rows, jobs[j].dst->in, (float*)bufs[j]);
+  }
+  for (size_t j = 0; j < jobs.size(); ++j) {
+    if (jobs[j].bf16) jobs[j].dst->p16 = (const uint16_t*)bufs[j];
+    else jobs[j].dst->p = (const float*)bufs[j];
+  }
   // the widened (BF16/F16) sources of packed matrices are no longer needed
   std::unordered_set<const float*> dropped;
   for (Linear* L : sources) {
@@ -132,6 +141,7 @@ void pack_weights(Model& m, int threads) {
   }
   for (auto& o : m.owned)
     if (o && dropped.count(o->data())) o.reset();
+  m.bf16_sources.clear();  // they pointed into buffers freed just above
 }
 
 }  // namespace cairn

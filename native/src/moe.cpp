@@ -129,7 +129,7 @@ void moe_block(const Model& m, int layer, const float* x, const int32_t* tokens,
       const int p0 = t1[t].second, np = std::min(kPackN, j.w13->out / kPanel - p0), ld = np * kPanel;
       const int Ip = j.w13->out / 2;
       buf.resize((size_t)j.M * ld);
-      packed_panels(j.xs.data(), j.M, j.w13->p + (size_t)p0 * D * kPanel, D, np, buf.data());
+      packed_panels(j.xs.data(), j.M, *j.w13, p0, np, buf.data());
       for (int i = 0; i < j.M; ++i) {
         const float* ri = &buf[(size_t)i * ld];
         float* dst = &j.act[(size_t)i * Ip + (size_t)(p0 / 2) * kPanel];
@@ -153,10 +153,9 @@ void moe_block(const Model& m, int layer, const float* x, const int32_t* tokens,
       const int c0 = p0 * kPanel, nc = std::min(D, (p0 + np) * kPanel) - c0;
       for (int i = 0; i < S; ++i) std::fill(y + (size_t)i * D + c0, y + (size_t)i * D + c0 + nc, 0.f);
       for (const Job& j : jobs) {
-        const int I = j.w2->in;
         const bool shared = j.rw.empty();
         buf.resize((size_t)j.M * ld);
-        packed_panels(j.as.data(), j.M, j.w2->p + (size_t)p0 * I * kPanel, I, np, buf.data());
+        packed_panels(j.as.data(), j.M, *j.w2, p0, np, buf.data());
         for (int i = 0; i < j.M; ++i) {
           float* dst = y + (size_t)j.rows[i] * D + c0;
           const float* ri = &buf[(size_t)i * ld];

@@ -117,6 +117,30 @@ def test_bf16_and_f16_weights_load(small_oracle):
     assert np.isfinite(lg).all() and np.corrcoef(lg, ref)[0, 1] > 0.9
 
 
+def test_bf16_panels_give_the_bits_of_widened_fp32(small_oracle):
+    """BF16 matrices stay BF16 panels, widened inside the product (exact): the same logits as
+    widening at load (widen_bf16=True) and as handing the kernel the widened values as F32.
+    Expert 0's w3 stays F32, so its fused gate/up pair takes the fp32-panel path beside BF16 ones."""
+    bf, widened = {}, {}
+    for k, (a, tag) in small_oracle.weights.items():
+        if tag == "F32" and a.ndim == 2 and "experts.0.w3" not in k:
+            b = ((a.view(np.uint32) + 0x8000) >> 16).astype(np.uint16)  # round to bf16
+            bf[k] = (b, "BF16")
+            widened[k] = ((b.astype(np.uint32) << 16).view(np.float32), "F32")
+        else:
+            bf[k] = widened[k] = (a, tag)
+    runs = []
+    for weights, kw in ((bf, {}), (bf, {"widen_bf16": True}), (widened, {})):
+        m = K.Model(small_oracle.config, weights, "bf16", 2, **kw)
+        assert m.widen_bf16 is bool(kw)
+        st = K.State(m)
+        _, lg = K.prefill(st, small_oracle.tokens[:200], chunk=64, all_logits=True)
+        runs.append(np.concatenate([lg, K.decode(st, int(small_oracle.tokens[200]))[None]]))
+    assert np.isfinite(runs[0]).all()
+    np.testing.assert_array_equal(runs[0], runs[1])
+    np.testing.assert_array_equal(runs[0], runs[2])
+
+
 def test_model_properties(model, small_oracle):
     assert model.fingerprint == small_oracle.fingerprint
     assert model.vocab_size == small_oracle.config["vocab_size"]

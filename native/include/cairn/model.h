@@ -6,7 +6,9 @@
 //    fp32 once at load into buffers owned by `Model::owned`.
 //  * Weight matrices arrive in the PyTorch nn.Linear convention, W[out, in], and are then packed
 //    (pack_weights) into 16-row panels, the only form compute reads: a once-per-load copy that
-//    spares every GEMM call from re-packing (and frees the widened BF16/F16 rows).
+//    spares every GEMM call from re-packing (and frees the widened BF16/F16 rows). BF16
+//    matrices keep BF16 panels (half the bytes; widening to fp32 is exact, so results are the
+//    same as fp32 panels of the widened values) unless widen_bf16 is set.
 //    The embedding stays row-major (row lookups).
 //  * Threading: OpenMP is the single thread pool (no BLAS library, no second pool), and every
 //    parallel region says `num_threads(model.threads)` explicitly, because the compute runs on
@@ -17,6 +19,7 @@
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <unordered_set>
 #include <vector>
 
 namespace cairn {
@@ -55,6 +58,7 @@ struct Linear {  // W [out, in]
   const float* w = nullptr;  // row-major source; only read while packing (null afterwards)
   const float* p = nullptr;  // packed panels [ceil(out/16)][in][16] (packed.cpp), what compute reads
   int out = 0, in = 0;
+  const uint16_t* p16 = nullptr;  // instead of p: the same panels holding BF16 bit patterns
 };
 
 struct CompressorW {
@@ -98,8 +102,10 @@ struct Model {
   std::vector<LayerW> layers;
   std::vector<float> inv_freq_main, inv_freq_comp;  // [r/2]
   std::vector<std::unique_ptr<std::vector<float>>> owned;  // widened BF16/F16 weights
-  struct FreeDeleter { void operator()(float* p) const { std::free(p); } };
-  std::vector<std::unique_ptr<float, FreeDeleter>> packed;  // 64-byte aligned Linear panels
+  std::unordered_set<const float*> bf16_sources;             // those of `owned` that were BF16
+  bool widen_bf16 = false;  // pack BF16 matrices as fp32 panels instead of bf16 ones
+  struct FreeDeleter { void operator()(void* p) const { std::free(p); } };
+  std::vector<std::unique_ptr<void, FreeDeleter>> packed;  // 64-byte aligned Linear panels
 };
 
 void init_rope(Model& m);
