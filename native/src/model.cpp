@@ -82,7 +82,7 @@ void pack_weights(Model& m, int threads) {
   const Config& c = m.cfg;
   std::vector<PackJob> jobs;
   std::vector<Linear*> sources;  // every Linear whose row-major source is dropped afterwards
-  auto bf16 = [&](const Linear& L) { return !m.widen_bf16 && m.bf16_sources.count(L.w) > 0; };
+  auto bf16 = [&](const Linear& L) { return kBf16Panels && !m.widen_bf16 && m.bf16_sources.count(L.w) > 0; };
   auto plain = [&](Linear& L) {
     if (!L.w) return;
     jobs.push_back({&L, rows_of(L), bf16(L)});

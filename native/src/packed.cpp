@@ -55,21 +55,6 @@ void pack_panels_bf16(const std::vector<const float*>& rows, int K, uint16_t* P)
   });
 }
 
-// dst[i] = the fp32 value of BF16 bits src[i] (exact)
-static void widen_bf16(const uint16_t* src, float* dst, size_t n) {
-  size_t i = 0;
-#if defined(__AVX512F__)
-  for (; i + 16 <= n; i += 16) {
-    const __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)(src + i)));
-    _mm512_storeu_ps(dst + i, _mm512_castsi512_ps(_mm512_slli_epi32(w, 16)));
-  }
-#endif
-  for (; i < n; ++i) {
-    const uint32_t b = (uint32_t)src[i] << 16;
-    std::memcpy(dst + i, &b, 4);
-  }
-}
-
 void pack_panels_kn(const float* const* rows, int K, int N, float* P) {
   const int np = (N + kPanel - 1) / kPanel;
   for (int p = 0; p < np; ++p) {
@@ -82,11 +67,19 @@ void pack_panels_kn(const float* const* rows, int K, int N, float* P) {
   }
 }
 
+#if defined(__AVX512F__)
+static inline __m512 load_panel(const float* p) { return _mm512_loadu_ps(p); }
+static inline __m512 load_panel(const uint16_t* p) {  // 16 BF16 bit patterns -> fp32 (exact)
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)p)), 16));
+}
+#endif
+
 // r[i][j*16 + l] (+)= sum_{k < kc} x[i][k0 + k] * p[j*ps + k*16 + l] for i < MR, j < NP (p: the
-// panels' row k0). cont: continue the sums already in r (an exact fp32 partial, so splitting K
-// into blocks does not change the chain of FMAs).
-template <int MR, int NP>
-static void ptile(const float* const* x, int k0, int kc, const float* p, size_t ps, float* r, bool cont) {
+// panels' row k0; fp32 panels, or BF16 ones widened in registers -- AVX-512 builds only).
+// cont: continue the sums already in r (an exact fp32 partial, so splitting K into blocks does
+// not change the chain of FMAs).
+template <int MR, int NP, class T>
+static void ptile(const float* const* x, int k0, int kc, const T* p, size_t ps, float* r, bool cont) {
 #if defined(__AVX512F__)
   __m512 acc[MR][NP];
   const float* xr[MR];
@@ -97,7 +90,7 @@ static void ptile(const float* const* x, int k0, int kc, const float* p, size_t 
   }
   for (int k = 0; k < kc; ++k) {
     __m512 b[NP];
-    for (int j = 0; j < NP; ++j) b[j] = _mm512_loadu_ps(p + j * ps + (size_t)k * kPanel);
+    for (int j = 0; j < NP; ++j) b[j] = load_panel(p + j * ps + (size_t)k * kPanel);
     for (int i = 0; i < MR; ++i) {
       const __m512 a = _mm512_set1_ps(xr[i][k]);
       for (int j = 0; j < NP; ++j) acc[i][j] = _mm512_fmadd_ps(a, b[j], acc[i][j]);
@@ -136,82 +129,45 @@ static void ptile(const float* const* x, int k0, int kc, const float* p, size_t 
 #endif
 }
 
-using PTileFn = void (*)(const float* const*, int, int, const float*, size_t, float*, bool);
-template <int MR, int... NPs>
-static constexpr std::array<PTileFn, sizeof...(NPs)> ptile_row(std::integer_sequence<int, NPs...>) {
-  return {&ptile<MR, NPs + 1>...};
+template <class T>
+using PTileFn = void (*)(const float* const*, int, int, const T*, size_t, float*, bool);
+template <class T, int MR, int... NPs>
+static constexpr std::array<PTileFn<T>, sizeof...(NPs)> ptile_row(std::integer_sequence<int, NPs...>) {
+  return {&ptile<MR, NPs + 1, T>...};
 }
-template <int... MRs>
-static constexpr std::array<std::array<PTileFn, kPackN>, sizeof...(MRs)> ptile_table(std::integer_sequence<int, MRs...>) {
-  return {ptile_row<MRs + 1>(std::make_integer_sequence<int, kPackN>{})...};
+template <class T, int... MRs>
+static constexpr std::array<std::array<PTileFn<T>, kPackN>, sizeof...(MRs)> ptile_table(std::integer_sequence<int, MRs...>) {
+  return {ptile_row<T, MRs + 1>(std::make_integer_sequence<int, kPackN>{})...};
 }
-static const auto kPTiles = ptile_table(std::make_integer_sequence<int, kPackM>{});  // [mr-1][np-1]
+// [mr-1][np-1]
+static const auto kPTiles = ptile_table<float>(std::make_integer_sequence<int, kPackM>{});
+#if defined(__AVX512F__)
+static const auto kPTiles16 = ptile_table<uint16_t>(std::make_integer_sequence<int, kPackM>{});
+#endif
 
 void packed_tile(int mr, int np, const float* const* x, const float* p, int K, float* r) {
   kPTiles[mr - 1][np - 1](x, 0, K, p, (size_t)K * kPanel, r, false);
 }
 
-#if defined(__AVX512F__)
-// Few rows (decode): BF16 panels widened in registers, no buffer -- the product is bound by
-// reading the weights, and reading half the bytes is the point. Same FMA chain as ptile.
-template <int MR, int NP>
-static void ptile16(const float* const* x, int k0, int kc, const uint16_t* p, size_t ps, float* r, bool cont) {
-  __m512 acc[MR][NP];
-  for (int i = 0; i < MR; ++i)
-    for (int j = 0; j < NP; ++j)
-      acc[i][j] = cont ? _mm512_loadu_ps(r + (i * NP + j) * kPanel) : _mm512_setzero_ps();
-  for (int k = 0; k < kc; ++k) {
-    __m512 b[NP];
-    for (int j = 0; j < NP; ++j)
-      b[j] = _mm512_castsi512_ps(_mm512_slli_epi32(
-          _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)(p + j * ps + (size_t)k * kPanel))), 16));
-    for (int i = 0; i < MR; ++i) {
-      const __m512 a = _mm512_set1_ps(x[i][k0 + k]);
-      for (int j = 0; j < NP; ++j) acc[i][j] = _mm512_fmadd_ps(a, b[j], acc[i][j]);
-    }
-  }
-  for (int i = 0; i < MR; ++i)
-    for (int j = 0; j < NP; ++j) _mm512_storeu_ps(r + (i * NP + j) * kPanel, acc[i][j]);
-}
-using PTile16Fn = void (*)(const float* const*, int, int, const uint16_t*, size_t, float*, bool);
-static constexpr int kDirectM = 2;  // rows up to which BF16 panels are read directly
-static const PTile16Fn kPTiles16[kDirectM][kPackN] = {
-    {&ptile16<1, 1>, &ptile16<1, 2>, &ptile16<1, 3>, &ptile16<1, 4>},
-    {&ptile16<2, 1>, &ptile16<2, 2>, &ptile16<2, 3>, &ptile16<2, 4>}};
-static_assert(kPackN == 4, "kPTiles16 lists np = 1..4");
-#endif
-
 // K is walked in blocks of kKC: every row tile re-reads the np panels' block (np x kKC x 64 B,
 // 128 KB) from L2, half of what one pass over K = 1024 would stream; partial sums wait in out.
-// BF16 panels are widened block by block into a buffer first (exact), so the weights stream
-// from memory at half the bytes and the tiles are the fp32 ones.
 static constexpr int kKC = 512;
 
 void packed_panels(const float* const* x, int M, const Linear& L, int p0, int np, float* out) {
   const int K = L.in, ld = np * kPanel;
-  const size_t ps = (size_t)K * kPanel;
-  thread_local std::vector<float> wide;  // [np][kKC][16]
-#if defined(__AVX512F__)
-  if (!L.p && M <= kDirectM) {
-    for (int k0 = 0; k0 < K; k0 += kKC)
-      kPTiles16[M - 1][np - 1](x, k0, std::min(kKC, K - k0), L.p16 + p0 * ps + (size_t)k0 * kPanel, ps, out, k0 > 0);
-    return;
-  }
-#endif
+  const size_t ps = (size_t)K * kPanel, off = p0 * ps;
   for (int k0 = 0; k0 < K; k0 += kKC) {
     const int kc = std::min(kKC, K - k0);
-    const float* p = L.p ? L.p + p0 * ps + (size_t)k0 * kPanel : nullptr;
-    size_t pstride = ps;
-    if (!L.p) {
-      wide.resize((size_t)np * kc * kPanel);
-      for (int j = 0; j < np; ++j)
-        widen_bf16(L.p16 + (p0 + j) * ps + (size_t)k0 * kPanel, &wide[(size_t)j * kc * kPanel], (size_t)kc * kPanel);
-      p = wide.data();
-      pstride = (size_t)kc * kPanel;
-    }
     for (int a = 0; a < M; a += kPackM) {
       const int mr = std::min(kPackM, M - a);
-      kPTiles[mr - 1][np - 1](x + a, k0, kc, p, pstride, out + (size_t)a * ld, k0 > 0);
+      float* r = out + (size_t)a * ld;
+#if defined(__AVX512F__)
+      if (L.p16) {
+        kPTiles16[mr - 1][np - 1](x + a, k0, kc, L.p16 + off + (size_t)k0 * kPanel, ps, r, k0 > 0);
+        continue;
+      }
+#endif
+      kPTiles[mr - 1][np - 1](x + a, k0, kc, L.p + off + (size_t)k0 * kPanel, ps, r, k0 > 0);
     }
   }
 }

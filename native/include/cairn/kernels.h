@@ -16,16 +16,20 @@ constexpr int64_t kParMinWork = 1 << 17;
 // depends only on (x row, w row, K).
 constexpr int kPanel = 16;
 #if defined(__AVX512F__)
+constexpr bool kBf16Panels = true;  // BF16 matrices may stay BF16 panels (widened in registers)
 constexpr int kPackM = 6, kPackN = 4;  // 24 zmm accumulators + 4 panel vectors + 1 broadcast
 #elif defined(__AVX2__)
+constexpr bool kBf16Panels = false;
 constexpr int kPackM = 2, kPackN = 2;  // 8 ymm-pair accumulators in 16 registers
 #else
+constexpr bool kBf16Panels = false;
 constexpr int kPackM = 2, kPackN = 2;
 #endif
 size_t packed_floats(int N, int K);
 // rows: logical rows of the matrix (nullptr = zero row), K floats each -> P (packed_floats)
 void pack_panels(const std::vector<const float*>& rows, int K, float* P);
-// The same panels as BF16 bit patterns; the rows must hold BF16-representable values.
+// The same panels as BF16 bit patterns; the rows must hold BF16-representable values
+// (used when kBf16Panels).
 void pack_panels_bf16(const std::vector<const float*>& rows, int K, uint16_t* P);
 // rows: K rows of N floats (a [K, N] matrix) -> the panels of its transpose (W[N, K] = rows^T)
 void pack_panels_kn(const float* const* rows, int K, int N, float* P);
