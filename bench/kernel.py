@@ -97,7 +97,7 @@ def decode_weight_bytes(model_dir: str, widen_bf16: bool = False) -> dict:
     return out
 
 
-def bench_blas(threads: int) -> dict:
+def bench_gemm(threads: int) -> dict:
     """The machine's fp32 GEMM rate as the kernel's own packed GEMM reaches it (the GEMM every
     weight matrix runs on), and its memory read bandwidth."""
     import cairn._kernel as K
@@ -232,7 +232,7 @@ def main(argv=None) -> int:
 
     res: dict = {"machine": platform.processor() or platform.machine(), "threads": args.threads,
                  "chunk": args.chunk, "model_dir": args.model_dir, "widen_bf16": args.widen_bf16}
-    res["blas"] = bench_blas(args.threads)
+    res["gemm"] = bench_gemm(args.threads)
     res["kernel"] = bench_kernel(args.model_dir, args.threads, args.lengths, args.chunk, args.decode,
                                  args.widen_bf16)
     hf_lengths = [n for n in args.lengths if n <= args.hf_max_len]
@@ -266,8 +266,8 @@ def main(argv=None) -> int:
         for name, nums in LLAMA_PEER_NUMBERS.items():
             print(f"| {name} (published, same shape): prefill 512 / 2048, decode | "
                   f"{nums[512]} / {nums[2048]} / {nums['decode']} tok/s | — |")
-    print(f"| fp32 GEMM 128x4096x1024 (kernel, packed) | {res['blas']['gemm_gflops']:.1f} GFLOP/s | — |")
-    print(f"| memory read (M=1 GEMM, 256 MB) | {res['blas']['read_gbs']:.1f} GB/s | — |")
+    print(f"| fp32 GEMM 128x4096x1024 (kernel, packed) | {res['gemm']['gemm_gflops']:.1f} GFLOP/s | — |")
+    print(f"| memory read (M=1 GEMM, 256 MB) | {res['gemm']['read_gbs']:.1f} GB/s | — |")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(res, f, indent=2, default=str)

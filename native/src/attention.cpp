@@ -50,23 +50,18 @@ static void index_scores_ref(const float* q /*[nI,Di]*/, const float* wts /*[nI]
 static void index_scores_packed(const float* q, const float* wts, const float* kp, int64_t T, int nI, int Di,
                                 float ss, float ws, float* sc /*[>= ceil(T/16)*16]*/) {
   const int npan = (int)((T + kPanel - 1) / kPanel);
+  const Linear keys{nullptr, kp, (int)T, Di};
   const float* qh[64];
   float cw[64];
   for (int h = 0; h < nI; ++h) { qh[h] = q + (size_t)h * Di; cw[h] = wts[h] * ws; }
-  float r[kPackM * kPackN * kPanel];
+  float r[64 * kPackN * kPanel];  // [nI][np*16] head dots of one panel group
   for (int p0 = 0; p0 < npan; p0 += kPackN) {
     const int np = std::min(kPackN, npan - p0), nc = np * kPanel;
     float* out = sc + (size_t)p0 * kPanel;
     std::fill(out, out + nc, 0.f);
-    for (int h0 = 0; h0 < nI; h0 += kPackM) {
-      const int mr = std::min(kPackM, nI - h0);
-      packed_tile(mr, np, qh + h0, kp + (size_t)p0 * Di * kPanel, Di, r);
-      for (int i = 0; i < mr; ++i) {
-        const float c = cw[h0 + i];
-        const float* ri = r + i * nc;
-        for (int j = 0; j < nc; ++j) out[j] = fmadd(std::max(ri[j], 0.f) * ss, c, out[j]);
-      }
-    }
+    packed_panels(qh, nI, keys, p0, np, r);
+    for (int h = 0; h < nI; ++h)
+      for (int j = 0; j < nc; ++j) out[j] = fmadd(std::max(r[h * nc + j], 0.f) * ss, cw[h], out[j]);
   }
 }
 

@@ -145,10 +145,6 @@ static const auto kPTiles = ptile_table<float>(std::make_integer_sequence<int, k
 static const auto kPTiles16 = ptile_table<uint16_t>(std::make_integer_sequence<int, kPackM>{});
 #endif
 
-void packed_tile(int mr, int np, const float* const* x, const float* p, int K, float* r) {
-  kPTiles[mr - 1][np - 1](x, 0, K, p, (size_t)K * kPanel, r, false);
-}
-
 // K is walked in blocks of kKC: every row tile re-reads the np panels' block (np x kKC x 64 B,
 // 128 KB) from L2, half of what one pass over K = 1024 would stream; partial sums wait in out.
 static constexpr int kKC = 512;

@@ -33,9 +33,6 @@ void pack_panels(const std::vector<const float*>& rows, int K, float* P);
 void pack_panels_bf16(const std::vector<const float*>& rows, int K, uint16_t* P);
 // rows: K rows of N floats (a [K, N] matrix) -> the panels of its transpose (W[N, K] = rows^T)
 void pack_panels_kn(const float* const* rows, int K, int N, float* P);
-// r[i][j*16 + l] (row stride np*16) = x[i] . row (16 p_j + l); 1 <= mr <= kPackM, 1 <= np <= kPackN;
-// p points at the first panel, panels K*16 floats apart.
-void packed_tile(int mr, int np, const float* const* x, const float* p, int K, float* r);
 // out[M][np*16] = rows x[0..M) times L's panels [p0, p0 + np) (np <= kPackN), fp32 or BF16
 // panels; K in blocks (the same sums as one pass).
 void packed_panels(const float* const* x, int M, const Linear& L, int p0, int np, float* out);
