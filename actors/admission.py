@@ -11,7 +11,7 @@ import trio
 
 from .admission_queue import AdmissionQueue
 from .messages import Admitted, Cancel, CancelAck, Finished, Rejected, Submit
-from .replies import reply_nowait
+from .replies import finish
 
 
 async def admission(inbox: trio.MemoryReceiveChannel, to_prefill: trio.MemorySendChannel, *,
@@ -25,7 +25,7 @@ async def admission(inbox: trio.MemoryReceiveChannel, to_prefill: trio.MemorySen
             if isinstance(msg, Submit):
                 if not queue.offer(msg.request_id, (msg, trio.current_time())):
                     log.info("rejected", request_id=msg.request_id, reason="queue_full", waiting=len(queue))
-                    reply_nowait(msg, Rejected("queue_full", retry_after_s=1 + len(queue)))
+                    finish(msg, Rejected("queue_full", retry_after_s=1 + len(queue)))
                     if metrics is not None:
                         metrics.requests.inc(outcome="rejected")
             elif isinstance(msg, Cancel):
@@ -35,7 +35,7 @@ async def admission(inbox: trio.MemoryReceiveChannel, to_prefill: trio.MemorySen
                     if metrics is not None:
                         metrics.requests.inc(outcome="cancelled")
                         metrics.cancels.inc()
-                    reply_nowait(waiting[0], CancelAck(msg.request_id))
+                    finish(waiting[0], CancelAck(msg.request_id))
                 elif running is not None and running.request_id == msg.request_id:
                     running.control.cancel()
             elif isinstance(msg, Finished):

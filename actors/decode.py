@@ -12,16 +12,33 @@ from __future__ import annotations
 import trio
 
 from .engine import Engine
-from .lifecycle import attached, end_cancelled, end_failed
+from .lifecycle import ClientGone, attached, end_cancelled, end_failed
 from .messages import Done, Finished, Prefilled, Started, TokenOut, Usage
 from .outcome import log_request
-from .replies import reply
+from .replies import finish, reply
 from .sampling import choose, log_softmax, make_rng, top_logprobs
 from .stops import StopMatcher
 
 
-class ClientGone(Exception):
-    pass
+# Sampling and log-probabilities are O(V) numpy work per token (a few ms at V = 129k, more on a busy
+# machine): for vocabularies this large they run in a worker thread, off the event loop.
+OFF_LOOP_VOCAB = 16384
+
+
+def _pick(logits, s, rng) -> tuple[int, float, tuple]:
+    """The next token, and its log-probability and top alternatives when the request asks for them."""
+    tok = choose(logits, s, rng)
+    if not s.logprobs:
+        return tok, 0.0, ()
+    row = log_softmax(logits)
+    return tok, float(row[tok]), top_logprobs(row, s.top_logprobs)
+
+
+async def _send(sub, msg) -> None:
+    """Waits for room in the reply buffer; `ClientGone` when the handler left or stopped reading."""
+    if not await reply(sub, msg):
+        # The handler still holds its end: it is alive but has not read for replies.STALL_S.
+        raise ClientGone(stalled=sub.reply.statistics().open_receive_channels > 0)
 
 
 async def run_decode(engine: Engine, pre: Prefilled, stream_decoder, stats: dict) -> Done:
@@ -31,14 +48,17 @@ async def run_decode(engine: Engine, pre: Prefilled, stream_decoder, stats: dict
     stops = StopMatcher(s.stop)
     eos = getattr(engine.tokenizer, "eos_id", None)
     budget = max(0, min(s.max_tokens, engine.context_length - len(sub.prompt)))
-    if not await reply(sub, Started(pre.reused_tokens, pre.prompt_logprobs)):
-        raise ClientGone
+    await _send(sub, Started(pre.reused_tokens, pre.prompt_logprobs))
     logits = pre.logits
     n = 0
     finish = "length"
     by_stop_string = False
+    off_loop = int(engine.model.vocab_size) >= OFF_LOOP_VOCAB
     while n < budget:
-        tok = choose(logits, s, rng)
+        if off_loop:   # never abandoned: the thread owns `rng` until it returns (it is bounded)
+            tok, lp, top = await trio.to_thread.run_sync(_pick, logits, s, rng)
+        else:
+            tok, lp, top = _pick(logits, s, rng)
         n += 1
         stats["completion_tokens"] = n
         if n == 1:
@@ -46,13 +66,8 @@ async def run_decode(engine: Engine, pre: Prefilled, stream_decoder, stats: dict
         if tok == eos and not s.ignore_eos:
             finish = "stop"
             break
-        lp, top = 0.0, ()
-        if s.logprobs:
-            row = log_softmax(logits)
-            lp, top = float(row[tok]), top_logprobs(row, s.top_logprobs)
         text, stopped = stops.push(stream_decoder.push(tok))
-        if not await reply(sub, TokenOut(tok, text, lp, top)):
-            raise ClientGone
+        await _send(sub, TokenOut(tok, text, lp, top))
         if stopped:
             finish, by_stop_string = "stop", True
             break
@@ -80,7 +95,7 @@ async def decode_worker(inbox: trio.MemoryReceiveChannel, to_admission: trio.Mem
 
             turn = await attached(
                 sub, lambda: run_decode(engine, pre, new_stream_decoder(), stats), engine=engine, log=log,
-                stage="decode", gone=(ClientGone,),
+                stage="decode",
                 on_shutdown=lambda: log_request(log, sub, metrics=engine.metrics, outcome="cancelled",
                                                 arrived_at=pre.arrived_at, reused=pre.reused_tokens,
                                                 completion_tokens=stats["completion_tokens"],
@@ -92,15 +107,17 @@ async def decode_worker(inbox: trio.MemoryReceiveChannel, to_admission: trio.Mem
             done = turn.result
             if turn.cancelled:
                 log_request(log, sub, metrics=engine.metrics, outcome="cancelled", **common)
-                await end_cancelled(sub, to_admission, engine)
+                await end_cancelled(sub, to_admission, engine, turn.cancel_reason)
             elif turn.error is not None:
                 await end_failed(sub, turn.error, to_admission, engine, log, "decode",
                                  lambda: log_request(log, sub, metrics=engine.metrics, outcome="error",
                                                      error=turn.error, **common))
             else:
-                # Free the engine before the (possibly slow) final reply: the state is consistent now.
+                # `finish` never waits: Done goes into the buffer if there is room, else the handler
+                # reads it from `control.final` once it has drained the tokens; the channel is closed
+                # either way, so a stalled client that resumes still gets its ending.
+                finish(sub, done)
                 await to_admission.send(Finished(sub.request_id, "done"))
                 engine.announce(f"idle; {sub.request_id} done")
                 log_request(log, sub, metrics=engine.metrics, outcome="done", finish_reason=done.finish_reason,
                             **common)
-                await reply(sub, done)

@@ -5,7 +5,9 @@ keeps its default `abandon_on_cancel=False` and one `CapacityLimiter(1)` seriali
 call. A watcher task sleeps beside the call; when the surrounding scope is cancelled its `finally`
 sets the abort flag, the kernel returns at its next chunk boundary, the thread call completes and
 only then does `Cancelled` propagate. So when this function raises `Cancelled`, the kernel has
-stopped and the state is consistent (it holds every completed chunk).
+stopped and the state is consistent (it holds every completed chunk). The watcher's nursery never
+lets a group out: callers see the kernel's own exception (`ValueError`, `RuntimeError`, ...) or
+`Cancelled`, which is what lifecycle.py's `except` clauses match.
 """
 
 from __future__ import annotations
@@ -33,9 +35,29 @@ class KernelRunner:
             finally:
                 flag.set()
 
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(watch)
-            result = await trio.to_thread.run_sync(partial(fn, *args, abort=flag, **kwargs),
-                                                   limiter=self._limiter)
-            nursery.cancel_scope.cancel()
+        # The nursery stays inside: an error from the call leaves as itself (a ValueError from the
+        # kernel is a ValueError to the caller), a cancel as `Cancelled`, never as an ExceptionGroup.
+        error: BaseException | None = None
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(watch)
+                try:
+                    result = await trio.to_thread.run_sync(partial(fn, *args, abort=flag, **kwargs),
+                                                           limiter=self._limiter)
+                except Exception as e:       # held until the watcher is gone (it is cancelled below)
+                    error = e
+                nursery.cancel_scope.cancel()
+        except BaseExceptionGroup as eg:     # only `Cancelled` can be left here: the watcher's or ours
+            # A kernel error wins over a cancel that raced it: the state may be inconsistent and the
+            # caller must know (cancels are level-triggered, so the next checkpoint raises again).
+            raise (error if error is not None else _first_leaf(eg)) from None
+        if error is not None:
+            raise error
         return result
+
+
+def _first_leaf(eg: BaseExceptionGroup) -> BaseException:
+    e: BaseException = eg
+    while isinstance(e, BaseExceptionGroup):
+        e = e.exceptions[0]
+    return e

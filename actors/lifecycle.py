@@ -3,9 +3,15 @@
 Design notes. The prefill and decode workers share this. `attached` runs the work with the request's
 `RequestControl` attached, so a client's cancel reaches the running kernel call; a kernel or domain
 error — or a bug — fails only this request and discards the live state (it may be inconsistent). A
-cancel the request did not ask for is a shutdown: the caller's line is logged and `Cancelled` goes on.
-`end_cancelled` / `end_failed` send the acknowledgement or the error, and only then `Finished`, which
-is what lets admission hold the engine until the state is consistent.
+cancel the request did not ask for is a shutdown: the caller's line is logged, the request is ended
+with `CancelAck(reason="shutdown")` (so its handler answers at once) and `Cancelled` goes on.
+`end_cancelled` / `end_failed` end the request with the acknowledgement or the error (replies.finish:
+recorded, then the reply channel closed — never lost to a full buffer), and only then send
+`Finished`, which is what lets admission hold the engine until the state is consistent.
+
+The work's components keep their nurseries inside (kernel_thread.py), so an error arrives here as
+itself; a group that still leaks is reduced to its single leaf, so `ValueError` from a kernel call is
+reported as `ValueError`, and a group of `Cancelled` is a cancel.
 """
 
 from __future__ import annotations
@@ -17,7 +23,7 @@ import trio
 
 from .engine import Engine
 from .messages import CancelAck, Failed, Finished
-from .replies import reply_nowait
+from .replies import finish
 
 EXPECTED_ERRORS = (RuntimeError, ValueError, MemoryError)   # kernel and domain errors (KernelError is a ValueError)
 
@@ -27,37 +33,75 @@ class Turn:
     result: Any = None
     error: str | None = None
     cancelled: bool = False
+    cancel_reason: str = "client"      # CancelAck.reason when `cancelled`
+
+
+class ClientGone(Exception):
+    """Raised by work that finds its client gone: the handler left, or it stopped reading (`stalled`)."""
+
+    def __init__(self, stalled: bool = False) -> None:
+        super().__init__("the client stopped reading" if stalled else "the client has gone")
+        self.stalled = stalled
+
+
+def single(exc: BaseException) -> BaseException:
+    """A group with one leaf (however nested) -> that leaf; a group of only `Cancelled` -> its first
+    `Cancelled`; anything else unchanged."""
+    if not isinstance(exc, BaseExceptionGroup):
+        return exc
+    leaves: list[BaseException] = []
+    stack = [exc]
+    while stack:
+        e = stack.pop()
+        if isinstance(e, BaseExceptionGroup):
+            stack.extend(reversed(e.exceptions))
+        else:
+            leaves.append(e)
+    real = [e for e in leaves if not isinstance(e, trio.Cancelled)]
+    if len(real) == 1:
+        return real[0]
+    if not real and leaves:
+        return leaves[0]
+    return exc
 
 
 async def attached(sub, work: Callable[[], Awaitable[Any]], *, engine: Engine, log, stage: str,
-                   on_shutdown: Callable[[], None], gone: tuple[type[BaseException], ...] = ()) -> Turn:
-    """Run `work()` for `sub`; `gone`: exceptions meaning the client left (treated as a cancel)."""
+                   on_shutdown: Callable[[], None]) -> Turn:
+    """Run `work()` for `sub`; a `ClientGone` from it is treated as a cancel."""
     turn = Turn()
     with trio.CancelScope() as scope:
         sub.control.attach(scope)
         try:
-            turn.result = await work()
-        except gone:
+            try:
+                turn.result = await work()
+            except BaseExceptionGroup as eg:
+                one = single(eg)
+                if one is eg:
+                    raise
+                raise one from None
+        except ClientGone as e:
             turn.cancelled = True
+            turn.cancel_reason = "stalled" if e.stalled else "client"
         except EXPECTED_ERRORS as e:
             turn.error = f"{type(e).__name__}: {e}"
             engine.discard_live()
+        except trio.Cancelled:
+            if not sub.control.cancel_requested:   # shutdown: say so, end the request, then let it through
+                on_shutdown()
+                finish(sub, CancelAck(sub.request_id, "shutdown"))
+            raise
         except Exception as e:   # a bug must fail this request, not the daemon and its state
             log.exception(f"{stage}_bug", request_id=sub.request_id)
             turn.error = f"internal error: {type(e).__name__}: {e}"
             engine.discard_live()
-        except trio.Cancelled:
-            if not sub.control.cancel_requested:   # shutdown: say so, then let it through
-                on_shutdown()
-            raise
     sub.control.detach()
     engine.note_live_tokens()
     turn.cancelled = turn.cancelled or scope.cancelled_caught
     return turn
 
 
-async def end_cancelled(sub, to_admission: trio.MemorySendChannel, engine: Engine) -> None:
-    reply_nowait(sub, CancelAck(sub.request_id))
+async def end_cancelled(sub, to_admission: trio.MemorySendChannel, engine: Engine, reason: str = "client") -> None:
+    finish(sub, CancelAck(sub.request_id, reason))
     await to_admission.send(Finished(sub.request_id, "cancelled"))
     engine.announce(f"idle; {sub.request_id} cancelled")
 
@@ -66,6 +110,6 @@ async def end_failed(sub, error: str, to_admission: trio.MemorySendChannel, engi
                      log_outcome: Callable[[], None]) -> None:
     log.error(f"{stage}_failed", request_id=sub.request_id, error=error)
     log_outcome()
-    reply_nowait(sub, Failed(error))
+    finish(sub, Failed(error))
     await to_admission.send(Finished(sub.request_id, "error"))
     engine.announce(f"idle; {sub.request_id} failed")

@@ -15,13 +15,20 @@ import trio
 
 
 class RequestControl:
-    """Cancel a request wherever it is. Plain Trio-thread object; no locking needed."""
+    """Cancel a request wherever it is, and learn how it ended. Plain Trio-thread object; no locking.
 
-    __slots__ = ("cancel_requested", "_scope")
+    `final` is the request's terminal reply (Rejected / Done / Failed / CancelAck), set by the actor
+    that ends the request (actors/replies.finish) before it closes the reply channel: a stalled
+    client's full reply buffer cannot lose it, and /v1/status can tell an ended request from a
+    running one even while its handler is still blocked writing to the client.
+    """
+
+    __slots__ = ("cancel_requested", "_scope", "final")
 
     def __init__(self) -> None:
         self.cancel_requested = False
         self._scope: trio.CancelScope | None = None
+        self.final: object | None = None
 
     def cancel(self) -> None:
         self.cancel_requested = True
@@ -168,6 +175,8 @@ class Failed:
 class CancelAck:
     """The request was cancelled and the engine has let go of it."""
     request_id: str
+    # why: the client asked (disconnect), the client stopped reading (replies.STALL_S), or shutdown
+    reason: Literal["client", "stalled", "shutdown"] = "client"
 
 
 Reply = Rejected | Progress | Started | TokenOut | Done | Failed | CancelAck

@@ -193,7 +193,7 @@ async def prefill_worker(inbox: trio.MemoryReceiveChannel, to_decode: trio.Memor
                 log_outcome("cancelled")
                 log.info("prefill_cancelled", request_id=sub.request_id,
                          state_tokens=0 if live is None else int(live.n_tokens))
-                await end_cancelled(sub, to_admission, engine)
+                await end_cancelled(sub, to_admission, engine, turn.cancel_reason)
             elif turn.error is not None:
                 await end_failed(sub, turn.error, to_admission, engine, log, "prefill",
                                  lambda: log_outcome("error", turn.error))

@@ -18,6 +18,7 @@ import trio
 
 from cairn.actors.messages import (Cancel, CancelAck, Done, Failed, Progress, Rejected, RequestControl, Sampling,
                                    Started, Submit, TokenOut)
+from cairn.actors.replies import STALL_S
 
 from .chat import ChatTemplateError
 from .http import read_body, send_error, send_json
@@ -25,6 +26,7 @@ from .responders import ChatJSON, ChatStream, CompletionOut
 from .schemas import APIError, CommonParams, parse_chat, parse_completion, parse_json_body
 
 REPLY_BUFFER = 64  # tokens may run ahead of a slow client by this much; then decode waits for it
+PARSE_ON_LOOP = 1 << 20   # bodies up to 1 MiB are parsed on the event loop (milliseconds); larger in a thread
 
 
 def _leaves(eg: BaseExceptionGroup) -> list[BaseException]:
@@ -57,6 +59,10 @@ class API:
         self.created = int(time.time())
         self._ids = itertools.count(1)
         self._prefix = secrets.token_hex(4)
+        # CPU work of the edge (parsing a large body, rendering and tokenizing) runs in threads that
+        # are never abandoned — a cancelled request waits for its own — and one at a time, so the
+        # edge never takes more than one core from the kernel.
+        self._cpu = trio.CapacityLimiter(1)
 
     # --- ASGI ---------------------------------------------------------------------------------
 
@@ -202,12 +208,21 @@ class API:
 
     # --- endpoints ----------------------------------------------------------------------------
 
+    async def _parse(self, scope, receive, parse):
+        """Read the body (413 before reading when it is too large) and parse it, in a thread when large."""
+        raw = await read_body(receive, scope=scope)
+        if len(raw) <= PARSE_ON_LOOP:
+            return parse(parse_json_body(raw))
+        return await trio.to_thread.run_sync(lambda: parse(parse_json_body(raw)), limiter=self._cpu)
+
     async def _chat(self, scope, receive, send) -> None:
-        req = parse_chat(parse_json_body(await read_body(receive)))
+        req = await self._parse(scope, receive, parse_chat)
         self._check_model(req.common.model)
         try:
-            # Rendering and tokenizing a long conversation takes a while: off the event loop.
-            ids, hint = await trio.to_thread.run_sync(self._render_chat, req, abandon_on_cancel=True)
+            # Rendering and tokenizing a long conversation takes a while: off the event loop, and
+            # not abandoned on a cancel (the thread would go on burning a core for a request that
+            # is gone); its time is bounded by the body limit.
+            ids, hint = await trio.to_thread.run_sync(self._render_chat, req, limiter=self._cpu)
         except ChatTemplateError as e:
             param = str(e).split(":", 1)[0] if str(e).startswith(("messages", "tools")) else "messages"
             raise APIError(400, str(e), param=param, code="invalid_value") from None
@@ -232,7 +247,7 @@ class API:
         return ids, hint
 
     async def _completions(self, scope, receive, send) -> None:
-        req = parse_completion(parse_json_body(await read_body(receive)))
+        req = await self._parse(scope, receive, lambda d: parse_completion(d, context_length=self.ctx))
         self._check_model(req.common.model)
         if req.prompt_ids is not None:
             bad_ids = [t for t in req.prompt_ids if not 0 <= t < self.vocab]
@@ -241,7 +256,7 @@ class API:
                                param="prompt", code="invalid_value")
             ids = req.prompt_ids
         else:
-            ids = await trio.to_thread.run_sync(self.tok.encode, req.prompt_text, abandon_on_cancel=True)
+            ids = await trio.to_thread.run_sync(self.tok.encode, req.prompt_text, limiter=self._cpu)
         if not ids:
             raise APIError(400, "prompt: empty; at least one token is needed", param="prompt", code="invalid_value")
         budget = self._budget(len(ids), req.common.max_tokens, "prompt")
@@ -258,7 +273,7 @@ class API:
         control = RequestControl()
         submit = Submit(rid, tuple(int(t) for t in ids), hint, sampling, prompt_logprobs, reply_send, control)
         terminal = None
-        self.status.submitted(rid, len(ids), sampling.max_tokens)
+        self.status.submitted(rid, len(ids), sampling.max_tokens, control)
         try:
             async with reply_recv:
                 async with trio.open_nursery() as nursery:
@@ -275,6 +290,11 @@ class API:
                         else:
                             terminal = msg
                             break
+                    else:
+                        # The engine closed the channel (replies.finish): its terminal reply found the
+                        # buffer full (a stalled client), so it waits on the control.
+                        terminal = control.final or Failed("internal error: the engine ended the request "
+                                                           "without a final reply")
                     nursery.cancel_scope.cancel()
             # Complete before the final send: the watcher is gone, so a disconnect racing the last
             # bytes (or the server's own close) cannot cancel this send half-way.
@@ -287,7 +307,7 @@ class API:
             elif isinstance(terminal, Failed):
                 await out.failed(send, APIError(500, terminal.message, code="engine_error"))
             elif isinstance(terminal, CancelAck):
-                await out.failed(send, APIError(503, "request cancelled (server shutting down)", code="cancelled"))
+                await out.failed(send, _cancelled_error(terminal))
         finally:
             self.status.finished(rid)
             if terminal is None:
@@ -297,6 +317,15 @@ class API:
                         await self.inbox.send(Cancel(rid))
                     except (trio.BrokenResourceError, trio.ClosedResourceError):
                         pass  # the engine is gone (shutdown): nothing left to cancel
+
+
+def _cancelled_error(ack: CancelAck) -> APIError:
+    if ack.reason == "stalled":
+        return APIError(408, f"request cancelled: the client read nothing for {STALL_S:.0f} s, so the engine "
+                        "moved on", code="client_stalled")
+    if ack.reason == "shutdown":
+        return APIError(503, "request cancelled (server shutting down)", code="cancelled")
+    return APIError(503, "request cancelled", code="cancelled")
 
 
 async def _watch_disconnect(receive, scope: trio.CancelScope) -> None:

@@ -9,7 +9,30 @@ from .schemas import APIError
 MAX_BODY = 64 * 1024 * 1024
 
 
-async def read_body(receive, limit: int = MAX_BODY) -> bytes:
+def _too_large(limit: int, size: int | None = None) -> APIError:
+    got = f" ({size} bytes)" if size is not None else ""
+    return APIError(413, f"request body too large{got}; at most {limit} bytes ({limit >> 20} MiB) are accepted",
+                    code="body_too_large")
+
+
+def declared_length(scope) -> int | None:
+    """The request's Content-Length, or None when absent or not a number (chunked bodies)."""
+    for k, v in scope.get("headers") or ():
+        if k.lower() == b"content-length":
+            try:
+                return int(v)
+            except ValueError:
+                return None
+    return None
+
+
+async def read_body(receive, limit: int = MAX_BODY, scope=None) -> bytes:
+    """The whole body, refused with 413 before anything is read when its Content-Length says it is
+    over `limit`, and as soon as the bytes received pass `limit` otherwise (chunked, or a lying header)."""
+    if scope is not None:
+        n = declared_length(scope)
+        if n is not None and n > limit:
+            raise _too_large(limit, n)
     parts, size = [], 0
     while True:
         msg = await receive()
@@ -18,7 +41,7 @@ async def read_body(receive, limit: int = MAX_BODY) -> bytes:
         body = msg.get("body", b"")
         size += len(body)
         if size > limit:
-            raise APIError(413, f"request body larger than {limit} bytes", code="body_too_large")
+            raise _too_large(limit)
         parts.append(body)
         if not msg.get("more_body"):
             return b"".join(parts)

@@ -203,13 +203,17 @@ def parse_chat(d: dict) -> ChatRequest:
     return ChatRequest(common, messages, tools or None, logprobs, top)
 
 
-def parse_completion(d: dict) -> CompletionRequest:
+def parse_completion(d: dict, context_length: int | None = None) -> CompletionRequest:
+    """`context_length`: token-id prompts that cannot fit are refused before their ids are looked at."""
     _check_unknown(d, _COMPLETION)
     common = _common(d, max_tokens_min=0)
     prompt = d.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
         prompt = prompt[0]                      # a batch of one
     text = ids = None
+    if isinstance(prompt, list) and context_length is not None and len(prompt) >= context_length:
+        raise APIError(400, f"prompt: the prompt is {len(prompt)} tokens; this model's context is "
+                       f"{context_length} tokens", param="prompt", code="context_length_exceeded")
     if isinstance(prompt, str):
         text = prompt
     elif isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):

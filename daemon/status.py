@@ -2,7 +2,9 @@
 
 The board is fed by the HTTP edge, which sees every reply of every request: `submitted` when a
 request goes to admission, `seen` for each `Progress` / `Started` / `TokenOut`, `finished` when its
-handler ends. Engine-wide numbers (queue depth, live state tokens) come from the metrics the
+handler ends. A request the engine has ended (its `RequestControl.final` is set) no longer counts as
+running or queued even while its handler is still writing to a slow client: status tells what the
+engine is doing. Engine-wide numbers (queue depth, live state tokens) come from the metrics the
 actors already keep; checkpoint numbers from `checkpoint_tiers`, the one hook for the store.
 """
 
@@ -79,6 +81,12 @@ class Tracked:
     eta_s: float | None = None       # prefill: from the last Progress
     eta_at: float = 0.0
     reused_tokens: int = 0
+    control: object = None           # the request's RequestControl: `final` is set once the engine ended it
+
+    @property
+    def ended(self) -> bool:
+        """The engine has ended the request, though its handler may still be writing to the client."""
+        return getattr(self.control, "final", None) is not None
 
 
 @dataclass
@@ -92,8 +100,8 @@ class StatusBoard:
 
     # --- fed by the HTTP edge -------------------------------------------------------------------
 
-    def submitted(self, rid: str, prompt_tokens: int, max_tokens: int) -> None:
-        self.requests[rid] = Tracked(rid, prompt_tokens, max_tokens, time.monotonic())
+    def submitted(self, rid: str, prompt_tokens: int, max_tokens: int, control=None) -> None:
+        self.requests[rid] = Tracked(rid, prompt_tokens, max_tokens, time.monotonic(), control=control)
 
     def seen(self, rid: str, msg) -> None:
         t = self.requests.get(rid)
@@ -115,7 +123,7 @@ class StatusBoard:
     # --- read ------------------------------------------------------------------------------------
 
     def running(self) -> dict | None:
-        active = [t for t in self.requests.values() if t.phase != "queued"]
+        active = [t for t in self.requests.values() if t.phase != "queued" and not t.ended]
         if not active:
             return None
         t = max(active, key=lambda r: r.phase_since)
@@ -136,7 +144,7 @@ class StatusBoard:
         engine = self.engine
         metrics = getattr(engine, "metrics", None)
         model = getattr(engine, "model", None)
-        waiting = sum(t.phase == "queued" for t in self.requests.values())
+        waiting = sum(t.phase == "queued" and not t.ended for t in self.requests.values())
         depth = int(metrics.queue_depth.value()) if metrics is not None else waiting
         live = int(metrics.live_state_tokens.value()) if metrics is not None else 0
         return {

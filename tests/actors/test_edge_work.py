@@ -1,0 +1,160 @@
+"""Work at the HTTP edge that must not block the event loop or outlive its request (issue 10,
+item 5): oversized bodies are refused before they are read, large bodies are parsed in a thread,
+token-id prompts are checked against the context before their ids are read, and a cancelled chat
+request waits for its own tokenization thread instead of abandoning it."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import pytest
+import trio
+import trio.testing
+
+from cairn.daemon import api as api_module
+from cairn.daemon.api import API
+from cairn.daemon.chat import RenderedChat
+from cairn.daemon.http import MAX_BODY
+from cairn.daemon.logs import get_logger
+from cairn.daemon.schemas import APIError, parse_completion
+
+
+class _Tok:
+    eos_id = None
+
+    def encode(self, text):
+        return [1] * max(1, len(text) // 4)
+
+    def decode(self, ids):
+        return ""
+
+
+def _api(renderer=None, ctx: int = 4096) -> API:
+    inbox, _ = trio.open_memory_channel(16)
+    return API(inbox=inbox, tokenizer=_Tok(), renderer=renderer, model_id="tiny", context_length=ctx,
+               vocab_size=64, max_tokens_default=16, fingerprint="f" * 16, log=get_logger())
+
+
+def _scope(path: str, length: int | None) -> dict:
+    headers = [] if length is None else [(b"content-length", str(length).encode())]
+    return {"type": "http", "method": "POST", "path": path, "server": None, "headers": headers}
+
+
+class _Sink:
+    def __init__(self) -> None:
+        self.msgs: list[dict] = []
+
+    async def __call__(self, msg) -> None:
+        self.msgs.append(msg)
+
+    @property
+    def status(self) -> int:
+        return next(m["status"] for m in self.msgs if m["type"] == "http.response.start")
+
+    def json(self) -> dict:
+        return json.loads(b"".join(m.get("body", b"") for m in self.msgs if m["type"] == "http.response.body"))
+
+
+async def test_body_over_the_limit_by_content_length_is_refused_before_it_is_read(autojump_clock):
+    async def receive():                        # the client would now send 100 MiB: never read
+        await trio.sleep_forever()
+
+    sink = _Sink()
+    with trio.fail_after(60):
+        await _api()(_scope("/v1/chat/completions", 100 << 20), receive, sink)
+    assert sink.status == 413
+    err = sink.json()["error"]
+    assert err["code"] == "body_too_large"
+    assert str(100 << 20) in err["message"] and str(MAX_BODY) in err["message"]
+
+
+async def test_large_body_is_parsed_off_the_event_loop(monkeypatch):
+    threads = []
+    real = api_module.parse_json_body
+
+    def spy(raw):
+        threads.append(threading.current_thread())
+        return real(raw)
+
+    monkeypatch.setattr(api_module, "parse_json_body", spy)
+    body = json.dumps({"model": "other", "messages": [{"role": "user", "content": "x" * (2 << 20)}]}).encode()
+    sent = False
+
+    async def receive():
+        nonlocal sent
+        if sent:
+            await trio.sleep_forever()
+        sent = True
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    sink = _Sink()
+    with trio.fail_after(60):
+        await _api()(_scope("/v1/chat/completions", len(body)), receive, sink)
+    assert sink.status == 404                   # parsed (then the model was wrong)
+    assert threads and threads[0] is not threading.main_thread()
+
+
+class _NoReading(list):
+    """A token list whose ids must not be looked at (only its length)."""
+
+    def __iter__(self):
+        raise AssertionError("the token ids were read before the context-length check")
+
+
+def test_token_prompt_over_the_context_is_refused_before_its_ids_are_read():
+    prompt = _NoReading([0] * 5000)
+    with pytest.raises(APIError) as e:
+        parse_completion({"model": "tiny", "prompt": prompt}, context_length=4096)
+    assert e.value.status == 400 and e.value.code == "context_length_exceeded"
+    assert e.value.message == "prompt: the prompt is 5000 tokens; this model's context is 4096 tokens"
+
+
+class _BlockingRenderer:
+    """Rendering that runs until the test releases it (a long conversation being tokenized)."""
+
+    def __init__(self) -> None:
+        self.entered = threading.Event()
+        self.release = threading.Event()
+        self.finished = threading.Event()
+
+    def render(self, messages, tools=None):
+        self.entered.set()
+        self.release.wait(60)
+        self.finished.set()
+        return RenderedChat("hello", None)
+
+
+async def test_cancelled_chat_request_waits_for_its_tokenization_thread():
+    renderer = _BlockingRenderer()
+    body = json.dumps({"model": "tiny", "messages": [{"role": "user", "content": "hi"}]}).encode()
+    sent = False
+
+    async def receive():
+        nonlocal sent
+        if sent:
+            await trio.sleep_forever()
+        sent = True
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    ended_with_thread_running = None
+    try:
+        with trio.fail_after(60):
+            async with trio.open_nursery() as nursery:
+                scope = trio.CancelScope()
+
+                async def handler():
+                    nonlocal ended_with_thread_running
+                    with scope:
+                        await _api(renderer)(_scope("/v1/chat/completions", len(body)), receive, _Sink())
+                    ended_with_thread_running = not renderer.finished.is_set()
+
+                nursery.start_soon(handler)
+                await trio.to_thread.run_sync(renderer.entered.wait)
+                scope.cancel()                  # the client went away (or the daemon is stopping)
+                await trio.testing.wait_all_tasks_blocked()
+                assert ended_with_thread_running is None    # still waiting for its thread
+                renderer.release.set()
+    finally:
+        renderer.release.set()
+    assert ended_with_thread_running is False
