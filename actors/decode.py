@@ -51,7 +51,7 @@ async def run_decode(engine: Engine, pre: Prefilled, stream_decoder, stats: dict
     await _send(sub, Started(pre.reused_tokens, pre.prompt_logprobs))
     logits = pre.logits
     n = 0
-    finish = "length"
+    finish_reason = "length"
     by_stop_string = False
     off_loop = int(engine.model.vocab_size) >= OFF_LOOP_VOCAB
     while n < budget:
@@ -64,12 +64,12 @@ async def run_decode(engine: Engine, pre: Prefilled, stream_decoder, stats: dict
         if n == 1:
             stats["first_token_at"] = trio.current_time()
         if tok == eos and not s.ignore_eos:
-            finish = "stop"
+            finish_reason = "stop"
             break
         text, stopped = stops.push(stream_decoder.push(tok))
         await _send(sub, TokenOut(tok, text, lp, top))
         if stopped:
-            finish, by_stop_string = "stop", True
+            finish_reason, by_stop_string = "stop", True
             break
         if n == budget:
             break
@@ -78,10 +78,10 @@ async def run_decode(engine: Engine, pre: Prefilled, stream_decoder, stats: dict
     if not by_stop_string:
         tail, stopped = stops.push(stream_decoder.flush())
         if stopped:
-            finish = "stop"
+            finish_reason = "stop"
         else:
             tail += stops.flush()
-    return Done(finish, Usage(len(sub.prompt), n, pre.reused_tokens), text_tail=tail)
+    return Done(finish_reason, Usage(len(sub.prompt), n, pre.reused_tokens), text_tail=tail)
 
 
 async def decode_worker(inbox: trio.MemoryReceiveChannel, to_admission: trio.MemorySendChannel, *,
