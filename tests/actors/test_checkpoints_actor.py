@@ -20,6 +20,14 @@ def toks(seed: int, n: int = 600) -> np.ndarray:
     return np.random.default_rng(seed).integers(0, 1000, size=n).astype(np.int32)
 
 
+def model_dir(tmp_path):
+    return disk_io.model_subdir(tmp_path / "ck", "fp")
+
+
+def ck_files(tmp_path) -> list:
+    return sorted(model_dir(tmp_path).glob("*.ckpt"))
+
+
 async def disk_ck(tmp_path, **kw) -> Checkpoints:
     ck = Checkpoints(fingerprint="fp", disk_dir=tmp_path / "ck", log=get_logger(), metrics=Metrics(("ram", "disk")),
                      **kw)
@@ -50,14 +58,14 @@ async def test_writer_writes_files_and_the_disk_budget_deletes_old_ones(tmp_path
             for i in range(3):
                 ck.capture(toks(i, 100), "prompt_end", bytes([i]) * 1000, f"r{i}")
                 await trio.sleep(0.2)
+            st = ck.checkpoint_stats()
             n.cancel_scope.cancel()
-    names = sorted(p.name for p in (tmp_path / "ck").iterdir())
+    names = sorted(p.name for p in ck_files(tmp_path))
     assert names == sorted(file_name(toks(i, 100)) for i in (1, 2))      # the oldest one deleted
     assert [e["tier"] for e in evs if e["event"] == "checkpoint_evict"] == ["disk"]
-    st = ck.checkpoint_stats()
     assert st["disk"]["entries"] == 2 and st["disk"]["bytes"] <= 3000 and st["memory"]["entries"] == 3
     assert st["disk"]["enabled"] is True and set(st) >= {"memory", "disk", "by_kind", "hits", "enabled"}
-    header, blob = disk_io.load(tmp_path / "ck" / file_name(toks(2, 100)), "fp")
+    header, blob = disk_io.load(model_dir(tmp_path) / file_name(toks(2, 100)), "fp")
     assert blob == bytes([2]) * 1000 and header.kind == "prompt_end"
 
 
@@ -68,7 +76,7 @@ async def test_delete_while_a_write_is_queued_leaves_no_file(tmp_path):
     ck.capture(toks(5), "system", b"x" * 500, "r")
     assert await ck.delete(prefix_hash(toks(5)))
     await ck.write(recv.receive_nowait())
-    assert not list((tmp_path / "ck").iterdir()) and len(ck.store) == 0
+    assert not ck_files(tmp_path) and len(ck.store) == 0
     assert not await ck.delete(prefix_hash(toks(5)))
 
 
@@ -78,6 +86,7 @@ async def test_restart_indexes_files_and_reads_payloads_on_first_use(tmp_path):
     ck.out = send
     ck.capture(toks(7), "system", b"payload" * 50, "r")
     await ck.write(recv.receive_nowait())
+    ck.close_disk()                                      # the writer does this when the daemon stops
     again = await disk_ck(tmp_path, disk_max_bytes=1 << 20)
     [row] = again.listing()
     assert (row.tier, row.kind, row.tokens) == ("disk", "system", 600)
