@@ -313,13 +313,13 @@ def open_model_dir(path: str | Path, *, digest_cache: str | Path | None = None, 
     headers: list[bytes] = []
     tensors: dict[str, TensorInfo] = {}
     digests = DigestCache(digest_cache)
-    t0 = time.perf_counter()
-    for f in _weight_files(path):
+    files = _weight_files(path)
+    for f in files:
         try:
             raw, infos = read_header(f)
         except SafetensorsError as e:
             raise ModelDirError(str(e)) from None
-        headers.append(f.name.encode() + b"\0" + raw + bytes.fromhex(digests.digest(f)))
+        headers.append(f.name.encode() + b"\0" + raw)
         for name, info in infos.items():
             canon = canonical_name(name)
             if canon is None:
@@ -343,6 +343,10 @@ def open_model_dir(path: str | Path, *, digest_cache: str | Path | None = None, 
             raise ModelDirError(f"{info.file}: tensor {info.name!r} has dtype {info.dtype}, "
                                 f"expected {'an integer' if is_int else 'a float'} dtype")
     tensors = {k: v for k, v in tensors.items() if k in want}
+
+    # Only a directory that passed every check is hashed (every byte; cached: weight_digest.py).
+    t0 = time.perf_counter()
+    headers = [h + bytes.fromhex(d) for h, d in zip(headers, digests.digest_all(files))]
     if digests.hashed and log is not None:
         secs = time.perf_counter() - t0
         size = sum(f.stat().st_size for f in digests.hashed)

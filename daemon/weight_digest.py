@@ -1,7 +1,8 @@
 """Whole-file digests of weight shards for the model fingerprint, cached across restarts.
 
 Design notes
- * Every byte of every shard is hashed (sha256, 8 MiB reads into one reused buffer): a sampled
+ * Every byte of every shard is hashed (sha256, 1 MiB reads into one reused buffer; shards in parallel threads, since hashlib
+   releases the GIL): a sampled
    digest misses an edited tensor, and then disk checkpoints of the old weights would restore into
    the new model. sha256 is the fastest hash in the standard library on CPUs with SHA extensions
    (measured in docs/model-format.md: ~0.85 GB/s, blake2b ~0.37 GB/s on the same machine).
@@ -20,11 +21,12 @@ import hashlib
 import json
 import os
 import secrets
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 CACHE_NAME = "weight-digests.json"
 CACHE_VERSION = 1
-READ_SIZE = 8 << 20
+READ_SIZE = 1 << 20   # fits the CPU caches; measured faster than 256 KiB or 8 MiB reads
 
 
 def file_digest(path: str | os.PathLike) -> str:
@@ -63,17 +65,32 @@ class DigestCache:
         return data["files"]
 
     def digest(self, path: str | os.PathLike) -> str:
-        p = Path(path).resolve()
-        ident = _identity(os.stat(p))
-        rec = self._entries.get(str(p))
-        if isinstance(rec, dict) and rec.get("identity") == ident and isinstance(rec.get("sha256"), str):
-            return rec["sha256"]
-        digest = file_digest(p)
-        if _identity(os.stat(p)) == ident:   # not changed while it was read: worth remembering
-            self._entries[str(p)] = {"identity": ident, "sha256": digest}
-            self._dirty = True
-        self.hashed.append(p)
-        return digest
+        return self.digest_all([path])[0]
+
+    def digest_all(self, paths: list[str | os.PathLike], workers: int | None = None) -> list[str]:
+        """The digests of ``paths`` (in order): cached ones at once, the others hashed in up to
+        ``workers`` threads (default: one per core)."""
+        resolved = [Path(p).resolve() for p in paths]
+        idents = [_identity(os.stat(p)) for p in resolved]
+        out: list[str | None] = []
+        todo: list[int] = []
+        for i, (p, ident) in enumerate(zip(resolved, idents)):
+            rec = self._entries.get(str(p))
+            if isinstance(rec, dict) and rec.get("identity") == ident and isinstance(rec.get("sha256"), str):
+                out.append(rec["sha256"])
+            else:
+                out.append(None)
+                todo.append(i)
+        if todo:
+            n = max(1, min(len(todo), workers or os.cpu_count() or 1))
+            with ThreadPoolExecutor(max_workers=n, thread_name_prefix="weight-digest") as ex:
+                for i, digest in zip(todo, ex.map(file_digest, [resolved[i] for i in todo])):
+                    out[i] = digest
+                    self.hashed.append(resolved[i])
+                    if _identity(os.stat(resolved[i])) == idents[i]:   # unchanged while read: keep it
+                        self._entries[str(resolved[i])] = {"identity": idents[i], "sha256": digest}
+                        self._dirty = True
+        return out  # type: ignore[return-value]
 
     def save(self) -> None:
         """Write the cache if anything was added (atomically). Raises OSError."""
