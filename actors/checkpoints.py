@@ -373,7 +373,7 @@ class Checkpoints:
         self._update_bytes()
 
     async def _unlink(self, name: str) -> None:
-        if self.disk_dir is None:
+        if self.disk_dir is None or self._lock is None:   # no file effects without the directory's lock
             return
         try:
             await trio.to_thread.run_sync(disk_io.remove, self.disk_dir, name)

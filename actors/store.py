@@ -281,7 +281,7 @@ class CheckpointStore:
         else:
             if (e.kind == "prompt_end" and kind != "prompt_end") or kind == "system":
                 e.kind = kind
-            e.last_used = now
+            e.last_used = max(e.last_used, now)   # a recency given by the caller never moves it back
         return e
 
     def _protected(self, members: list[Entry]) -> Entry | None:
