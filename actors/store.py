@@ -29,8 +29,8 @@ Design notes
    holds at most one slot.
  * Blobs queued for the disk writer (``hold`` / ``release``) count against the memory byte budget
    until written, also after their entry left memory: the budget bounds everything the store holds
-   or has queued. Evicting a held entry frees a slot but no bytes, so eviction goes on to the next
-   victim; ``can_hold`` tells the caller whether one more queued blob fits.
+   or has queued. Evicting a held entry frees a slot but no bytes: it is evicted only for a slot,
+   eviction for bytes passes over it; ``can_hold`` tells the caller whether one more queued blob fits.
  * Recency uses an injected clock (default: a counter ticking once per operation), so tests are
    deterministic.
 """
@@ -316,6 +316,8 @@ class CheckpointStore:
         for victim in victims:
             if count <= max_slots and total <= max_bytes:
                 break
+            if count <= max_slots and size(victim) == 0 and victim is not newcomer:
+                continue   # only bytes are over, and dropping this blob frees none (still queued)
             count -= 1
             total -= size(victim)
             self.remove(victim.id, tier)
