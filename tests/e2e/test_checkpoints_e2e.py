@@ -569,7 +569,7 @@ async def test_two_daemons_of_the_same_model_on_one_directory_the_second_runs_me
         async with daemon(loaded, s1, **disk):
             await post(s1, chat([sys_msg, user(1)]))
             first_rows = await wait_disk(s1, 2)
-            files = sorted(f.name for f in model_ckdir(ckdir, loaded).glob("*.ckpt"))
+            files = sorted(str(f) for f in ckdir.rglob("*.ckpt"))
             async with daemon(loaded, s2, **disk):
                 warn = events(evs, "checkpoint_disk_unavailable")
                 r2 = await post(s2, chat([sys_msg, user(2, "B")]))
@@ -578,7 +578,7 @@ async def test_two_daemons_of_the_same_model_on_one_directory_the_second_runs_me
                 st2 = (await request(s2, "GET", "/v1/status")).json()
             await post(s1, cmpl(ids(100)))                   # the first keeps writing
             await wait_disk(s1, 3)
-            after = sorted(f.name for f in model_ckdir(ckdir, loaded).glob("*.ckpt"))
+            after = sorted(str(f) for f in ckdir.rglob("*.ckpt"))
         async with daemon(loaded, s2, **disk):               # the first one has stopped: lock is free
             r3 = await post(s2, chat([sys_msg, user(4, "D")]))
     assert len(warn) == 1 and warn[0]["during"] == "lock" and warn[0]["log_level"] == "warning"
