@@ -383,10 +383,10 @@ class Proc:
     """`cairn serve` in a subprocess; its JSON log lines are collected from a pipe."""
 
     def __init__(self, model: Path, sock: Path, ckdir: Path | None, *, fsize: int | None = None,
-                 env: dict | None = None) -> None:
+                 env: dict | None = None, threads: int = 2) -> None:
         """``ckdir`` None: the default checkpoint directory (from ``env``'s XDG_STATE_HOME)."""
         args = [sys.executable, "-m", "cairn.daemon.cli", "serve", "--model", str(model), "--socket", str(sock),
-                "--threads", "1", "--disk-checkpoints", "--checkpoint-min-tokens", "32"]
+                "--threads", str(threads), "--disk-checkpoints", "--checkpoint-min-tokens", "32"]
         if ckdir is not None:
             args += ["--checkpoint-dir", str(ckdir)]
 
@@ -522,7 +522,7 @@ async def test_two_models_on_the_default_directory_keep_their_checkpoints_across
         return chat([sys_msg, user(turn, f"T{turn}")], max_tokens=1)
 
     def start(name: str) -> Proc:
-        return Proc(models[name], socks[name], None, env=env)
+        return Proc(models[name], socks[name], None, env=env, threads=1)   # two daemons on 2 cores
 
     procs = {name: start(name) for name in ("a", "b")}
     try:
