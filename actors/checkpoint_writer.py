@@ -5,22 +5,28 @@ checksums, temp file, fsync, rename, fsync of the directory — ``disk_io.atomic
 thread), then the disk tier's budget is enforced (evicted files are deleted). The prefill worker
 sends with ``send_nowait`` on a bounded channel and drops the write (one log line) when it is full,
 so a slow disk never delays a request. A failing directory turns the disk tier off with one warning.
+`FlushRecency` saves the recency of used disk checkpoints (file mtimes). The writer holds the model's
+checkpoint subdirectory: when it stops, the directory's lock is released (``close_disk``).
 """
 
 from __future__ import annotations
 
 import trio
 
-from .messages import WriteCheckpoint
+from .messages import FlushRecency, WriteCheckpoint
 
 
 async def checkpoint_writer(inbox: trio.MemoryReceiveChannel, *, checkpoints, log,
                             task_status=trio.TASK_STATUS_IGNORED) -> None:
-    async with inbox:
-        task_status.started()
-        async for msg in inbox:
-            msg: WriteCheckpoint
-            try:
-                await checkpoints.write(msg)
-            except Exception as e:   # a bug in one write must not stop the daemon; the write is lost
-                log.exception("checkpoint_write_failed", id=msg.id, error=f"{type(e).__name__}: {e}")
+    try:
+        async with inbox:
+            task_status.started()
+            async for msg in inbox:
+                msg: WriteCheckpoint | FlushRecency
+                try:
+                    await checkpoints.handle(msg)
+                except Exception as e:   # a bug in one write must not stop the daemon; the write is lost
+                    log.exception("checkpoint_write_failed", id=getattr(msg, "id", None),
+                                  error=f"{type(e).__name__}: {e}")
+    finally:
+        checkpoints.close_disk()

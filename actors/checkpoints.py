@@ -6,12 +6,19 @@ Design notes
    worker thread; snapshots and restores go to the kernel thread (the caller's job).
  * Policy stays in plan.py / store.py; this module only applies it and reports it: one structured
    log line per store, hit, miss (with its reason) and eviction, and the matching metrics.
- * Disk tier (opt-in): the index is rebuilt from file headers at start-up (``open_disk``, before the
-   writer runs), payloads are read on first use. Writes happen in the checkpoint writer actor, off
-   the request path (``write``). An unusable directory (read-only, full, over a file-size limit)
-   gives ONE warning and the daemon keeps serving from memory only. Bad files (corrupt, truncated,
-   foreign, other version) are removed with a warning and never restored: the request falls back
-   to a fresh prefill (or a shorter checkpoint).
+ * Disk tier (opt-in): files live in this model's subdirectory of the checkpoint directory, locked
+   for the daemon's lifetime (disk_io.py); a second daemon of the same model gets ONE warning and
+   serves from memory only. The index is rebuilt from file headers at start-up (``open_disk``,
+   before the writer runs), in the recency order saved as file mtimes; payloads are read on first
+   use. Writes happen in the checkpoint writer actor, off the request path (``write``; the header
+   and its payload CRC are computed in the worker thread too). An unusable directory (read-only,
+   full, over a file-size limit) gives ONE warning and the daemon keeps serving from memory only.
+   Bad files (corrupt, truncated, other version) are removed with a warning and never restored:
+   the request falls back to a fresh prefill (or a shorter checkpoint).
+ * Memory: a blob queued for the writer is held in the store's memory budget until written
+   (``store.hold``); a capture whose write would break the budget is not written.
+ * Recency of disk entries (hits, shared prompts) is saved as file mtimes by the writer
+   (``FlushRecency``, at most one queued), so the disk tier's LRU order survives a restart.
  * Entry ids are the store's ids (blake2b-64 of the token ids, 16 hex digits), also the file stems.
 """
 
@@ -26,8 +33,8 @@ import numpy as np
 import trio
 
 from . import disk_io
-from .disk_format import CheckpointFileError, encode_header, file_name, prefix_hash
-from .messages import WriteCheckpoint
+from .disk_format import CheckpointFileError, file_name, header_size, prefix_hash
+from .messages import FlushRecency, WriteCheckpoint
 from .plan import PrefillPlan, plan_prefill
 from .store import CheckpointStore, Entry, Eviction
 
@@ -79,7 +86,9 @@ class Checkpoints:
         self.min_tokens = min_tokens
         self.tail_guard = tail_guard
         self.fingerprint = fingerprint
-        self.disk_dir = Path(disk_dir) if disk_dir is not None else None
+        self.disk_root = Path(disk_dir) if disk_dir is not None else None   # shared by every model
+        self.disk_dir: Path | None = None  # this model's subdirectory, set by open_disk()
+        self._lock: disk_io.DirLock | None = None
         self._disk_max_bytes = disk_max_bytes
         self.disk_enabled = False          # set by open_disk() when the directory is usable
         self.store = CheckpointStore(max_slots=max_slots if enabled else 0, max_bytes=max_bytes,
@@ -89,7 +98,9 @@ class Checkpoints:
         self.metrics = metrics
         self.out: trio.MemorySendChannel | None = None      # to the checkpoint writer (wiring.py)
         self._disk_warned = False
-        self._no_write: set[str] = set()   # deleted through the API while a write was queued
+        self._no_write: set[str] = set()   # deleted through the API while its write was queued (held)
+        self._recency: dict[str, float] = {}   # file name -> last use not yet saved as its mtime
+        self._flush_queued = False
 
     # ---- planning -----------------------------------------------------------------------------
 
@@ -114,7 +125,7 @@ class Checkpoints:
         """After the plan is final: shares, recency, the rule-2 memory, and the miss line."""
         if not self.enabled or plan.store_miss and plan.store_miss.startswith("prompt log-probabilities"):
             return
-        self.store.record_prompt(prompt)
+        self._note_recency(self.store.record_prompt(prompt))
         if plan.action != "reuse_live":
             self.previous_fresh_prompt = prompt
         if plan.action != "restore":
@@ -170,6 +181,7 @@ class Checkpoints:
         if self.store.get(entry_id) is None:  # deleted (API, disk eviction) while it was being restored
             return
         e = self.store.touch(entry_id)
+        self._note_recency([e])
         if self.log is not None:
             self.log.info("checkpoint_hit", request_id=request_id, id=e.id, kind=e.kind, tokens=e.n_tokens,
                           prompt_tokens=prompt_tokens, tier=tier)
@@ -192,13 +204,37 @@ class Checkpoints:
         self._apply(evictions)
         self._update_bytes()
         if self.disk_enabled and self.out is not None and not (e is not None and e.on_disk):
-            self._no_write.discard(eid)
+            self._queue_write(eid, tokens, kind, blob)
+
+    def _queue_write(self, eid: str, tokens: np.ndarray, kind: str, blob: bytes) -> None:
+        if self.store.is_held(eid):       # already queued: the same tokens give the same snapshot
+            self._no_write.discard(eid)   # captured again after a delete: write it after all
+            return
+        reason = None
+        if not self.store.can_hold(eid, len(blob)):
+            reason = "memory budget (blobs waiting for the writer count against it)"
+        else:
             try:
                 self.out.send_nowait(WriteCheckpoint(eid, tokens, kind, blob))
+                self.store.hold(eid, len(blob))
             except trio.WouldBlock:
-                if self.log is not None:
-                    self.log.warning("checkpoint_write_dropped", id=eid, tokens=int(tokens.shape[0]),
-                                     reason="writer busy (queue full)")
+                reason = "writer busy (queue full)"
+        if reason is not None and self.log is not None:
+            self.log.warning("checkpoint_write_dropped", id=eid, tokens=int(tokens.shape[0]), reason=reason)
+
+    def _note_recency(self, entries: list[Entry]) -> None:
+        """Disk entries just used: their new recency goes to the files' mtimes (by the writer)."""
+        if not self.disk_enabled or self.out is None:
+            return
+        for e in entries:
+            if e.on_disk:
+                self._recency[file_name(e.tokens)] = float(e.last_used)
+        if self._recency and not self._flush_queued:
+            try:
+                self.out.send_nowait(FlushRecency())
+                self._flush_queued = True
+            except trio.WouldBlock:
+                pass   # saved with the next flush or write
 
     def _apply(self, evictions: list[Eviction]) -> list[Eviction]:
         for ev in evictions:
@@ -223,12 +259,23 @@ class Checkpoints:
     async def open_disk(self) -> None:
         """Start-up, before the writer runs: create the directory, rebuild the index from headers,
         remove bad files (one warning each). An unusable directory: one warning, memory only."""
-        if not self.enabled or self.disk_dir is None:
+        if not self.enabled or self.disk_root is None:
             return
         try:
-            await trio.to_thread.run_sync(disk_io.ensure_dir, self.disk_dir)
-            good, problems = await trio.to_thread.run_sync(disk_io.scan, self.disk_dir, self.fingerprint)
+            sub, self._lock = await trio.to_thread.run_sync(disk_io.lock_model_dir, self.disk_root, self.fingerprint)
+        except disk_io.DirectoryBusy as e:
+            self._disk_unavailable(e, "lock", action="serving with memory checkpoints only; the other daemon "
+                                   "keeps this model's disk checkpoints")
+            return
         except OSError as e:
+            self._disk_unavailable(e, "open")
+            return
+        self.disk_dir = sub
+        try:
+            adopted = await trio.to_thread.run_sync(disk_io.adopt_flat_files, self.disk_root, sub, self.fingerprint)
+            good, problems = await trio.to_thread.run_sync(disk_io.scan, sub, self.fingerprint)
+        except OSError as e:
+            self.close_disk()
             self._disk_unavailable(e, "open")
             return
         self.store.disk_max_bytes = self._disk_max_bytes
@@ -236,8 +283,12 @@ class Checkpoints:
         for p in problems:
             if self.log is not None:
                 self.log.warning("checkpoint_file_bad", path=str(p.path), reason=p.reason, removed=p.removed)
-        for path, h in good:
-            evs = self.store.put_disk(h.tokens, h.kind, h.payload_len, h.file_len)
+        if adopted and self.log is not None:
+            self.log.info("checkpoint_files_adopted", dir=str(sub), files=len(adopted),
+                          reason="moved from the flat layout of an earlier version")
+        for f in good:              # least recently used first
+            h = f.header
+            evs = self.store.put_disk(h.tokens, h.kind, h.payload_len, h.file_len, last_used=f.last_used)
             for ev in self._apply(evs):
                 await self._unlink(file_name(ev.entry.tokens))
         if self.log is not None:
@@ -246,40 +297,74 @@ class Checkpoints:
                           bytes=st.disk_bytes, removed=len(problems))
         self._update_bytes()
 
-    def _disk_unavailable(self, err: OSError, during: str) -> None:
+    def close_disk(self) -> None:
+        """Release this model's checkpoint subdirectory (the writer does, when it stops)."""
+        self.disk_enabled = False
+        if self._lock is not None:
+            self._lock.close()
+            self._lock = None
+
+    def _disk_unavailable(self, err: OSError, during: str,
+                          action: str = "serving with memory checkpoints only") -> None:
         self.disk_enabled = False
         if not self._disk_warned and self.log is not None:
-            self.log.warning("checkpoint_disk_unavailable", dir=str(self.disk_dir), during=during,
-                             error=f"{type(err).__name__}: {err.strerror or err}",
-                             action="serving with memory checkpoints only")
+            self.log.warning("checkpoint_disk_unavailable", dir=str(self.disk_dir or self.disk_root), during=during,
+                             error=f"{type(err).__name__}: {err.strerror or err}", action=action)
         self._disk_warned = True
 
+    async def handle(self, msg: WriteCheckpoint | FlushRecency) -> None:
+        """The checkpoint writer's job for one message."""
+        if isinstance(msg, FlushRecency):
+            self._flush_queued = False
+            await self.flush_recency()
+        else:
+            await self.write(msg)
+
+    async def flush_recency(self) -> None:
+        """Save the recency of used disk entries as their files' mtimes."""
+        times, self._recency = self._recency, {}
+        if not times or not self.disk_enabled or self.disk_dir is None:
+            return
+        try:
+            await trio.to_thread.run_sync(disk_io.touch, self.disk_dir, times)
+        except OSError as err:
+            if self.log is not None:
+                self.log.warning("checkpoint_recency_not_saved", files=len(times), error=f"{err.strerror or err}")
+
     async def write(self, msg: WriteCheckpoint) -> None:
-        """The checkpoint writer's job for one message: header + payload, atomically and durably."""
-        if not self.disk_enabled or self.disk_dir is None or msg.id in self._no_write:
+        """The checkpoint writer's job for one WriteCheckpoint: header + payload, atomically and
+        durably. The blob stops counting against the memory budget once this returns."""
+        try:
+            await self._write(msg)
+        finally:
+            self.store.release(msg.id)
             self._no_write.discard(msg.id)
+
+    async def _write(self, msg: WriteCheckpoint) -> None:
+        if not self.disk_enabled or self.disk_dir is None or msg.id in self._no_write:
             return
         e = self.store.get(msg.id)
         if e is not None and e.on_disk:
             return
-        header = encode_header(self.fingerprint, msg.kind, msg.tokens, msg.blob)
-        size = len(header) + len(msg.blob)
+        size = header_size(self.fingerprint, int(msg.tokens.shape[0])) + len(msg.blob)
         if size > self.store.disk_max_bytes:
             if self.log is not None:
                 self.log.info("checkpoint_write_skipped", id=msg.id, bytes=size, reason="larger than the disk budget")
             return
         t0 = time.perf_counter()
+        last_used = float(e.last_used) if e is not None else None
         try:
-            await trio.to_thread.run_sync(disk_io.atomic_write, self.disk_dir, file_name(msg.tokens),
-                                          [header, msg.blob])
+            # Not abandoned on cancel (trio's default): a shutdown waits for the rename, never
+            # leaving a temp file behind a live lock.
+            await trio.to_thread.run_sync(disk_io.write_checkpoint, self.disk_dir, self.fingerprint, msg.kind,
+                                          msg.tokens, msg.blob, last_used)
         except OSError as err:
             self._disk_unavailable(err, "write")
             return
         if msg.id in self._no_write:            # deleted through the API while it was being written
-            self._no_write.discard(msg.id)
             await self._unlink(file_name(msg.tokens))
             return
-        evictions = self.store.put_disk(msg.tokens, msg.kind, len(msg.blob), size)
+        evictions = self.store.put_disk(msg.tokens, msg.kind, len(msg.blob), size, last_used=last_used)
         if self.log is not None:
             self.log.info("checkpoint_store", id=msg.id, kind=msg.kind, tokens=int(msg.tokens.shape[0]),
                           bytes=size, tier="disk", write_ms=round((time.perf_counter() - t0) * 1000, 2))
@@ -288,7 +373,7 @@ class Checkpoints:
         self._update_bytes()
 
     async def _unlink(self, name: str) -> None:
-        if self.disk_dir is None:
+        if self.disk_dir is None or self._lock is None:   # no file effects without the directory's lock
             return
         try:
             await trio.to_thread.run_sync(disk_io.remove, self.disk_dir, name)
@@ -313,7 +398,8 @@ class Checkpoints:
             return False
         on_disk = e.on_disk
         self.store.remove(entry_id)
-        self._no_write.add(entry_id)   # a queued write of it must not bring it back
+        if self.store.is_held(entry_id):
+            self._no_write.add(entry_id)   # its queued write must not bring it back
         if on_disk or self.disk_enabled:
             await self._unlink(file_name(e.tokens))
         if self.log is not None:
@@ -326,9 +412,9 @@ class Checkpoints:
         st = self.store.stats()
         return {
             "enabled": self.enabled,
-            "memory": {"entries": st.memory_entries, "bytes": st.memory_bytes,
+            "memory": {"entries": st.memory_entries, "bytes": st.memory_bytes, "queued_bytes": st.queued_bytes,
                        "max_entries": self.store.max_slots, "max_bytes": self.store.max_bytes},
-            "disk": {"enabled": self.disk_enabled, "dir": str(self.disk_dir) if self.disk_dir else None,
+            "disk": {"enabled": self.disk_enabled, "dir": str(self.disk_dir or self.disk_root) if self.disk_root else None,
                      "entries": st.disk_entries, "bytes": st.disk_bytes, "max_bytes": self.store.disk_max_bytes},
             "by_kind": dict(st.entries_by_kind),
             "hits": st.hits,

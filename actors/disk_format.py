@@ -104,6 +104,11 @@ def file_name(tokens: Sequence[int] | np.ndarray) -> str:
     return prefix_hash(tokens) + SUFFIX
 
 
+def header_size(fingerprint: str, n_tokens: int) -> int:
+    """The length of ``encode_header``'s result, without computing any checksum."""
+    return _FIXED.size + len(fingerprint.encode()) + 4 * n_tokens + _CRC.size
+
+
 def encode_header(fingerprint: str, kind: str, tokens: Sequence[int] | np.ndarray, payload: bytes | memoryview) -> bytes:
     """The header for ``payload``; write it followed by the payload (see ``encode``)."""
     if kind not in KINDS:

@@ -1,41 +1,104 @@
-"""The only file effects of prefix checkpoints: atomic write, load, scan, remove.
+"""The only file effects of prefix checkpoints: model directory + lock, atomic write, load, scan, remove.
 
 Blocking calls, meant for the checkpoint-writer actor to run in a worker thread, off the request
 path. Errors are plain ``OSError`` (write side) or ``CheckpointFileError`` (read side) so the
 caller can turn each into one warning and keep serving.
 
 Design notes
+ * Layout: ``<checkpoint_dir>/<model-key>/<prefix-hash>.ckpt``, one subdirectory per checkpoint
+   fingerprint (``model_key``: blake2b-64 of the fingerprint), so several models share one
+   checkpoint directory without touching each other's files. The subdirectory holds ``lock`` and
+   ``fingerprint`` (the full fingerprint, for the operator) besides the checkpoint files.
+ * One daemon per model subdirectory: ``lock_model_dir`` takes an exclusive ``flock`` on ``lock``
+   for the daemon's lifetime (the kernel drops it when the process dies, however it dies). A second
+   daemon of the same model gets ``DirectoryBusy`` and runs with its disk tier off. So while we hold
+   the lock nobody else writes there, which is what makes a temp file provably abandoned: ``scan``
+   (run under the lock, before our writer starts) removes temp files; nothing ever removes a file
+   in another model's subdirectory.
  * A write goes to ``.<name>.<pid>-<rand>.tmp`` in the same directory (same file system, so the
    rename is atomic), is fsynced, renamed over ``<name>``, then the directory is fsynced so the
    rename itself survives a power cut. A crash at any point leaves either no ``<name>`` or the
-   complete one, plus at worst a temp file; ``scan`` removes temp files and never loads them.
- * ``scan`` must not run while a writer is writing into the same directory (it would remove the
-   writer's temp file): run it once at start-up before the writer starts.
- * Only files we own are touched: ``*.ckpt`` and our temp-file pattern. Anything else is left.
+   complete one, plus at worst a temp file that the next lock holder removes.
+ * Recency (the disk tier's LRU) is the file's mtime: set to the entry's last use (``touch``), read
+   back by ``scan``, so eviction order survives a restart.
+ * Only files we own are touched: ``*.ckpt`` and our temp-file pattern in our model's
+   subdirectory. Anything else is left. Files of our fingerprint left at the top level by the
+   flat layout of earlier versions are moved into the subdirectory (``adopt_flat_files``).
 """
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
 import os
 import secrets
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Sequence
 
-from .disk_format import SUFFIX, CheckpointFileError, Header, read_header, read_payload
+import numpy as np
+
+from .disk_format import SUFFIX, CheckpointFileError, Header, encode_header, file_name, read_header, read_payload
 
 TMP_SUFFIX = ".tmp"
+LOCK_NAME = "lock"
+FINGERPRINT_NAME = "fingerprint"
 
 Buffer = bytes | bytearray | memoryview
 
 
 @dataclass(frozen=True, slots=True)
 class Problem:
-    """A file ``scan`` refused; ``removed`` is False when the unlink failed too."""
+    """A file ``scan`` refused; ``removed`` is False when it was left in place (not ours, or the
+    unlink failed)."""
 
     path: Path
     reason: str
     removed: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Found:
+    """A usable checkpoint file: its header and its mtime (the entry's last use)."""
+
+    path: Path
+    header: Header
+    last_used: float
+
+
+class DirectoryBusy(OSError):
+    """Another process holds the model subdirectory's lock (a second daemon of the same model)."""
+
+    def __init__(self, path: Path, holder: str):
+        super().__init__(f"{path} is in use by another cairn daemon ({holder or 'pid unknown'})")
+        self.path = path
+        self.holder = holder
+
+
+class DirLock:
+    """The held lock of one model subdirectory; ``close`` releases it (so does process exit)."""
+
+    def __init__(self, path: Path, fd: int):
+        self.path = path
+        self._fd: int | None = fd
+
+    @property
+    def held(self) -> bool:
+        return self._fd is not None
+
+    def close(self) -> None:
+        if self._fd is not None:
+            fd, self._fd = self._fd, None
+            os.close(fd)   # closing the only descriptor of the open file releases the flock
+
+
+def model_key(fingerprint: str) -> str:
+    """The subdirectory name of a checkpoint fingerprint: 16 hex digits (blake2b-64)."""
+    return hashlib.blake2b(fingerprint.encode(), digest_size=8).hexdigest()
+
+
+def model_subdir(root: str | os.PathLike, fingerprint: str) -> Path:
+    return Path(root) / model_key(fingerprint)
 
 
 def ensure_dir(path: str | os.PathLike) -> Path:
@@ -43,6 +106,81 @@ def ensure_dir(path: str | os.PathLike) -> Path:
     p = Path(path)
     p.mkdir(mode=0o700, parents=True, exist_ok=True)
     return p
+
+
+def lock_model_dir(root: str | os.PathLike, fingerprint: str) -> tuple[Path, DirLock]:
+    """Create ``root/<model-key>`` (mode 0700) and take its lock without waiting. Raises
+    ``DirectoryBusy`` when another daemon holds it, ``OSError`` when the directory is unusable.
+    The lock file records the holder's pid, for the second daemon's warning."""
+    sub = ensure_dir(model_subdir(ensure_dir(root), fingerprint))
+    fd = os.open(sub / LOCK_NAME, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o600)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 64, 0).decode(errors="replace").strip()
+            raise DirectoryBusy(sub, holder) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"pid {os.getpid()}\n".encode(), 0)
+        try:
+            if (sub / FINGERPRINT_NAME).read_text() == fingerprint:
+                return sub, DirLock(sub, fd)
+        except (FileNotFoundError, UnicodeDecodeError):
+            pass
+        atomic_write(sub, FINGERPRINT_NAME, fingerprint.encode())
+        return sub, DirLock(sub, fd)
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def adopt_flat_files(root: str | os.PathLike, sub: str | os.PathLike, fingerprint: str) -> list[Path]:
+    """Move ``*.ckpt`` files of ``fingerprint`` from the top level of ``root`` (the flat layout of
+    earlier versions) into ``sub``; call it holding ``sub``'s lock. Files of other fingerprints,
+    bad files and temp files at the top level are left alone: they may be another daemon's."""
+    moved: list[Path] = []
+    try:
+        names = sorted(os.listdir(root))
+    except FileNotFoundError:
+        return moved
+    for name in names:
+        path = Path(root) / name
+        if not name.endswith(SUFFIX) or not path.is_file():
+            continue
+        try:
+            with open(path, "rb") as f:
+                read_header(f, fingerprint)
+        except (CheckpointFileError, OSError):
+            continue
+        try:
+            os.replace(path, Path(sub) / name)
+        except OSError:
+            continue
+        moved.append(Path(sub) / name)
+    if moved:
+        _fsync_dir(Path(sub))
+    return moved
+
+
+def write_checkpoint(directory: str | os.PathLike, fingerprint: str, kind: str,
+                     tokens: Sequence[int] | np.ndarray, blob: Buffer, last_used: float | None = None) -> int:
+    """Encode the header (the payload CRC is computed here, off the event loop) and write
+    ``directory/<prefix-hash>.ckpt`` atomically; its mtime is set to ``last_used`` when given.
+    Returns the file size."""
+    header = encode_header(fingerprint, kind, tokens, blob)
+    path = atomic_write(directory, file_name(tokens), [header, blob])
+    if last_used is not None:
+        os.utime(path, (last_used, last_used))
+    return len(header) + len(blob)
+
+
+def touch(directory: str | os.PathLike, times: dict[str, float]) -> None:
+    """Record last uses: file name -> Unix time, as the file's mtime. Vanished files are skipped."""
+    for name, t in times.items():
+        try:
+            os.utime(Path(directory) / name, (t, t))
+        except FileNotFoundError:
+            pass
 
 
 def atomic_write(directory: str | os.PathLike, name: str, data: Buffer | Iterable[Buffer]) -> Path:
@@ -100,12 +238,14 @@ def remove(directory: str | os.PathLike, name: str) -> bool:
         return False
 
 
-def scan(directory: str | os.PathLike, fingerprint: str) -> tuple[list[tuple[Path, Header]], list[Problem]]:
-    """Headers of the usable checkpoint files in ``directory`` (sorted by name) and the problems
-    found. Temp files, and ``*.ckpt`` files that are truncated, corrupt, of another version or
-    fingerprint, or misnamed, are removed and reported. A missing directory is empty."""
+def scan(directory: str | os.PathLike, fingerprint: str) -> tuple[list[Found], list[Problem]]:
+    """The usable checkpoint files in our model subdirectory, least recently used first, and the
+    problems found. Call it holding the directory's lock (``lock_model_dir``): temp files are then
+    abandoned and removed, and so are ``*.ckpt`` files that are truncated, corrupt, of another
+    version, or misnamed. A file of another fingerprint is reported and left in place (it is not
+    ours to delete). A missing directory is empty."""
     d = Path(directory)
-    good: list[tuple[Path, Header]] = []
+    good: list[Found] = []
     problems: list[Problem] = []
     try:
         names = sorted(os.listdir(d))
@@ -132,20 +272,23 @@ def scan(directory: str | os.PathLike, fingerprint: str) -> tuple[list[tuple[Pat
             continue
         try:
             with open(path, "rb") as f:
-                header = read_header(f, fingerprint)
-                size = os.fstat(f.fileno()).st_size
+                header = read_header(f)
+                st = os.fstat(f.fileno())
         except CheckpointFileError as e:
             reject(path, e.reason)
             continue
         except OSError as e:
             problems.append(Problem(path, f"unreadable: {e.strerror or e}", False))
             continue
-        if size < header.file_len:
+        if header.fingerprint != fingerprint:
+            problems.append(Problem(path, "foreign fingerprint; left in place", False))
+        elif st.st_size < header.file_len:
             reject(path, "truncated")
-        elif size > header.file_len:
+        elif st.st_size > header.file_len:
             reject(path, "trailing bytes")
         elif header.name != name:
             reject(path, "file name does not match its token ids")
         else:
-            good.append((path, header))
+            good.append(Found(path, header, st.st_mtime))
+    good.sort(key=lambda f: (f.last_used, f.path.name))
     return good, problems

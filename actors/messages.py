@@ -113,6 +113,11 @@ class WriteCheckpoint:
     blob: bytes = field(default=b"", repr=False)
 
 
+@dataclass(frozen=True, slots=True)
+class FlushRecency:
+    """To the checkpoint writer: save the recency of recently used disk checkpoints (file mtimes)."""
+
+
 # --- replies to the HTTP edge -------------------------------------------------------------------
 
 @dataclass(frozen=True, slots=True)

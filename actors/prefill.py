@@ -57,7 +57,9 @@ def _prefill_with_logprobs(kernel, state, tokens, prev_row, k, *, chunk, abort):
             lps.append(float(lp[tokens[j]]))
             tops.append(top_logprobs(lp, k))
         prev = rows[j]
-    return n_done, (rows[n_done - 1] if n_done else prev_row), lps, tops
+    # A copy of the one row kept: a view would keep the whole [n_done, V] block (up to 256 MiB) alive
+    # for as long as the request holds its logits (Prefilled, the next segment's prev_row).
+    return n_done, (rows[n_done - 1].copy() if n_done else prev_row), lps, tops
 
 
 async def _prepare(engine: Engine, submit, ids: np.ndarray, log):

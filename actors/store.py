@@ -27,6 +27,10 @@ Design notes
    out the main session's system prefix while any other victim exists. A new system prompt takes
    the protection over once its shares × tokens exceed the old one's; until then the old one
    holds at most one slot.
+ * Blobs queued for the disk writer (``hold`` / ``release``) count against the memory byte budget
+   until written, also after their entry left memory: the budget bounds everything the store holds
+   or has queued. Evicting a held entry frees a slot but no bytes: it is evicted only for a slot,
+   eviction for bytes passes over it; ``can_hold`` tells the caller whether one more queued blob fits.
  * Recency uses an injected clock (default: a counter ticking once per operation), so tests are
    deterministic.
 """
@@ -99,6 +103,7 @@ class StoreStats:
     entries_by_kind: dict[str, int]
     hits: int
     protected_id: str | None
+    queued_bytes: int = 0   # held for the disk writer and not in memory (also counted by the budget)
 
 
 class CheckpointStore:
@@ -114,6 +119,7 @@ class CheckpointStore:
         self.protect_system = protect_system
         self._clock = clock or itertools.count(1).__next__
         self._by_id: dict[str, Entry] = {}
+        self._held: dict[str, int] = {}   # entry id -> bytes of a blob queued for the disk writer
 
     # ---- lookup -------------------------------------------------------------------------------
 
@@ -167,7 +173,37 @@ class CheckpointStore:
         disk = [e for e in self._by_id.values() if e.on_disk]
         kinds = {k: sum(e.kind == k for e in self._by_id.values()) for k in KINDS}
         return StoreStats(len(mem), sum(e.nbytes for e in mem), len(disk), sum(e.disk_nbytes for e in disk),
-                          kinds, sum(e.hits for e in self._by_id.values()), self.protected_id)
+                          kinds, sum(e.hits for e in self._by_id.values()), self.protected_id,
+                          self.queued_bytes)
+
+    # ---- blobs held outside the store (queued for the disk writer) ------------------------------
+
+    def is_held(self, entry_id: str) -> bool:
+        return entry_id in self._held
+
+    @property
+    def queued_bytes(self) -> int:
+        """Bytes held for the writer whose entry is not in memory (else counted there already)."""
+        return sum(n for i, n in self._held.items() if not self._in_memory(i))
+
+    def memory_usage(self) -> int:
+        """What the memory byte budget bounds: loaded blobs plus queued ones."""
+        return sum(e.nbytes for e in self._by_id.values() if e.in_memory) + self.queued_bytes
+
+    def can_hold(self, entry_id: str, nbytes: int) -> bool:
+        """Would queueing a blob of ``nbytes`` for ``entry_id`` keep the memory budget?"""
+        extra = 0 if self._in_memory(entry_id) or entry_id in self._held else nbytes
+        return self.memory_usage() + extra <= self.max_bytes
+
+    def hold(self, entry_id: str, nbytes: int) -> None:
+        self._held[entry_id] = nbytes
+
+    def release(self, entry_id: str) -> None:
+        self._held.pop(entry_id, None)
+
+    def _in_memory(self, entry_id: str) -> bool:
+        e = self._by_id.get(entry_id)
+        return e is not None and e.in_memory
 
     # ---- updates ------------------------------------------------------------------------------
 
@@ -183,10 +219,12 @@ class CheckpointStore:
         entry.nbytes = len(blob)
         return self._enforce("memory", entry)
 
-    def put_disk(self, tokens: Sequence[int] | np.ndarray, kind: Kind, nbytes: int, disk_nbytes: int) -> list[Eviction]:
+    def put_disk(self, tokens: Sequence[int] | np.ndarray, kind: Kind, nbytes: int, disk_nbytes: int,
+                 last_used: float | None = None) -> list[Eviction]:
         """Record that a file for ``tokens`` exists (after a write, or from a start-up scan), then
-        enforce the disk budgets. ``nbytes`` = payload (blob) size, ``disk_nbytes`` = file size."""
-        entry = self._upsert(tokens, kind, nbytes)
+        enforce the disk budgets. ``nbytes`` = payload (blob) size, ``disk_nbytes`` = file size.
+        ``last_used``: the recency recorded with the file (a start-up scan), instead of now."""
+        entry = self._upsert(tokens, kind, nbytes, last_used)
         if entry is None:
             return []
         entry.on_disk = True
@@ -226,13 +264,14 @@ class CheckpointStore:
 
     # ---- internals ----------------------------------------------------------------------------
 
-    def _upsert(self, tokens: Sequence[int] | np.ndarray, kind: Kind, nbytes: int) -> Entry | None:
+    def _upsert(self, tokens: Sequence[int] | np.ndarray, kind: Kind, nbytes: int,
+                last_used: float | None = None) -> Entry | None:
         if kind not in KINDS:
             raise ValueError(f"unknown checkpoint kind {kind!r}")
         ids = as_tokens(tokens).copy()
         ids.flags.writeable = False
         eid = prefix_hash(ids)
-        now = self._clock()
+        now = self._clock() if last_used is None else last_used
         e = self._by_id.get(eid)
         if e is not None and not np.array_equal(e.tokens, ids):
             return None  # 64-bit hash collision: keep the incumbent, store nothing
@@ -242,7 +281,7 @@ class CheckpointStore:
         else:
             if (e.kind == "prompt_end" and kind != "prompt_end") or kind == "system":
                 e.kind = kind
-            e.last_used = now
+            e.last_used = max(e.last_used, now)   # a recency given by the caller never moves it back
         return e
 
     def _protected(self, members: list[Entry]) -> Entry | None:
@@ -257,22 +296,28 @@ class CheckpointStore:
     def _enforce(self, tier: Tier, newcomer: Entry) -> list[Eviction]:
         if tier == "memory":
             members = [e for e in self._by_id.values() if e.in_memory]
-            max_slots, max_bytes, size = self.max_slots, self.max_bytes, (lambda e: e.nbytes)
+            max_slots, max_bytes = self.max_slots, self.max_bytes
+            held = self._held
+            size = lambda e: 0 if e.id in held else e.nbytes   # noqa: E731  what evicting it frees
+            extra = self.queued_bytes
         else:
             members = [e for e in self._by_id.values() if e.on_disk]
             max_slots = self.disk_max_slots if self.disk_max_slots is not None else len(members)
-            max_bytes, size = self.disk_max_bytes, (lambda e: e.disk_nbytes)
+            max_bytes, size, extra = self.disk_max_bytes, (lambda e: e.disk_nbytes), 0
         protected = self._protected(members)
         ordinary = sorted((e for e in members if e is not newcomer and e is not protected),
                           key=lambda e: (e.kind != "prompt_end", e.last_used, e.created, e.id))
         victims = ordinary + [newcomer] + ([protected] if protected not in (None, newcomer) else [])
-        if size(newcomer) > max_bytes or max_slots == 0:
+        full = (lambda e: e.nbytes) if tier == "memory" else size
+        if full(newcomer) > max_bytes or max_slots == 0:
             victims = [newcomer]  # can never fit: refuse it without disturbing the others
-        count, total = len(members), sum(size(e) for e in members)
+        count, total = len(members), sum(full(e) for e in members) + extra
         evicted: list[Eviction] = []
         for victim in victims:
             if count <= max_slots and total <= max_bytes:
                 break
+            if count <= max_slots and size(victim) == 0 and victim is not newcomer:
+                continue   # only bytes are over, and dropping this blob frees none (still queued)
             count -= 1
             total -= size(victim)
             self.remove(victim.id, tier)

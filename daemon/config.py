@@ -119,7 +119,8 @@ FIELDS: tuple[Field, ...] = (
     Field("checkpoint_slots", int, 4, "checkpoint slots in memory", _range(1, 8)),
     Field("checkpoint_memory_mb", int, 2048, "memory budget for checkpoints (MiB)", _range(0)),
     Field("disk_checkpoints", bool, False, "also keep checkpoints on disk (survive restarts)"),
-    Field("checkpoint_dir", str, default_checkpoint_dir, "where disk checkpoints live"),
+    Field("checkpoint_dir", str, default_checkpoint_dir,
+          "where disk checkpoints (a subdirectory per model) and the weight-digest cache live"),
     Field("checkpoint_disk_mb", int, 8192, "disk budget for checkpoints (MiB)", _range(0)),
     Field("checkpoint_min_tokens", int, 512, "shortest prefix worth a checkpoint (tokens)", _range(1)),
 )

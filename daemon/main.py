@@ -13,6 +13,7 @@ import os
 import signal
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import trio
@@ -45,7 +46,10 @@ def load(settings: Settings, kernel=None) -> Loaded:
 
     if kernel is None:
         from cairn import _kernel as kernel
-    md = open_model_dir(settings.model)
+    from .weight_digest import CACHE_NAME
+
+    # The weight-digest cache lives in the checkpoint directory: the place the daemon may write.
+    md = open_model_dir(settings.model, digest_cache=Path(settings.checkpoint_dir) / CACHE_NAME, log=get_logger())
     return Loaded(kernel=kernel, model=load_model(md, settings.threads), tokenizer=TextTokenizer.from_model_dir(md),
                   renderer=ChatRenderer.from_model_dir(md), name=md.name, fingerprint=md.fingerprint,
                   context_length=int(md.config["max_position_embeddings"]))

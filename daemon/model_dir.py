@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from .safetensors_io import SafetensorsError, TensorInfo, map_tensor, read_header
+from .weight_digest import DigestCache
 
 SLIDING, CSA, HCA = "sliding_attention", "compressed_sparse_attention", "heavily_compressed_attention"
 _LEGACY_RATIO = {0: SLIDING, 4: CSA, 128: HCA}
@@ -33,7 +35,7 @@ class ModelDir:
     path: Path
     config: dict                      # resolved: every field the kernel reads, defaults applied
     tensors: dict[str, TensorInfo]    # canonical name -> where its bytes are
-    fingerprint: str                  # config + weight identity + tokenizer (hex sha256)
+    fingerprint: str                  # config + every weight byte + tokenizer (hex sha256)
     tokenizer_file: Path
     chat_template: str
     bos_token: str
@@ -261,18 +263,6 @@ def _weight_files(path: Path) -> list[Path]:
     return files
 
 
-def _sampled_content(f: Path, blocks: int = 64, size: int = 4096) -> bytes:
-    """Weight identity without reading every byte: the file size plus blocks sampled evenly
-    through it. Two random models with equal shapes differ here; a 700 GB model still opens in ms."""
-    total = f.stat().st_size
-    out = [total.to_bytes(8, "little")]
-    with open(f, "rb") as fh:
-        for i in range(blocks):
-            fh.seek(total * i // blocks)
-            out.append(fh.read(size))
-    return hashlib.sha256(b"".join(out)).digest()
-
-
 def _chat_template(path: Path, tok_cfg: dict) -> str:
     jinja = path / "chat_template.jinja"
     if jinja.exists():
@@ -302,8 +292,10 @@ def _token_text(v) -> str | None:
     return v.get("content") if isinstance(v, dict) else v
 
 
-def open_model_dir(path: str | Path) -> ModelDir:
-    """Read and check a model directory without touching weight bytes."""
+def open_model_dir(path: str | Path, *, digest_cache: str | Path | None = None, log=None) -> ModelDir:
+    """Read and check a model directory. Weight bytes are read once, for the fingerprint (every
+    byte of every shard, weight_digest.py); with ``digest_cache`` (a file outside the model
+    directory) a restart of an unchanged model reads none of them."""
     path = Path(path).expanduser().resolve()
     if not path.is_dir():
         raise ModelDirError(f"{path}: model directory does not exist")
@@ -320,12 +312,14 @@ def open_model_dir(path: str | Path) -> ModelDir:
 
     headers: list[bytes] = []
     tensors: dict[str, TensorInfo] = {}
-    for f in _weight_files(path):
+    digests = DigestCache(digest_cache)
+    files = _weight_files(path)
+    for f in files:
         try:
             raw, infos = read_header(f)
         except SafetensorsError as e:
             raise ModelDirError(str(e)) from None
-        headers.append(f.name.encode() + b"\0" + raw + _sampled_content(f))
+        headers.append(f.name.encode() + b"\0" + raw)
         for name, info in infos.items():
             canon = canonical_name(name)
             if canon is None:
@@ -349,6 +343,20 @@ def open_model_dir(path: str | Path) -> ModelDir:
             raise ModelDirError(f"{info.file}: tensor {info.name!r} has dtype {info.dtype}, "
                                 f"expected {'an integer' if is_int else 'a float'} dtype")
     tensors = {k: v for k, v in tensors.items() if k in want}
+
+    # Only a directory that passed every check is hashed (every byte; cached: weight_digest.py).
+    t0 = time.perf_counter()
+    headers = [h + bytes.fromhex(d) for h, d in zip(headers, digests.digest_all(files))]
+    if digests.hashed and log is not None:
+        secs = time.perf_counter() - t0
+        size = sum(f.stat().st_size for f in digests.hashed)
+        log.info("model_weights_hashed", files=len(digests.hashed), bytes=size, seconds=round(secs, 2),
+                 mb_s=round(size / max(secs, 1e-9) / 1e6), cache=str(digests.file) if digests.file else None)
+    try:
+        digests.save()
+    except OSError as e:   # costs a rehash at the next start, nothing else
+        if log is not None:
+            log.warning("weight_digest_cache_not_saved", file=str(digests.file), error=f"{e.strerror or e}")
 
     h = hashlib.sha256()
     h.update(json.dumps(cfg, sort_keys=True).encode())

@@ -7,6 +7,7 @@ logic, everything else runs the real kernel (skipped while it does not build yet
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -21,3 +22,24 @@ def tiny_model_dir(tmp_path_factory) -> Path:
 
     return make_model("tiny", 0, tmp_path_factory.mktemp("models") / "tiny")
 
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir_b(tmp_path_factory) -> Path:
+    """A second tiny model: same shapes, other weights (seed 1), so another fingerprint."""
+    from cairn.daemon.make_model import make_model
+
+    return make_model("tiny", 1, tmp_path_factory.mktemp("models_b") / "tiny")   # served as "tiny" too
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _state_home(tmp_path_factory):
+    """Daemons started by tests (in-process or `cairn serve`) keep their default state directory
+    (checkpoints, the weight-digest cache) in a temporary directory, never in $HOME."""
+    old = os.environ.get("XDG_STATE_HOME")
+    os.environ["XDG_STATE_HOME"] = str(tmp_path_factory.mktemp("state"))
+    yield
+    if old is None:
+        os.environ.pop("XDG_STATE_HOME", None)
+    else:
+        os.environ["XDG_STATE_HOME"] = old

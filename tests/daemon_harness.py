@@ -30,7 +30,9 @@ def fake_loaded(model_dir: Path, **fake_kw) -> Loaded:
 def real_loaded(model_dir: Path, threads: int = 2) -> Loaded:
     from cairn.daemon.main import load
 
-    return load(load_settings({"model": str(model_dir), "threads": threads}, {}))
+    # checkpoint_dir also holds the weight-digest cache: keep it next to the test model, not in $HOME
+    return load(load_settings({"model": str(model_dir), "threads": threads,
+                               "checkpoint_dir": str(model_dir.parent / "state")}, {}))
 
 
 @asynccontextmanager

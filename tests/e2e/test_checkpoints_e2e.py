@@ -98,6 +98,13 @@ def assert_parity(on: list[dict], off: list[dict]) -> None:
         np.testing.assert_array_equal(la, lb)
 
 
+def model_ckdir(ckdir: Path, loaded) -> Path:
+    """Where the daemon of `loaded` keeps its checkpoint files: one subdirectory per model."""
+    from cairn.daemon.main import checkpoint_fingerprint
+
+    return disk_io.model_subdir(ckdir, checkpoint_fingerprint(loaded))
+
+
 def events(evs, name, **match) -> list[dict]:
     return [e for e in evs if e["event"] == name and all(e.get(k) == v for k, v in match.items())]
 
@@ -217,7 +224,7 @@ async def test_disk_byte_budget_deletes_files(loaded, tmp_path):
                 await wait_disk(sock, min(i + 1, 5))
             await trio.sleep(0.3)
             rows = await listing(sock)
-    files = {f.name: f.stat().st_size for f in ckdir.glob("*.ckpt")}
+    files = {f.name: f.stat().st_size for f in model_ckdir(ckdir, loaded).glob("*.ckpt")}
     on_disk = {f"{r['id']}.ckpt" for r in rows if "disk" in r["tier"]}
     assert set(files) == on_disk and sum(files.values()) <= 1 << 20 and 5 <= len(files) < 9
     assert len(events(evs, "checkpoint_evict", tier="disk")) == 9 - len(files)
@@ -249,10 +256,10 @@ async def test_get_and_delete_checkpoints(loaded, tmp_path):
             t0 = time.time()
             await post(sock, cmpl(p))
             rows = await wait_disk(sock, 1)
-            assert (ckdir / f"{rows[0]['id']}.ckpt").exists()
+            assert (model_ckdir(ckdir, loaded) / f"{rows[0]['id']}.ckpt").exists()
             d = await request(sock, "DELETE", f"/v1/checkpoints/{rows[0]['id']}")
             after = await listing(sock)
-            gone = not (ckdir / f"{rows[0]['id']}.ckpt").exists()
+            gone = not (model_ckdir(ckdir, loaded) / f"{rows[0]['id']}.ckpt").exists()
             again = await request(sock, "DELETE", f"/v1/checkpoints/{rows[0]['id']}")
             bad_method = await request(sock, "GET", f"/v1/checkpoints/{rows[0]['id']}")
             r = await post(sock, cmpl(p))
@@ -312,7 +319,7 @@ async def test_bad_files_are_skipped_removed_and_warned_never_restored(loaded, t
             for p in prompts:
                 await post(sock, cmpl(p))
             rows = await wait_disk(sock, 4)
-        files = {r["tokens"]: ckdir / f"{r['id']}.ckpt" for r in rows}
+        files = {r["tokens"]: model_ckdir(ckdir, loaded) / f"{r['id']}.ckpt" for r in rows}
         f_trunc, f_foreign, f_version, f_late = (files[len(p)] for p in prompts)
         f_trunc.write_bytes(f_trunc.read_bytes()[:-100])
         _rewrite(f_foreign, fingerprint="some-other-model;snapshot-v1")
@@ -326,13 +333,14 @@ async def test_bad_files_are_skipped_removed_and_warned_never_restored(loaded, t
             later = [cmpl(p + ids(20)) for p in prompts]
             out = [await post(sock, b) for b in later]
     bad = {Path(e["path"]).name: e["reason"] for e in events(evs, "checkpoint_file_bad")}
-    assert bad == {f_trunc.name: "truncated", f_foreign.name: "foreign fingerprint",
+    assert bad == {f_trunc.name: "truncated", f_foreign.name: "foreign fingerprint; left in place",
                    f_version.name: "wrong version 2 (expected 1)"}
     assert [r["tokens"] for r in listed] == [len(prompts[3])]
     late = events(evs, "checkpoint_bad")
     assert len(late) == 1 and late[0]["reason"] == "checksum mismatch" and late[0]["log_level"] == "warning"
     assert all(cached(r) == 0 for r in out)           # nothing restored from a bad file
-    assert not any(f.exists() for f in (f_trunc, f_foreign, f_version, f_late))
+    assert not any(f.exists() for f in (f_trunc, f_version, f_late))
+    assert f_foreign.exists()                         # another fingerprint's file is never ours to delete
     assert_parity(out, await replay_off(loaded, tmp_path, later))
 
 
@@ -374,10 +382,13 @@ async def test_read_only_directory_one_warning_and_requests_succeed(loaded, tmp_
 class Proc:
     """`cairn serve` in a subprocess; its JSON log lines are collected from a pipe."""
 
-    def __init__(self, model: Path, sock: Path, ckdir: Path, *, fsize: int | None = None) -> None:
+    def __init__(self, model: Path, sock: Path, ckdir: Path | None, *, fsize: int | None = None,
+                 env: dict | None = None, threads: int = 2) -> None:
+        """``ckdir`` None: the default checkpoint directory (from ``env``'s XDG_STATE_HOME)."""
         args = [sys.executable, "-m", "cairn.daemon.cli", "serve", "--model", str(model), "--socket", str(sock),
-                "--threads", "2", "--disk-checkpoints", "--checkpoint-dir", str(ckdir),
-                "--checkpoint-min-tokens", "32"]
+                "--threads", str(threads), "--disk-checkpoints", "--checkpoint-min-tokens", "32"]
+        if ckdir is not None:
+            args += ["--checkpoint-dir", str(ckdir)]
 
         def limit():
             if fsize is not None:
@@ -385,7 +396,8 @@ class Proc:
 
         self.lines: list[dict] = []
         self.sock = sock
-        self.p = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, preexec_fn=limit)
+        self.p = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, preexec_fn=limit,
+                                  env=env)
         self._t = threading.Thread(target=self._read, daemon=True)
         self._t.start()
 
@@ -423,7 +435,8 @@ async def test_full_disk_rlimit_fsize_one_warning_requests_succeed(loaded, tiny_
     assert d.p.returncode == 0
     warn = [e for e in d.lines if e.get("event") == "checkpoint_disk_unavailable"]
     assert len(warn) == 1 and warn[0]["level"] == "warning" and "too large" in warn[0]["error"].lower()
-    assert {r["tier"] for r in rows} == {"memory"} and not list(ckdir.iterdir())
+    assert {r["tier"] for r in rows} == {"memory"} and not list(ckdir.glob("**/*.ckpt"))
+    assert not list(ckdir.glob("**/.*.ckpt.*.tmp"))
     with capture_logs():
         assert_parity(out, await replay_off(loaded, tmp_path, bodies))
 
@@ -432,12 +445,13 @@ SLOW_WRITER = """
 import sys, time
 from cairn.actors import disk_io
 data = open(sys.argv[2], "rb").read()
+sub, lock = disk_io.lock_model_dir(sys.argv[1], sys.argv[4])   # as a daemon's writer does
 def parts():
     yield data[:len(data) // 2]
     print("half", flush=True)
     time.sleep(60)
     yield data[len(data) // 2:]
-disk_io.atomic_write(sys.argv[1], sys.argv[3], parts())
+disk_io.atomic_write(sub, sys.argv[3], parts())
 """
 
 
@@ -471,21 +485,106 @@ async def test_kill_9_during_writes_leaves_nothing_that_loads(loaded, tiny_model
     blob = st.snapshot()
     src = tmp_path / "whole.bin"
     src.write_bytes(disk_format.encode(fp, "prompt_end", prompt, blob))
-    w = subprocess.Popen([sys.executable, "-c", SLOW_WRITER, str(ckdir), str(src), disk_format.file_name(prompt)],
+    w = subprocess.Popen([sys.executable, "-c", SLOW_WRITER, str(ckdir), str(src), disk_format.file_name(prompt), fp],
                          stdout=subprocess.PIPE)
     assert w.stdout.readline().strip() == b"half"
     w.kill()
     w.wait(timeout=10)
-    assert list(ckdir.glob(".*.tmp")) and not (ckdir / disk_format.file_name(prompt)).exists()
+    sub = model_ckdir(ckdir, loaded)
+    assert list(sub.glob(".*.tmp")) and not (sub / disk_format.file_name(prompt)).exists()
     with trio.fail_after(60), capture_logs() as evs:
         async with daemon(loaded, sock, disk_checkpoints=True, checkpoint_dir=str(ckdir), **ON):
             rows = await listing(sock)
-            at_start = {f.name for f in ckdir.glob("*.ckpt")}
+            at_start = {f.name for f in sub.glob("*.ckpt")}
             r = await post(sock, cmpl(prompt + ids(30)))
     assert {f"{row['id']}.ckpt" for row in rows} == at_start
-    assert not list(ckdir.glob(".*.tmp"))
+    assert not list(sub.glob(".*.tmp"))      # its writer is dead (the lock was free): provably abandoned
     assert any("interrupted write" in e["reason"] for e in events(evs, "checkpoint_file_bad"))
     assert cached(r) == 0                                 # the half-written checkpoint was never loaded
-    for f in ckdir.glob("*.ckpt"):                         # every file left is whole and ours
+    for f in sub.glob("*.ckpt"):                           # every file left is whole and ours
         h, payload = disk_io.load(f, fp)
         assert loaded.kernel.State.restore(loaded.model, payload).n_tokens == h.n_tokens
+
+
+# --- one checkpoint directory, several daemons ---------------------------------------------------
+
+async def test_two_models_on_the_default_directory_keep_their_checkpoints_across_restarts(
+        tiny_model_dir, tiny_model_dir_b, tmp_path):
+    """Two daemons of different models, both with --disk-checkpoints on the DEFAULT directory:
+    restarting either one deletes nothing of the other, and each restores its own checkpoints."""
+    env = {**os.environ, "XDG_STATE_HOME": str(tmp_path / "state")}
+    root = tmp_path / "state" / "cairn" / "checkpoints"          # the default, from XDG_STATE_HOME
+    socks = {"a": tmp_path / "a.sock", "b": tmp_path / "b.sock"}
+    models = {"a": tiny_model_dir, "b": tiny_model_dir_b}
+    sys_msg = {"role": "system", "content": SYSTEM}
+
+    def body(turn: int) -> dict:
+        return chat([sys_msg, user(turn, f"T{turn}")], max_tokens=1)
+
+    def start(name: str) -> Proc:
+        return Proc(models[name], socks[name], None, env=env, threads=1)   # two daemons on 2 cores
+
+    procs = {name: start(name) for name in ("a", "b")}
+    try:
+        for name in ("a", "b"):
+            await procs[name].ready()
+        with trio.fail_after(120):
+            for name in ("a", "b"):                               # both write their checkpoints
+                await post(socks[name], body(1))
+                await wait_disk(socks[name], 2)
+            written = {str(f) for f in root.rglob("*.ckpt")}
+            assert len(written) == 4
+            for turn, name in enumerate(("a", "b", "a"), start=2):  # restart a, then b, then a again
+                procs[name].stop()
+                assert procs[name].p.returncode == 0
+                procs[name] = start(name)
+                await procs[name].ready()
+                assert written <= {str(f) for f in root.rglob("*.ckpt")}   # nobody's files deleted
+                other = "b" if name == "a" else "a"
+                r = await post(socks[name], body(turn))
+                system = [row for row in await listing(socks[name]) if row["kind"] == "system"]
+                assert system and cached(r) >= system[0]["tokens"] > 0   # restored from its own disk files
+                assert "disk" in system[0]["tier"]
+                assert [e for e in procs[name].lines if e.get("event") == "checkpoint_hit" and e.get("tier") == "disk"]
+                r_other = await post(socks[other], body(turn + 10))   # the other one never lost its own
+                assert cached(r_other) > 0
+    finally:
+        for d in procs.values():
+            if d.p.poll() is None:
+                d.stop()
+    lines = [e for d in procs.values() for e in d.lines]
+    assert not [e for e in lines if e.get("event") in ("checkpoint_file_bad", "checkpoint_disk_unavailable")]
+    assert written <= {str(f) for f in root.rglob("*.ckpt")}
+    assert len({f.parent for f in root.glob("*/*.ckpt")}) == 2       # one subdirectory per model
+
+
+async def test_two_daemons_of_the_same_model_on_one_directory_the_second_runs_memory_only(loaded, tmp_path):
+    """The documented choice: the first daemon owns the model's checkpoint subdirectory (a lock); a
+    second one of the same model serves with memory checkpoints only and says why. Nothing of the
+    first is touched, and the second takes the directory over once the first is gone."""
+    ckdir, s1, s2 = tmp_path / "ck", tmp_path / "one.sock", tmp_path / "two.sock"
+    disk = dict(disk_checkpoints=True, checkpoint_dir=str(ckdir), **ON)
+    sys_msg = {"role": "system", "content": SYSTEM}
+    with trio.fail_after(120), capture_logs() as evs:
+        async with daemon(loaded, s1, **disk):
+            await post(s1, chat([sys_msg, user(1)]))
+            first_rows = await wait_disk(s1, 2)
+            files = sorted(str(f) for f in ckdir.rglob("*.ckpt"))
+            async with daemon(loaded, s2, **disk):
+                warn = events(evs, "checkpoint_disk_unavailable")
+                r2 = await post(s2, chat([sys_msg, user(2, "B")]))
+                r2b = await post(s2, chat([sys_msg, user(3, "C")]))
+                second_rows = await listing(s2)
+                st2 = (await request(s2, "GET", "/v1/status")).json()
+            await post(s1, cmpl(ids(100)))                   # the first keeps writing
+            await wait_disk(s1, 3)
+            after = sorted(str(f) for f in ckdir.rglob("*.ckpt"))
+        async with daemon(loaded, s2, **disk):               # the first one has stopped: lock is free
+            r3 = await post(s2, chat([sys_msg, user(4, "D")]))
+    assert len(warn) == 1 and warn[0]["during"] == "lock" and warn[0]["log_level"] == "warning"
+    assert f"pid {os.getpid()}" in warn[0]["error"]
+    assert cached(r2) == 0 and cached(r2b) > 0              # memory checkpoints work in the second one
+    assert {r["tier"] for r in second_rows} == {"memory"}
+    assert st2["checkpoints"]["disk"]["enabled"] is False and st2["checkpoints"]["disk"]["count"] == 0
+    assert set(files) <= set(after) and len(after) == len(files) + 1
+    assert len(first_rows) == 2 and cached(r3) == [r for r in first_rows if r["kind"] == "system"][0]["tokens"]

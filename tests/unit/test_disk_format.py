@@ -121,13 +121,13 @@ def test_atomic_write_scan_load_round_trip(tmp_path):
     path = write(tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == [file_name(TOKENS)]
     good, problems = disk_io.scan(tmp_path, FP)
-    assert problems == [] and [(p, h.tokens.tolist()) for p, h in good] == [(path, TOKENS)]
+    assert problems == [] and [(f.path, f.header.tokens.tolist()) for f in good] == [(path, TOKENS)]
     header, payload = disk_io.load(path, FP)
     assert payload == PAYLOAD and header.kind == "system"
     # the index is rebuilt from headers alone
     s = CheckpointStore(disk_max_bytes=1 << 20)
-    for p, h in good:
-        s.put_disk(h.tokens, h.kind, h.payload_len, h.file_len)
+    for f in good:
+        s.put_disk(f.header.tokens, f.header.kind, f.header.payload_len, f.header.file_len)
     assert s.longest_prefix(TOKENS + [1]).tier == "disk"
     assert disk_io.remove(tmp_path, path.name) and not disk_io.remove(tmp_path, path.name)
 
@@ -148,7 +148,6 @@ def test_scan_skips_removes_and_reports_bad_files(tmp_path):
     bad = {
         "truncated": data[:-10],
         "checksum mismatch (header)": data[:40] + bytes([data[40] ^ 1]) + data[41:],
-        "foreign fingerprint": encode("other", "common", TOKENS[:550], PAYLOAD),
         "wrong version 2 (expected 1)": data[:8] + struct.pack("<I", 2) + data[12:],
         "bad magic": b"garbage" * 20,
         "trailing bytes": data + b"\0\0",
@@ -159,12 +158,17 @@ def test_scan_skips_removes_and_reports_bad_files(tmp_path):
     misnamed.write_bytes(data)
     (tmp_path / f".{file_name(TOKENS[:520])}.123-abcd.tmp").write_bytes(data)  # leftover temp file
     (tmp_path / "README").write_text("not ours")
+    foreign = tmp_path / file_name(TOKENS[:550])
+    foreign.write_bytes(encode("other", "common", TOKENS[:550], PAYLOAD))
     good, problems = disk_io.scan(tmp_path, FP)
-    assert [p for p, _ in good] == [good_path]
-    reasons = sorted(p.reason for p in problems)
+    assert [f.path for f in good] == [good_path]
+    reasons = sorted(p.reason for p in problems if p.path != foreign)
     assert reasons == sorted([*bad, "file name does not match its token ids", "leftover temp file (interrupted write)"])
-    assert all(p.removed and not p.path.exists() for p in problems)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["README", good_path.name]
+    assert all(p.removed and not p.path.exists() for p in problems if p.path != foreign)
+    # another fingerprint's file is reported but never deleted: it is not ours
+    assert [(p.reason, p.removed) for p in problems if p.path == foreign] == [("foreign fingerprint; left in place",
+                                                                              False)]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["README", good_path.name, foreign.name])
 
 
 def test_temp_file_of_a_writer_killed_mid_write_is_never_loaded(tmp_path):

@@ -183,3 +183,25 @@ def test_deterministic_clock_injection():
 def test_unknown_kind_rejected():
     with pytest.raises(ValueError):
         CheckpointStore().put([1, 2], "nope", blob())
+
+
+def test_blobs_held_for_the_writer_count_against_the_memory_budget_until_released():
+    s = CheckpointStore(max_slots=4, max_bytes=250)
+    a, b, c = [7] * 10, [8] * 10, [9] * 10
+    s.put(a, "prompt_end", blob(100))
+    s.hold(prefix_hash(a), 100)                      # queued for the disk writer
+    assert s.can_hold(prefix_hash(a), 100) and s.memory_usage() == 100   # counted once
+    s.put(b, "prompt_end", blob(100))
+    s.hold(prefix_hash(b), 100)
+    assert not s.can_hold(prefix_hash(c), 100)       # 200 + 100 would break 250
+    # a third blob: evicting a held entry would free no bytes (it stays queued), so only the
+    # newcomer is refused and the held ones stay usable from memory
+    ev = s.put(c, "prompt_end", blob(100))
+    assert [e.entry.id for e in ev] == [prefix_hash(c)]
+    assert s.memory_usage() == 200 and s.queued_bytes == 0 and s.stats().memory_bytes == 200
+    s.remove(prefix_hash(a))                         # e.g. DELETE while its write is queued
+    assert s.memory_usage() == 200 == s.queued_bytes + 100
+    s.release(prefix_hash(a))                        # written (or cancelled): the bytes are free
+    s.release(prefix_hash(b))
+    assert s.memory_usage() == 100 and s.queued_bytes == 0
+    assert s.put(c, "prompt_end", blob(100)) == [] and s.memory_usage() == 200
