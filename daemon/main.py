@@ -168,7 +168,14 @@ def _serve(args: argparse.Namespace) -> int:
 def serve(settings: Settings, load_model=load) -> int:
     """Load the model, then serve it until SIGTERM / SIGINT. Exit status: 0, 1 (sockets), 2 (model)."""
     from .model_dir import ModelDirError
+    from .server import prepare_socket_dir
 
+    if not os.environ.get("LISTEN_FDS"):      # else systemd owns the socket (checked again at bind)
+        try:
+            prepare_socket_dir(settings.socket)   # refuse an unsafe directory before a minutes-long load
+        except OSError as e:
+            print(f"cairn serve: {e}", file=sys.stderr)
+            return 1
     # The load runs on the main thread, before the event loop: OpenMP teams started by a load on
     # another thread keep spinning and made the kernel ~20x slower on 2 cores (measured). A real
     # model takes minutes and WatchdogSec=30, so a thread feeds the watchdog meanwhile.

@@ -19,10 +19,16 @@ from hypercorn.utils import wrap_app
 from .socket_dir import check_socket_dir
 
 
+def prepare_socket_dir(path: str) -> None:
+    """Create the socket's directory if needed and check that it is safe (daemon/socket_dir.py)."""
+    parent = Path(path).parent
+    parent.mkdir(parents=True, mode=0o750, exist_ok=True)
+    check_socket_dir(parent)              # ours and writable by us only, else the socket can be swapped
+
+
 def _unix_socket(path: str, mode: int) -> socket.socket:
     p = Path(path)
-    p.parent.mkdir(parents=True, mode=0o750, exist_ok=True)
-    check_socket_dir(p.parent)            # ours and writable by us only, else the socket can be swapped
+    prepare_socket_dir(path)
     if p.is_socket():
         probe = socket.socket(socket.AF_UNIX)
         try:

@@ -103,3 +103,19 @@ def test_client_uses_a_socket_path_the_user_gave_as_is(tmp_path, monkeypatch):
     assert socket_path(argparse.Namespace(socket="/elsewhere/c.sock")) == "/elsewhere/c.sock"
     monkeypatch.setenv("CAIRN_SOCKET", str(d / "cairn.sock"))
     assert socket_path(argparse.Namespace(socket=None)) == str(d / "cairn.sock")
+
+
+def test_serve_refuses_an_unsafe_socket_dir_before_loading_the_model(tmp_path, monkeypatch, capsys):
+    """A real model loads for minutes: the socket directory is checked first."""
+    from cairn.daemon.config import load_settings
+    from cairn.daemon.main import serve
+
+    monkeypatch.delenv("LISTEN_FDS", raising=False)
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o1777)
+    loads = []
+    settings = load_settings({"model": "m", "socket": str(shared / "cairn.sock")}, {})
+    assert serve(settings, load_model=loads.append) == 1
+    assert loads == []
+    assert capsys.readouterr().err.startswith(f"cairn serve: socket directory {shared} is writable by group and others")
