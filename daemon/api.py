@@ -20,6 +20,7 @@ from cairn.actors.messages import (Cancel, CancelAck, Done, Failed, Progress, Re
                                    Started, Submit, TokenOut)
 from cairn.actors.replies import STALL_S
 
+from .access import api_key_matches, loopback_host
 from .chat import ChatTemplateError
 from .http import read_body, send_error, send_json
 from .responders import ChatJSON, ChatStream, CompletionOut
@@ -109,8 +110,8 @@ class API:
 
     async def _route(self, scope, receive, send) -> None:
         method, path = scope["method"], scope["path"].rstrip("/") or "/"
-        if scope.get("server") is not None and self.api_key is not None:
-            self._check_auth(scope)
+        if scope.get("server") is not None:      # TCP (hypercorn gives no server address for a Unix socket)
+            self._check_tcp_access(scope)
         routes = {
             ("GET", "/health"): self._health,
             ("GET", "/v1/models"): self._models,
@@ -133,11 +134,17 @@ class API:
             raise APIError(404, f"no route {method} {path}", code="not_found")
         await handler(scope, receive, send)
 
-    def _check_auth(self, scope) -> None:
+    def _check_tcp_access(self, scope) -> None:
         headers = dict(scope.get("headers") or [])
-        got = headers.get(b"authorization", b"").decode("latin-1")
-        if not secrets.compare_digest(got.encode(), f"Bearer {self.api_key}".encode()):
-            raise APIError(401, "missing or wrong API key (Authorization: Bearer ...)", code="invalid_api_key")
+        if self.api_key is not None:
+            if not api_key_matches(headers.get(b"authorization", b""), self.api_key):
+                raise APIError(401, "missing or wrong API key (Authorization: Bearer ...)", code="invalid_api_key")
+        elif b"host" in headers and not loopback_host(headers[b"host"]):
+            host = headers[b"host"].decode("latin-1")
+            raise APIError(403, f"Host {host!r} is not allowed: without an API key the TCP listener only answers "
+                           "requests addressed to localhost, 127.0.0.1 or [::1] (DNS rebinding protection); "
+                           "use one of those names, or set api_key", code="host_not_allowed",
+                           type="permission_error")
 
     # --- simple routes ------------------------------------------------------------------------
 

@@ -18,6 +18,7 @@ from collections.abc import Iterator
 import httpx
 
 from .config import default_socket_path
+from .socket_dir import SocketDirError, check_socket_dir
 
 UNREACHABLE = "cannot reach cairn at {path}: is the daemon running? (systemctl status cairn / cairn serve)"
 
@@ -27,7 +28,20 @@ class ClientError(Exception):
 
 
 def socket_path(args: argparse.Namespace | None = None) -> str:
-    return (getattr(args, "socket", None) or os.environ.get("CAIRN_SOCKET") or default_socket_path())
+    """The socket to use. A path the user gave is theirs to vouch for; the default path is only used
+    when its directory is safe (daemon/socket_dir.py): a /tmp/cairn-$UID made by another user would
+    let them stand in for the daemon and read the prompts."""
+    given = getattr(args, "socket", None) or os.environ.get("CAIRN_SOCKET")
+    if given:
+        return given
+    path = default_socket_path()
+    try:
+        check_socket_dir(os.path.dirname(path))
+    except FileNotFoundError:
+        pass                          # nothing there: connecting fails with "cannot reach"
+    except SocketDirError as e:
+        raise ClientError(f"refusing the default socket {path}: {e}") from None
+    return path
 
 
 class Client:

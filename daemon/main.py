@@ -166,11 +166,26 @@ def _serve(args: argparse.Namespace) -> int:
         threadpool_limits(1)          # numpy's BLAS must not fight the kernel's threads (2 cores)
     except Exception:  # pragma: no cover - optional
         pass
-    from .model_dir import ModelDirError
+    return serve(settings)
 
-    systemd.status(f"loading model {settings.model}")
+
+def serve(settings: Settings, load_model=load) -> int:
+    """Load the model, then serve it until SIGTERM / SIGINT. Exit status: 0, 1 (sockets), 2 (model)."""
+    from .model_dir import ModelDirError
+    from .server import prepare_socket_dir
+
+    if not os.environ.get("LISTEN_FDS"):      # else systemd owns the socket (checked again at bind)
+        try:
+            prepare_socket_dir(settings.socket)   # refuse an unsafe directory before a minutes-long load
+        except OSError as e:
+            print(f"cairn serve: {e}", file=sys.stderr)
+            return 1
+    # The load runs on the main thread, before the event loop: OpenMP teams started by a load on
+    # another thread keep spinning and made the kernel ~20x slower on 2 cores (measured). A real
+    # model takes minutes and WatchdogSec=30, so a thread feeds the watchdog meanwhile.
     try:
-        loaded = load(settings)
+        with systemd.pinging(f"loading model {settings.model}", systemd.watchdog_interval()):
+            loaded = load_model(settings)
     except ModelDirError as e:
         print(f"cairn serve: {e}", file=sys.stderr)
         return 2

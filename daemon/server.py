@@ -9,7 +9,6 @@ from __future__ import annotations
 import ipaddress
 import os
 import socket
-import stat
 from pathlib import Path
 
 import trio
@@ -17,15 +16,19 @@ from hypercorn.config import Config, Sockets
 from hypercorn.trio.run import worker_serve
 from hypercorn.utils import wrap_app
 
+from .socket_dir import check_socket_dir
+
+
+def prepare_socket_dir(path: str) -> None:
+    """Create the socket's directory if needed and check that it is safe (daemon/socket_dir.py)."""
+    parent = Path(path).parent
+    parent.mkdir(parents=True, mode=0o750, exist_ok=True)
+    check_socket_dir(parent)              # ours and writable by us only, else the socket can be swapped
+
 
 def _unix_socket(path: str, mode: int) -> socket.socket:
     p = Path(path)
-    if not p.parent.exists():
-        p.parent.mkdir(parents=True, mode=0o750)
-    parent = os.lstat(p.parent)
-    if stat.S_ISLNK(parent.st_mode) or (parent.st_mode & 0o002 and not parent.st_mode & stat.S_ISVTX):
-        # Someone else could swap the socket under us (e.g. a /tmp/cairn-$UID made by another user).
-        raise OSError(f"{p.parent}: is a symlink or writable by others; refusing to put the socket there")
+    prepare_socket_dir(path)
     if p.is_socket():
         probe = socket.socket(socket.AF_UNIX)
         try:

@@ -6,15 +6,21 @@ Design notes:
   A leading `@` in $NOTIFY_SOCKET names an abstract socket (the `@` becomes a NUL byte).
 - `watchdog_task` is a Trio task on purpose: if the event loop is stuck, the pings stop and systemd
   restarts us, which is what WatchdogSec= is for. A ping from a thread would hide the hang.
+  The one exception is `pinging`, for the blocking model load before the event loop exists (minutes
+  for a real model, with WatchdogSec=30): a thread pings until the load returns, and a load that never
+  does is stopped by TimeoutStartSec=.
 - `listen_fds` follows sd_listen_fds(3): fds start at 3, only for us if LISTEN_PID is our pid; the
   variables are always removed so children do not inherit them; missing or empty names read "unknown".
 """
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import socket
+import threading
+import time
 
 import trio
 
@@ -70,6 +76,36 @@ async def watchdog_task(interval: float | None, *, task_status=trio.TASK_STATUS_
     while True:
         await trio.sleep(interval / 2)
         notify("WATCHDOG=1")
+
+
+@contextlib.contextmanager
+def pinging(what: str, interval: float | None, *, status_every: float = 10.0):
+    """Around a blocking step that runs before the event loop (loading the model): `STATUS=<what>`
+    now, then from a thread WATCHDOG=1 every `interval`/2 (`interval` None: no watchdog) and
+    `STATUS=<what>: N s so far` every `status_every` seconds, until the step ends."""
+    status(what)
+    stop = threading.Event()
+
+    def run() -> None:
+        start = last_status = time.monotonic()
+        tick = min(interval / 2, status_every) if interval else status_every
+        if interval:
+            notify("WATCHDOG=1")
+        while not stop.wait(tick):
+            if interval:
+                notify("WATCHDOG=1")
+            now = time.monotonic()
+            if now - last_status >= status_every:
+                last_status = now
+                status(f"{what}: {now - start:.0f} s so far")
+
+    pinger = threading.Thread(target=run, name="cairn-load-watchdog", daemon=True)
+    pinger.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        pinger.join()
 
 
 def listen_fds() -> list[tuple[str, socket.socket]]:

@@ -1,8 +1,10 @@
 """Shared fixtures: generated model directories. (Daemon harness and raw HTTP client: daemon_harness.py.)
 
-Rules for the tests here: every I/O test runs under `trio.fail_after`; sockets are Unix sockets in a
-temporary directory; the fake kernel (tests/fake_kernel.py) is used only where a test is about actor
-logic, everything else runs the real kernel (skipped while it does not build yet).
+Rules for the tests here: every wait on I/O is bounded (`trio.fail_after` in Trio tests, a timeout on
+each subprocess or socket wait otherwise); sockets are Unix sockets in a temporary directory; the fake
+kernel (tests/fake_kernel.py) is used only where a test is about actor logic, everything else runs the
+real kernel, which `make install` builds (a missing build fails, it is not skipped; only the HF oracle
+tests in tests/native skip when torch / transformers are not installed).
 """
 
 from __future__ import annotations

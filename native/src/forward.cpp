@@ -20,7 +20,7 @@ namespace cairn {
 
 double g_prof[P_N] = {};
 const char* const g_prof_names[P_N] = {"hc", "qkv", "compress", "indexer", "attn", "out",
-                                      "router", "experts", "shared", "head"};
+                                      "router", "experts", "head"};
 
 static inline float sigmoidf(float v) { return 1.f / (1.f + std::exp(-v)); }
 

@@ -1,6 +1,6 @@
 // cairn kernel: State construction and the snapshot blob.
 //
-// Snapshot layout (little-endian, version 1):
+// Snapshot layout (little-endian, version SNAPSHOT_VERSION = 2, cairn/state.h):
 //   magic "CAIRNSNP" (8) | u32 version | u32 fingerprint length | fingerprint bytes
 //   | 8 x u32 shape guard (vocab, D, n_layers, W, Dh, Di, csa_rate, hca_rate)
 //   | i64 n | i32 tokens[n] | u8 has_logits | f32 logits[V] if has_logits

@@ -147,3 +147,16 @@ def test_model_properties(model, small_oracle):
     assert model.n_layers == small_oracle.config["num_hidden_layers"]
     assert model.threads == 2
     assert K.Model(small_oracle.config, small_oracle.weights, "x", 0).threads >= 1
+
+
+def test_profile_has_no_shared_bucket_that_always_reads_zero(tiny_model_dir):
+    """The shared expert runs inside the routed experts' parallel phases; its time is in `experts`.
+    A separate `shared` section could only ever read ~0 (it did, in docs/benchmarks.md's tables)."""
+    from cairn.daemon.model_dir import load_model
+
+    m = load_model(tiny_model_dir, 1)
+    K._profile(True)
+    K.prefill(K.State(m), np.arange(5, 69, dtype=np.int32))
+    prof = K._profile(True)
+    assert list(prof) == ["hc", "qkv", "compress", "indexer", "attn", "out", "router", "experts", "head"]
+    assert prof["experts"] > 0 and prof["hc"] > 0

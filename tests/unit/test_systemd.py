@@ -132,6 +132,71 @@ async def test_watchdog_task_reaches_the_socket(autojump_clock, notify_socket):
     assert drain(notify_socket) == [b"WATCHDOG=1"] * 4  # t = 0, 10, 20, 30
 
 
+def test_watchdog_pings_while_a_slow_model_load_runs_before_ready(notify_socket, monkeypatch, tiny_model_dir,
+                                                                sockdir):
+    """A real model loads for minutes and WatchdogSec=30: `cairn serve` must feed the watchdog during
+    the load, not only once serving. The load here blocks until three pings have arrived; then the
+    daemon serves, says READY=1, and stops on SIGTERM."""
+    import signal
+    import threading
+
+    from daemon_harness import fake_loaded
+
+    from cairn.daemon.config import load_settings
+    from cairn.daemon.main import serve
+
+    monkeypatch.setenv("WATCHDOG_USEC", "20000")             # a ping every 10 ms
+    monkeypatch.delenv("WATCHDOG_PID", raising=False)
+    monkeypatch.delenv("LISTEN_PID", raising=False)
+    settings = load_settings({"model": str(tiny_model_dir), "socket": str(sockdir / "c.sock")}, {})
+    received: list[bytes] = []
+    pinged = threading.Event()
+    loads: list[str] = []
+
+    def slow_load(s):
+        loads.append("started")
+        if pinged.wait(TIMEOUT):
+            loads.append("pinged")
+        return fake_loaded(tiny_model_dir)
+
+    def read_until_stopping():
+        try:
+            while not received or received[-1] != b"STOPPING=1":
+                received.append(notify_socket.recv(4096))
+                if received.count(b"WATCHDOG=1") >= 3:
+                    pinged.set()
+                if received[-1] == b"READY=1":
+                    os.kill(os.getpid(), signal.SIGTERM)     # the daemon's own handler stops it
+        finally:
+            pinged.set()
+
+    def too_early(signum, frame):
+        raise RuntimeError("SIGTERM arrived before the daemon listened for it")
+
+    reader = threading.Thread(target=read_until_stopping, daemon=True)
+    previous = signal.signal(signal.SIGTERM, too_early)
+    try:
+        reader.start()
+        assert serve(settings, slow_load) == 0
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    reader.join(TIMEOUT)
+    assert loads == ["started", "pinged"], received
+    ready = received.index(b"READY=1")
+    assert received[0] == f"STATUS=loading model {tiny_model_dir}".encode()
+    assert received[1:4] == [b"WATCHDOG=1"] * 3                 # during the load, before READY=1
+    assert received[ready + 1].startswith(b"STATUS=serving tiny on ") and received[-1] == b"STOPPING=1"
+
+
+def test_pinging_reports_load_time_in_status(notify_socket):
+    with systemd.pinging("loading model m", None, status_every=0.01):
+        first = notify_socket.recv(4096)
+        second = notify_socket.recv(4096)
+    assert first == b"STATUS=loading model m"
+    assert re.fullmatch(rb"STATUS=loading model m: \d+ s so far", second), second
+    drain(notify_socket)
+
+
 async def test_watchdog_task_without_interval_returns(notify_socket):
     async with trio.open_nursery() as nursery:
         await nursery.start(systemd.watchdog_task, None)
