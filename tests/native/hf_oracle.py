@@ -12,11 +12,17 @@ import dataclasses
 import hashlib
 
 import numpy as np
-import pytest
 
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
-from transformers import DeepseekV4Config, DeepseekV4ForCausalLM  # noqa: E402
+# The oracle is part of the test suite, not optional: without it the parity tests would not run, so
+# a missing torch/transformers is an error (never a skip) that says how to install them.
+try:
+    import torch
+    import transformers
+    from transformers import DeepseekV4Config, DeepseekV4ForCausalLM
+except ImportError as e:
+    raise ImportError(
+        f"the HF oracle needs torch and transformers ({e}); `make test` installs them, or run "
+        "`.venv/bin/pip install -e '.[oracle]'`") from e
 
 import cairn._kernel as K  # noqa: E402
 
