@@ -10,5 +10,5 @@ import pytest
 def test_missing_oracle_is_an_import_error_naming_the_install(monkeypatch, missing):
     monkeypatch.setitem(sys.modules, missing, None)      # `import <missing>` raises ImportError
     monkeypatch.delitem(sys.modules, "hf_oracle")        # restored afterwards
-    with pytest.raises(ImportError, match=r"make test.*pip install -e '\.\[oracle\]'") as e:
+    with pytest.raises(ImportError, match=r"make test.*pip install -e '\.\[oracle\]'"):
         importlib.import_module("hf_oracle")
