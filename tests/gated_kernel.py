@@ -17,8 +17,9 @@ import trio
 
 
 class Gate:
-    def __init__(self, permits: int | None = None) -> None:
+    def __init__(self, permits: int | None = None, max_wait: float = 15.0) -> None:
         self._cond = threading.Condition()
+        self._max_wait = max_wait        # a test that fails while holding the gate must not hang
         self._permits = permits          # None: unlimited
         self.calls: list[tuple[str, int]] = []   # ("prefill_chunk", n) / ("decode", 1), in order
         self.waiting = False             # the kernel thread is blocked on the gate right now
@@ -50,11 +51,16 @@ class Gate:
     # --- kernel-thread side ------------------------------------------------------------------------
     def _enter(self, abort=None) -> bool:
         """Take a permit; False if the abort flag was set first."""
+        def ready() -> bool:
+            return self._permits != 0 or (abort is not None and abort.is_set())
+
         with self._cond:
-            while self._permits == 0 and not (abort is not None and abort.is_set()):
+            if not ready():
                 self.waiting = True
-                self._cond.wait()
-            self.waiting = False
+                ok = self._cond.wait_for(ready, timeout=self._max_wait)
+                self.waiting = False
+                if not ok:
+                    raise RuntimeError(f"gated kernel: held for {self._max_wait} s and never released")
             if abort is not None and abort.is_set():
                 return False
             if self._permits is not None:
