@@ -92,15 +92,18 @@ async def test_disconnect_during_prefill_stops_kernel_within_a_chunk_and_frees_e
 async def test_identical_retry_after_cancelled_prefill_resumes(loaded, tmp_path):
     sock = tmp_path / "c.sock"
     prompt = LONG[:5000]
+    chunk, held_after = 64, 19                     # past the first 1024-token segment, mid-way in the second
+    gate = Gate(permits=held_after)
     with trio.fail_after(60), capture_logs() as events:
-        async with daemon(loaded, sock, chunk=64, segment=1024):
+        async with daemon(gated(loaded, gate), sock, chunk=chunk, segment=1024):
             a = await open_request(sock, "POST", "/v1/completions", _cmpl(prompt))
-            await wait_for_event(events, lambda e: e["event"] == "prefill_segment")
+            await gate.wait_blocked()
             await a.aclose()
             ack = await wait_for_event(events, lambda e: e["event"] == "prefill_cancelled")
+            gate.allow(None)
             r = (await request(sock, "POST", "/v1/completions", _cmpl(prompt))).json()
     done = ack["state_tokens"]
-    assert 1024 <= done < len(prompt)
+    assert done == held_after * chunk
     assert r["usage"]["prompt_tokens_details"]["cached_tokens"] == done
     line = _events(events, "request", outcome="done")[-1]
     assert line["computed_tokens"] == len(prompt) - done and line["reused_tokens"] == done
