@@ -109,7 +109,7 @@ def test_sigterm_during_long_prefill_exits_zero_promptly(tiny_model_dir, tmp_pat
 
     async def start_prefill():
         with trio.fail_after(60):                              # a hang guard, not a speed requirement
-            while not sock.exists():
+            while not events("listening"):                     # the socket file alone may not accept yet
                 assert proc.poll() is None, "".join(lines)
                 await trio.sleep(0.01)
             s = await open_request(sock, "POST", "/v1/completions", {"model": "tiny", "prompt": prompt})
