@@ -17,6 +17,14 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+import skip_policy  # noqa: E402
+
+pytest_plugins = ("pytester",)   # tests/unit/test_skip_policy.py runs small suites in-process
+
+
+def pytest_configure(config) -> None:
+    skip_policy.register(config)   # a skip or xfail anywhere fails the run
+
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> Path:

@@ -6,7 +6,7 @@ import sys
 import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
-from hf_oracle import CONFIGS, Oracle, get_oracle  # noqa: E402
+from hf_oracle import CONFIGS, LongOracle, Oracle, get_long_oracle, get_oracle  # noqa: E402
 
 
 @pytest.fixture(scope="session", params=list(CONFIGS))
@@ -17,3 +17,8 @@ def oracle(request) -> Oracle:
 @pytest.fixture(scope="session")
 def small_oracle() -> Oracle:
     return get_oracle("w16-hca16")
+
+
+@pytest.fixture(scope="session")
+def long_oracle() -> LongOracle:
+    return get_long_oracle()

@@ -12,11 +12,17 @@ import dataclasses
 import hashlib
 
 import numpy as np
-import pytest
 
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
-from transformers import DeepseekV4Config, DeepseekV4ForCausalLM  # noqa: E402
+# The oracle is part of the test suite, not optional: without it the parity tests would not run, so
+# a missing torch/transformers is an error (never a skip) that says how to install them.
+try:
+    import torch
+    import transformers
+    from transformers import DeepseekV4Config, DeepseekV4ForCausalLM
+except ImportError as e:
+    raise ImportError(
+        f"the HF oracle needs torch and transformers ({e}); `make test` installs them, or run "
+        "`.venv/bin/pip install -e '.[oracle]'`") from e
 
 import cairn._kernel as K  # noqa: E402
 
@@ -65,6 +71,27 @@ CONFIGS: dict[str, dict] = {
         index_n_heads=16, index_head_dim=16, index_topk=2,
     ),
 }
+
+
+# Long context: CSA rate 4 and HCA rate 128 at 4096+ tokens (over 1000 CSA entries for the indexer to
+# choose 16 from, 32 HCA rows), a 16-token window, hidden size 64: cheap enough for HF's full no-cache
+# forward in CI. 16 indexer heads, as above: with only a few, whole rows of scores are exactly zero
+# (every head's ReLU at 0) and ties at the top-k boundary become common; HF breaks them arbitrarily
+# (torch.topk) and the kernel by lowest index, so the two would select different entries.
+LONG_NAME = "long-csa4-hca128"
+LONG_LEN = 4096 + 64
+LONG_TAIL = 64
+LONG_CONFIG = dict(
+    vocab_size=256, hidden_size=64, moe_intermediate_size=32, num_hidden_layers=3,
+    num_attention_heads=2, head_dim=32, q_lora_rank=32, partial_rotary_factor=8 / 32,
+    num_experts_per_tok=2, n_routed_experts=4, sliding_window=16, o_groups=2, o_lora_rank=16,
+    layer_types=["compressed_sparse_attention", "heavily_compressed_attention", "sliding_attention"],
+    mlp_layer_types=["hash_moe", "moe", "moe"],
+    compress_rates={"compressed_sparse_attention": 4, "heavily_compressed_attention": 128},
+    index_n_heads=16, index_head_dim=16, index_topk=16,
+    rope_parameters={"rope_type": "yarn", "factor": 16.0, "original_max_position_embeddings": 65536,
+                     "beta_fast": 32, "beta_slow": 1},
+)
 
 
 def resolved_config(c: DeepseekV4Config) -> dict:
@@ -272,3 +299,31 @@ def get_oracle(name: str) -> Oracle:
     if name not in _CACHE:
         _CACHE[name] = _make_oracle(name)
     return _CACHE[name]
+
+
+@dataclasses.dataclass
+class LongOracle:
+    config: dict
+    weights: dict
+    fingerprint: str
+    tokens: np.ndarray        # int32 [LONG_LEN], random
+    tail_logits: np.ndarray   # float32 [LONG_TAIL, V]: HF full no-cache forward, the last positions
+
+    def model(self, threads: int = 2) -> K.Model:
+        return K.Model(self.config, self.weights, self.fingerprint, threads)
+
+
+_LONG: list[LongOracle] = []
+
+
+def get_long_oracle() -> LongOracle:
+    if not _LONG:
+        seed = 3000
+        hf = build_hf(LONG_CONFIG, seed)
+        tokens = np.random.default_rng(seed).integers(0, LONG_CONFIG["vocab_size"], LONG_LEN, dtype=np.int64)
+        with torch.no_grad():
+            out = hf(input_ids=torch.tensor(tokens)[None], use_cache=False, logits_to_keep=LONG_TAIL)
+        fp = hashlib.sha256(f"{LONG_NAME}-{seed}".encode()).hexdigest()[:16]
+        _LONG.append(LongOracle(resolved_config(hf.config), canonical_weights(hf), fp, tokens.astype(np.int32),
+                                out.logits[0].float().numpy().astype(np.float32)))
+    return _LONG[0]

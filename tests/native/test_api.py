@@ -70,11 +70,20 @@ def test_abort_from_other_thread_stops_after_current_chunk(model, small_oracle):
     result = {}
     th = threading.Thread(target=lambda: result.setdefault("r", K.prefill(st, tokens, chunk=chunk, abort=flag)))
     th.start()
-    time.sleep(0.3)  # the GIL is released during compute, so this thread runs meanwhile
+    # Wait until the kernel is well into the prompt (n_tokens is updated after each chunk; reading it
+    # while prefill runs is a plain load of the counter), then abort from this thread.
+    deadline = time.monotonic() + 60
+    while st.n_tokens < 3 * chunk and th.is_alive():
+        assert time.monotonic() < deadline, "the prefill made no progress"
+        time.sleep(0.0005)
     flag.set()
+    seen = st.n_tokens          # read after set: the kernel had done at most this much when it was set
     th.join(60)
+    assert not th.is_alive()
     n, logits = result["r"]
-    assert 0 < n < len(tokens) and n % chunk == 0
+    # it stopped between chunks, finishing at most the chunk in flight when the flag was set
+    assert 3 * chunk <= seen <= n <= seen + chunk and n % chunk == 0
+    assert n < len(tokens)
     assert st.n_tokens == n
     np.testing.assert_array_equal(st.tokens, tokens[:n])
     np.testing.assert_array_equal(logits, st.last_logits)

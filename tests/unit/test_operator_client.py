@@ -51,11 +51,13 @@ async def test_progress_is_throttled_first_always_goes_out(autojump_clock):
 async def test_progress_never_blocks_on_a_full_or_closed_channel(autojump_clock):
     sub, recv = _submit(buffer=1)
     rep = ProgressReporter(sub, total=10, reused=0, min_interval_s=0)
-    rep.begin()
-    rep.segment_done(5)                        # buffer full: dropped, no error, no wait
+    rep.begin()                                # fills the one-slot buffer
+    rep.segment_done(5)                        # buffer full: dropped at once, no error, no wait
+    assert [p.done for p in await _drain(recv)] == [0]
+    rep.segment_done(7)                        # room again: sent (so 5 was dropped, not queued)
+    assert [p.done for p in await _drain(recv)] == [7]
     await recv.aclose()
-    rep.segment_done(10)                       # handler gone: dropped
-    assert True
+    rep.segment_done(10)                       # handler gone: dropped, no error
 
 
 def test_iter_sse_progress_data_done_and_error():
