@@ -3,8 +3,8 @@
 Rules for the tests here: every wait on I/O is bounded (`trio.fail_after` in Trio tests, a timeout on
 each subprocess or socket wait otherwise); sockets are Unix sockets in a temporary directory; the fake
 kernel (tests/fake_kernel.py) is used only where a test is about actor logic, everything else runs the
-real kernel, which `make install` builds (a missing build fails, it is not skipped; only the HF oracle
-tests in tests/native skip when torch / transformers are not installed).
+real kernel, which `make install` builds. Nothing is skipped: a missing build or a missing HF oracle
+(torch / transformers) is an error, and any skip or xfail fails the run (tests/skip_policy.py).
 """
 
 from __future__ import annotations

@@ -12,8 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch")
-pytest.importorskip("transformers")
+from hf_oracle import torch  # noqa: F401  (a missing oracle is an ImportError that says how to install it)
 from transformers import AutoTokenizer, DeepseekV4ForCausalLM, DynamicCache  # noqa: E402
 
 from cairn.daemon.chat import ChatRenderer  # noqa: E402

@@ -6,9 +6,8 @@ import pytest
 
 import cairn._kernel as K
 
-torch = pytest.importorskip("torch")
-make_model = pytest.importorskip("cairn.daemon.make_model")
-model_dir = pytest.importorskip("cairn.daemon.model_dir")
+from cairn.daemon import make_model, model_dir
+from hf_oracle import torch  # a missing oracle is an ImportError that says how to install it
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
