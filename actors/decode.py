@@ -15,6 +15,7 @@ from .engine import Engine
 from .lifecycle import attached, end_cancelled, end_failed
 from .messages import Done, Finished, Prefilled, Started, TokenOut, Usage
 from .outcome import log_request
+from .penalties import Shaper
 from .replies import reply
 from .sampling import choose, log_softmax, make_rng, top_logprobs
 from .stops import StopMatcher
@@ -37,8 +38,13 @@ async def run_decode(engine: Engine, pre: Prefilled, stream_decoder, stats: dict
     n = 0
     finish = "length"
     by_stop_string = False
+    shaper = Shaper(s, len(logits))
     while n < budget:
-        tok = choose(logits, s, rng)
+        allowed = None
+        if s.constraint is not None:  # the grammar mask, off the event loop (llguidance drops the GIL)
+            allowed = await trio.to_thread.run_sync(s.constraint.allowed)
+        tok = choose(shaper.shape(logits, allowed), s, rng)
+        shaper.accept(tok)
         n += 1
         stats["completion_tokens"] = n
         if n == 1:

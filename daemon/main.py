@@ -36,19 +36,22 @@ class Loaded:
     name: str
     fingerprint: str
     context_length: int
+    encoding: str = ""          # which chat encoding serves this model, and why (logged at start)
 
 
 def load(settings: Settings, kernel=None) -> Loaded:
-    from .chat import ChatRenderer
+    from .chat_encoding import choose_renderer
     from .model_dir import load_model, open_model_dir
     from .tokenizer import TextTokenizer
 
     if kernel is None:
         from cairn import _kernel as kernel
     md = open_model_dir(settings.model)
+    choice = choose_renderer(md)
     return Loaded(kernel=kernel, model=load_model(md, settings.threads), tokenizer=TextTokenizer.from_model_dir(md),
-                  renderer=ChatRenderer.from_model_dir(md), name=md.name, fingerprint=md.fingerprint,
-                  context_length=int(md.config["max_position_embeddings"]))
+                  renderer=choice.renderer, name=md.name, fingerprint=md.fingerprint,
+                  context_length=int(md.config["max_position_embeddings"]),
+                  encoding=f"{choice.encoding}: {choice.reason}")
 
 
 def checkpoint_fingerprint(loaded: Loaded) -> str:
@@ -118,9 +121,12 @@ async def _serve_all(settings, loaded, engine, model_id, sockets, log, handle_si
         api = API(inbox=inbox, tokenizer=loaded.tokenizer, renderer=loaded.renderer, model_id=model_id,
                   context_length=loaded.context_length, vocab_size=int(loaded.model.vocab_size),
                   max_tokens_default=settings.max_tokens_default, fingerprint=loaded.fingerprint, log=log,
+                  reasoning=settings.reasoning,
                   api_key=settings.api_key, metrics=engine.metrics, checkpoints=engine.checkpoints,
                   status=StatusBoard(engine, queue_size=settings.queue_size, fingerprint=loaded.fingerprint,
                                      context_length=loaded.context_length))
+        log.info("chat_encoding", encoding=getattr(loaded.renderer, "name", "?"), detail=loaded.encoding,
+                 reasoning_default=settings.reasoning)
         binds = await nursery.start(serve_http, api, sockets)
         log.info("listening", binds=binds, model=model_id)
         if handle_signals:

@@ -22,6 +22,8 @@ import numpy as np
 
 from .safetensors_io import to_bf16_bits, write_file
 
+# DeepSeek-V4's special tokens (daemon/encoding_dsv4.py), then padding. No chat template is written:
+# like the first V4 release, a generated directory is served with the native V4 encoding.
 SPECIAL_TOKENS = [
     "<｜begin▁of▁sentence｜>",
     "<｜end▁of▁sentence｜>",
@@ -29,59 +31,11 @@ SPECIAL_TOKENS = [
     "<｜Assistant｜>",
     "<think>",
     "</think>",
-    "<｜tool▁calls▁begin｜>",
-    "<｜tool▁calls▁end｜>",
-    "<｜tool▁call▁begin｜>",
-    "<｜tool▁call▁end｜>",
-    "<｜tool▁sep｜>",
-    "<｜tool▁outputs▁begin｜>",
-    "<｜tool▁outputs▁end｜>",
-    "<｜tool▁output▁begin｜>",
-    "<｜tool▁output▁end｜>",
+    "<｜latest_reminder｜>",
+    "｜DSML｜",
     "<｜pad｜>",
 ]
 BOS, EOS = SPECIAL_TOKENS[0], SPECIAL_TOKENS[1]
-
-# The DeepSeek-V4 chat format: BOS, the system part (system messages, then tool definitions),
-# then turns. Everything before the first non-system message is the shared "system prefix".
-CHAT_TEMPLATE = (
-    "{{ bos_token }}"
-    "{%- set ns = namespace(first=true) -%}"
-    "{%- for m in messages if m['role'] == 'system' -%}"
-    "{%- if not ns.first %}{{ '\n\n' }}{% endif %}{{ m['content'] }}{%- set ns.first = false -%}"
-    "{%- endfor -%}"
-    "{%- if tools -%}"
-    "{{ '\n\n## Tools\nYou can call these functions:\n' }}"
-    "{%- for t in tools %}{{ (t['function'] if t['function'] is defined else t) | tojson }}{{ '\n' }}{% endfor -%}"
-    "{%- endif -%}"
-    "{%- set ns.in_tools = false -%}"
-    "{%- for m in messages -%}"
-    "{%- if m['role'] != 'tool' and ns.in_tools %}<｜tool▁outputs▁end｜>{% set ns.in_tools = false %}{% endif -%}"
-    "{%- if m['role'] == 'user' -%}"
-    "<｜User｜>{{ m['content'] }}"
-    "{%- elif m['role'] == 'assistant' -%}"
-    "<｜Assistant｜>{% if m['content'] %}{{ m['content'] }}{% endif %}"
-    "{%- if m['tool_calls'] is defined and m['tool_calls'] -%}"
-    "<｜tool▁calls▁begin｜>"
-    "{%- for c in m['tool_calls'] -%}"
-    "<｜tool▁call▁begin｜>{{ c['function']['name'] }}<｜tool▁sep｜>"
-    "{%- if c['function']['arguments'] is string %}{{ c['function']['arguments'] }}"
-    "{%- else %}{{ c['function']['arguments'] | tojson }}{% endif -%}"
-    "<｜tool▁call▁end｜>"
-    "{%- endfor -%}"
-    "<｜tool▁calls▁end｜>"
-    "{%- endif -%}"
-    "<｜end▁of▁sentence｜>"
-    "{%- elif m['role'] == 'tool' -%}"
-    "{%- if not ns.in_tools %}<｜tool▁outputs▁begin｜>{% set ns.in_tools = true %}{% endif -%}"
-    "<｜tool▁output▁begin｜>{{ m['content'] }}<｜tool▁output▁end｜>"
-    "{%- elif m['role'] != 'system' -%}"
-    "{{ raise_exception('unknown message role: ' ~ m['role']) }}"
-    "{%- endif -%}"
-    "{%- endfor -%}"
-    "{%- if ns.in_tools %}<｜tool▁outputs▁end｜>{% endif -%}"
-    "{%- if add_generation_prompt %}<｜Assistant｜>{% endif -%}"
-)
 
 
 @dataclass(frozen=True)
@@ -317,7 +271,6 @@ def tokenizer_config(max_len: int) -> dict:
         "model_max_length": max_len,
         "tokenizer_class": "PreTrainedTokenizerFast",
         "clean_up_tokenization_spaces": False,
-        "chat_template": CHAT_TEMPLATE,
     }
 
 

@@ -35,7 +35,7 @@ class ModelDir:
     tensors: dict[str, TensorInfo]    # canonical name -> where its bytes are
     fingerprint: str                  # config + weight identity + tokenizer (hex sha256)
     tokenizer_file: Path
-    chat_template: str
+    chat_template: str | None         # None: no template shipped (the native V4 encoding is used)
     bos_token: str
     eos_token: str
 
@@ -273,7 +273,7 @@ def _sampled_content(f: Path, blocks: int = 64, size: int = 4096) -> bytes:
     return hashlib.sha256(b"".join(out)).digest()
 
 
-def _chat_template(path: Path, tok_cfg: dict) -> str:
+def _chat_template(path: Path, tok_cfg: dict) -> str | None:
     jinja = path / "chat_template.jinja"
     if jinja.exists():
         return jinja.read_text()
@@ -281,8 +281,7 @@ def _chat_template(path: Path, tok_cfg: dict) -> str:
     if isinstance(tmpl, list):  # HF's list of named templates
         tmpl = next((t.get("template") for t in tmpl if t.get("name") == "default"), None)
     if not isinstance(tmpl, str) or not tmpl:
-        raise ModelDirError(
-            f"{path}: no chat template (expected chat_template in tokenizer_config.json or chat_template.jinja)")
+        return None   # as the first DeepSeek-V4 release: the native V4 encoding is used (chat_encoding.py)
     return tmpl
 
 
