@@ -7,8 +7,8 @@ by its schema: strings raw with `string="true"`, anything else JSON with `string
 mode the mask starts after `</think>`: the reasoning is free.
 
 Known limits: a string parameter under a forced call cannot contain `</` (the grammar ends the
-value there); optional parameters are left out; string `pattern`/`maxLength` inside a tool's
-parameters are not enforced (enum is). JSON replies follow llguidance's JSON-schema support.
+value there; with `maxLength` it cannot contain `<`); optional parameters are left out; a string
+parameter's `enum`, `minLength`/`maxLength` are enforced, its `pattern` and `format` are not. JSON replies follow llguidance's JSON-schema support.
 
 The `Constraint` object is what the decode actor sees: `allowed()` (a boolean row over the
 vocabulary, or None while unarmed) and `accept(token)`. It never touches trio; the decode actor
@@ -23,6 +23,11 @@ import threading
 import numpy as np
 
 from .encoding_dsv4 import DSML, END_THINK
+
+
+# JSON as json.dumps writes it (the V4 encoder renders JSON values so) and no free whitespace: a
+# random-weight model would otherwise pad forever.
+JSON_STYLE = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 
 
 class ConstraintError(ValueError):
@@ -65,7 +70,7 @@ class Grammars:
         if json_schema is not None:
             schema = json_schema or {"type": "object"}
             try:
-                return llguidance.LLMatcher.grammar_from_json_schema(schema)
+                return llguidance.LLMatcher.grammar_from_json_schema(schema, overrides=JSON_STYLE)
             except ValueError as e:
                 raise ConstraintError(f"response_format.json_schema.schema: {e}") from None
         return None
@@ -100,11 +105,14 @@ class Grammars:
                 if sub.get("type") == "string":
                     if isinstance(sub.get("enum"), list) and sub["enum"]:
                         value = "(" + " | ".join(json.dumps(str(v)) for v in sub["enum"]) + ")"
+                    elif isinstance(sub.get("maxLength"), int):   # bounded: no "<" at all, simply
+                        lo = sub.get("minLength") if isinstance(sub.get("minLength"), int) else 0
+                        value = f"/[^<]{{{lo},{sub['maxLength']}}}/"
                     else:
                         value = "STR"
                     items.append(f'{head} "true\\">" {value} "</" {d} "parameter>"')
                 else:
-                    rules.append(f"j_{i}_{j}: %json {json.dumps(sub)}")
+                    rules.append(f"j_{i}_{j}: %json {json.dumps({**sub, 'x-guidance': JSON_STYLE})}")
                     items.append(f'{head} "false\\">" j_{i}_{j} "</" {d} "parameter>"')
             body = ' "\\n" '.join(items) if items else '""'
             rules.append(f'inv_{i}: "<" {d} ' + json.dumps(f'invoke name="{f["name"]}">\n') + f" {body} "
@@ -113,7 +121,7 @@ class Grammars:
         if not alts:
             raise ConstraintError("tool_choice: no tool to call")
         invokes = "invoke" if only is not None else 'invoke ("\\n" invoke)*'
-        head = [f'start: "<" {d} "tool_calls>\\n" {invokes} "\\n</" {d} "tool_calls>"',
+        head = [f'start: "\\n\\n<" {d} "tool_calls>\\n" {invokes} "\\n</" {d} "tool_calls>"',
                 "invoke: " + " | ".join(alts),
                 r"STR: /([^<]|<[^\/])*/"]
         return "\n".join(head + rules) + "\n"
