@@ -82,7 +82,7 @@ class Grammars:
         if matcher.is_error():
             raise ConstraintError(f"the grammar for this request does not compile: {matcher.get_error()}")
         trigger = self.end_think_id if thinking else None
-        return Constraint(matcher, self.vocab_size, trigger)
+        return Constraint(matcher, self.vocab_size, trigger, self.eos_id)
 
     def _d(self) -> str:
         return f"<[{self.dsml_id}]>" if self.dsml_id is not None else json.dumps(DSML)
@@ -130,8 +130,9 @@ class Grammars:
 class Constraint:
     """One request's matcher. Not thread-safe: the decode actor uses it from one thread at a time."""
 
-    def __init__(self, matcher, vocab_size: int, trigger: int | None) -> None:
+    def __init__(self, matcher, vocab_size: int, trigger: int | None, eos: int = 0) -> None:
         self.m = matcher
+        self.eos = eos
         self.V = vocab_size
         self.trigger = trigger
         self.armed = trigger is None
@@ -142,7 +143,10 @@ class Constraint:
         if not self.armed:
             return None
         self.m.unsafe_compute_mask_ptr(self._bits.ctypes.data, self._bits.nbytes)
-        return np.unpackbits(self._bits.view(np.uint8), bitorder="little")[: self.V].astype(bool)
+        allowed = np.unpackbits(self._bits.view(np.uint8), bitorder="little")[: self.V].astype(bool)
+        if not allowed.any():      # finished (or failed): only the end of the reply is left
+            allowed[self.eos] = True
+        return allowed
 
     def accept(self, token_id: int) -> None:
         if not self.armed:
