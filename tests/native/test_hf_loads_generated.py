@@ -72,9 +72,10 @@ def test_autotokenizer_agrees_with_ours(tiny, tok):
     assert hf_tok.decode(tok.encode(text)) == text
 
 
-def test_hf_tokenizes_the_native_v4_encoding_as_we_do(tiny, tok):
-    # Generated directories ship no chat template (like the first V4 release): the prompt is the
-    # native V4 encoding, and HF's tokenizer must read it into the same ids, V4's special tokens whole.
+def test_hf_renders_and_tokenizes_the_v4_encoding_as_we_do(tiny, tok):
+    # cairn serves generated directories with the native V4 encoder; the jinja template make-model
+    # writes must render the same text in HF, and HF's tokenizer must read it into the same ids,
+    # V4's special tokens whole.
     md = open_model_dir(tiny)
     hf_tok = AutoTokenizer.from_pretrained(tiny)
     tools = [{"type": "function", "function": {"name": "read", "description": "lit ✓",
@@ -87,7 +88,10 @@ def test_hf_tokenizes_the_native_v4_encoding_as_we_do(tiny, tok):
         {"role": "tool", "content": "contenu"},
         {"role": "user", "content": "merci"},
     ]
-    text = choose_renderer(md).renderer.render(messages, tools=tools, options=ChatOptions(thinking=True)).text
+    choice = choose_renderer(md)
+    assert choice.encoding == "deepseek-v4 native"
+    text = choice.renderer.render(messages, tools=tools, options=ChatOptions(thinking=True)).text
+    assert hf_tok.apply_chat_template(messages, tools=tools, tokenize=False, thinking=True) == text
     ids = hf_tok.encode(text, add_special_tokens=False)
     assert ids == tok.encode(text)
     for special in ("<think>", "</think>", "｜DSML｜", "<｜User｜>", "<｜Assistant｜>"):
