@@ -233,6 +233,8 @@ async def test_requests_shaped_as_agent_clients_send_them_are_answered(loaded, t
         assert r.json()["choices"][0]["finish_reason"] == "length"
     ignored = [e for e in logs if e["event"] == "request_field_ignored"]
     assert [e["field"] for e in ignored] == ["providerOptions"]        # once, though sent twice
+    (start,) = [e for e in logs if e["event"] == "chat_encoding"]      # which encoding, said at start
+    assert start["encoding"] == "deepseek-v4 native" and "renders as the V4 encoding" in start["detail"]
 
 
 async def test_logit_bias_steers_the_sampler(loaded, tmp_path):

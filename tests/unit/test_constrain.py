@@ -109,3 +109,15 @@ def test_a_schema_the_grammar_cannot_take_is_a_400_naming_response_format(tok, t
     with pytest.raises(APIError) as e:
         ap.constraint(req, ChatOptions())
     assert e.value.status == 400 and e.value.param == "response_format"
+
+
+def test_tokens_past_a_finished_grammar_are_ignored_not_an_error(grammars, tok):
+    # with ignore_eos a reply may go on after the grammar is complete: only EOS stays allowed
+    c = grammars.constraint(grammars.grammar_for(json_schema={"type": "boolean"}, tool_choice="auto", tools=None),
+                            thinking=False)
+    for t in tok.encode("true"):
+        c.accept(t)
+    assert np.flatnonzero(c.allowed()).tolist() == [tok.eos_id]
+    c.accept(tok.eos_id)
+    c.accept(tok.eos_id)
+    assert np.flatnonzero(c.allowed()).tolist() == [tok.eos_id]
