@@ -234,7 +234,15 @@ class API:
         rendered = self.renderer.render(req.messages, tools=req.tools, options=options)
         ids = self.tok.encode(rendered.text)
         hint = self._boundary(rendered.text, rendered.system_prefix_bytes, ids)
-        turn_end = self._boundary(rendered.text, rendered.resume_bytes, ids)
+        turn_end = None
+        if rendered.resume_bytes is not None:
+            # Before a final special token (V4's `<think>`) the split is exact: the tokenizer cuts the
+            # text at special tokens first, so no second tokenization of the whole prompt is needed.
+            tail = rendered.text.encode()[rendered.resume_bytes:].decode()
+            if ids and self.tok.token_to_id(tail) == ids[-1]:
+                turn_end = len(ids) - 1
+            else:
+                turn_end = self._boundary(rendered.text, rendered.resume_bytes, ids)
         constraint = self.agent.constraint(req, options)
         return ids, hint, turn_end, constraint
 
