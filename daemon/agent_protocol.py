@@ -61,7 +61,7 @@ class AgentProtocol:
         try:
             g = self.grammars()
             grammar = g.grammar_for(json_schema=req.json_schema if param == "response_format" else None,
-                                    tool_choice=req.tool_choice, tools=req.tools)
+                                    tool_choice=req.tool_choice, tools=req.tools, parallel=req.parallel_tool_calls)
             return None if grammar is None else g.constraint(grammar, thinking=options.thinking)
         except ConstraintError as e:
             raise APIError(400, str(e) if str(e).startswith(param) else f"{param}: {e}", param=param,

@@ -60,13 +60,15 @@ class Grammars:
 
     # --- grammars ------------------------------------------------------------------------------
 
-    def grammar_for(self, *, json_schema: dict | None, tool_choice, tools: list | None) -> str | None:
+    def grammar_for(self, *, json_schema: dict | None, tool_choice, tools: list | None,
+                    parallel: bool = True) -> str | None:
         """The llguidance grammar a request asks for, or None (free text)."""
         import llguidance
 
         if tool_choice == "required" or isinstance(tool_choice, dict):
             names = [tool_choice["function"]["name"]] if isinstance(tool_choice, dict) else None
-            return llguidance.LLMatcher.grammar_from_lark(self.dsml_lark(tools or [], names))
+            lark = self.dsml_lark(tools or [], names, single=names is not None or not parallel)
+            return llguidance.LLMatcher.grammar_from_lark(lark)
         if json_schema is not None:
             schema = json_schema or {"type": "object"}
             try:
@@ -87,8 +89,9 @@ class Grammars:
     def _d(self) -> str:
         return f"<[{self.dsml_id}]>" if self.dsml_id is not None else json.dumps(DSML)
 
-    def dsml_lark(self, tools: list, only: list[str] | None) -> str:
-        """Lark for `<｜DSML｜tool_calls>` … with one or more invokes (exactly one for a named tool)."""
+    def dsml_lark(self, tools: list, only: list[str] | None, single: bool = False) -> str:
+        """Lark for `<｜DSML｜tool_calls>` … with one or more invokes (exactly one when `single`: a
+        named tool, or parallel_tool_calls false)."""
         d = self._d()
         rules, alts = [], []
         fns = [t["function"] for t in tools if isinstance(t, dict) and isinstance(t.get("function"), dict)]
@@ -120,7 +123,7 @@ class Grammars:
             alts.append(f"inv_{i}")
         if not alts:
             raise ConstraintError("tool_choice: no tool to call")
-        invokes = "invoke" if only is not None else 'invoke ("\\n" invoke)*'
+        invokes = "invoke" if single else 'invoke ("\\n" invoke)*'
         head = [f'start: "\\n\\n<" {d} "tool_calls>\\n" {invokes} "\\n</" {d} "tool_calls>"',
                 "invoke: " + " | ".join(alts),
                 r"STR: /([^<]|<[^\/])*/"]

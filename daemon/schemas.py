@@ -155,6 +155,7 @@ class ChatRequest:
     reasoning_effort: str | None = None
     response_format: dict | None = None   # None or {"type": "json_object"} or {"type": "json_schema", ...}
     tool_choice: object = "auto"          # "none" | "auto" | "required" | {"function": {"name": ...}}
+    parallel_tool_calls: bool = True      # False: a forced reply makes exactly one call
 
     @property
     def json_schema(self) -> dict | None:
@@ -252,7 +253,7 @@ def parse_chat(d: dict) -> ChatRequest:
     top = _int(d, "top_logprobs", 0, 0, 20)
     if top and not logprobs:
         raise bad("top_logprobs", "requires logprobs: true")
-    _bool(d, "parallel_tool_calls", True)
+    parallel = _bool(d, "parallel_tool_calls", True)
     if d.get("verbosity") is not None and d["verbosity"] not in ("low", "medium", "high"):
         raise bad("verbosity", f"{d['verbosity']!r}; expected low, medium or high")
     kwargs = d.get("chat_template_kwargs")
@@ -271,7 +272,7 @@ def parse_chat(d: dict) -> ChatRequest:
     return ChatRequest(common, messages, tools or None, logprobs, top, thinking=thinking,
                        template_kwargs=kwargs or {}, reasoning_effort=effort,
                        response_format=_response_format(d.get("response_format")),
-                       tool_choice=_tool_choice(d.get("tool_choice"), tools or []))
+                       tool_choice=_tool_choice(d.get("tool_choice"), tools or []), parallel_tool_calls=parallel)
 
 
 def _response_format(rf) -> dict | None:

@@ -121,3 +121,19 @@ def test_tokens_past_a_finished_grammar_are_ignored_not_an_error(grammars, tok):
     c.accept(tok.eos_id)
     c.accept(tok.eos_id)
     assert np.flatnonzero(c.allowed()).tolist() == [tok.eos_id]
+
+
+def test_parallel_tool_calls_false_allows_exactly_one_call(grammars):
+    many = grammars.dsml_lark([OTHER, READ], None)
+    one = grammars.dsml_lark([OTHER, READ], None, single=True)
+    assert 'invoke ("\\n" invoke)*' in many and 'invoke ("\\n" invoke)*' not in one
+    ap_req = parse_chat({"model": "m", "messages": [{"role": "user", "content": "x"}], "tools": [OTHER, READ],
+                         "tool_choice": "required", "parallel_tool_calls": False})
+    assert ap_req.parallel_tool_calls is False
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_required_without_parallel_calls_makes_one_call_on_every_path(grammars, tok, seed):
+    g = grammars.grammar_for(json_schema=None, tool_choice="required", tools=[OTHER, READ], parallel=False)
+    r = parse_all(walk(grammars.constraint(g, thinking=False), tok, seed), thinking=False, tools=[OTHER, READ])
+    assert r.warnings == [] and len(r.tool_calls) == 1

@@ -232,3 +232,26 @@ def test_a_template_equal_to_the_encoding_on_the_probes_means_native():
                        for i, ((n, k, t), text) in enumerate(cases.items()))
     choice = choose_renderer(_Dir(branches + "{% endif %}"))
     assert choice.encoding == "deepseek-v4 native" and "renders as the V4 encoding" in choice.reason
+
+
+@pytest.mark.parametrize("system", ["You are a careful agent.", "héllo ✓ 日本", "🙂" * 7])
+@pytest.mark.parametrize("tools", [None, [READ]], ids=["no-tools", "tools"])
+@pytest.mark.parametrize("opts", [CHAT, ChatOptions(thinking=True, effort="max")], ids=["chat", "thinking-max"])
+def test_system_prefix_is_a_token_boundary_shared_by_other_conversations(tiny_md, system, tools, opts):
+    # what the system-prefix checkpoint (hint_tokens) relies on, with the native encoding
+    from cairn.daemon.tokenizer import TextTokenizer
+
+    tok = TextTokenizer.from_model_dir(tiny_md)
+    r = V4Renderer()
+    out = r.render([{"role": "system", "content": system}, {"role": "user", "content": "héllo ✓"},
+                    {"role": "assistant", "content": "ok"}, {"role": "user", "content": "next"}],
+                   tools=tools, options=opts)
+    data = out.text.encode()
+    prefix = data[: out.system_prefix_bytes].decode()
+    assert system in prefix and prefix.startswith(BOS)
+    ids = tok.encode(out.text)
+    n = tok.boundary_for_byte_offset(out.text, out.system_prefix_bytes)
+    assert ids[:n] == tok.encode(prefix)
+    other = r.render([{"role": "system", "content": system}, {"role": "user", "content": "other"}],
+                     tools=tools, options=opts)
+    assert other.system_prefix_bytes == out.system_prefix_bytes and tok.encode(other.text)[:n] == ids[:n]
