@@ -187,7 +187,8 @@ def _common(d: dict, *, max_tokens_min: int, max_tokens_key: str = "max_tokens")
         raise bad("model", "required: a model id string (see GET /v1/models)",
                   "missing_field" if model is None else "invalid_type")
     so = d.get("stream_options")
-    if so is not None and (not isinstance(so, dict) or set(so) - {"include_usage", "continuous_usage_stats"}):
+    # Other keys (include_obfuscation, continuous_usage_stats, …) are accepted and ignored.
+    if so is not None and (not isinstance(so, dict) or not isinstance(so.get("include_usage", False), bool)):
         raise bad("stream_options", 'expected {"include_usage": true|false}', "invalid_type")
     _only_default(d, "n", lambda v: v == 1)
     _only_default(d, "best_of", lambda v: v == 1)

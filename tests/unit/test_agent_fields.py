@@ -74,3 +74,11 @@ def test_shaper_leaves_the_models_logits_untouched_and_applies_a_mask():
     out = s.shape(logits, np.array([True, False, True]))
     assert logits.tolist() == [3.0, 2.0, 1.0]
     assert out.tolist() == [2.0, -np.inf, 1.0]
+
+
+def test_stream_options_with_newer_keys_are_accepted():
+    req = parse_chat({**BASE, "stream": True, "stream_options": {"include_usage": True, "include_obfuscation": False}})
+    assert req.common.include_usage
+    with pytest.raises(APIError) as e:
+        parse_chat({**BASE, "stream_options": {"include_usage": "yes"}})
+    assert e.value.param == "stream_options"
