@@ -248,3 +248,24 @@ async def test_logit_bias_steers_the_sampler(loaded, tmp_path):
     assert r.status == 200, r.body
     toks = r.json()["choices"][0]["logprobs"]["tokens"]
     assert toks == [loaded.tokenizer.token_bytes(target).decode()] * 4
+
+
+async def test_reasoning_is_returned_streamed_and_not_in_thinking_mode(loaded, tmp_path):
+    sock = tmp_path / "c.sock"
+    with trio.fail_after(60), capture_logs():
+        async with daemon(loaded, sock, reasoning="thinking"):       # the server default: thinking
+            def use_client():
+                c = _client(sock)
+                kw = dict(model="tiny", messages=MSGS, max_tokens=12, temperature=0)
+                chat = c.chat.completions.create(**kw, reasoning_effort="none")   # the request wins
+                return (chat, c.chat.completions.create(**kw),
+                        list(c.chat.completions.create(**kw, stream=True)))
+
+            chat, full, chunks = await trio.to_thread.run_sync(use_client)
+    assert chat.choices[0].message.content and getattr(chat.choices[0].message, "reasoning_content", None) is None
+    msg = full.choices[0].message
+    # random weights never close their reasoning: everything is reasoning, under both names
+    assert msg.reasoning_content and msg.reasoning == msg.reasoning_content and msg.content == ""
+    deltas = [ch.choices[0].delta for ch in chunks if ch.choices]
+    assert "".join(getattr(d, "reasoning_content", None) or "" for d in deltas) == msg.reasoning_content
+    assert "".join(d.content or "" for d in deltas) == ""
