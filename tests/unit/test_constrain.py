@@ -137,3 +137,21 @@ def test_required_without_parallel_calls_makes_one_call_on_every_path(grammars, 
     g = grammars.grammar_for(json_schema=None, tool_choice="required", tools=[OTHER, READ], parallel=False)
     r = parse_all(walk(grammars.constraint(g, thinking=False), tok, seed), thinking=False, tools=[OTHER, READ])
     assert r.warnings == [] and len(r.tool_calls) == 1
+
+
+def test_forced_text_is_tokenized_canonically(grammars, tok):
+    # Where the grammar dictates the text, llguidance's mask allows only the tokenizer's own
+    # tokenization of it (not one of the byte-wise equivalent ones), whatever the sampler (here a
+    # uniform one): the model sees in-distribution tokens, and the next turn's re-rendered history
+    # matches what was generated. A property of the library this module relies on.
+    head = '\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name="read">\n<｜DSML｜parameter name="path" string="true">'
+    want = tok.encode(head)
+    c = grammars.constraint(grammars.grammar_for(json_schema=None, tool_choice={"function": {"name": "read"}},
+                                                 tools=[OTHER, READ]), thinking=False)
+    rng = np.random.default_rng(0)
+    got = []
+    for _ in want:
+        t = int(rng.choice(np.flatnonzero(c.allowed())))
+        c.accept(t)
+        got.append(t)
+    assert got == want
