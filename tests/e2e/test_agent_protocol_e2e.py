@@ -160,6 +160,9 @@ async def test_agent_loop_in_thinking_mode_reuses_each_previous_prompt(loaded, t
             seen.append(_usage(r))
     for (prev_prompt, _), (_, cached) in zip(seen, seen[1:]):
         assert cached >= prev_prompt - 1, seen
+    # the tool-call turn re-renders exactly as generated: turn 2 extended the live state past turn 1's
+    # prompt (prompt + the generated call); later turns restore at least the prompt-end checkpoint
+    assert seen[1][1] > seen[0][0], seen
 
 
 async def test_thinking_mode_without_tools_next_turn_reuses_all_but_the_mode_marker(loaded, tmp_path):
