@@ -81,8 +81,7 @@ class OutputParser:
         self.tools_on = tools is not None and len(tools) > 0
         self.new_id = new_id or (lambda: "call_" + secrets.token_hex(12))
         self.result = Parsed()
-        self._block_start = 0      # where the current block's raw text starts in self._block_raw
-        self._block_raw = ""       # the block's text so far (for a malformed block)
+        self._block_raw = ""       # the block's text so far, whitespace before it included (if malformed)
         self._open: ToolCall | None = None
         self._n_params = 0
 
@@ -147,8 +146,10 @@ class OutputParser:
             return out
         i = self.buf.find(TOOL_CALLS_OPEN)
         if i >= 0:
-            out = self._emit("content", self.buf[:i].rstrip())
-            self._block_raw = self.buf[i: i + len(TOOL_CALLS_OPEN)]
+            body = self.buf[:i].rstrip()
+            out = self._emit("content", body)
+            # the whitespace before the block, kept in case the block turns out malformed
+            self._block_raw = self.buf[len(body): i + len(TOOL_CALLS_OPEN)]
             self.buf = self.buf[i + len(TOOL_CALLS_OPEN):]
             self.state = "block"
             return out
