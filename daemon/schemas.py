@@ -99,10 +99,19 @@ def _stop(d: dict) -> tuple[str, ...]:
 TYPO_CUTOFF = 0.85   # difflib ratio above which an unknown name is taken for a misspelt known one
 
 
+# Other servers' and routers' fields that clients send and this server ignores; some are close to a
+# known name (`models` ~ `model`, `reasoning_format` ~ `reasoning_effort`) and must not read as typos.
+FOREIGN_FIELDS = {"models", "reasoning_format", "provider", "transforms", "route", "usage", "include_reasoning",
+                  "prompt_cache_key", "safety_identifier", "enable_thinking", "chat_template", "guided_json",
+                  "guided_regex", "guided_choice", "guided_grammar", "min_p", "top_a", "typical_p", "cache_prompt"}
+
+
 def _check_unknown(d: dict, known: set[str]) -> tuple[str, ...]:
     """Unknown names, accepted; a close misspelling of a known field is refused, naming both."""
     unknown = sorted(set(d) - known)
     for name in unknown:
+        if name in FOREIGN_FIELDS:
+            continue
         close = difflib.get_close_matches(name, sorted(known), n=1, cutoff=TYPO_CUTOFF)
         if close:
             raise bad(name, f"unknown field; did you mean {close[0]!r}? (supported: {', '.join(sorted(known))})",

@@ -26,6 +26,11 @@ def test_fields_agents_send_are_accepted():
     assert req.reasoning_effort == "max" and req.tool_choice == "required" and req.json_schema == {}
 
 
+def test_other_servers_fields_close_to_known_names_are_not_typos():
+    req = parse_chat({**BASE, "models": ["a", "b"], "reasoning_format": "deepseek"})
+    assert req.common.ignored == ("models", "reasoning_format")
+
+
 def test_unknown_fields_are_accepted_and_reported():
     req = parse_chat({**BASE, "provider": {"order": ["x"]}, "transforms": [], "top_a": 0})
     assert req.common.ignored == ("provider", "top_a", "transforms")
