@@ -194,7 +194,7 @@ def _turns(messages: list[dict]) -> list[dict]:
             else:
                 turns.append({"role": "user", "blocks": blocks})
         elif role == "system":
-            turns.append({"role": "system", "text": "".join(_parts(m.get("content"), where))})
+            turns.append({"role": "system", "text": "\n\n".join(_parts(m.get("content"), where))})
         else:
             calls = [{"id": c.get("id") or "", "name": c["function"]["name"],
                       "arguments": c["function"].get("arguments", "{}")} for c in m.get("tool_calls") or []]

@@ -255,3 +255,10 @@ def test_system_prefix_is_a_token_boundary_shared_by_other_conversations(tiny_md
     other = r.render([{"role": "system", "content": system}, {"role": "user", "content": "other"}],
                      tools=tools, options=opts)
     assert other.system_prefix_bytes == out.system_prefix_bytes and tok.encode(other.text)[:n] == ids[:n]
+
+
+def test_list_content_parts_are_joined_by_a_blank_line_in_every_role():
+    parts = [{"type": "text", "text": "a"}, {"type": "text", "text": "b", "cache_control": {"type": "ephemeral"}}]
+    out = enc([{"role": "system", "content": parts}, {"role": "user", "content": parts},
+               {"role": "assistant", "content": parts}])
+    assert out.text == f"{BOS}a\n\nb{U}a\n\nb{A}</think>a\n\nb{EOS}"
