@@ -14,6 +14,9 @@ from .encoding_dsv4 import ChatOptions, resolve_mode
 from .schemas import APIError
 
 
+MAX_LOGGED_FIELDS = 256   # distinct ignored names remembered (and logged); a client cannot grow it further
+
+
 class AgentProtocol:
     def __init__(self, tok, vocab_size: int, log) -> None:
         self.tok = tok
@@ -26,7 +29,7 @@ class AgentProtocol:
     def note_ignored(self, names: tuple[str, ...]) -> None:
         """Unknown top-level fields are accepted; say so once per name, not once per request."""
         for name in names:
-            if name not in self._logged:
+            if name not in self._logged and len(self._logged) < MAX_LOGGED_FIELDS:
                 self._logged.add(name)
                 self.log.info("request_field_ignored", field=name,
                               note="unknown field accepted and ignored (logged once per name)")

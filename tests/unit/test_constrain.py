@@ -155,3 +155,20 @@ def test_forced_text_is_tokenized_canonically(grammars, tok):
         c.accept(t)
         got.append(t)
     assert got == want
+
+
+def test_ignored_field_names_are_logged_once_each_and_remembered_up_to_a_bound(tok, tiny_md):
+    from cairn.daemon import agent_protocol
+
+    logged = []
+
+    class Log:
+        def info(self, event, **kw):
+            logged.append(kw["field"])
+
+    ap = agent_protocol.AgentProtocol(tok, 512, Log())
+    ap.note_ignored(("a", "b"))
+    ap.note_ignored(("a", "c"))
+    assert logged == ["a", "b", "c"]
+    ap.note_ignored(tuple(f"x{i}" for i in range(1000)))
+    assert len(ap._logged) == agent_protocol.MAX_LOGGED_FIELDS
