@@ -15,6 +15,7 @@ from .engine import Engine
 from .lifecycle import ClientGone, attached, end_cancelled, end_failed
 from .messages import Done, Finished, Prefilled, Started, TokenOut, Usage
 from .outcome import log_request
+from .penalties import Shaper
 from .replies import finish, reply
 from .sampling import choose, log_softmax, make_rng, top_logprobs
 from .stops import StopMatcher
@@ -25,9 +26,10 @@ from .stops import StopMatcher
 OFF_LOOP_VOCAB = 16384
 
 
-def _pick(logits, s, rng) -> tuple[int, float, tuple]:
-    """The next token, and its log-probability and top alternatives when the request asks for them."""
-    tok = choose(logits, s, rng)
+def _pick(logits, shaper: Shaper, allowed, s, rng) -> tuple[int, float, tuple]:
+    """The next token (chosen from the shaped logits: penalties, biases, grammar mask), and its
+    log-probability and top alternatives under the model's own logits when the request asks for them."""
+    tok = choose(shaper.shape(logits, allowed), s, rng)
     if not s.logprobs:
         return tok, 0.0, ()
     row = log_softmax(logits)
@@ -54,11 +56,16 @@ async def run_decode(engine: Engine, pre: Prefilled, stream_decoder, stats: dict
     finish_reason = "length"
     by_stop_string = False
     off_loop = int(engine.model.vocab_size) >= OFF_LOOP_VOCAB
+    shaper = Shaper(s, len(logits))
     while n < budget:
+        allowed = None
+        if s.constraint is not None:  # the grammar mask, off the event loop (llguidance drops the GIL)
+            allowed = await trio.to_thread.run_sync(s.constraint.allowed)
         if off_loop:   # never abandoned: the thread owns `rng` until it returns (it is bounded)
-            tok, lp, top = await trio.to_thread.run_sync(_pick, logits, s, rng)
+            tok, lp, top = await trio.to_thread.run_sync(_pick, logits, shaper, allowed, s, rng)
         else:
-            tok, lp, top = _pick(logits, s, rng)
+            tok, lp, top = _pick(logits, shaper, allowed, s, rng)
+        shaper.accept(tok)
         n += 1
         stats["completion_tokens"] = n
         if n == 1:

@@ -56,6 +56,10 @@ class Sampling:
     logprobs: bool = False
     top_logprobs: int = 0              # 0..20
     ignore_eos: bool = False
+    presence_penalty: float = 0.0      # OpenAI's: over the tokens generated so far (actors/penalties.py)
+    frequency_penalty: float = 0.0
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    constraint: object = field(default=None, compare=False)   # a grammar (daemon/constrain.py) or None
 
 
 # --- edge -> admission --------------------------------------------------------------------------
@@ -69,6 +73,7 @@ class Submit:
     prompt_logprobs: bool              # echo + logprobs: log-probs for every prompt position
     reply: trio.MemorySendChannel = field(compare=False)   # of Reply
     control: RequestControl = field(compare=False)
+    turn_end_tokens: int | None = None  # where the next turn's prompt diverges, if before the end (capture there)
 
 
 @dataclass(frozen=True, slots=True)

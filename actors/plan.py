@@ -16,6 +16,10 @@ Design notes
    Each must be >= min_tokens, more than tail_guard tokens before the prompt end, strictly after
    the start position, and not stored yet. Rule 3, the prompt end, is a flag: capture after the
    prefill when the prompt is >= min_tokens and not stored yet.
+ * Rule 3': when the gateway says where the next turn's prompt will diverge (``turn_end_tokens``,
+   before the end: V4's thinking mode ends a prompt with `<think>`, which the next turn renders as
+   `</think>`), the prompt-end capture is taken there instead (kind "prompt_end", a capture point
+   inside the prompt), exempt from tail_guard.
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ Action = Literal["reuse_live", "restore", "fresh"]
 @dataclass(frozen=True, slots=True)
 class CapturePoint:
     position: int  # tokens in the state when the snapshot is taken
-    kind: str      # "system" | "common"
+    kind: str      # "system" | "common" | "prompt_end" (at the turn end, rule 3')
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,7 +83,8 @@ def plan_prefill(prompt: Sequence[int] | np.ndarray, live_tokens: Sequence[int] 
                  store: CheckpointStore, *, hint_tokens: int | None = None,
                  previous_fresh_prompt: Sequence[int] | np.ndarray | None = None,
                  min_tokens: int = 512, tail_guard: int = 8,
-                 restore_cost_tokens: int | Callable[[Entry], int] = 64) -> PrefillPlan:
+                 restore_cost_tokens: int | Callable[[Entry], int] = 64,
+                 turn_end_tokens: int | None = None) -> PrefillPlan:
     """Decide how to bring the state to ``prompt`` (see the module notes).
 
     ``live_tokens``: the ids the live state holds (None or empty: no live state).
@@ -153,9 +158,20 @@ def plan_prefill(prompt: Sequence[int] | np.ndarray, live_tokens: Sequence[int] 
             skipped.append(f"{kind} at {pos}: {why}")
         else:
             points[pos] = kind
-    capture_end = n >= min_tokens and not store.contains(ids)
-    if not capture_end:
-        skipped.append(f"prompt_end at {n}: " + ("below minimum" if n < min_tokens else "already stored"))
+    if turn_end_tokens is not None and 0 < turn_end_tokens < n:
+        pos = turn_end_tokens
+        why = (f"below minimum {min_tokens}" if pos < min_tokens else
+               f"not after the start position {start}" if pos <= start else
+               "already stored" if store.contains(ids[:pos]) else None)
+        if why:
+            skipped.append(f"prompt_end at {pos} (turn end): {why}")
+        else:
+            points.setdefault(pos, "prompt_end")
+        capture_end = False      # the next turn will not share the last tokens: no prompt-end capture
+    else:
+        capture_end = n >= min_tokens and not store.contains(ids)
+        if not capture_end:
+            skipped.append(f"prompt_end at {n}: " + ("below minimum" if n < min_tokens else "already stored"))
     captures = tuple(CapturePoint(p, k) for p, k in sorted(points.items()))
     return PrefillPlan(action, start, n, restore_id, captures, capture_end, live_miss, store_miss, tuple(skipped))
 

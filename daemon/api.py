@@ -21,6 +21,7 @@ from cairn.actors.messages import (Cancel, CancelAck, Done, Failed, Progress, Re
 from cairn.actors.replies import STALL_S
 
 from .access import api_key_matches, loopback_host
+from .agent_protocol import AgentProtocol
 from .chat import ChatTemplateError
 from .http import read_body, send_error, send_json
 from .responders import ChatJSON, ChatStream, CompletionOut
@@ -40,7 +41,8 @@ def _leaves(eg: BaseExceptionGroup) -> list[BaseException]:
 class API:
     def __init__(self, *, inbox: trio.MemorySendChannel, tokenizer, renderer, model_id: str,
                  context_length: int, vocab_size: int, max_tokens_default: int, fingerprint: str,
-                 log, api_key: str | None = None, metrics=None, status=None, checkpoints=None) -> None:
+                 log, api_key: str | None = None, metrics=None, status=None, checkpoints=None,
+                 reasoning: str = "chat") -> None:
         self.inbox = inbox
         self.tok = tokenizer
         self.renderer = renderer
@@ -57,6 +59,8 @@ class API:
             from .status import StatusBoard
             status = StatusBoard(fingerprint=fingerprint, context_length=context_length)
         self.status = status       # daemon/status.py: GET /v1/status, fed by _drive
+        self.reasoning = reasoning   # the server's default mode (--reasoning)
+        self.agent = AgentProtocol(tokenizer, vocab_size, log)
         self.created = int(time.time())
         self._ids = itertools.count(1)
         self._prefix = secrets.token_hex(4)
@@ -208,10 +212,13 @@ class API:
     def _new_id(self, kind: str) -> str:
         return f"{kind}-{self._prefix}{next(self._ids):06d}"
 
-    @staticmethod
-    def _sampling(c: CommonParams, max_tokens: int, logprobs: bool, top: int) -> Sampling:
+    def _sampling(self, c: CommonParams, max_tokens: int, logprobs: bool, top: int,
+                  constraint=None) -> Sampling:
+        self.agent.check_logit_bias(c)
         return Sampling(max_tokens=max_tokens, temperature=c.temperature, top_p=c.top_p, top_k=c.top_k,
-                        seed=c.seed, stop=c.stop, logprobs=logprobs, top_logprobs=top, ignore_eos=c.ignore_eos)
+                        seed=c.seed, stop=c.stop, logprobs=logprobs, top_logprobs=top, ignore_eos=c.ignore_eos,
+                        presence_penalty=c.presence_penalty, frequency_penalty=c.frequency_penalty,
+                        logit_bias=c.logit_bias, constraint=constraint)
 
     # --- endpoints ----------------------------------------------------------------------------
 
@@ -225,37 +232,56 @@ class API:
     async def _chat(self, scope, receive, send) -> None:
         req = await self._parse(scope, receive, parse_chat)
         self._check_model(req.common.model)
+        self.agent.note_ignored(req.common.ignored)
+        options = self.agent.options(req, self.reasoning)
         try:
-            # Rendering and tokenizing a long conversation takes a while: off the event loop, and
-            # not abandoned on a cancel (the thread would go on burning a core for a request that
-            # is gone); its time is bounded by the body limit.
-            ids, hint = await trio.to_thread.run_sync(self._render_chat, req, limiter=self._cpu)
+            # Rendering and tokenizing a long conversation takes a while, and so may compiling a
+            # grammar: off the event loop, and not abandoned on a cancel (the thread would go on
+            # burning a core for a request that is gone); its time is bounded by the body limit.
+            ids, hint, turn_end, constraint = await trio.to_thread.run_sync(
+                self._render_chat, req, options, limiter=self._cpu)
         except ChatTemplateError as e:
             param = str(e).split(":", 1)[0] if str(e).startswith(("messages", "tools")) else "messages"
             raise APIError(400, str(e), param=param, code="invalid_value") from None
         budget = self._budget(len(ids), req.common.max_tokens, "messages")
         rid = self._new_id("chatcmpl")
-        sampling = self._sampling(req.common, budget, req.logprobs, req.top_logprobs)
-        out = ChatStream(self, rid, req) if req.common.stream else ChatJSON(self, rid, req)
-        await self._drive(receive, send, rid, ids, hint, sampling, False, out)
+        sampling = self._sampling(req.common, budget, req.logprobs, req.top_logprobs, constraint)
+        out = (ChatStream if req.common.stream else ChatJSON)(self, rid, req, thinking=options.thinking)
+        await self._drive(receive, send, rid, ids, hint, sampling, False, out, turn_end)
 
-    def _render_chat(self, req) -> tuple[list[int], int | None]:
-        """Chat -> token ids, and the system-prefix boundary as a token count (checkpoint hint)."""
-        rendered = self.renderer.render(req.messages, tools=req.tools)
+    def _render_chat(self, req, options=None):
+        """Chat -> token ids, the system-prefix boundary as a token count (checkpoint hint), where the
+        next turn will diverge (a token count, or None), and the grammar constraint (or None)."""
+        rendered = self.renderer.render(req.messages, tools=req.tools, options=options)
         ids = self.tok.encode(rendered.text)
-        hint = None
-        if rendered.system_prefix_bytes is not None:
-            hint = self.tok.boundary_for_byte_offset(rendered.text, rendered.system_prefix_bytes)
-            # Accept the boundary only if the system part, tokenized on its own, gives the prompt's
-            # first ids: then every conversation with this system part starts with the same ids.
-            prefix = rendered.text.encode()[:rendered.system_prefix_bytes].decode(errors="ignore")
-            if not hint or list(self.tok.encode(prefix)[:hint]) != list(ids[:hint]):
-                hint = None
-        return ids, hint
+        hint = self._boundary(rendered.text, rendered.system_prefix_bytes, ids)
+        turn_end = None
+        if rendered.resume_bytes is not None:
+            # Before a final special token (V4's `<think>`) the split is exact: the tokenizer cuts the
+            # text at special tokens first, so no second tokenization of the whole prompt is needed.
+            tail = rendered.text.encode()[rendered.resume_bytes:].decode()
+            if ids and self.tok.token_to_id(tail) == ids[-1]:
+                turn_end = len(ids) - 1
+            else:
+                turn_end = self._boundary(rendered.text, rendered.resume_bytes, ids)
+        constraint = self.agent.constraint(req, options)
+        return ids, hint, turn_end, constraint
+
+    def _boundary(self, text: str, byte_offset: int | None, ids: list[int]) -> int | None:
+        """A byte offset of the prompt as a token count, if the text before it tokenizes on its own to
+        the prompt's first ids (then every prompt sharing that text starts with the same ids)."""
+        if byte_offset is None:
+            return None
+        n = self.tok.boundary_for_byte_offset(text, byte_offset)
+        prefix = text.encode()[:byte_offset].decode(errors="ignore")
+        if not n or list(self.tok.encode(prefix)[:n]) != list(ids[:n]):
+            return None
+        return n
 
     async def _completions(self, scope, receive, send) -> None:
         req = await self._parse(scope, receive, lambda d: parse_completion(d, context_length=self.ctx))
         self._check_model(req.common.model)
+        self.agent.note_ignored(req.common.ignored)
         if req.prompt_ids is not None:
             bad_ids = [t for t in req.prompt_ids if not 0 <= t < self.vocab]
             if bad_ids:
@@ -275,10 +301,12 @@ class API:
 
     # --- the request's life -------------------------------------------------------------------
 
-    async def _drive(self, receive, send, rid, ids, hint, sampling, prompt_logprobs, out) -> None:
+    async def _drive(self, receive, send, rid, ids, hint, sampling, prompt_logprobs, out,
+                     turn_end: int | None = None) -> None:
         reply_send, reply_recv = trio.open_memory_channel(REPLY_BUFFER)
         control = RequestControl()
-        submit = Submit(rid, tuple(int(t) for t in ids), hint, sampling, prompt_logprobs, reply_send, control)
+        submit = Submit(rid, tuple(int(t) for t in ids), hint, sampling, prompt_logprobs, reply_send, control,
+                        turn_end_tokens=turn_end)
         terminal = None
         self.status.submitted(rid, len(ids), sampling.max_tokens, control)
         try:

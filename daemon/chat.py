@@ -33,6 +33,7 @@ class ChatTemplateError(ValueError):
 class RenderedChat:
     text: str
     system_prefix_bytes: int | None  # UTF-8 length of the shared system part of `text`, if any
+    resume_bytes: int | None = None  # where the next turn will diverge, when before the end (V4 thinking)
 
 
 def _raise_exception(message: str):
@@ -65,35 +66,48 @@ class ChatRenderer:
         except ChatTemplateError as e:
             raise ModelDirError(f"{md.path}: {e}") from None
 
+    name = "model template"
+
     def render(self, messages: list[dict], *, tools: list[dict] | None = None,
-               add_generation_prompt: bool = True) -> RenderedChat:
+               add_generation_prompt: bool = True, options=None) -> RenderedChat:
         msgs = check_messages(messages)
         tools = check_tools(tools)
-        text = self._render(msgs, tools, add_generation_prompt)
-        return RenderedChat(text, self._system_prefix_bytes(msgs, tools, text))
+        kw = _template_kwargs(options)
+        text = self._render(msgs, tools, add_generation_prompt, kw)
+        return RenderedChat(text, self._system_prefix_bytes(msgs, tools, text, kw))
 
-    def _render(self, msgs: list[dict], tools: list[dict] | None, add_generation_prompt: bool) -> str:
+    def _render(self, msgs: list[dict], tools: list[dict] | None, add_generation_prompt: bool,
+                kwargs: dict | None = None) -> str:
         try:
             return self._template.render(messages=msgs, tools=tools, add_generation_prompt=add_generation_prompt,
-                                         bos_token=self.bos_token, eos_token=self.eos_token)
+                                         bos_token=self.bos_token, eos_token=self.eos_token, **(kwargs or {}))
         except ChatTemplateError:
             raise
         except (jinja2.TemplateError, TypeError, KeyError, ValueError) as e:
             raise ChatTemplateError(f"chat template failed on these messages: {e}") from None
 
-    def _system_prefix_bytes(self, msgs: list[dict], tools: list[dict] | None, text: str) -> int | None:
+    def _system_prefix_bytes(self, msgs: list[dict], tools: list[dict] | None, text: str,
+                             kwargs: dict | None = None) -> int | None:
         n = 0
         while n < len(msgs) and msgs[n]["role"] == "system":
             n += 1
         if n == 0 and not tools:
             return None
         try:
-            prefix = self._render(msgs[:n], tools, False)
+            prefix = self._render(msgs[:n], tools, False, kwargs)
         except ChatTemplateError:  # e.g. a template that insists on a user turn
             return None
         if not text.startswith(prefix):
             return None
         return len(prefix.encode())
+
+
+def _template_kwargs(options) -> dict:
+    """The mode as HF-style template kwargs (`thinking`, `enable_thinking`, `reasoning_effort`)."""
+    if options is None:
+        return {}
+    return {"thinking": options.thinking, "enable_thinking": options.thinking,
+            "reasoning_effort": options.effort if options.thinking else None}
 
 
 # ------------------------------------------------------------------------------------------------
@@ -142,7 +156,7 @@ def check_messages(messages) -> list[dict]:
         msg["content"] = _text(m.get("content"), f"{at}.content", optional=role == "assistant")
         if calls is not None:
             msg["tool_calls"] = _check_tool_calls(calls, f"{at}.tool_calls")
-        for key in ("name", "tool_call_id"):
+        for key in ("name", "tool_call_id", "reasoning_content", "reasoning"):
             if key in m and m[key] is not None and not isinstance(m[key], str):
                 _fail(f"{at}.{key}", "expected a string")
         out.append(msg)

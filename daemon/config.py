@@ -115,6 +115,8 @@ FIELDS: tuple[Field, ...] = (
     Field("log_level", str, "info", "log level", _one_of("debug", "info", "warning", "error")),
     Field("max_tokens_default", int, 1024, "completion length when a request gives no max_tokens",
           _range(1)),
+    Field("reasoning", str, "chat", "chat mode when a request does not choose one: chat (no thinking), thinking, "
+          "high or max (thinking with that reasoning effort)", _one_of("chat", "thinking", "high", "max")),
     Field("checkpoints", bool, True, "prefix checkpoints in memory", flag_only_negative=True),
     Field("checkpoint_slots", int, 4, "checkpoint slots in memory", _range(1, 8)),
     Field("checkpoint_memory_mb", int, 2048, "memory budget for checkpoints (MiB)", _range(0)),
@@ -141,6 +143,7 @@ class Settings:
     threads: int
     log_level: str
     max_tokens_default: int
+    reasoning: str
     checkpoints: bool
     checkpoint_slots: int
     checkpoint_memory_mb: int

@@ -27,12 +27,32 @@ def chat_logprob(tok, token_id: int, logprob: float, top) -> dict:
     return {**one(token_id, logprob), "top_logprobs": [one(i, lp) for i, lp in top]}
 
 
-def chat_completion(rid: str, created: int, model: str, text: str, finish: str, usage: Usage,
+def chat_message(content: str, *, reasoning: str | None = None, tool_calls: list | None = None) -> dict:
+    """The assistant message: content (None when the reply is only tool calls), the reasoning under both
+    names clients read (`reasoning_content`, `reasoning`; thinking mode only), and the tool calls."""
+    msg = {"role": "assistant", "content": None if tool_calls and not content else content, "refusal": None}
+    if reasoning is not None:
+        msg["reasoning_content"] = msg["reasoning"] = reasoning
+    if tool_calls:
+        msg["tool_calls"] = [tool_call(c.id, c.name, c.arguments) for c in tool_calls]
+    return msg
+
+
+def tool_call(call_id: str, name: str, arguments: str, index: int | None = None) -> dict:
+    out = {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+    if index is not None:
+        out = {"index": index, **out}
+    return out
+
+
+def chat_completion(rid: str, created: int, model: str, message: dict | str, finish: str, usage: Usage,
                     logprobs: list | None, fingerprint: str) -> dict:
+    if isinstance(message, str):
+        message = chat_message(message)
     return {
         "id": rid, "object": "chat.completion", "created": created, "model": model,
         "system_fingerprint": fingerprint,
-        "choices": [{"index": 0, "message": {"role": "assistant", "content": text, "refusal": None},
+        "choices": [{"index": 0, "message": message,
                      "logprobs": None if logprobs is None else {"content": logprobs, "refusal": None},
                      "finish_reason": finish}],
         "usage": usage_dict(usage),

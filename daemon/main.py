@@ -37,10 +37,11 @@ class Loaded:
     name: str
     fingerprint: str
     context_length: int
+    encoding: str = ""          # which chat encoding serves this model, and why (logged at start)
 
 
 def load(settings: Settings, kernel=None) -> Loaded:
-    from .chat import ChatRenderer
+    from .chat_encoding import choose_renderer
     from .model_dir import load_model, open_model_dir
     from .tokenizer import TextTokenizer
 
@@ -50,9 +51,11 @@ def load(settings: Settings, kernel=None) -> Loaded:
 
     # The weight-digest cache lives in the checkpoint directory: the place the daemon may write.
     md = open_model_dir(settings.model, digest_cache=Path(settings.checkpoint_dir) / CACHE_NAME, log=get_logger())
+    choice = choose_renderer(md)
     return Loaded(kernel=kernel, model=load_model(md, settings.threads), tokenizer=TextTokenizer.from_model_dir(md),
-                  renderer=ChatRenderer.from_model_dir(md), name=md.name, fingerprint=md.fingerprint,
-                  context_length=int(md.config["max_position_embeddings"]))
+                  renderer=choice.renderer, name=md.name, fingerprint=md.fingerprint,
+                  context_length=int(md.config["max_position_embeddings"]),
+                  encoding=f"{choice.encoding}: {choice.reason}")
 
 
 def checkpoint_fingerprint(loaded: Loaded) -> str:
@@ -122,9 +125,12 @@ async def _serve_all(settings, loaded, engine, model_id, sockets, log, handle_si
         api = API(inbox=inbox, tokenizer=loaded.tokenizer, renderer=loaded.renderer, model_id=model_id,
                   context_length=loaded.context_length, vocab_size=int(loaded.model.vocab_size),
                   max_tokens_default=settings.max_tokens_default, fingerprint=loaded.fingerprint, log=log,
+                  reasoning=settings.reasoning,
                   api_key=settings.api_key, metrics=engine.metrics, checkpoints=engine.checkpoints,
                   status=StatusBoard(engine, queue_size=settings.queue_size, fingerprint=loaded.fingerprint,
                                      context_length=loaded.context_length))
+        log.info("chat_encoding", encoding=getattr(loaded.renderer, "name", "?"), detail=loaded.encoding,
+                 reasoning_default=settings.reasoning)
         binds = await nursery.start(serve_http, api, sockets)
         log.info("listening", binds=binds, model=model_id)
         if handle_signals:

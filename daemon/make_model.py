@@ -22,6 +22,7 @@ import numpy as np
 
 from .safetensors_io import to_bf16_bits, write_file
 
+# DeepSeek-V4's special tokens (daemon/encoding_dsv4.py), then padding.
 SPECIAL_TOKENS = [
     "<｜begin▁of▁sentence｜>",
     "<｜end▁of▁sentence｜>",
@@ -29,59 +30,92 @@ SPECIAL_TOKENS = [
     "<｜Assistant｜>",
     "<think>",
     "</think>",
-    "<｜tool▁calls▁begin｜>",
-    "<｜tool▁calls▁end｜>",
-    "<｜tool▁call▁begin｜>",
-    "<｜tool▁call▁end｜>",
-    "<｜tool▁sep｜>",
-    "<｜tool▁outputs▁begin｜>",
-    "<｜tool▁outputs▁end｜>",
-    "<｜tool▁output▁begin｜>",
-    "<｜tool▁output▁end｜>",
+    "<｜latest_reminder｜>",
+    "｜DSML｜",
     "<｜pad｜>",
 ]
 BOS, EOS = SPECIAL_TOKENS[0], SPECIAL_TOKENS[1]
 
-# The DeepSeek-V4 chat format: BOS, the system part (system messages, then tool definitions),
-# then turns. Everything before the first non-system message is the shared "system prefix".
-CHAT_TEMPLATE = (
-    "{{ bos_token }}"
-    "{%- set ns = namespace(first=true) -%}"
-    "{%- for m in messages if m['role'] == 'system' -%}"
-    "{%- if not ns.first %}{{ '\n\n' }}{% endif %}{{ m['content'] }}{%- set ns.first = false -%}"
-    "{%- endfor -%}"
-    "{%- if tools -%}"
-    "{{ '\n\n## Tools\nYou can call these functions:\n' }}"
-    "{%- for t in tools %}{{ (t['function'] if t['function'] is defined else t) | tojson }}{{ '\n' }}{% endfor -%}"
-    "{%- endif -%}"
-    "{%- set ns.in_tools = false -%}"
-    "{%- for m in messages -%}"
-    "{%- if m['role'] != 'tool' and ns.in_tools %}<｜tool▁outputs▁end｜>{% set ns.in_tools = false %}{% endif -%}"
-    "{%- if m['role'] == 'user' -%}"
-    "<｜User｜>{{ m['content'] }}"
-    "{%- elif m['role'] == 'assistant' -%}"
-    "<｜Assistant｜>{% if m['content'] %}{{ m['content'] }}{% endif %}"
-    "{%- if m['tool_calls'] is defined and m['tool_calls'] -%}"
-    "<｜tool▁calls▁begin｜>"
-    "{%- for c in m['tool_calls'] -%}"
-    "<｜tool▁call▁begin｜>{{ c['function']['name'] }}<｜tool▁sep｜>"
-    "{%- if c['function']['arguments'] is string %}{{ c['function']['arguments'] }}"
-    "{%- else %}{{ c['function']['arguments'] | tojson }}{% endif -%}"
-    "<｜tool▁call▁end｜>"
-    "{%- endfor -%}"
-    "<｜tool▁calls▁end｜>"
-    "{%- endif -%}"
-    "<｜end▁of▁sentence｜>"
-    "{%- elif m['role'] == 'tool' -%}"
-    "{%- if not ns.in_tools %}<｜tool▁outputs▁begin｜>{% set ns.in_tools = true %}{% endif -%}"
-    "<｜tool▁output▁begin｜>{{ m['content'] }}<｜tool▁output▁end｜>"
-    "{%- elif m['role'] != 'system' -%}"
-    "{{ raise_exception('unknown message role: ' ~ m['role']) }}"
-    "{%- endif -%}"
-    "{%- endfor -%}"
-    "{%- if ns.in_tools %}<｜tool▁outputs▁end｜>{% endif -%}"
-    "{%- if add_generation_prompt %}<｜Assistant｜>{% endif -%}"
-)
+
+def _lit(text: str) -> str:
+    """A jinja string literal for `text`."""
+    return json.dumps(text, ensure_ascii=False)
+
+
+def v4_chat_template() -> str:
+    """The V4 encoding as a jinja template, for Hugging Face's apply_chat_template (the oracle) and
+    any other consumer of the directory. cairn itself serves these directories with the native encoder
+    (daemon/encoding_dsv4.py): this template renders the probe conversations identically
+    (daemon/chat_encoding.py), which is how cairn recognises it. What a template cannot do and the
+    native encoder does: parse JSON-string tool arguments (here a string becomes one `arguments`
+    parameter), sort tool results by call order, the response-format block, the 0731 effort levels."""
+    from . import encoding_dsv4 as e
+
+    d = e.DSML
+    nl, nl2 = _lit("\n"), _lit("\n\n")
+    head, tail = e._TOOLS_BLOCK.split("{schemas}")
+    tools_block = (
+        "{{- " + nl2 + " + " + _lit(head) + " -}}"
+        "{%- for t in tools -%}{%- if not loop.first %}{{ " + nl + " }}{% endif -%}"
+        "{{- (t['function'] if t['function'] is defined else t) | tojson -}}{%- endfor -%}"
+        "{{- " + _lit(tail) + " -}}")
+    parts = [
+        "{%- if thinking is not defined or thinking is none -%}",
+        "{%- set thinking = enable_thinking if enable_thinking is defined and enable_thinking is not none",
+        " else false -%}{%- endif -%}",
+        "{%- set ns = namespace(sys=-1, last_user=-1) -%}",
+        "{%- for m in messages -%}",
+        "{%- if m['role'] == 'system' and ns.sys < 0 %}{% set ns.sys = loop.index0 %}{% endif -%}",
+        "{%- if m['role'] in ['user', 'tool'] %}{% set ns.last_user = loop.index0 %}{% endif -%}",
+        "{%- endfor -%}",
+        "{%- set drop = thinking and not tools -%}",
+        "{{- bos_token -}}",
+        "{%- if thinking and reasoning_effort is defined and reasoning_effort == 'max' -%}",
+        "{{- " + _lit(e.EFFORT_PREAMBLES["original"]["max"]) + " -}}{%- endif -%}",
+        "{%- if tools and ns.sys < 0 -%}" + tools_block + "{%- endif -%}",
+        "{%- for m in messages -%}",
+        "{%- set role = m['role'] -%}",
+        "{%- set prev = messages[loop.index0 - 1]['role'] if loop.index0 > 0 else none -%}",
+        "{%- set nxt = messages[loop.index0 + 1]['role'] if loop.index0 + 1 < messages | length else none -%}",
+        "{%- if role == 'system' -%}",
+        "{{- m['content'] or '' -}}",
+        "{%- if tools and loop.index0 == ns.sys -%}" + tools_block + "{%- endif -%}",
+        "{%- elif role in ['user', 'tool'] -%}",
+        "{%- if prev in ['user', 'tool'] %}{{ " + nl2 + " }}{% else %}{{ " + _lit(e.USER) + " }}{% endif -%}",
+        "{%- if role == 'tool' -%}{{- '<tool_result>' + (m['content'] or '') + '</tool_result>' -}}",
+        "{%- else -%}{{- m['content'] or '' -}}{%- endif -%}",
+        "{%- if nxt is none or nxt == 'assistant' -%}{{- " + _lit(e.ASSISTANT) + " -}}",
+        "{%- if thinking and (not drop or loop.index0 >= ns.last_user) %}{{ '<think>' }}{% else %}{{ '</think>' }}",
+        "{% endif -%}{%- endif -%}",
+        "{%- elif role == 'assistant' -%}",
+        "{%- if thinking and (not drop or loop.index0 > ns.last_user) -%}",
+        "{{- (m['reasoning_content'] if m['reasoning_content'] is string else (m['reasoning'] or ''))"
+        " + '</think>' -}}",
+        "{%- endif -%}",
+        "{{- m['content'] or '' -}}",
+        "{%- if m['tool_calls'] -%}",
+        "{{- " + _lit(f"\n\n<{d}tool_calls>\n") + " -}}",
+        "{%- for c in m['tool_calls'] -%}",
+        "{%- if not loop.first %}{{ " + nl + " }}{% endif -%}",
+        "{{- " + _lit(f'<{d}invoke name="') + " + c['function']['name'] + " + _lit('">\n') + " -}}",
+        "{%- set args = c['function']['arguments'] -%}",
+        "{%- if args is string %}{% set args = {'arguments': args} %}{% endif -%}",
+        "{%- for k, v in args.items() -%}",
+        "{%- if not loop.first %}{{ " + nl + " }}{% endif -%}",
+        "{{- " + _lit(f'<{d}parameter name="') + " + k + " + _lit('" string="') + " + ('true' if v is string"
+        " else 'false') + " + _lit('">') + " + (v if v is string else v | tojson) + "
+        + _lit(f"</{d}parameter>") + " -}}",
+        "{%- endfor -%}",
+        "{{- " + _lit(f"\n</{d}invoke>") + " -}}",
+        "{%- endfor -%}",
+        "{{- " + _lit(f"\n</{d}tool_calls>") + " -}}",
+        "{%- endif -%}",
+        "{{- eos_token -}}",
+        "{%- else -%}{{- raise_exception('unknown message role: ' + role) -}}",
+        "{%- endif -%}",
+        "{%- endfor -%}",
+    ]
+    return "".join(parts)
 
 
 @dataclass(frozen=True)
@@ -317,7 +351,7 @@ def tokenizer_config(max_len: int) -> dict:
         "model_max_length": max_len,
         "tokenizer_class": "PreTrainedTokenizerFast",
         "clean_up_tokenization_spaces": False,
-        "chat_template": CHAT_TEMPLATE,
+        "chat_template": v4_chat_template(),
     }
 
 

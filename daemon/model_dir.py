@@ -37,7 +37,7 @@ class ModelDir:
     tensors: dict[str, TensorInfo]    # canonical name -> where its bytes are
     fingerprint: str                  # config + every weight byte + tokenizer (hex sha256)
     tokenizer_file: Path
-    chat_template: str
+    chat_template: str | None         # None: no template shipped (the native V4 encoding is used)
     bos_token: str
     eos_token: str
 
@@ -263,7 +263,7 @@ def _weight_files(path: Path) -> list[Path]:
     return files
 
 
-def _chat_template(path: Path, tok_cfg: dict) -> str:
+def _chat_template(path: Path, tok_cfg: dict) -> str | None:
     jinja = path / "chat_template.jinja"
     if jinja.exists():
         return jinja.read_text()
@@ -271,8 +271,7 @@ def _chat_template(path: Path, tok_cfg: dict) -> str:
     if isinstance(tmpl, list):  # HF's list of named templates
         tmpl = next((t.get("template") for t in tmpl if t.get("name") == "default"), None)
     if not isinstance(tmpl, str) or not tmpl:
-        raise ModelDirError(
-            f"{path}: no chat template (expected chat_template in tokenizer_config.json or chat_template.jinja)")
+        return None   # as the first DeepSeek-V4 release: the native V4 encoding is used (chat_encoding.py)
     return tmpl
 
 

@@ -14,6 +14,7 @@ from cairn.actors.messages import Done, Progress, Started, TokenOut
 from . import formats
 from .http import end_sse, send_comment, send_error, send_event, send_json, start_sse
 from .schemas import APIError
+from .v4_output import Event, OutputParser
 
 
 class Responder:
@@ -49,35 +50,52 @@ class StreamProgress(Responder):
         await send_comment(send, "progress " + json.dumps(body, separators=(",", ":")))
 
 
+def _finish(finish: str, parser: OutputParser) -> str:
+    return "tool_calls" if parser.result.tool_calls and finish == "stop" else finish
+
+
+def _warn(api, rid: str, parser: OutputParser) -> None:
+    for w in parser.result.warnings:
+        api.log.warning("model_output_malformed", request_id=rid, problem=w)
+
+
 class ChatJSON(Responder):
-    def __init__(self, api, rid, req) -> None:
+    def __init__(self, api, rid, req, thinking: bool = False) -> None:
         super().__init__(api, rid)
         self.req = req
-        self.text: list[str] = []
+        self.thinking = thinking
+        self.parser = OutputParser(thinking=thinking, tools=req.tools)
         self.logprobs: list | None = [] if req.logprobs else None
 
     async def start(self, send, msg: Started) -> None:
         pass
 
     async def token(self, send, t: TokenOut) -> None:
-        self.text.append(t.text)
+        self.parser.feed(t.text)
         if self.logprobs is not None:
             self.logprobs.append(formats.chat_logprob(self.api.tok, t.token_id, t.logprob, t.top))
 
     async def done(self, send, d: Done) -> None:
-        self.text.append(d.text_tail)
-        body = formats.chat_completion(self.rid, int(time.time()), self.api.model_id, "".join(self.text),
-                                       d.finish_reason, d.usage, self.logprobs, self.api.fingerprint)
+        self.parser.feed(d.text_tail)
+        self.parser.finish()
+        _warn(self.api, self.rid, self.parser)
+        r = self.parser.result
+        message = formats.chat_message(r.content, reasoning=r.reasoning if self.thinking else None,
+                                       tool_calls=r.tool_calls)
+        body = formats.chat_completion(self.rid, int(time.time()), self.api.model_id, message,
+                                       _finish(d.finish_reason, self.parser), d.usage, self.logprobs,
+                                       self.api.fingerprint)
         await send_json(send, 200, body)
 
 
 class ChatStream(StreamProgress):
     stream = True
 
-    def __init__(self, api, rid, req) -> None:
+    def __init__(self, api, rid, req, thinking: bool = False) -> None:
         super().__init__(api, rid)
         self.req = req
         self.created = int(time.time())
+        self.parser = OutputParser(thinking=thinking, tools=req.tools)
 
     def _chunk(self, delta, **kw) -> dict:
         return formats.chat_chunk(self.rid, self.created, self.api.model_id, delta,
@@ -87,16 +105,30 @@ class ChatStream(StreamProgress):
         await self._start_stream(send)
         await send_event(send, self._chunk({"role": "assistant", "content": ""}))
 
+    async def _events(self, send, events: list[Event], lp=None) -> None:
+        """One chunk per parser event; logprobs ride on the first (or an empty content delta)."""
+        if not events and lp is not None:
+            events = [Event("content", "")]
+        for ev in events:
+            if ev.kind == "content":
+                delta = {"content": ev.text}
+            elif ev.kind == "reasoning":
+                delta = {"reasoning_content": ev.text, "reasoning": ev.text}
+            elif ev.kind == "tool_start":
+                delta = {"tool_calls": [formats.tool_call(ev.id, ev.name, "", index=ev.index)]}
+            else:
+                delta = {"tool_calls": [{"index": ev.index, "function": {"arguments": ev.text}}]}
+            await send_event(send, self._chunk(delta, logprobs=lp))
+            lp = None
+
     async def token(self, send, t: TokenOut) -> None:
-        if not t.text and not self.req.logprobs:
-            return
         lp = [formats.chat_logprob(self.api.tok, t.token_id, t.logprob, t.top)] if self.req.logprobs else None
-        await send_event(send, self._chunk({"content": t.text}, logprobs=lp))
+        await self._events(send, self.parser.feed(t.text), lp)
 
     async def done(self, send, d: Done) -> None:
-        if d.text_tail:
-            await send_event(send, self._chunk({"content": d.text_tail}))
-        await send_event(send, self._chunk({}, finish=d.finish_reason))
+        await self._events(send, self.parser.feed(d.text_tail) + self.parser.finish())
+        _warn(self.api, self.rid, self.parser)
+        await send_event(send, self._chunk({}, finish=_finish(d.finish_reason, self.parser)))
         if self.req.common.include_usage:
             await send_event(send, self._chunk({}, usage=d.usage, no_choices=True))
         await end_sse(send)

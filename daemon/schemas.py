@@ -1,13 +1,15 @@
 """OpenAI request shapes: JSON objects -> validated, typed requests. Errors name the field.
 
-Pure (no trio, no kernel). Unknown top-level fields are refused unless listed as accepted-and-
-ignored, so a typo (`max_token`) fails loudly instead of silently using a default.
+Pure (no trio, no kernel). Unknown top-level fields are accepted (agents send provider-specific
+extras; the API logs each name once) unless the name is a close misspelling of a known field: a typo
+(`max_token`) fails loudly instead of silently using a default.
 """
 
 from __future__ import annotations
 
+import difflib
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 class APIError(Exception):
@@ -94,10 +96,27 @@ def _stop(d: dict) -> tuple[str, ...]:
     raise bad("stop", "expected a string or a list of strings", "invalid_type")
 
 
-def _check_unknown(d: dict, known: set[str]) -> None:
+TYPO_CUTOFF = 0.85   # difflib ratio above which an unknown name is taken for a misspelt known one
+
+
+# Other servers' and routers' fields that clients send and this server ignores; some are close to a
+# known name (`models` ~ `model`, `reasoning_format` ~ `reasoning_effort`) and must not read as typos.
+FOREIGN_FIELDS = {"models", "reasoning_format", "provider", "transforms", "route", "usage", "include_reasoning",
+                  "prompt_cache_key", "safety_identifier", "enable_thinking", "chat_template", "guided_json",
+                  "guided_regex", "guided_choice", "guided_grammar", "min_p", "top_a", "typical_p", "cache_prompt"}
+
+
+def _check_unknown(d: dict, known: set[str]) -> tuple[str, ...]:
+    """Unknown names, accepted; a close misspelling of a known field is refused, naming both."""
     unknown = sorted(set(d) - known)
-    if unknown:
-        raise bad(unknown[0], f"unknown field (supported: {', '.join(sorted(known))})", "unknown_field")
+    for name in unknown:
+        if name in FOREIGN_FIELDS:
+            continue
+        close = difflib.get_close_matches(name, sorted(known), n=1, cutoff=TYPO_CUTOFF)
+        if close:
+            raise bad(name, f"unknown field; did you mean {close[0]!r}? (supported: {', '.join(sorted(known))})",
+                      "unknown_field")
+    return tuple(unknown)
 
 
 def _only_default(d: dict, key: str, ok) -> None:
@@ -109,7 +128,9 @@ _COMMON = {"model", "stream", "stream_options", "temperature", "top_p", "top_k",
            "presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias", "user", "max_tokens",
            "ignore_eos", "metadata", "store", "service_tier"}
 _CHAT = _COMMON | {"messages", "tools", "tool_choice", "parallel_tool_calls", "max_completion_tokens", "logprobs",
-                   "top_logprobs", "response_format", "reasoning_effort", "modalities", "prediction"}
+                   "top_logprobs", "response_format", "reasoning_effort", "modalities", "prediction",
+                   "verbosity", "chat_template_kwargs", "thinking", "reasoning"}
+REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max")
 _COMPLETION = _COMMON | {"prompt", "echo", "logprobs", "suffix", "best_of"}
 
 
@@ -125,6 +146,10 @@ class CommonParams:
     stop: tuple[str, ...]
     max_tokens: int | None          # None: the server default (bounded by the context)
     ignore_eos: bool
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: tuple[tuple[int, float], ...] = ()   # (token id, bias), checked against the vocabulary later
+    ignored: tuple[str, ...] = ()   # unknown top-level fields, accepted (logged once per name)
 
 
 @dataclass(frozen=True)
@@ -134,6 +159,26 @@ class ChatRequest:
     tools: list | None
     logprobs: bool
     top_logprobs: int
+    thinking: object = None               # the `thinking` field ({"type": "enabled"|"disabled"} or a bool)
+    template_kwargs: dict = field(default_factory=dict)   # chat_template_kwargs
+    reasoning_effort: str | None = None
+    response_format: dict | None = None   # None or {"type": "json_object"} or {"type": "json_schema", ...}
+    tool_choice: object = "auto"          # "none" | "auto" | "required" | {"function": {"name": ...}}
+    parallel_tool_calls: bool = True      # False: a forced reply makes exactly one call
+
+    @property
+    def json_schema(self) -> dict | None:
+        """The schema the reply must follow (json_schema), {} for any JSON object, None for free text."""
+        rf = self.response_format
+        if rf is None:
+            return None
+        return rf["json_schema"].get("schema", {}) if rf["type"] == "json_schema" else {}
+
+    @property
+    def forced_tool(self) -> str | None:
+        """A named tool_choice: the function that must be called."""
+        tc = self.tool_choice
+        return tc["function"]["name"] if isinstance(tc, dict) else None
 
 
 @dataclass(frozen=True)
@@ -151,14 +196,12 @@ def _common(d: dict, *, max_tokens_min: int, max_tokens_key: str = "max_tokens")
         raise bad("model", "required: a model id string (see GET /v1/models)",
                   "missing_field" if model is None else "invalid_type")
     so = d.get("stream_options")
-    if so is not None and (not isinstance(so, dict) or set(so) - {"include_usage", "continuous_usage_stats"}):
+    # Other keys (include_obfuscation, continuous_usage_stats, …) are accepted and ignored.
+    if so is not None and (not isinstance(so, dict) or not isinstance(so.get("include_usage", False), bool)):
         raise bad("stream_options", 'expected {"include_usage": true|false}', "invalid_type")
     _only_default(d, "n", lambda v: v == 1)
     _only_default(d, "best_of", lambda v: v == 1)
-    _only_default(d, "presence_penalty", lambda v: v == 0)
-    _only_default(d, "frequency_penalty", lambda v: v == 0)
     _only_default(d, "repetition_penalty", lambda v: v == 1)
-    _only_default(d, "logit_bias", lambda v: v == {})
     _only_default(d, "suffix", lambda v: v == "")
     if "user" in d and d["user"] is not None and not isinstance(d["user"], str):
         raise bad("user", "expected a string", "invalid_type")
@@ -180,11 +223,34 @@ def _common(d: dict, *, max_tokens_min: int, max_tokens_key: str = "max_tokens")
         stop=_stop(d),
         max_tokens=max_tokens,
         ignore_eos=_bool(d, "ignore_eos", False),
+        presence_penalty=_number(d, "presence_penalty", 0.0, -2.0, 2.0),
+        frequency_penalty=_number(d, "frequency_penalty", 0.0, -2.0, 2.0),
+        logit_bias=_logit_bias(d),
     )
 
 
+def _logit_bias(d: dict) -> tuple[tuple[int, float], ...]:
+    v = d.get("logit_bias")
+    if v is None:
+        return ()
+    if not isinstance(v, dict):
+        raise bad("logit_bias", 'expected an object {"token id": bias}', "invalid_type")
+    out = []
+    for k, b in v.items():
+        try:
+            tid = int(k)
+        except (TypeError, ValueError):
+            raise bad("logit_bias", f"key {k!r} is not a token id (an integer as a string)") from None
+        if tid < 0:
+            raise bad("logit_bias", f"token id {tid} is negative")
+        if isinstance(b, bool) or not isinstance(b, (int, float)) or not -100 <= b <= 100:
+            raise bad("logit_bias", f"bias for {k} must be a number from -100 to 100, got {b!r}")
+        out.append((tid, float(b)))
+    return tuple(sorted(out))
+
+
 def parse_chat(d: dict) -> ChatRequest:
-    _check_unknown(d, _CHAT)
+    ignored = _check_unknown(d, _CHAT)
     common = _common(d, max_tokens_min=1, max_tokens_key="max_completion_tokens")
     messages = d.get("messages")
     if not isinstance(messages, list) or not messages:
@@ -193,20 +259,67 @@ def parse_chat(d: dict) -> ChatRequest:
     tools = d.get("tools")
     if tools is not None and not isinstance(tools, list):
         raise bad("tools", "expected a list of tools", "invalid_type")
-    rf = d.get("response_format")
-    if rf is not None and rf != {"type": "text"}:
-        raise bad("response_format", 'only {"type": "text"} is supported', "unsupported_value")
     logprobs = _bool(d, "logprobs", False)
     top = _int(d, "top_logprobs", 0, 0, 20)
     if top and not logprobs:
         raise bad("top_logprobs", "requires logprobs: true")
-    return ChatRequest(common, messages, tools or None, logprobs, top)
+    parallel = _bool(d, "parallel_tool_calls", True)
+    if d.get("verbosity") is not None and d["verbosity"] not in ("low", "medium", "high"):
+        raise bad("verbosity", f"{d['verbosity']!r}; expected low, medium or high")
+    kwargs = d.get("chat_template_kwargs")
+    if kwargs is not None and not isinstance(kwargs, dict):
+        raise bad("chat_template_kwargs", "expected an object", "invalid_type")
+    thinking = d.get("thinking")
+    if thinking is not None and not isinstance(thinking, bool) and not (
+            isinstance(thinking, dict) and thinking.get("type") in ("enabled", "disabled", "auto", None)):
+        raise bad("thinking", 'expected {"type": "enabled"} or {"type": "disabled"}', "invalid_type")
+    effort = d.get("reasoning_effort")
+    if effort is None and isinstance(d.get("reasoning"), dict):   # OpenRouter's shape: {"effort": ...}
+        effort = d["reasoning"].get("effort")
+    if effort is not None and effort not in REASONING_EFFORTS:
+        raise bad("reasoning_effort", f"{effort!r}; expected one of {', '.join(REASONING_EFFORTS)}")
+    common = CommonParams(**{**common.__dict__, "ignored": ignored})
+    return ChatRequest(common, messages, tools or None, logprobs, top, thinking=thinking,
+                       template_kwargs=kwargs or {}, reasoning_effort=effort,
+                       response_format=_response_format(d.get("response_format")),
+                       tool_choice=_tool_choice(d.get("tool_choice"), tools or []), parallel_tool_calls=parallel)
+
+
+def _response_format(rf) -> dict | None:
+    if rf is None or rf == {"type": "text"}:
+        return None
+    if not isinstance(rf, dict) or rf.get("type") not in ("text", "json_object", "json_schema"):
+        raise bad("response_format", 'expected {"type": "text" | "json_object" | "json_schema"}', "invalid_value")
+    if rf["type"] == "json_schema":
+        js = rf.get("json_schema")
+        if not isinstance(js, dict) or not isinstance(js.get("schema", {}), dict):
+            raise bad("response_format.json_schema",
+                      'expected {"name": ..., "schema": {JSON schema}}', "invalid_value")
+    return rf
+
+
+def _tool_choice(tc, tools: list):
+    if tc is None:
+        return "auto"
+    if tc in ("none", "auto", "required"):
+        if tc == "required" and not tools:
+            raise bad("tool_choice", '"required" needs tools')
+        return tc
+    name = tc.get("function", {}).get("name") if isinstance(tc, dict) and isinstance(tc.get("function"), dict) else None
+    if not isinstance(name, str):
+        raise bad("tool_choice", 'expected "none", "auto", "required" or {"type": "function", "function": '
+                                 '{"name": ...}}', "invalid_value")
+    names = [t.get("function", {}).get("name") for t in tools if isinstance(t, dict)]
+    if name not in names:
+        raise bad("tool_choice", f"function {name!r} is not among the tools ({', '.join(map(str, names)) or 'none'})")
+    return tc
 
 
 def parse_completion(d: dict, context_length: int | None = None) -> CompletionRequest:
     """`context_length`: token-id prompts that cannot fit are refused before their ids are looked at."""
-    _check_unknown(d, _COMPLETION)
+    ignored = _check_unknown(d, _COMPLETION)
     common = _common(d, max_tokens_min=0)
+    common = CommonParams(**{**common.__dict__, "ignored": ignored})
     prompt = d.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
         prompt = prompt[0]                      # a batch of one

@@ -102,6 +102,10 @@ class TextTokenizer:
     def token_bytes(self, token_id: int) -> bytes:
         return self._bytes[token_id]
 
+    def to_json(self) -> str:
+        """The tokenizer as tokenizer.json text (what llguidance reads; daemon/constrain.py)."""
+        return self._tok.to_str()
+
     def token_to_id(self, text: str) -> int | None:
         return self._tok.token_to_id(text)
 

@@ -16,14 +16,14 @@ from cairn.daemon.main import Loaded, run_daemon
 
 def fake_loaded(model_dir: Path, **fake_kw) -> Loaded:
     import fake_kernel
-    from cairn.daemon.chat import ChatRenderer
+    from cairn.daemon.chat_encoding import choose_renderer
     from cairn.daemon.model_dir import open_model_dir
     from cairn.daemon.tokenizer import TextTokenizer
 
     md = open_model_dir(model_dir)
     tok = TextTokenizer.from_model_dir(md)
     model = fake_kernel.Model(vocab_size=md.config["vocab_size"], eos_id=tok.eos_id, **fake_kw)
-    return Loaded(kernel=fake_kernel, model=model, tokenizer=tok, renderer=ChatRenderer.from_model_dir(md),
+    return Loaded(kernel=fake_kernel, model=model, tokenizer=tok, renderer=choose_renderer(md).renderer,
                   name=md.name, fingerprint="fake" + md.fingerprint, context_length=int(md.config["max_position_embeddings"]))
 
 

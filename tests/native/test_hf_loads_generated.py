@@ -15,7 +15,8 @@ import pytest
 from hf_oracle import torch  # noqa: F401  (a missing oracle is an ImportError that says how to install it)
 from transformers import AutoTokenizer, DeepseekV4ForCausalLM, DynamicCache  # noqa: E402
 
-from cairn.daemon.chat import ChatRenderer  # noqa: E402
+from cairn.daemon.chat_encoding import choose_renderer  # noqa: E402
+from cairn.daemon.encoding_dsv4 import ChatOptions  # noqa: E402
 from cairn.daemon.make_model import _corpus, make_model  # noqa: E402
 from cairn.daemon.model_dir import open_model_dir  # noqa: E402
 from cairn.daemon.tokenizer import TextTokenizer  # noqa: E402
@@ -70,7 +71,10 @@ def test_autotokenizer_agrees_with_ours(tiny, tok):
     assert hf_tok.decode(tok.encode(text)) == text
 
 
-def test_hf_apply_chat_template_agrees_with_our_renderer(tiny):
+def test_hf_renders_and_tokenizes_the_v4_encoding_as_we_do(tiny, tok):
+    # cairn serves generated directories with the native V4 encoder; the jinja template make-model
+    # writes must render the same text in HF, and HF's tokenizer must read it into the same ids,
+    # V4's special tokens whole.
     md = open_model_dir(tiny)
     hf_tok = AutoTokenizer.from_pretrained(tiny)
     tools = [{"type": "function", "function": {"name": "read", "description": "lit ✓",
@@ -78,14 +82,19 @@ def test_hf_apply_chat_template_agrees_with_our_renderer(tiny):
     messages = [
         {"role": "system", "content": "Tu es bref. 日本"},
         {"role": "user", "content": "lis a.txt"},
-        {"role": "assistant", "content": "", "tool_calls": [
+        {"role": "assistant", "content": "", "reasoning_content": "il faut lire", "tool_calls": [
             {"type": "function", "function": {"name": "read", "arguments": {"path": "a.txt"}}}]},
         {"role": "tool", "content": "contenu"},
         {"role": "user", "content": "merci"},
     ]
-    ours = ChatRenderer.from_model_dir(md).render(messages, tools=tools).text
-    theirs = hf_tok.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True)
-    assert ours == theirs
+    choice = choose_renderer(md)
+    assert choice.encoding == "deepseek-v4 native"
+    text = choice.renderer.render(messages, tools=tools, options=ChatOptions(thinking=True)).text
+    assert hf_tok.apply_chat_template(messages, tools=tools, tokenize=False, thinking=True) == text
+    ids = hf_tok.encode(text, add_special_tokens=False)
+    assert ids == tok.encode(text)
+    for special in ("<think>", "</think>", "｜DSML｜", "<｜User｜>", "<｜Assistant｜>"):
+        assert hf_tok.convert_tokens_to_ids(special) in ids
 
 
 def test_logits_stay_finite_and_non_degenerate_over_16k_tokens(hf, tok):

@@ -1,4 +1,4 @@
-"""ChatRenderer: the tiny model's template, message validation, and the system-prefix offset."""
+"""ChatRenderer: a model directory's own jinja template, message validation, and the system-prefix offset."""
 
 from __future__ import annotations
 
@@ -14,10 +14,51 @@ TOOLS = [{"type": "function", "function": {
 TOOLS_TEXT = ('\n\n## Tools\nYou can call these functions:\n{"name": "read_file", "description": "Lire un fichier ✓", '
               '"parameters": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}}\n')
 
+# A V3-style template (what make-model wrote before the native V4 encoding): exercises the jinja
+# renderer that serves model directories whose template differs from the V4 encoding.
+V3_TEMPLATE = (
+    "{{ bos_token }}"
+    "{%- set ns = namespace(first=true) -%}"
+    "{%- for m in messages if m['role'] == 'system' -%}"
+    "{%- if not ns.first %}{{ '\n\n' }}{% endif %}{{ m['content'] }}{%- set ns.first = false -%}"
+    "{%- endfor -%}"
+    "{%- if tools -%}"
+    "{{ '\n\n## Tools\nYou can call these functions:\n' }}"
+    "{%- for t in tools %}{{ (t['function'] if t['function'] is defined else t) | tojson }}{{ '\n' }}{% endfor -%}"
+    "{%- endif -%}"
+    "{%- set ns.in_tools = false -%}"
+    "{%- for m in messages -%}"
+    "{%- if m['role'] != 'tool' and ns.in_tools %}<｜tool▁outputs▁end｜>{% set ns.in_tools = false %}{% endif -%}"
+    "{%- if m['role'] == 'user' -%}"
+    "<｜User｜>{{ m['content'] }}"
+    "{%- elif m['role'] == 'assistant' -%}"
+    "<｜Assistant｜>{% if m['content'] %}{{ m['content'] }}{% endif %}"
+    "{%- if m['tool_calls'] is defined and m['tool_calls'] -%}"
+    "<｜tool▁calls▁begin｜>"
+    "{%- for c in m['tool_calls'] -%}"
+    "<｜tool▁call▁begin｜>{{ c['function']['name'] }}<｜tool▁sep｜>"
+    "{%- if c['function']['arguments'] is string %}{{ c['function']['arguments'] }}"
+    "{%- else %}{{ c['function']['arguments'] | tojson }}{% endif -%}"
+    "<｜tool▁call▁end｜>"
+    "{%- endfor -%}"
+    "<｜tool▁calls▁end｜>"
+    "{%- endif -%}"
+    "<｜end▁of▁sentence｜>"
+    "{%- elif m['role'] == 'tool' -%}"
+    "{%- if not ns.in_tools %}<｜tool▁outputs▁begin｜>{% set ns.in_tools = true %}{% endif -%}"
+    "<｜tool▁output▁begin｜>{{ m['content'] }}<｜tool▁output▁end｜>"
+    "{%- elif m['role'] != 'system' -%}"
+    "{{ raise_exception('unknown message role: ' ~ m['role']) }}"
+    "{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- if ns.in_tools %}<｜tool▁outputs▁end｜>{% endif -%}"
+    "{%- if add_generation_prompt %}<｜Assistant｜>{% endif -%}"
+)
+
 
 @pytest.fixture(scope="module")
-def renderer(tiny_md):
-    return ChatRenderer.from_model_dir(tiny_md)
+def renderer():
+    return ChatRenderer(V3_TEMPLATE, BOS, EOS)
 
 
 @pytest.fixture(scope="module")

@@ -89,10 +89,16 @@ def test_unreadable_tokenizer_json(model):
         TextTokenizer.from_model_dir(md)
 
 
-def test_no_chat_template(model):
+def test_no_chat_template_means_the_native_v4_encoding(model):
+    # The first DeepSeek-V4 release shipped no template; such a directory is served, natively.
+    from cairn.daemon.chat_encoding import choose_renderer
+
+    assert "renders as the V4 encoding" in choose_renderer(open_model_dir(model)).reason   # make-model's own
     _edit_json(model / "tokenizer_config.json", lambda c: c.pop("chat_template"))
-    with pytest.raises(ModelDirError, match="no chat template"):
-        open_model_dir(model)
+    md = open_model_dir(model)
+    assert md.chat_template is None
+    choice = choose_renderer(md)
+    assert choice.encoding == "deepseek-v4 native" and "no chat template" in choice.reason
 
 
 def test_truncated_safetensors_header(model):

@@ -156,3 +156,23 @@ def test_pieces_edge_cases():
     assert list(pieces(5, 5, 128)) == []
     with pytest.raises(ValueError):
         list(pieces(0, 10, 0))
+
+
+def test_turn_end_capture_replaces_the_prompt_end_one_inside_the_tail_guard():
+    # V4 thinking mode: the prompt's last token (`<think>`) is not shared by the next turn
+    p = plan_prefill(TURN1, None, store(), hint_tokens=800, turn_end_tokens=1199)
+    assert p.captures == (CapturePoint(800, "system"), CapturePoint(1199, "prompt_end"))
+    assert not p.capture_prompt_end
+    nxt = TURN1[:1199] + [7] + list(range(5000, 5050))      # the next turn diverges at 1199
+    s = store()
+    s.put(TURN1[:1199], "prompt_end", b"b")
+    q = plan_prefill(nxt, TURN1 + [9, 9], s, hint_tokens=800)
+    assert (q.action, q.start) == ("restore", 1199)
+
+
+def test_turn_end_capture_obeys_the_minimum_and_the_store():
+    p = plan_prefill(TURN1, None, store(TURN1[:1199]), turn_end_tokens=1199)
+    assert p.captures == () and not p.capture_prompt_end
+    assert p.skipped == ("prompt_end at 1199 (turn end): not after the start position 1199",)
+    p = plan_prefill(TURN1, None, store(), turn_end_tokens=1199, min_tokens=1500)
+    assert "prompt_end at 1199 (turn end): below minimum 1500" in p.skipped

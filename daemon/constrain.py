@@ -1,0 +1,163 @@
+"""Constrained output with llguidance: a request's grammar -> a per-step token mask.
+
+What is constrained: `response_format` json_object / json_schema (the reply is JSON, valid against
+the schema), and `tool_choice` "required" or a named function (the reply is a DSML tool-call block
+whose invoke names a given tool and whose parameters are the tool's required properties, each typed
+by its schema: strings raw with `string="true"`, anything else JSON with `string="false"`). In thinking
+mode the mask starts after `</think>`: the reasoning is free.
+
+Known limits: a string parameter under a forced call cannot contain `</` (the grammar ends the
+value there; with `maxLength` it cannot contain `<`); optional parameters are left out; a string
+parameter's `enum`, `minLength`/`maxLength` are enforced, its `pattern` and `format` are not. JSON replies follow llguidance's JSON-schema support.
+
+The `Constraint` object is what the decode actor sees: `allowed()` (a boolean row over the
+vocabulary, or None while unarmed) and `accept(token)`. It never touches trio; the decode actor
+calls `allowed()` in a worker thread (llguidance releases the GIL while it fills the mask).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import numpy as np
+
+from .encoding_dsv4 import DSML, END_THINK
+
+
+# JSON as json.dumps writes it (the V4 encoder renders JSON values so) and no free whitespace: a
+# random-weight model would otherwise pad forever.
+JSON_STYLE = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+
+
+class ConstraintError(ValueError):
+    """A schema or tool the grammar cannot express; the message is fit for an HTTP 400."""
+
+
+class Grammars:
+    """Per model: llguidance's view of the tokenizer (built once, on first use) and special ids."""
+
+    def __init__(self, tokenizer_json: str, vocab_size: int, eos_id: int, tok) -> None:
+        self._json = tokenizer_json
+        self.vocab_size = vocab_size
+        self.eos_id = eos_id
+        self.dsml_id = tok.token_to_id(DSML)
+        self.end_think_id = tok.token_to_id(END_THINK)
+        self._ll = None
+        self._lock = threading.Lock()
+
+    @classmethod
+    def from_model_dir(cls, md, tok) -> "Grammars":
+        return cls(md.tokenizer_file.read_text(), int(md.config["vocab_size"]), tok.eos_id, tok)
+
+    def ll_tokenizer(self):
+        with self._lock:
+            if self._ll is None:
+                import llguidance
+
+                self._ll = llguidance.LLTokenizer(self._json, n_vocab=self.vocab_size, eos_token=self.eos_id)
+            return self._ll
+
+    # --- grammars ------------------------------------------------------------------------------
+
+    def grammar_for(self, *, json_schema: dict | None, tool_choice, tools: list | None,
+                    parallel: bool = True) -> str | None:
+        """The llguidance grammar a request asks for, or None (free text)."""
+        import llguidance
+
+        if tool_choice == "required" or isinstance(tool_choice, dict):
+            names = [tool_choice["function"]["name"]] if isinstance(tool_choice, dict) else None
+            lark = self.dsml_lark(tools or [], names, single=names is not None or not parallel)
+            return llguidance.LLMatcher.grammar_from_lark(lark)
+        if json_schema is not None:
+            schema = json_schema or {"type": "object"}
+            try:
+                return llguidance.LLMatcher.grammar_from_json_schema(schema, overrides=JSON_STYLE)
+            except ValueError as e:
+                raise ConstraintError(f"response_format.json_schema.schema: {e}") from None
+        return None
+
+    def constraint(self, grammar: str, *, thinking: bool) -> "Constraint":
+        import llguidance
+
+        matcher = llguidance.LLMatcher(self.ll_tokenizer(), grammar, log_level=0)
+        if matcher.is_error():
+            raise ConstraintError(f"the grammar for this request does not compile: {matcher.get_error()}")
+        trigger = self.end_think_id if thinking else None
+        return Constraint(matcher, self.vocab_size, trigger, self.eos_id)
+
+    def _d(self) -> str:
+        return f"<[{self.dsml_id}]>" if self.dsml_id is not None else json.dumps(DSML)
+
+    def dsml_lark(self, tools: list, only: list[str] | None, single: bool = False) -> str:
+        """Lark for `<｜DSML｜tool_calls>` … with one or more invokes (exactly one when `single`: a
+        named tool, or parallel_tool_calls false)."""
+        d = self._d()
+        rules, alts = [], []
+        fns = [t["function"] for t in tools if isinstance(t, dict) and isinstance(t.get("function"), dict)]
+        for i, f in enumerate(fns):
+            if only is not None and f["name"] not in only:
+                continue
+            params = f.get("parameters") or {}
+            props = params.get("properties") or {}
+            required = [k for k in props if k in set(params.get("required") or [])]
+            items = []
+            for j, key in enumerate(required):
+                sub = props[key] if isinstance(props[key], dict) else {}
+                head = f'"<" {d} ' + json.dumps(f'parameter name="{key}" string="')
+                if sub.get("type") == "string":
+                    if isinstance(sub.get("enum"), list) and sub["enum"]:
+                        value = "(" + " | ".join(json.dumps(str(v)) for v in sub["enum"]) + ")"
+                    elif isinstance(sub.get("maxLength"), int):   # bounded: no "<" at all, simply
+                        lo = sub.get("minLength") if isinstance(sub.get("minLength"), int) else 0
+                        value = f"/[^<]{{{lo},{sub['maxLength']}}}/"
+                    else:
+                        value = "STR"
+                    items.append(f'{head} "true\\">" {value} "</" {d} "parameter>"')
+                else:
+                    rules.append(f"j_{i}_{j}: %json {json.dumps({**sub, 'x-guidance': JSON_STYLE})}")
+                    items.append(f'{head} "false\\">" j_{i}_{j} "</" {d} "parameter>"')
+            body = ' "\\n" '.join(items) if items else '""'
+            rules.append(f'inv_{i}: "<" {d} ' + json.dumps(f'invoke name="{f["name"]}">\n') + f" {body} "
+                         + f'"\\n</" {d} "invoke>"')
+            alts.append(f"inv_{i}")
+        if not alts:
+            raise ConstraintError("tool_choice: no tool to call")
+        invokes = "invoke" if single else 'invoke ("\\n" invoke)*'
+        head = [f'start: "\\n\\n<" {d} "tool_calls>\\n" {invokes} "\\n</" {d} "tool_calls>"',
+                "invoke: " + " | ".join(alts),
+                r"STR: /([^<]|<[^\/])*/"]
+        return "\n".join(head + rules) + "\n"
+
+
+class Constraint:
+    """One request's matcher. Not thread-safe: the decode actor uses it from one thread at a time."""
+
+    def __init__(self, matcher, vocab_size: int, trigger: int | None, eos: int = 0) -> None:
+        self.m = matcher
+        self.eos = eos
+        self.V = vocab_size
+        self.trigger = trigger
+        self.armed = trigger is None
+        self._bits = np.zeros((vocab_size + 31) // 32, dtype=np.int32)
+
+    def allowed(self) -> np.ndarray | None:
+        """Boolean [V]: tokens the grammar allows next; None while the mask is not armed."""
+        if not self.armed:
+            return None
+        self.m.unsafe_compute_mask_ptr(self._bits.ctypes.data, self._bits.nbytes)
+        allowed = np.unpackbits(self._bits.view(np.uint8), bitorder="little")[: self.V].astype(bool)
+        if not allowed.any():      # finished (or failed): only the end of the reply is left
+            allowed[self.eos] = True
+        return allowed
+
+    def accept(self, token_id: int) -> None:
+        if not self.armed:
+            self.armed = token_id == self.trigger
+            return
+        if not self.m.consume_token(token_id):
+            raise ValueError(f"constrained decoding: token {token_id} refused ({self.m.get_error()})")
+
+    @property
+    def error(self) -> str | None:
+        return self.m.get_error() if self.m.is_error() else None

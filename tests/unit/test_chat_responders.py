@@ -1,0 +1,75 @@
+"""Chat responders with the V4 output parser: whole and streamed replies agree; a malformed tool-call
+block comes back as content with a warning in the log (daemon/responders.py)."""
+
+from __future__ import annotations
+
+import json
+
+from structlog.testing import capture_logs
+
+from cairn.actors.messages import Done, Started, TokenOut, Usage
+from cairn.daemon.logs import get_logger
+from cairn.daemon.responders import ChatJSON, ChatStream
+from cairn.daemon.schemas import parse_chat
+
+D = "｜DSML｜"
+TOOLS = [{"type": "function", "function": {"name": "read", "parameters": {
+    "type": "object", "properties": {"path": {"type": "string"}}}}}]
+
+
+class FakeAPI:
+    model_id, fingerprint, tok = "m", "fp_x", None
+
+    def __init__(self):
+        self.log = get_logger()
+
+
+async def run(cls, pieces, *, stream: bool, thinking: bool):
+    req = parse_chat({"model": "m", "messages": [{"role": "user", "content": "x"}], "tools": TOOLS,
+                      "stream": stream})
+    sent = []
+
+    async def send(msg):
+        sent.append(msg)
+
+    r = cls(FakeAPI(), "chatcmpl-1", req, thinking=thinking)
+    await r.start(send, Started(0, None))
+    for i, p in enumerate(pieces):
+        await r.token(send, TokenOut(i, p, 0.0, ()))
+    await r.done(send, Done("stop", Usage(3, len(pieces), 0)))
+    body = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body").decode()
+    if not stream:
+        return json.loads(body)
+    return [json.loads(b[6:]) for b in body.split("\n\n") if b.startswith("data: {")]
+
+
+REPLY = ["let me", " see</th", "ink>Reading", ".\n\n<", f"{D}tool_calls>\n<{D}invoke name=\"read\">\n",
+         f"<{D}parameter name=\"path\" string=\"true\">a.txt</{D}", "parameter>\n", f"</{D}invoke>\n</{D}tool_calls>"]
+
+
+async def test_whole_and_streamed_replies_carry_the_same_parts():
+    whole = await run(ChatJSON, REPLY, stream=False, thinking=True)
+    msg = whole["choices"][0]["message"]
+    assert whole["choices"][0]["finish_reason"] == "tool_calls"
+    assert (msg["reasoning_content"], msg["reasoning"], msg["content"]) == ("let me see", "let me see", "Reading.")
+    (call,) = msg["tool_calls"]
+    assert call["function"] == {"name": "read", "arguments": '{"path": "a.txt"}'}
+    chunks = await run(ChatStream, REPLY, stream=True, thinking=True)
+    deltas = [c["choices"][0]["delta"] for c in chunks if c["choices"]]
+    assert "".join(d.get("reasoning_content", "") for d in deltas) == "let me see"
+    assert "".join(d.get("content") or "" for d in deltas) == "Reading."
+    calls = [tc for d in deltas for tc in d.get("tool_calls", [])]
+    assert calls[0]["id"].startswith("call_") and calls[0]["function"] == {"name": "read", "arguments": ""}
+    assert "".join(tc["function"]["arguments"] for tc in calls) == call["function"]["arguments"]
+    assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
+
+
+async def test_a_malformed_block_comes_back_as_content_with_a_warning():
+    bad = ["Sure.\n\n", f"<{D}tool_calls>\n<{D}invoke nam=\"read\">\n</{D}tool_calls>"]
+    with capture_logs() as logs:
+        whole = await run(ChatJSON, bad, stream=False, thinking=False)
+    msg = whole["choices"][0]["message"]
+    assert whole["choices"][0]["finish_reason"] == "stop" and "tool_calls" not in msg
+    assert msg["content"] == "".join(bad)                     # all of it, whitespace included
+    (w,) = [e for e in logs if e["event"] == "model_output_malformed"]
+    assert w["log_level"] == "warning" and w["request_id"] == "chatcmpl-1" and "malformed" in w["problem"]

@@ -1,0 +1,106 @@
+"""What the model writes -> reasoning, content, tool calls (daemon/v4_output.py)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from cairn.daemon.v4_output import OutputParser, parse_all
+
+D = "｜DSML｜"
+TOOLS = [{"type": "function", "function": {"name": "read", "parameters": {"type": "object", "properties": {
+    "path": {"type": "string"}, "limit": {"type": "integer"}, "flags": {"type": "array"},
+    "note": {"type": "string"}}}}}]
+BLOCK = (f"\n\n<{D}tool_calls>\n<{D}invoke name=\"read\">\n"
+         f"<{D}parameter name=\"path\" string=\"true\">a \"b\".txt</{D}parameter>\n"
+         f"<{D}parameter name=\"limit\" string=\"false\">10</{D}parameter>\n"
+         f"<{D}parameter name=\"flags\" string=\"false\">[1, \"x\"]</{D}parameter>\n"
+         f"<{D}parameter name=\"note\" string=\"false\">plain</{D}parameter>\n"
+         f"</{D}invoke>\n<{D}invoke name=\"read\">\n\n</{D}invoke>\n</{D}tool_calls>")
+
+
+def stream(text: str, *, thinking: bool, tools=TOOLS, step: int = 1):
+    """Feed the text in pieces of `step` characters; collect the events."""
+    p = OutputParser(thinking=thinking, tools=tools)
+    events = []
+    for i in range(0, len(text), step):
+        events += p.feed(text[i:i + step])
+    return p, events + p.finish()
+
+
+def test_reasoning_goes_to_reasoning_until_end_think():
+    r = parse_all("let me think</think>The answer.", thinking=True, tools=None)
+    assert (r.reasoning, r.content, r.tool_calls) == ("let me think", "The answer.", [])
+
+
+def test_chat_mode_output_is_all_content():
+    r = parse_all("plain </think> text", thinking=False, tools=None)
+    assert (r.reasoning, r.content) == ("", "plain </think> text")
+
+
+def test_unclosed_reasoning_stays_reasoning():
+    assert parse_all("still thinking", thinking=True, tools=None).reasoning == "still thinking"
+
+
+def test_dsml_tool_calls_become_typed_json_arguments():
+    r = parse_all("hmm</think>Reading." + BLOCK, thinking=True, tools=TOOLS)
+    assert r.content == "Reading." and r.warnings == []
+    assert [c.name for c in r.tool_calls] == ["read", "read"]
+    assert json.loads(r.tool_calls[0].arguments) == {"path": 'a "b".txt', "limit": 10, "flags": [1, "x"],
+                                                      "note": "plain"}   # string-typed by the schema
+    assert r.tool_calls[1].arguments == "{}"
+    assert all(c.id.startswith("call_") and len(c.id) == 29 for c in r.tool_calls)
+
+
+def test_a_string_true_value_for_an_integer_parameter_is_typed_by_the_schema():
+    text = f"<{D}tool_calls>\n<{D}invoke name=\"read\">\n<{D}parameter name=\"limit\" string=\"true\">7</{D}parameter>" \
+           f"\n</{D}invoke>\n</{D}tool_calls>"
+    assert json.loads(parse_all(text, thinking=False, tools=TOOLS).tool_calls[0].arguments) == {"limit": 7}
+
+
+@pytest.mark.parametrize("step", [1, 2, 3, 7, 1000])
+def test_streamed_pieces_add_up_to_the_whole_reply(step):
+    text = "r1 </thin</think>Reading the file  " + BLOCK
+    whole = parse_all(text, thinking=True, tools=TOOLS)
+    p, events = stream(text, thinking=True, step=step)
+    assert "".join(e.text for e in events if e.kind == "reasoning") == whole.reasoning == "r1 </thin"
+    assert "".join(e.text for e in events if e.kind == "content") == whole.content == "Reading the file"
+    for i, call in enumerate(whole.tool_calls):
+        starts = [e for e in events if e.kind == "tool_start" and e.index == i]
+        assert len(starts) == 1 and starts[0].name == call.name
+        assert "".join(e.text for e in events if e.kind == "tool_args" and e.index == i) == call.arguments
+
+
+def test_partial_tag_is_held_back_until_decided():
+    p = OutputParser(thinking=True, tools=TOOLS)
+    assert [e.text for e in p.feed("abc</thi")] == ["abc"]       # "</thi" might be "</think>"
+    assert p.feed("nk>") == []
+    assert [e.text for e in p.feed("x <｜DS")] == ["x"]           # " <｜DS" might open a block
+    assert [e.text for e in p.feed("yz")] == [" <｜DSyz"]         # it did not
+
+
+def test_tool_call_id_and_name_come_in_one_event_then_argument_fragments():
+    _, events = stream(BLOCK, thinking=False, step=5)
+    kinds = [e.kind for e in events]
+    assert kinds[0] == "tool_start" and events[0].name == "read" and events[0].id
+    assert kinds[1:5] == ["tool_args"] * 4 and events[1].text.startswith("{")
+
+
+def test_a_malformed_block_is_returned_as_content_with_a_warning():
+    text = f"Sure.\n\n<{D}tool_calls>\n<{D}bogus>oops</{D}tool_calls>"
+    r = parse_all(text, thinking=False, tools=TOOLS)
+    assert r.tool_calls == [] and r.warnings and "malformed" in r.warnings[0]
+    assert r.content == text                                  # all of it, whitespace included
+
+
+def test_an_unclosed_block_keeps_the_finished_calls_and_returns_the_rest():
+    text = BLOCK[: BLOCK.index("<｜DSML｜parameter name=\"limit\"")] + f"<{D}parameter name=\"limit\" stri"
+    r = parse_all(text, thinking=False, tools=TOOLS)
+    assert [json.loads(c.arguments) for c in r.tool_calls] == [{"path": 'a "b".txt'}]
+    assert r.content.endswith('name="limit" stri') and r.warnings
+
+
+def test_without_tools_dsml_text_is_content():
+    r = parse_all("x" + BLOCK, thinking=False, tools=None)
+    assert r.content == "x" + BLOCK and r.tool_calls == []
