@@ -118,7 +118,7 @@ class _BlockingRenderer:
         self.release = threading.Event()
         self.finished = threading.Event()
 
-    def render(self, messages, tools=None):
+    def render(self, messages, tools=None, options=None):
         self.entered.set()
         self.release.wait(60)
         self.finished.set()
@@ -150,7 +150,7 @@ async def test_cancelled_chat_request_waits_for_its_tokenization_thread():
                     ended_with_thread_running = not renderer.finished.is_set()
 
                 nursery.start_soon(handler)
-                await trio.to_thread.run_sync(renderer.entered.wait)
+                assert await trio.to_thread.run_sync(renderer.entered.wait, 30), "rendering never started"
                 scope.cancel()                  # the client went away (or the daemon is stopping)
                 await trio.testing.wait_all_tasks_blocked()
                 assert ended_with_thread_running is None    # still waiting for its thread
