@@ -62,6 +62,7 @@ class Submit:
     prompt_logprobs: bool              # echo + logprobs: log-probs for every prompt position
     reply: trio.MemorySendChannel = field(compare=False)   # of Reply
     control: RequestControl = field(compare=False)
+    turn_tokens: int | None = None     # where the last user message starts, in tokens (actors/turns.py)
 
 
 @dataclass(frozen=True, slots=True)

@@ -70,7 +70,8 @@ async def _prepare(engine: Engine, submit, ids: np.ndarray, log):
         live_tokens = None
         if live is not None and live.last_logits is not None:
             live_tokens = np.asarray(live.tokens, dtype=np.int32)
-        plan = ck.plan(ids, live_tokens, hint_tokens=submit.hint_tokens, need_all_logits=submit.prompt_logprobs)
+        plan = ck.plan(ids, live_tokens, hint_tokens=submit.hint_tokens, turn_tokens=submit.turn_tokens,
+                       need_all_logits=submit.prompt_logprobs)
         if plan.action == "reuse_live":
             ck.note_plan(plan, ids, submit.request_id)
             return plan, live

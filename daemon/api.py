@@ -18,6 +18,7 @@ import trio
 
 from cairn.actors.messages import (Cancel, CancelAck, Done, Failed, Progress, Rejected, RequestControl, Sampling,
                                    Started, Submit, TokenOut)
+from cairn.actors.turns import turn_boundaries
 
 from .chat import ChatTemplateError
 from .http import read_body, send_error, send_json
@@ -50,6 +51,7 @@ class API:
         self.api_key = api_key
         self.metrics = metrics
         self.checkpoints = checkpoints   # actors.checkpoints.Checkpoints: GET / DELETE /v1/checkpoints
+        self.markers = tokenizer.template_markers()   # message starts in ids: capture candidates (turns.py)
         if status is None:
             from .status import StatusBoard
             status = StatusBoard(fingerprint=fingerprint, context_length=context_length)
@@ -256,7 +258,11 @@ class API:
     async def _drive(self, receive, send, rid, ids, hint, sampling, prompt_logprobs, out) -> None:
         reply_send, reply_recv = trio.open_memory_channel(REPLY_BUFFER)
         control = RequestControl()
-        submit = Submit(rid, tuple(int(t) for t in ids), hint, sampling, prompt_logprobs, reply_send, control)
+        # Capture candidates from the template's markers, for every endpoint (chat, ids, text): the
+        # same conversation captures at the same positions however it is sent.
+        turns = turn_boundaries(ids, self.markers)
+        submit = Submit(rid, tuple(int(t) for t in ids), turns.system_end if hint is None else hint, sampling,
+                        prompt_logprobs, reply_send, control, turn_tokens=turns.last_user)
         terminal = None
         self.status.submitted(rid, len(ids), sampling.max_tokens)
         try:

@@ -156,3 +156,18 @@ def test_pieces_edge_cases():
     assert list(pieces(5, 5, 128)) == []
     with pytest.raises(ValueError):
         list(pieces(0, 10, 0))
+
+
+def test_last_user_start_is_a_common_capture_beside_the_system_one():
+    p = plan_prefill(TURN2, None, store(), hint_tokens=800, turn_tokens=1200)
+    assert p.captures == (CapturePoint(800, "system"), CapturePoint(1200, "common"))
+    # the first request of a conversation: the last user message starts where the system part ends
+    p = plan_prefill(TURN1, None, store(), hint_tokens=800, turn_tokens=800)
+    assert p.captures == (CapturePoint(800, "system"),)
+    assert "turn at 800: same position as the system capture" in p.skipped
+    # the rule-2 common prefix at the same position as the turn start: one capture
+    p = plan_prefill(TURN2, None, store(), turn_tokens=1200, previous_fresh_prompt=TURN1 + [5])
+    assert p.captures == (CapturePoint(1200, "common"),)
+    assert "common at 1200: same position as the turn capture" in p.skipped
+    p = plan_prefill(TURN2, None, store(TURN1), hint_tokens=800, turn_tokens=1200)
+    assert p.action == "restore" and p.captures == ()
