@@ -13,6 +13,8 @@ from typing import Literal
 
 import trio
 
+from .trace import RequestTrace
+
 
 class RequestControl:
     """Cancel a request wherever it is. Plain Trio-thread object; no locking needed."""
@@ -63,6 +65,7 @@ class Submit:
     reply: trio.MemorySendChannel = field(compare=False)   # of Reply
     control: RequestControl = field(compare=False)
     turn_tokens: int | None = None     # where the last user message starts, in tokens (actors/turns.py)
+    trace: RequestTrace = field(default_factory=RequestTrace, compare=False)   # stage times (trace.py)
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,6 +18,7 @@ import trio
 
 from cairn.actors.messages import (Cancel, CancelAck, Done, Failed, Progress, Rejected, RequestControl, Sampling,
                                    Started, Submit, TokenOut)
+from cairn.actors.trace import RequestTrace
 from cairn.actors.turns import turn_boundaries
 
 from .chat import ChatTemplateError
@@ -205,6 +206,7 @@ class API:
     # --- endpoints ----------------------------------------------------------------------------
 
     async def _chat(self, scope, receive, send) -> None:
+        received = trio.current_time()
         req = parse_chat(parse_json_body(await read_body(receive)))
         self._check_model(req.common.model)
         try:
@@ -217,7 +219,7 @@ class API:
         rid = self._new_id("chatcmpl")
         sampling = self._sampling(req.common, budget, req.logprobs, req.top_logprobs)
         out = ChatStream(self, rid, req) if req.common.stream else ChatJSON(self, rid, req)
-        await self._drive(receive, send, rid, ids, hint, sampling, False, out)
+        await self._drive(receive, send, rid, ids, hint, sampling, False, out, received)
 
     def _render_chat(self, req) -> tuple[list[int], int | None]:
         """Chat -> token ids, and the system-prefix boundary as a token count (checkpoint hint)."""
@@ -234,6 +236,7 @@ class API:
         return ids, hint
 
     async def _completions(self, scope, receive, send) -> None:
+        received = trio.current_time()
         req = parse_completion(parse_json_body(await read_body(receive)))
         self._check_model(req.common.model)
         if req.prompt_ids is not None:
@@ -251,24 +254,28 @@ class API:
         want_lp = req.logprobs is not None
         sampling = self._sampling(req.common, budget, want_lp, req.logprobs or 0)
         out = CompletionOut(self, rid, req, ids)
-        await self._drive(receive, send, rid, ids, None, sampling, want_lp and req.echo, out)
+        await self._drive(receive, send, rid, ids, None, sampling, want_lp and req.echo, out, received)
 
     # --- the request's life -------------------------------------------------------------------
 
-    async def _drive(self, receive, send, rid, ids, hint, sampling, prompt_logprobs, out) -> None:
+    async def _drive(self, receive, send, rid, ids, hint, sampling, prompt_logprobs, out,
+                     received: float | None = None) -> None:
         reply_send, reply_recv = trio.open_memory_channel(REPLY_BUFFER)
         control = RequestControl()
         # Capture candidates from the template's markers, for every endpoint (chat, ids, text): the
-        # same conversation captures at the same positions however it is sent.
+        # same conversation captures at the same positions however it is sent. `ids` are Python ints
+        # already (validated JSON ints or the tokenizer's), so tuple() needs no per-id int().
         turns = turn_boundaries(ids, self.markers)
-        submit = Submit(rid, tuple(int(t) for t in ids), turns.system_end if hint is None else hint, sampling,
-                        prompt_logprobs, reply_send, control, turn_tokens=turns.last_user)
+        submit = Submit(rid, tuple(ids), turns.system_end if hint is None else hint, sampling,
+                        prompt_logprobs, reply_send, control, turn_tokens=turns.last_user,
+                        trace=RequestTrace(received))
         terminal = None
         self.status.submitted(rid, len(ids), sampling.max_tokens)
         try:
             async with reply_recv:
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(_watch_disconnect, receive, nursery.cancel_scope)
+                    submit.trace.submitted_at = trio.current_time()
                     await self.inbox.send(submit)
                     async for msg in reply_recv:
                         self.status.seen(rid, msg)

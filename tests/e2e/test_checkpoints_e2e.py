@@ -218,6 +218,24 @@ async def test_chat_token_ids_and_text_prompts_capture_at_the_same_boundaries(lo
     assert captured[1] == captured[0] and captured[2] == captured[0]
 
 
+async def test_request_log_line_traces_a_cold_request_stage_by_stage(loaded, tmp_path):
+    sock = tmp_path / "c.sock"
+    bos, usr, asst = (marker(loaded, t) for t in ("<｜begin▁of▁sentence｜>", "<｜User｜>", "<｜Assistant｜>"))
+    prompt = [bos] + ids(200) + [usr] + ids(30) + [asst]
+    with trio.fail_after(60), capture_logs() as evs:
+        async with daemon(loaded, sock, **ON):
+            await post(sock, cmpl(prompt))
+    [line] = events(evs, "request")
+    trace = line["trace_ms"]
+    # one kernel call up to the system end, one after it; a snapshot at each (system, prompt end)
+    assert trace["kernel_calls"] == 2 and trace["snapshots"] == 2
+    stages = ("edge", "queue", "plan", "kernel", "snapshot", "prefill_other", "first_token")
+    assert set(trace) == set(stages) | {"kernel_calls", "snapshots", "total"}
+    assert all(trace[s] >= 0 for s in stages if s != "prefill_other")
+    # the stages are consecutive: together they are the time from the request to its first token
+    assert abs(sum(trace[s] for s in stages) - trace["total"]) < 0.1
+
+
 # --- eviction and budgets -----------------------------------------------------------------------
 
 async def test_slot_budget_and_prompt_end_evicted_before_prefix_captures(loaded, tmp_path):

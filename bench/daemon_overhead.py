@@ -1,0 +1,190 @@
+"""What the daemon adds to a cold prefill: the kernel alone against the daemon, on the same token ids.
+
+    python bench/daemon_overhead.py models/small [--tokens 3037] [--rounds 5] [--threads 2] [--json out.json]
+
+Each round, in alternating order:
+  kernel   in this process, in one worker thread (as the daemon calls it): a new `State`, one `kernel.prefill(state, ids, chunk)` call, greedy
+           first token (what the daemon's prefill + first decode step compute);
+  daemon   `cairn serve` in a child process (same model, threads, chunk): a streamed
+           `/v1/completions` with the ids, `max_tokens` 1, greedy; TTFT = the client's time from the
+           first request byte to the first `data:` event (the token).
+Every prompt is new random ids (no special tokens), so nothing is reused: each daemon request is a
+cold prefill. The daemon's own breakdown comes from its canonical `request` log line (`trace_ms`),
+read from its stdout (JSON lines). One warm-up request of each kind runs first and is not counted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+
+
+def post_ttft(sock_path: str, body: dict, timeout: float = 600) -> tuple[float, float]:
+    """(seconds to the first `data:` event, seconds to the end of the response)."""
+    payload = json.dumps(body).encode()
+    head = (f"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(payload)}\r\nConnection: close\r\n\r\n").encode()
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(timeout)
+    s.connect(sock_path)
+    buf = b""
+    first = None
+    t0 = time.perf_counter()
+    s.sendall(head + payload)
+    while True:
+        data = s.recv(65536)
+        if not data:
+            break
+        buf += data
+        if first is None and b"\ndata: " in buf:
+            first = time.perf_counter() - t0
+    total = time.perf_counter() - t0
+    s.close()
+    status = buf.split(b" ", 2)[1]
+    if status != b"200" or first is None:
+        raise RuntimeError(f"daemon answered {buf[:300]!r}")
+    return first, total
+
+
+def wait_socket(path: str, proc: subprocess.Popen, timeout: float = 300) -> None:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if proc.poll() is not None:
+            raise RuntimeError(f"daemon exited with {proc.returncode}")
+        try:
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            s.connect(path)
+            s.sendall(b"GET /health HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+            if s.recv(100).startswith(b"HTTP/1.1 200"):
+                s.close()
+                return
+        except OSError:
+            pass
+        time.sleep(0.2)
+    raise RuntimeError("daemon did not start")
+
+
+def request_lines(log_path: Path) -> list[dict]:
+    out = []
+    for line in log_path.read_text().splitlines():
+        try:
+            ev = json.loads(line)
+        except ValueError:
+            continue
+        if ev.get("event") == "request":
+            out.append(ev)
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("model", type=Path)
+    ap.add_argument("--tokens", type=int, default=3037)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--chunk", type=int, default=128)
+    ap.add_argument("--gap", type=float, default=0.0,
+                    help="idle seconds before each measurement (a client's think time; trio's idle worker "
+                         "threads exit after 10 s)")
+    ap.add_argument("--json")
+    args = ap.parse_args()
+
+    from cairn import _kernel as K
+    from cairn.daemon.model_dir import load_model, open_model_dir
+
+    model = load_model(open_model_dir(args.model), args.threads)
+    vocab = int(model.vocab_size)
+    rng = np.random.default_rng(0)
+
+    def prompt(n: int) -> np.ndarray:
+        return rng.integers(100, vocab, size=n).astype(np.int32)
+
+    def kernel_call(ids: np.ndarray) -> float:
+        t0 = time.perf_counter()
+        st = K.State(model)
+        n, logits = K.prefill(st, ids, chunk=args.chunk)
+        int(np.argmax(logits))
+        return time.perf_counter() - t0
+
+    # From one worker thread, as the daemon calls it: under load, libgomp's spin-wait makes calls from
+    # the main thread several times slower (measured here: 3037 tokens 3-15 s from the main thread,
+    # 0.5-1 s from a worker thread, at load ~8; OMP_WAIT_POLICY=PASSIVE removes the gap).
+    kernel_thread = ThreadPoolExecutor(max_workers=1)
+
+    def kernel_once(ids: np.ndarray) -> float:
+        return kernel_thread.submit(kernel_call, ids).result()
+
+    tmp = Path(tempfile.mkdtemp(prefix="cairn-overhead-"))
+    sock = str(tmp / "d.sock")
+    log_path = tmp / "daemon.log"
+    cmd = [sys.executable, "-m", "cairn.daemon.cli", "serve", "--model", str(args.model), "--socket", sock,
+           "--threads", str(args.threads), "--chunk", str(args.chunk)]
+    with open(log_path, "w") as log_file:
+        proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, env={**os.environ, "NO_COLOR": "1"})
+    try:
+        wait_socket(sock, proc)
+
+        model_id = args.model.name
+
+        def daemon_req(ids: np.ndarray) -> tuple[float, float]:
+            body = {"model": model_id, "prompt": [int(t) for t in ids], "max_tokens": 1, "temperature": 0,
+                    "stream": True}
+            return post_ttft(sock, body)
+
+        kernel_once(prompt(256))
+        daemon_req(prompt(256))
+        rows = []
+        for r in range(args.rounds):
+            order = ("kernel", "daemon") if r % 2 == 0 else ("daemon", "kernel")
+            row = {}
+            for what in order:
+                ids = prompt(args.tokens)
+                time.sleep(args.gap)
+                if what == "kernel":
+                    row["kernel_s"] = kernel_once(ids)
+                else:
+                    row["daemon_ttft_s"], row["daemon_total_s"] = daemon_req(ids)
+            rows.append(row)
+            print(f"round {r}: kernel {row['kernel_s'] * 1000:.0f} ms, daemon TTFT {row['daemon_ttft_s'] * 1000:.0f} ms "
+                  f"(+{(row['daemon_ttft_s'] / row['kernel_s'] - 1) * 100:.1f} %)", flush=True)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+    lines = request_lines(log_path)[1:]      # the warm-up request first
+    for row, ev in zip(rows, lines):
+        row["daemon_log"] = {k: ev.get(k) for k in ("ttft_ms", "total_ms", "trace_ms")}
+    k = [r["kernel_s"] for r in rows]
+    d = [r["daemon_ttft_s"] for r in rows]
+    ratio = [r["daemon_ttft_s"] / r["kernel_s"] - 1 for r in rows]
+    print(f"\n{args.tokens} tokens, {args.rounds} rounds, chunk {args.chunk}, {args.threads} threads, "
+          f"gap {args.gap:g} s; "
+          f"load {os.getloadavg()[0]:.2f}")
+    print(f"kernel alone  median {statistics.median(k) * 1000:.0f} ms  (min {min(k) * 1000:.0f})")
+    print(f"daemon TTFT   median {statistics.median(d) * 1000:.0f} ms  (min {min(d) * 1000:.0f})")
+    print(f"overhead      median {statistics.median(ratio) * 100:.1f} %  per round: "
+          + ", ".join(f"{x * 100:.1f}" for x in ratio))
+    phases: dict[str, list[float]] = {}
+    for row in rows:
+        for key, v in (row["daemon_log"].get("trace_ms") or {}).items():
+            if isinstance(v, (int, float)):
+                phases.setdefault(key, []).append(v)
+    if phases:
+        print("daemon trace (median ms): " + ", ".join(f"{k} {statistics.median(v):.1f}" for k, v in phases.items()))
+    if args.json:
+        Path(args.json).write_text(json.dumps({"tokens": args.tokens, "rounds": rows}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
