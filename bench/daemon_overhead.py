@@ -10,7 +10,8 @@ Each round, in alternating order:
            first request byte to the first `data:` event (the token).
 Every prompt is new random ids (no special tokens), so nothing is reused: each daemon request is a
 cold prefill. The daemon's own breakdown comes from its canonical `request` log line (`trace_ms`),
-read from its stdout (JSON lines). One warm-up request of each kind runs first and is not counted.
+read from its stdout (JSON lines), and the CPU its event-loop thread used over each request (what
+could compete with the kernel's threads). One warm-up request of each kind runs first and is not counted.
 """
 
 from __future__ import annotations
@@ -30,8 +31,8 @@ from pathlib import Path
 import numpy as np
 
 
-def post_ttft(sock_path: str, body: dict, timeout: float = 600) -> tuple[float, float]:
-    """(seconds to the first `data:` event, seconds to the end of the response)."""
+def post_ttft(sock_path: str, body: dict, timeout: float = 600) -> tuple[float, float, bytes]:
+    """(seconds to the first `data:` event, seconds to the end of the response, the response)."""
     payload = json.dumps(body).encode()
     head = (f"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
             f"Content-Length: {len(payload)}\r\nConnection: close\r\n\r\n").encode()
@@ -54,7 +55,7 @@ def post_ttft(sock_path: str, body: dict, timeout: float = 600) -> tuple[float, 
     status = buf.split(b" ", 2)[1]
     if status != b"200" or first is None:
         raise RuntimeError(f"daemon answered {buf[:300]!r}")
-    return first, total
+    return first, total, buf
 
 
 def wait_socket(path: str, proc: subprocess.Popen, timeout: float = 300) -> None:
@@ -75,6 +76,12 @@ def wait_socket(path: str, proc: subprocess.Popen, timeout: float = 300) -> None
     raise RuntimeError("daemon did not start")
 
 
+def thread_cpu_s(pid: int, tid: int) -> float:
+    """CPU time a thread has run (Linux schedstat, ns)."""
+    with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+        return int(f.read().split()[0]) / 1e9
+
+
 def request_lines(log_path: Path) -> list[dict]:
     out = []
     for line in log_path.read_text().splitlines():
@@ -87,6 +94,38 @@ def request_lines(log_path: Path) -> list[dict]:
     return out
 
 
+def shared_system_run(sock: str, model_id: str, model_dir: Path, tokens: int, prompt) -> dict:
+    """Conversation A then conversation B, as raw ids: BOS + the same system part, then their own
+    user message. B's first request should restore A's system capture (docs/prefill.md, rule 1b)."""
+    from cairn.daemon.model_dir import open_model_dir
+    from cairn.daemon.tokenizer import TextTokenizer
+
+    tok = TextTokenizer.from_model_dir(open_model_dir(model_dir))
+    usr, asst = tok.token_to_id("<｜User｜>"), tok.token_to_id("<｜Assistant｜>")
+    system = [tok.bos_id] + [int(t) for t in prompt(tokens - 47)]
+    out: dict = {"system_tokens": len(system)}
+    for name in ("A", "B"):
+        ids = system + [usr] + [int(t) for t in prompt(44)] + [asst]
+        body = {"model": model_id, "prompt": ids, "max_tokens": 1, "temperature": 0, "stream": True,
+                "stream_options": {"include_usage": True}}
+        ttft, _, sse = post_ttft(sock, body)
+        usage = usage_of(sse) or {}
+        out[f"{name}_prompt"] = usage.get("prompt_tokens")
+        out[f"{name}_cached"] = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
+        out[f"{name}_ttft_ms"] = round(ttft * 1000)
+    return out
+
+
+def usage_of(sse: bytes) -> dict | None:
+    """The `usage` object of a streamed answer (with stream_options.include_usage)."""
+    for line in sse.split(b"\n"):
+        if line.startswith(b"data: {"):
+            ev = json.loads(line[6:])
+            if ev.get("usage"):
+                return ev["usage"]
+    return None
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("model", type=Path)
@@ -97,6 +136,9 @@ def main() -> int:
     ap.add_argument("--gap", type=float, default=0.0,
                     help="idle seconds before each measurement (a client's think time; trio's idle worker "
                          "threads exit after 10 s)")
+    ap.add_argument("--shared-system", action="store_true",
+                    help="also: two raw-id conversations whose first requests share a system part of "
+                         "tokens-46 ids (template markers in the ids); the second's cached tokens and TTFT")
     ap.add_argument("--json")
     args = ap.parse_args()
 
@@ -140,7 +182,7 @@ def main() -> int:
         def daemon_req(ids: np.ndarray) -> tuple[float, float]:
             body = {"model": model_id, "prompt": [int(t) for t in ids], "max_tokens": 1, "temperature": 0,
                     "stream": True}
-            return post_ttft(sock, body)
+            return post_ttft(sock, body)[:2]
 
         kernel_once(prompt(256))
         daemon_req(prompt(256))
@@ -154,10 +196,15 @@ def main() -> int:
                 if what == "kernel":
                     row["kernel_s"] = kernel_once(ids)
                 else:
+                    cpu0 = thread_cpu_s(proc.pid, proc.pid)
                     row["daemon_ttft_s"], row["daemon_total_s"] = daemon_req(ids)
+                    # the event loop's own CPU over the request: what could compete with the kernel
+                    row["loop_cpu_s"] = thread_cpu_s(proc.pid, proc.pid) - cpu0
             rows.append(row)
             print(f"round {r}: kernel {row['kernel_s'] * 1000:.0f} ms, daemon TTFT {row['daemon_ttft_s'] * 1000:.0f} ms "
                   f"(+{(row['daemon_ttft_s'] / row['kernel_s'] - 1) * 100:.1f} %)", flush=True)
+        if args.shared_system:
+            shared = shared_system_run(sock, model_id, args.model, args.tokens, prompt)
     finally:
         proc.terminate()
         proc.wait(timeout=60)
@@ -174,6 +221,8 @@ def main() -> int:
     print(f"daemon TTFT   median {statistics.median(d) * 1000:.0f} ms  (min {min(d) * 1000:.0f})")
     print(f"overhead      median {statistics.median(ratio) * 100:.1f} %  per round: "
           + ", ".join(f"{x * 100:.1f}" for x in ratio))
+    loop = [r["loop_cpu_s"] for r in rows]
+    print(f"event loop CPU per request  median {statistics.median(loop) * 1000:.1f} ms  (max {max(loop) * 1000:.1f})")
     phases: dict[str, list[float]] = {}
     for row in rows:
         for key, v in (row["daemon_log"].get("trace_ms") or {}).items():
@@ -181,6 +230,8 @@ def main() -> int:
                 phases.setdefault(key, []).append(v)
     if phases:
         print("daemon trace (median ms): " + ", ".join(f"{k} {statistics.median(v):.1f}" for k, v in phases.items()))
+    if args.shared_system:
+        print("shared system part: " + ", ".join(f"{k} {v}" for k, v in shared.items()))
     if args.json:
         Path(args.json).write_text(json.dumps({"tokens": args.tokens, "rounds": rows}, indent=2))
     return 0
