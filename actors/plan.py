@@ -13,7 +13,8 @@ Design notes
    state when it gets there (``pieces`` cuts the chunks there, so nothing is recomputed):
      "system"  rule 1: the gateway's hint, the token boundary where BOS + system + tools end;
      "common"  rule 1b (``turn_tokens``): where the last user message starts, read from the
-               template's markers in the ids (turns.py) — the conversation so far;
+               template's markers in the ids (turns.py) — the conversation so far; only when it
+               is at least min_tokens past the start (more than a reply past a restored prefix);
      "common"  rule 2: the longest common token prefix with the previous fresh prompt.
    The system boundary comes from the chat renderer or, for any prompt, from the markers (turns.py),
    so a chat request and the same conversation sent as token ids capture at the same positions.
@@ -152,6 +153,10 @@ def plan_prefill(prompt: Sequence[int] | np.ndarray, live_tokens: Sequence[int] 
         if pos is None:
             continue
         why = _reject(pos, n, start, min_tokens, tail_guard)
+        if why is None and name == "turn" and pos - start < min_tokens:
+            # After a restore of the previous turn's prompt end, the turn start adds only the reply:
+            # not worth a slot (it would push out other conversations' prompt-end captures).
+            why = f"only {pos - start} tokens past the start {start}"
         if why is None and pos in points:
             why = f"same position as the {points[pos][0]} capture"
         if why is None and store.contains(ids[:pos]):

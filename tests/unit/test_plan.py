@@ -171,3 +171,12 @@ def test_last_user_start_is_a_common_capture_beside_the_system_one():
     assert "common at 1200: same position as the turn capture" in p.skipped
     p = plan_prefill(TURN2, None, store(TURN1), hint_tokens=800, turn_tokens=1200)
     assert p.action == "restore" and p.captures == ()
+
+
+def test_turn_capture_needs_min_tokens_past_the_start():
+    # restored the previous turn's prompt end (1100): the turn start adds only the reply
+    p = plan_prefill(TURN2, None, store(TURN1[:1100]), turn_tokens=1200)
+    assert (p.action, p.start, p.captures) == ("restore", 1100, ())
+    assert "turn at 1200: only 100 tokens past the start 1100" in p.skipped
+    p = plan_prefill(TURN2, None, store(SYSTEM[:500]), turn_tokens=1200)
+    assert p.captures == (CapturePoint(1200, "common"),)
