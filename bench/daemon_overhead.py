@@ -1,17 +1,20 @@
 """What the daemon adds to a cold prefill: the kernel alone against the daemon, on the same token ids.
 
-    python bench/daemon_overhead.py models/small [--tokens 3037] [--rounds 5] [--threads 2] [--json out.json]
+    python bench/daemon_overhead.py MODEL_DIR [--tokens 3037] [--rounds 5] [--threads 2] [--chunk 128]
+                                    [--gap SECONDS] [--shared-system] [--json out.json]
 
 Each round, in alternating order:
-  kernel   in this process, in one worker thread (as the daemon calls it): a new `State`, one `kernel.prefill(state, ids, chunk)` call, greedy
-           first token (what the daemon's prefill + first decode step compute);
+  kernel   in this process, in one worker thread (as the daemon calls it): a new `State`, one
+           `kernel.prefill(state, ids, chunk)` call, greedy first token (what the daemon's prefill
+           and first decode step compute);
   daemon   `cairn serve` in a child process (same model, threads, chunk): a streamed
            `/v1/completions` with the ids, `max_tokens` 1, greedy; TTFT = the client's time from the
            first request byte to the first `data:` event (the token).
-Every prompt is new random ids (no special tokens), so nothing is reused: each daemon request is a
-cold prefill. The daemon's own breakdown comes from its canonical `request` log line (`trace_ms`),
-read from its stdout (JSON lines), and the CPU its event-loop thread used over each request (what
-could compete with the kernel's threads). One warm-up request of each kind runs first and is not counted.
+Every prompt is new random ids from 100 up (a generated model's special tokens are its first ids),
+so nothing is reused: each daemon request is a cold prefill. The daemon's own breakdown comes from
+its canonical `request` log line (`trace_ms`), read from its stdout (JSON lines), and the CPU its
+event-loop thread used over each request (what could compete with the kernel's threads). One
+warm-up request of each kind runs first and is not counted. Results: docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -159,9 +162,9 @@ def main() -> int:
         int(np.argmax(logits))
         return time.perf_counter() - t0
 
-    # From one worker thread, as the daemon calls it: under load, libgomp's spin-wait makes calls from
-    # the main thread several times slower (measured here: 3037 tokens 3-15 s from the main thread,
-    # 0.5-1 s from a worker thread, at load ~8; OMP_WAIT_POLICY=PASSIVE removes the gap).
+    # From one worker thread, as the daemon calls it: under heavy load, libgomp's spin-waiting made
+    # calls from the main thread 3-20x slower (3037 tokens on llama-peer at load ~8: 3-20 s against
+    # 0.5-1 s; OMP_WAIT_POLICY=PASSIVE removed the gap; at load ~2 the two are equal).
     kernel_thread = ThreadPoolExecutor(max_workers=1)
 
     def kernel_once(ids: np.ndarray) -> float:
@@ -202,7 +205,7 @@ def main() -> int:
                     row["loop_cpu_s"] = thread_cpu_s(proc.pid, proc.pid) - cpu0
             rows.append(row)
             print(f"round {r}: kernel {row['kernel_s'] * 1000:.0f} ms, daemon TTFT {row['daemon_ttft_s'] * 1000:.0f} ms "
-                  f"(+{(row['daemon_ttft_s'] / row['kernel_s'] - 1) * 100:.1f} %)", flush=True)
+                  f"({(row['daemon_ttft_s'] / row['kernel_s'] - 1) * 100:+.1f} %)", flush=True)
         if args.shared_system:
             shared = shared_system_run(sock, model_id, args.model, args.tokens, prompt)
     finally:
