@@ -105,7 +105,8 @@ class Checkpoints:
     # ---- planning -----------------------------------------------------------------------------
 
     def plan(self, prompt: np.ndarray, live_tokens, *, hint_tokens: int | None,
-             need_all_logits: bool, turn_end_tokens: int | None = None) -> PrefillPlan:
+             need_all_logits: bool, turn_end_tokens: int | None = None,
+             turn_tokens: int | None = None) -> PrefillPlan:
         n = int(prompt.shape[0])
         if need_all_logits:
             return PrefillPlan("fresh", 0, n, None, (), False, "prompt log-probabilities need every position",
@@ -113,7 +114,7 @@ class Checkpoints:
         if not self.enabled:
             p = plan_prefill(prompt, live_tokens, self.store, min_tokens=n + 1)
             return PrefillPlan(p.action, p.start, p.end, None, (), False, p.live_miss, "checkpoints off")
-        return plan_prefill(prompt, live_tokens, self.store, hint_tokens=hint_tokens,
+        return plan_prefill(prompt, live_tokens, self.store, hint_tokens=hint_tokens, turn_tokens=turn_tokens,
                             previous_fresh_prompt=self.previous_fresh_prompt, min_tokens=self.min_tokens,
                             tail_guard=self.tail_guard, restore_cost_tokens=self._restore_cost,
                             turn_end_tokens=turn_end_tokens)

@@ -13,6 +13,8 @@ from typing import Literal
 
 import trio
 
+from .trace import RequestTrace
+
 
 class RequestControl:
     """Cancel a request wherever it is, and learn how it ended. Plain Trio-thread object; no locking.
@@ -74,6 +76,8 @@ class Submit:
     reply: trio.MemorySendChannel = field(compare=False)   # of Reply
     control: RequestControl = field(compare=False)
     turn_end_tokens: int | None = None  # where the next turn's prompt diverges, if before the end (capture there)
+    turn_tokens: int | None = None     # where the last user message starts, in tokens (actors/turns.py)
+    trace: RequestTrace = field(default_factory=RequestTrace, compare=False)   # stage times (trace.py)
 
 
 @dataclass(frozen=True, slots=True)

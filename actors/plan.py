@@ -12,7 +12,12 @@ Design notes
  * Capture points are positions strictly inside the prompt where the prefill loop snapshots the
    state when it gets there (``pieces`` cuts the chunks there, so nothing is recomputed):
      "system"  rule 1: the gateway's hint, the token boundary where BOS + system + tools end;
+     "common"  rule 1b (``turn_tokens``): where the last user message starts, read from the
+               template's markers in the ids (turns.py) — the conversation so far; only when it
+               is at least min_tokens past the start (more than a reply past a restored prefix);
      "common"  rule 2: the longest common token prefix with the previous fresh prompt.
+   The system boundary comes from the chat renderer or, for any prompt, from the markers (turns.py),
+   so a chat request and the same conversation sent as token ids capture at the same positions.
    Each must be >= min_tokens, more than tail_guard tokens before the prompt end, strictly after
    the start position, and not stored yet. Rule 3, the prompt end, is a flag: capture after the
    prefill when the prompt is >= min_tokens and not stored yet.
@@ -81,6 +86,7 @@ def common_prefix_len(a: Sequence[int] | np.ndarray, b: Sequence[int] | np.ndarr
 
 def plan_prefill(prompt: Sequence[int] | np.ndarray, live_tokens: Sequence[int] | np.ndarray | None,
                  store: CheckpointStore, *, hint_tokens: int | None = None,
+                 turn_tokens: int | None = None,
                  previous_fresh_prompt: Sequence[int] | np.ndarray | None = None,
                  min_tokens: int = 512, tail_guard: int = 8,
                  restore_cost_tokens: int | Callable[[Entry], int] = 64,
@@ -89,7 +95,8 @@ def plan_prefill(prompt: Sequence[int] | np.ndarray, live_tokens: Sequence[int] 
 
     ``live_tokens``: the ids the live state holds (None or empty: no live state).
     ``hint_tokens``: the system-prefix token boundary; the caller has checked that those ids are
-    the prompt's first ids. ``previous_fresh_prompt``: the last prompt whose plan was not
+    the prompt's first ids. ``turn_tokens``: where the last user message starts (turns.py), captured
+    as a "common" prefix. ``previous_fresh_prompt``: the last prompt whose plan was not
     "reuse_live" (the caller keeps it: set it to ``prompt`` unless this plan reuses the live state). ``restore_cost_tokens``: what a restore costs, in prefill tokens, as a number
     or as a function of the entry (e.g. more for a disk-only entry).
     """
@@ -142,22 +149,27 @@ def plan_prefill(prompt: Sequence[int] | np.ndarray, live_tokens: Sequence[int] 
 
     # Capture points.
     skipped: list[str] = []
-    points: dict[int, str] = {}
-    candidates: list[tuple[str, int | None]] = [("system", hint_tokens)]
+    points: dict[int, tuple[str, str]] = {}   # position -> (candidate name, store kind)
+    candidates: list[tuple[str, str, int | None]] = [("system", "system", hint_tokens),
+                                                     ("turn", "common", turn_tokens)]
     if previous_fresh_prompt is not None and action != "reuse_live":
-        candidates.append(("common", common_prefix_len(ids, previous_fresh_prompt)))
-    for kind, pos in candidates:
+        candidates.append(("common", "common", common_prefix_len(ids, previous_fresh_prompt)))
+    for name, kind, pos in candidates:
         if pos is None:
             continue
         why = _reject(pos, n, start, min_tokens, tail_guard)
+        if why is None and name == "turn" and pos - start < min_tokens:
+            # After a restore of the previous turn's prompt end, the turn start adds only the reply:
+            # not worth a slot (it would push out other conversations' prompt-end captures).
+            why = f"only {pos - start} tokens past the start {start}"
         if why is None and pos in points:
-            why = f"same position as the {points[pos]} capture"
+            why = f"same position as the {points[pos][0]} capture"
         if why is None and store.contains(ids[:pos]):
             why = "already stored"
         if why:
-            skipped.append(f"{kind} at {pos}: {why}")
+            skipped.append(f"{name} at {pos}: {why}")
         else:
-            points[pos] = kind
+            points[pos] = (name, kind)
     if turn_end_tokens is not None and 0 < turn_end_tokens < n:
         pos = turn_end_tokens
         why = (f"below minimum {min_tokens}" if pos < min_tokens else
@@ -166,13 +178,13 @@ def plan_prefill(prompt: Sequence[int] | np.ndarray, live_tokens: Sequence[int] 
         if why:
             skipped.append(f"prompt_end at {pos} (turn end): {why}")
         else:
-            points.setdefault(pos, "prompt_end")
+            points.setdefault(pos, ("turn_end", "prompt_end"))
         capture_end = False      # the next turn will not share the last tokens: no prompt-end capture
     else:
         capture_end = n >= min_tokens and not store.contains(ids)
         if not capture_end:
             skipped.append(f"prompt_end at {n}: " + ("below minimum" if n < min_tokens else "already stored"))
-    captures = tuple(CapturePoint(p, k) for p, k in sorted(points.items()))
+    captures = tuple(CapturePoint(p, k) for p, (_, k) in sorted(points.items()))
     return PrefillPlan(action, start, n, restore_id, captures, capture_end, live_miss, store_miss, tuple(skipped))
 
 

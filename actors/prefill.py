@@ -72,8 +72,8 @@ async def _prepare(engine: Engine, submit, ids: np.ndarray, log):
         live_tokens = None
         if live is not None and live.last_logits is not None:
             live_tokens = np.asarray(live.tokens, dtype=np.int32)
-        plan = ck.plan(ids, live_tokens, hint_tokens=submit.hint_tokens, need_all_logits=submit.prompt_logprobs,
-                       turn_end_tokens=submit.turn_end_tokens)
+        plan = ck.plan(ids, live_tokens, hint_tokens=submit.hint_tokens, turn_tokens=submit.turn_tokens,
+                       need_all_logits=submit.prompt_logprobs, turn_end_tokens=submit.turn_end_tokens)
         if plan.action == "reuse_live":
             ck.note_plan(plan, ids, submit.request_id)
             return plan, live
@@ -98,10 +98,13 @@ async def _prepare(engine: Engine, submit, ids: np.ndarray, log):
     raise PrefillError("could not plan the prefill: checkpoints kept failing")
 
 
-async def _capture(engine: Engine, state, ids: np.ndarray, kind: str, request_id: str) -> None:
+async def _capture(engine: Engine, state, ids: np.ndarray, kind: str, submit) -> None:
     """Snapshot the state where it is now (in the kernel thread; it releases the GIL) and store it."""
+    t0 = trio.current_time()
     blob = await engine.runner.run(state.snapshot)
-    engine.checkpoints.capture(ids, kind, blob, request_id)
+    engine.checkpoints.capture(ids, kind, blob, submit.request_id)
+    submit.trace.snapshot_s += trio.current_time() - t0
+    submit.trace.snapshots += 1
 
 
 async def run_prefill(engine: Engine, submit, log, progress: dict | None = None
@@ -109,10 +112,12 @@ async def run_prefill(engine: Engine, submit, log, progress: dict | None = None
     """Prefill `submit.prompt` into the live state. Returns (next-token logits [V], reused, prompt logprobs).
     `reused` counts the prompt tokens not computed: from the live state or from a restored checkpoint.
     `progress["reused"]` is set as soon as it is known (for the log line of a cancelled prefill)."""
+    trace = submit.trace
+    t_plan = trace.prefill_at = trio.current_time()
     ids = np.asarray(submit.prompt, dtype=np.int32)
     n = int(ids.shape[0])
-    t_plan = trio.current_time()
     plan, state = await _prepare(engine, submit, ids, log)
+    trace.planned_at = trio.current_time()
     reused = plan.start
     if progress is not None:
         progress["reused"] = reused
@@ -151,6 +156,8 @@ async def run_prefill(engine: Engine, submit, log, progress: dict | None = None
             n_done, logits = await engine.runner.run(engine.kernel.prefill, state, seg, chunk=engine.chunk,
                                                      abortable=True)
         now = trio.current_time()
+        trace.kernel_s += now - t0
+        trace.kernel_calls += 1
         done = a + n_done - plan.start
         if engine.metrics is not None:
             engine.metrics.prefill_tokens.inc(n_done, kind="computed")
@@ -166,12 +173,13 @@ async def run_prefill(engine: Engine, submit, log, progress: dict | None = None
             await trio.lowlevel.checkpoint()
             raise PrefillError(f"kernel stopped after {n_done} of {len(seg)} tokens without a cancel")
         if b in cut_kind:
-            await _capture(engine, state, ids[:b], cut_kind[b], submit.request_id)
+            await _capture(engine, state, ids[:b], cut_kind[b], submit)
     if plan.capture_prompt_end:
-        await _capture(engine, state, ids, "prompt_end", submit.request_id)
+        await _capture(engine, state, ids, "prompt_end", submit)
     if logits is None:
         logits = state.last_logits
     prompt_lp = PromptLogprobs(tuple(lps), tuple(tops)) if submit.prompt_logprobs else None
+    trace.prefilled_at = trio.current_time()
     return np.asarray(logits), reused, prompt_lp
 
 

@@ -19,6 +19,8 @@ import trio
 from cairn.actors.messages import (Cancel, CancelAck, Done, Failed, Progress, Rejected, RequestControl, Sampling,
                                    Started, Submit, TokenOut)
 from cairn.actors.replies import STALL_S
+from cairn.actors.trace import RequestTrace
+from cairn.actors.turns import turn_boundaries
 
 from .access import api_key_matches, loopback_host
 from .agent_protocol import AgentProtocol
@@ -55,6 +57,7 @@ class API:
         self.api_key = api_key
         self.metrics = metrics
         self.checkpoints = checkpoints   # actors.checkpoints.Checkpoints: GET / DELETE /v1/checkpoints
+        self.markers = tokenizer.template_markers()   # message starts in ids: capture candidates (turns.py)
         if status is None:
             from .status import StatusBoard
             status = StatusBoard(fingerprint=fingerprint, context_length=context_length)
@@ -230,6 +233,7 @@ class API:
         return await trio.to_thread.run_sync(lambda: parse(parse_json_body(raw)), limiter=self._cpu)
 
     async def _chat(self, scope, receive, send) -> None:
+        received = trio.current_time()
         req = await self._parse(scope, receive, parse_chat)
         self._check_model(req.common.model)
         self.agent.note_ignored(req.common.ignored)
@@ -247,7 +251,7 @@ class API:
         rid = self._new_id("chatcmpl")
         sampling = self._sampling(req.common, budget, req.logprobs, req.top_logprobs, constraint)
         out = (ChatStream if req.common.stream else ChatJSON)(self, rid, req, thinking=options.thinking)
-        await self._drive(receive, send, rid, ids, hint, sampling, False, out, turn_end)
+        await self._drive(receive, send, rid, ids, hint, sampling, False, out, received, turn_end)
 
     def _render_chat(self, req, options=None):
         """Chat -> token ids, the system-prefix boundary as a token count (checkpoint hint), where the
@@ -279,6 +283,7 @@ class API:
         return n
 
     async def _completions(self, scope, receive, send) -> None:
+        received = trio.current_time()
         req = await self._parse(scope, receive, lambda d: parse_completion(d, context_length=self.ctx))
         self._check_model(req.common.model)
         self.agent.note_ignored(req.common.ignored)
@@ -297,22 +302,28 @@ class API:
         want_lp = req.logprobs is not None
         sampling = self._sampling(req.common, budget, want_lp, req.logprobs or 0)
         out = CompletionOut(self, rid, req, ids)
-        await self._drive(receive, send, rid, ids, None, sampling, want_lp and req.echo, out)
+        await self._drive(receive, send, rid, ids, None, sampling, want_lp and req.echo, out, received)
 
     # --- the request's life -------------------------------------------------------------------
 
     async def _drive(self, receive, send, rid, ids, hint, sampling, prompt_logprobs, out,
-                     turn_end: int | None = None) -> None:
+                     received: float | None = None, turn_end: int | None = None) -> None:
         reply_send, reply_recv = trio.open_memory_channel(REPLY_BUFFER)
         control = RequestControl()
-        submit = Submit(rid, tuple(int(t) for t in ids), hint, sampling, prompt_logprobs, reply_send, control,
-                        turn_end_tokens=turn_end)
+        # Capture candidates from the template's markers, for every endpoint (chat, ids, text): the
+        # same conversation captures at the same positions however it is sent. `ids` are Python ints
+        # already (validated JSON ints or the tokenizer's), so tuple() needs no per-id int().
+        turns = turn_boundaries(ids, self.markers)
+        submit = Submit(rid, tuple(ids), turns.system_end if hint is None else hint, sampling,
+                        prompt_logprobs, reply_send, control, turn_end_tokens=turn_end,
+                        turn_tokens=turns.last_user, trace=RequestTrace(received))
         terminal = None
         self.status.submitted(rid, len(ids), sampling.max_tokens, control)
         try:
             async with reply_recv:
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(_watch_disconnect, receive, nursery.cancel_scope)
+                    submit.trace.submitted_at = trio.current_time()
                     await self.inbox.send(submit)
                     async for msg in reply_recv:
                         self.status.seen(rid, msg)

@@ -18,6 +18,8 @@ from __future__ import annotations
 import codecs
 from itertools import accumulate
 
+from cairn.actors.turns import TemplateMarkers, markers_from_vocab
+
 from .model_dir import ModelDir, ModelDirError
 
 
@@ -108,6 +110,10 @@ class TextTokenizer:
 
     def token_to_id(self, text: str) -> int | None:
         return self._tok.token_to_id(text)
+
+    def template_markers(self) -> TemplateMarkers | None:
+        """The chat template's message-start tokens, for capture points read from ids (actors/turns.py)."""
+        return markers_from_vocab(self._tok.token_to_id)
 
     def boundary_for_byte_offset(self, text: str, byte_offset: int) -> int:
         """How many leading tokens of encode(text) end at or before `byte_offset`."""

@@ -179,6 +179,70 @@ async def test_rule3_rerendered_agent_turn_restores_the_prompt_end(loaded, tmp_p
     assert_parity([r1, r2, c1, c2], off)
 
 
+def marker(loaded, text: str) -> int:
+    i = loaded.tokenizer.token_to_id(text)
+    assert i is not None
+    return i
+
+
+async def test_raw_id_conversations_sharing_a_system_part_restore_it(loaded, tmp_path):
+    sock = tmp_path / "c.sock"
+    bos, usr, asst = (marker(loaded, t) for t in ("<｜begin▁of▁sentence｜>", "<｜User｜>", "<｜Assistant｜>"))
+    system = [bos] + ids(300)
+    expected = len(system)                     # the first <｜User｜> is the system part's end
+    conv_a = system + [usr] + ids(20) + [asst]
+    conv_b = system + [usr] + ids(25) + [asst]
+    bodies = [cmpl(conv_a), cmpl(conv_b)]
+    with trio.fail_after(60), capture_logs() as evs:
+        async with daemon(loaded, sock, **ON):
+            out = [await post(sock, b) for b in bodies]
+            rows = await listing(sock)
+    assert cached(out[0]) == 0 and cached(out[1]) == expected
+    system_rows = [r for r in rows if r["kind"] == "system"]
+    assert [r["tokens"] for r in system_rows] == [expected]
+    assert events(evs, "checkpoint_hit", id=system_rows[0]["id"], kind="system")
+    assert_parity(out, await replay_off(loaded, tmp_path, bodies))
+
+
+async def test_chat_token_ids_and_text_prompts_capture_at_the_same_boundaries(loaded, tmp_path):
+    msgs = [{"role": "system", "content": SYSTEM}, user(1),
+            {"role": "assistant", "content": "Done: test_1.py passes now."}, user(2)]
+    text = loaded.renderer.render(msgs).text
+    prompt_ids = loaded.tokenizer.encode(text)
+    usr = marker(loaded, "<｜User｜>")
+    users = [i for i, t in enumerate(prompt_ids) if t == usr]
+    assert len(users) == 2
+    captured = []
+    for i, body in enumerate([chat(msgs), cmpl(prompt_ids), cmpl(text)]):
+        sock = tmp_path / f"c{i}.sock"
+        with trio.fail_after(60):
+            async with daemon(loaded, sock, **ON):
+                r = await post(sock, body)
+                captured.append(sorted((row["tokens"], row["kind"]) for row in await listing(sock)))
+        assert r["usage"]["prompt_tokens"] == len(prompt_ids)
+    n = len(prompt_ids)
+    assert captured[0] == [(users[0], "system"), (users[1], "common"), (n, "prompt_end")]
+    assert captured[1] == captured[0] and captured[2] == captured[0]
+
+
+async def test_request_log_line_traces_a_cold_request_stage_by_stage(loaded, tmp_path):
+    sock = tmp_path / "c.sock"
+    bos, usr, asst = (marker(loaded, t) for t in ("<｜begin▁of▁sentence｜>", "<｜User｜>", "<｜Assistant｜>"))
+    prompt = [bos] + ids(200) + [usr] + ids(30) + [asst]
+    with trio.fail_after(60), capture_logs() as evs:
+        async with daemon(loaded, sock, **ON):
+            await post(sock, cmpl(prompt))
+    [line] = events(evs, "request")
+    trace = line["trace_ms"]
+    # one kernel call up to the system end, one after it; a snapshot at each (system, prompt end)
+    assert trace["kernel_calls"] == 2 and trace["snapshots"] == 2
+    stages = ("edge", "queue", "plan", "kernel", "snapshot", "prefill_other", "first_token")
+    assert set(trace) == set(stages) | {"kernel_calls", "snapshots", "total"}
+    assert all(trace[s] >= 0 for s in stages if s != "prefill_other")
+    # the stages are consecutive: together they are the time from the request to its first token
+    assert abs(sum(trace[s] for s in stages) - trace["total"]) < 0.1
+
+
 # --- eviction and budgets -----------------------------------------------------------------------
 
 async def test_slot_budget_and_prompt_end_evicted_before_prefix_captures(loaded, tmp_path):

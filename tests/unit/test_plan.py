@@ -176,3 +176,27 @@ def test_turn_end_capture_obeys_the_minimum_and_the_store():
     assert p.skipped == ("prompt_end at 1199 (turn end): not after the start position 1199",)
     p = plan_prefill(TURN1, None, store(), turn_end_tokens=1199, min_tokens=1500)
     assert "prompt_end at 1199 (turn end): below minimum 1500" in p.skipped
+
+
+def test_last_user_start_is_a_common_capture_beside_the_system_one():
+    p = plan_prefill(TURN2, None, store(), hint_tokens=800, turn_tokens=1200)
+    assert p.captures == (CapturePoint(800, "system"), CapturePoint(1200, "common"))
+    # the first request of a conversation: the last user message starts where the system part ends
+    p = plan_prefill(TURN1, None, store(), hint_tokens=800, turn_tokens=800)
+    assert p.captures == (CapturePoint(800, "system"),)
+    assert "turn at 800: same position as the system capture" in p.skipped
+    # the rule-2 common prefix at the same position as the turn start: one capture
+    p = plan_prefill(TURN2, None, store(), turn_tokens=1200, previous_fresh_prompt=TURN1 + [5])
+    assert p.captures == (CapturePoint(1200, "common"),)
+    assert "common at 1200: same position as the turn capture" in p.skipped
+    p = plan_prefill(TURN2, None, store(TURN1), hint_tokens=800, turn_tokens=1200)
+    assert p.action == "restore" and p.captures == ()
+
+
+def test_turn_capture_needs_min_tokens_past_the_start():
+    # restored the previous turn's prompt end (1100): the turn start adds only the reply
+    p = plan_prefill(TURN2, None, store(TURN1[:1100]), turn_tokens=1200)
+    assert (p.action, p.start, p.captures) == ("restore", 1100, ())
+    assert "turn at 1200: only 100 tokens past the start 1100" in p.skipped
+    p = plan_prefill(TURN2, None, store(SYSTEM[:500]), turn_tokens=1200)
+    assert p.captures == (CapturePoint(1200, "common"),)

@@ -1,0 +1,244 @@
+"""What the daemon adds to a cold prefill: the kernel alone against the daemon, on the same token ids.
+
+    python bench/daemon_overhead.py MODEL_DIR [--tokens 3037] [--rounds 5] [--threads 2] [--chunk 128]
+                                    [--gap SECONDS] [--shared-system] [--json out.json]
+
+Each round, in alternating order:
+  kernel   in this process, in one worker thread (as the daemon calls it): a new `State`, one
+           `kernel.prefill(state, ids, chunk)` call, greedy first token (what the daemon's prefill
+           and first decode step compute);
+  daemon   `cairn serve` in a child process (same model, threads, chunk): a streamed
+           `/v1/completions` with the ids, `max_tokens` 1, greedy; TTFT = the client's time from the
+           first request byte to the first `data:` event (the token).
+Every prompt is new random ids from 100 up (a generated model's special tokens are its first ids),
+so nothing is reused: each daemon request is a cold prefill. The daemon's own breakdown comes from
+its canonical `request` log line (`trace_ms`), read from its stdout (JSON lines), and the CPU its
+event-loop thread used over each request (what could compete with the kernel's threads). One
+warm-up request of each kind runs first and is not counted. Results: docs/benchmarks.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+
+
+def post_ttft(sock_path: str, body: dict, timeout: float = 600) -> tuple[float, float, bytes]:
+    """(seconds to the first `data:` event, seconds to the end of the response, the response)."""
+    payload = json.dumps(body).encode()
+    head = (f"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(payload)}\r\nConnection: close\r\n\r\n").encode()
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(timeout)
+    s.connect(sock_path)
+    buf = b""
+    first = None
+    t0 = time.perf_counter()
+    s.sendall(head + payload)
+    while True:
+        data = s.recv(65536)
+        if not data:
+            break
+        buf += data
+        if first is None and b"\ndata: " in buf:
+            first = time.perf_counter() - t0
+    total = time.perf_counter() - t0
+    s.close()
+    status = buf.split(b" ", 2)[1]
+    if status != b"200" or first is None:
+        raise RuntimeError(f"daemon answered {buf[:300]!r}")
+    return first, total, buf
+
+
+def wait_socket(path: str, proc: subprocess.Popen, timeout: float = 300) -> None:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if proc.poll() is not None:
+            raise RuntimeError(f"daemon exited with {proc.returncode}")
+        try:
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            s.connect(path)
+            s.sendall(b"GET /health HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+            if s.recv(100).startswith(b"HTTP/1.1 200"):
+                s.close()
+                return
+        except OSError:
+            pass
+        time.sleep(0.2)
+    raise RuntimeError("daemon did not start")
+
+
+def thread_cpu_s(pid: int, tid: int) -> float:
+    """CPU time a thread has run (Linux schedstat, ns)."""
+    with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+        return int(f.read().split()[0]) / 1e9
+
+
+def request_lines(log_path: Path) -> list[dict]:
+    out = []
+    for line in log_path.read_text().splitlines():
+        try:
+            ev = json.loads(line)
+        except ValueError:
+            continue
+        if ev.get("event") == "request":
+            out.append(ev)
+    return out
+
+
+def shared_system_run(sock: str, model_id: str, model_dir: Path, tokens: int, prompt) -> dict:
+    """Conversation A then conversation B, as raw ids: BOS + the same system part, then their own
+    user message. B's first request should restore A's system capture (docs/prefill.md, rule 1b)."""
+    from cairn.daemon.model_dir import open_model_dir
+    from cairn.daemon.tokenizer import TextTokenizer
+
+    tok = TextTokenizer.from_model_dir(open_model_dir(model_dir))
+    usr, asst = tok.token_to_id("<｜User｜>"), tok.token_to_id("<｜Assistant｜>")
+    system = [tok.bos_id] + [int(t) for t in prompt(tokens - 47)]
+    out: dict = {"system_tokens": len(system)}
+    for name in ("A", "B"):
+        ids = system + [usr] + [int(t) for t in prompt(44)] + [asst]
+        body = {"model": model_id, "prompt": ids, "max_tokens": 1, "temperature": 0, "stream": True,
+                "stream_options": {"include_usage": True}}
+        ttft, _, sse = post_ttft(sock, body)
+        usage = usage_of(sse) or {}
+        out[f"{name}_prompt"] = usage.get("prompt_tokens")
+        out[f"{name}_cached"] = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
+        out[f"{name}_ttft_ms"] = round(ttft * 1000)
+    return out
+
+
+def usage_of(sse: bytes) -> dict | None:
+    """The `usage` object of a streamed answer (with stream_options.include_usage)."""
+    for line in sse.split(b"\n"):
+        if line.startswith(b"data: {"):
+            ev = json.loads(line[6:])
+            if ev.get("usage"):
+                return ev["usage"]
+    return None
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("model", type=Path)
+    ap.add_argument("--tokens", type=int, default=3037)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--chunk", type=int, default=128)
+    ap.add_argument("--gap", type=float, default=0.0,
+                    help="idle seconds before each measurement (a client's think time; trio's idle worker "
+                         "threads exit after 10 s)")
+    ap.add_argument("--shared-system", action="store_true",
+                    help="also: two raw-id conversations whose first requests share a system part of "
+                         "tokens-46 ids (template markers in the ids); the second's cached tokens and TTFT")
+    ap.add_argument("--json")
+    args = ap.parse_args()
+
+    from cairn import _kernel as K
+    from cairn.daemon.model_dir import load_model, open_model_dir
+
+    model = load_model(open_model_dir(args.model), args.threads)
+    vocab = int(model.vocab_size)
+    rng = np.random.default_rng(0)
+
+    def prompt(n: int) -> np.ndarray:
+        return rng.integers(100, vocab, size=n).astype(np.int32)
+
+    def kernel_call(ids: np.ndarray) -> float:
+        t0 = time.perf_counter()
+        st = K.State(model)
+        n, logits = K.prefill(st, ids, chunk=args.chunk)
+        int(np.argmax(logits))
+        return time.perf_counter() - t0
+
+    # From one worker thread, as the daemon calls it: under heavy load, libgomp's spin-waiting made
+    # calls from the main thread 3-20x slower (3037 tokens on llama-peer at load ~8: 3-20 s against
+    # 0.5-1 s; OMP_WAIT_POLICY=PASSIVE removed the gap; at load ~2 the two are equal).
+    kernel_thread = ThreadPoolExecutor(max_workers=1)
+
+    def kernel_once(ids: np.ndarray) -> float:
+        return kernel_thread.submit(kernel_call, ids).result()
+
+    tmp = Path(tempfile.mkdtemp(prefix="cairn-overhead-"))
+    sock = str(tmp / "d.sock")
+    log_path = tmp / "daemon.log"
+    cmd = [sys.executable, "-m", "cairn.daemon.cli", "serve", "--model", str(args.model), "--socket", sock,
+           "--threads", str(args.threads), "--chunk", str(args.chunk)]
+    with open(log_path, "w") as log_file:
+        proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, env={**os.environ, "NO_COLOR": "1"})
+    try:
+        wait_socket(sock, proc)
+
+        model_id = args.model.name
+
+        def daemon_req(ids: np.ndarray) -> tuple[float, float]:
+            body = {"model": model_id, "prompt": [int(t) for t in ids], "max_tokens": 1, "temperature": 0,
+                    "stream": True}
+            return post_ttft(sock, body)[:2]
+
+        kernel_once(prompt(256))
+        daemon_req(prompt(256))
+        rows = []
+        for r in range(args.rounds):
+            order = ("kernel", "daemon") if r % 2 == 0 else ("daemon", "kernel")
+            row = {}
+            for what in order:
+                ids = prompt(args.tokens)
+                time.sleep(args.gap)
+                if what == "kernel":
+                    row["kernel_s"] = kernel_once(ids)
+                else:
+                    cpu0 = thread_cpu_s(proc.pid, proc.pid)
+                    row["daemon_ttft_s"], row["daemon_total_s"] = daemon_req(ids)
+                    # the event loop's own CPU over the request: what could compete with the kernel
+                    row["loop_cpu_s"] = thread_cpu_s(proc.pid, proc.pid) - cpu0
+            rows.append(row)
+            print(f"round {r}: kernel {row['kernel_s'] * 1000:.0f} ms, daemon TTFT {row['daemon_ttft_s'] * 1000:.0f} ms "
+                  f"({(row['daemon_ttft_s'] / row['kernel_s'] - 1) * 100:+.1f} %)", flush=True)
+        if args.shared_system:
+            shared = shared_system_run(sock, model_id, args.model, args.tokens, prompt)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+    lines = request_lines(log_path)[1:]      # the warm-up request first
+    for row, ev in zip(rows, lines):
+        row["daemon_log"] = {k: ev.get(k) for k in ("ttft_ms", "total_ms", "trace_ms")}
+    k = [r["kernel_s"] for r in rows]
+    d = [r["daemon_ttft_s"] for r in rows]
+    ratio = [r["daemon_ttft_s"] / r["kernel_s"] - 1 for r in rows]
+    print(f"\n{args.tokens} tokens, {args.rounds} rounds, chunk {args.chunk}, {args.threads} threads, "
+          f"gap {args.gap:g} s; "
+          f"load {os.getloadavg()[0]:.2f}")
+    print(f"kernel alone  median {statistics.median(k) * 1000:.0f} ms  (min {min(k) * 1000:.0f})")
+    print(f"daemon TTFT   median {statistics.median(d) * 1000:.0f} ms  (min {min(d) * 1000:.0f})")
+    print(f"overhead      median {statistics.median(ratio) * 100:.1f} %  per round: "
+          + ", ".join(f"{x * 100:.1f}" for x in ratio))
+    loop = [r["loop_cpu_s"] for r in rows]
+    print(f"event loop CPU per request  median {statistics.median(loop) * 1000:.1f} ms  (max {max(loop) * 1000:.1f})")
+    phases: dict[str, list[float]] = {}
+    for row in rows:
+        for key, v in (row["daemon_log"].get("trace_ms") or {}).items():
+            if isinstance(v, (int, float)):
+                phases.setdefault(key, []).append(v)
+    if phases:
+        print("daemon trace (median ms): " + ", ".join(f"{k} {statistics.median(v):.1f}" for k, v in phases.items()))
+    if args.shared_system:
+        print("shared system part: " + ", ".join(f"{k} {v}" for k, v in shared.items()))
+    if args.json:
+        Path(args.json).write_text(json.dumps({"tokens": args.tokens, "rounds": rows}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
