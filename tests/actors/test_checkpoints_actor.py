@@ -61,7 +61,13 @@ async def test_writer_writes_files_and_the_disk_budget_deletes_old_ones(tmp_path
                                                                task_status=task_status))
             for i in range(3):
                 ck.capture(toks(i, 100), "prompt_end", bytes([i]) * 1000, f"r{i}")
-                await trio.sleep(0.2)
+                # Wait for the writer's effect (file written, budget applied), not for a time.
+                # Within a budget of 3000 bytes only the last two 1000-byte blobs fit.
+                want = sorted(file_name(toks(j, 100)) for j in range(max(0, i - 1), i + 1))
+                with trio.fail_after(30):
+                    while not (sorted(p.name for p in ck_files(tmp_path)) == want
+                               and ck.checkpoint_stats()["disk"]["entries"] == len(want)):
+                        await trio.sleep(0.005)
             st = ck.checkpoint_stats()
             n.cancel_scope.cancel()
     names = sorted(p.name for p in ck_files(tmp_path))
