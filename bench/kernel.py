@@ -186,7 +186,7 @@ def bench_hf(path: str, threads: int, prompts: dict[int, np.ndarray], chunk: int
             t = _now()
             for s in range(0, n, chunk):
                 r = model(input_ids=ids[:, s : s + chunk], cache=cache, use_cache=True, logits_to_keep=1)
-                cache = r.past_key_values
+                cache = r.cache
             dt = _now() - t
             assert r.logits.shape[1] == 1
             out["prefill"][n] = {"tok_s": n / dt, "s": dt}
@@ -195,7 +195,7 @@ def bench_hf(path: str, threads: int, prompts: dict[int, np.ndarray], chunk: int
         t = _now()
         for _ in range(n_decode):
             r = model(input_ids=tok, cache=cache, use_cache=True, logits_to_keep=1)
-            cache = r.past_key_values
+            cache = r.cache
             tok = r.logits[:, -1:].argmax(-1)
         out["decode_tok_s"] = n_decode / (_now() - t)
         out["decode_at"] = lengths[-1]
