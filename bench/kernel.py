@@ -317,16 +317,22 @@ def run_peer_mode(args, res: dict) -> None:
         print(f"| {o['system']} #{o['round']} | {o['load_avg']:.2f} | "
               + " | ".join(f"{o['prefill'][n]['tok_s']:.1f}" for n in args.lengths)
               + f" | {o['decode_tok_s']:.1f} |")
-    med = {}
-    for system in ("cairn", "llama.cpp"):
-        rs = [o for o in runs if o["system"] == system]
-        med[system] = {n: statistics.median(o["prefill"][n]["tok_s"] for o in rs) for n in args.lengths}
-        med[system]["decode"] = statistics.median(o["decode_tok_s"] for o in rs)
-        print(f"| **{system}, median** | | " + " | ".join(f"**{med[system][n]:.1f}**" for n in args.lengths)
-              + f" | **{med[system]['decode']:.1f}** |")
-    print("| cairn / llama.cpp | | " + " | ".join(f"{med['cairn'][n] / med['llama.cpp'][n]:.2f}×"
-                                                 for n in args.lengths + ["decode"]) + " |")
-    res["median_tok_s"] = med
+    # median, and best: noise on a shared machine only ever slows a run down
+    stat = {"median": statistics.median, "best": max}
+    agg: dict = {}
+    for name, f in stat.items():
+        agg[name] = {}
+        for system in ("cairn", "llama.cpp"):
+            rs = [o for o in runs if o["system"] == system]
+            v = {n: f(o["prefill"][n]["tok_s"] for o in rs) for n in args.lengths}
+            v["decode"] = f(o["decode_tok_s"] for o in rs)
+            agg[name][system] = v
+            print(f"| **{system}, {name}** | | " + " | ".join(f"**{v[n]:.1f}**" for n in args.lengths)
+                  + f" | **{v['decode']:.1f}** |")
+        print(f"| cairn / llama.cpp, {name} | | " + " | ".join(
+            f"{agg[name]['cairn'][n] / agg[name]['llama.cpp'][n]:.2f}×" for n in args.lengths + ["decode"]) + " |")
+    res["median_tok_s"], res["best_tok_s"] = agg["median"], agg["best"]
+    med = agg["median"]
     print_limits(res, wb, gbs, {"cairn kernel (median)": med["cairn"]["decode"],
                                 "llama.cpp (median)": med["llama.cpp"]["decode"]})
 
