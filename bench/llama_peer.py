@@ -61,8 +61,8 @@ def ensure_gguf(tools: Path, src: Path, model_dir: str, gguf: str | None) -> Pat
     try:
         import yaml  # noqa: F401  (llama.cpp's converter imports it)
     except ImportError:
-        raise PeerError("converting to GGUF needs pyyaml in this python: "
-                        ".venv/bin/pip install -e '.[bench]' (or pip install pyyaml)") from None
+        raise PeerError("converting to GGUF needs pyyaml in this python (the 'bench' extra): "
+                        ".venv/bin/pip install pyyaml") from None
     print(f"  converting {model_dir} -> {out}", file=sys.stderr)
     tmp = out.with_suffix(".partial")
     r = subprocess.run([sys.executable, str(tools / "convert_hf_v4.py"), str(src), str(model_dir), str(tmp)],
