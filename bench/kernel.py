@@ -46,6 +46,33 @@ def _now() -> float:
     return time.perf_counter()
 
 
+# A small, fast model in the shape of llama.cpp's published tiny DeepSeek-V4 CPU anchor (hidden 160,
+# 7 layers, window 24, rates 4/128, 6 experts; the other fields are our choices within llama.cpp's
+# loader limits). bench/daemon_overhead.py runs on it. No published figure is compared with it: a
+# comparison with llama.cpp is `--peer llama.cpp`, on the same model in the same run.
+TINY_ANCHOR_SHAPE = dict(
+    vocab_size=8192, hidden_size=160,
+    layer_types=("sliding_attention", "sliding_attention", "compressed_sparse_attention",
+                 "heavily_compressed_attention", "compressed_sparse_attention",
+                 "heavily_compressed_attention", "compressed_sparse_attention"),
+    mlp_layer_types=("hash_moe",) * 3 + ("moe",) * 4,
+    num_attention_heads=4, head_dim=64, qk_rope_head_dim=32, q_lora_rank=64, o_groups=2, o_lora_rank=64,
+    sliding_window=24, csa_rate=4, hca_rate=128, index_n_heads=4, index_head_dim=64, index_topk=16,
+    n_routed_experts=6, num_experts_per_tok=2, moe_intermediate_size=128, hc_mult=4,
+)
+
+
+def ensure_llama_peer(path: str) -> str:
+    """Generate (once, seed 0) the TINY_ANCHOR_SHAPE model at path."""
+    from pathlib import Path
+
+    if not (Path(path) / "config.json").exists():
+        from cairn.daemon.make_model import make_model, preset_with
+
+        make_model(preset_with("small", **TINY_ANCHOR_SHAPE), 0, path)
+    return path
+
+
 def decode_weight_bytes(model_dir: str, widen_bf16: bool = False) -> dict:
     """Bytes of the weights one decode token reads, by group (see module docstring): 4 per
     parameter, 2 for a bfloat16 directory (the kernel keeps BF16 panels unless widen_bf16)."""
