@@ -1,0 +1,164 @@
+"""llama.cpp as the peer of bench/kernel.py: built, converted and served by the shared llama-peer tools.
+
+The tools live outside this repository (default `../shared/tools/llama-peer/` next to it; read their
+README): `build.sh` builds llama.cpp from the llama-cpp-python sdist, `convert_hf_v4.py` writes an F32
+GGUF of our model directory. This module only calls them, then runs `llama-server` on that GGUF and
+times prompts of given token ids through `/completion` with the server's own timings.
+
+Fairness (docs/benchmarks.md): same token ids, same threads, ubatch = the kernel's chunk, f32 KV cache,
+prompt cache and context checkpoints off, greedy decode of exactly `n_decode` steps.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+DEFAULT_TOOLS = REPO.parent / "shared" / "tools" / "llama-peer"
+
+
+class PeerError(RuntimeError):
+    pass
+
+
+def tools_dir(path: str | None) -> Path:
+    d = Path(path) if path else DEFAULT_TOOLS
+    if not (d / "build.sh").is_file() or not (d / "convert_hf_v4.py").is_file():
+        raise PeerError(f"--peer-tools: {d} has no build.sh / convert_hf_v4.py (the llama-peer tools; "
+                        f"default is ../shared/tools/llama-peer next to the repository)")
+    return d
+
+
+def llama_cpp_dir(tools: Path, given: str | None) -> Path:
+    """The llama.cpp source folder with build/bin/. `build.sh` reuses a finished build and prints the
+    folder; without one it builds (~16-20 min on 2 cores)."""
+    if given:
+        src = Path(given)
+    else:
+        print("  llama.cpp: build.sh (reuses a finished build; a first build takes ~20 min)", file=sys.stderr)
+        r = subprocess.run(["bash", str(tools / "build.sh")], capture_output=True, text=True)
+        if r.returncode != 0:
+            raise PeerError(f"llama-peer build.sh failed:\n{r.stderr[-2000:]}")
+        src = Path(r.stdout.strip().splitlines()[-1])
+    for exe in ("llama-server",):
+        if not os.access(src / "build" / "bin" / exe, os.X_OK):
+            raise PeerError(f"--llama-cpp: {src}/build/bin/{exe} is missing (run build.sh)")
+    return src
+
+
+def ensure_gguf(tools: Path, src: Path, model_dir: str, gguf: str | None) -> Path:
+    """The F32 GGUF of model_dir (default: <model_dir>.f32.gguf beside it), converted once."""
+    out = Path(gguf) if gguf else Path(str(Path(model_dir).resolve()) + ".f32.gguf")
+    if out.exists():
+        return out
+    try:
+        import yaml  # noqa: F401  (llama.cpp's converter imports it)
+    except ImportError:
+        raise PeerError("converting to GGUF needs pyyaml in this python (the 'bench' extra): "
+                        ".venv/bin/pip install pyyaml") from None
+    print(f"  converting {model_dir} -> {out}", file=sys.stderr)
+    tmp = out.with_suffix(".partial")
+    r = subprocess.run([sys.executable, str(tools / "convert_hf_v4.py"), str(src), str(model_dir), str(tmp)],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        raise PeerError(f"convert_hf_v4.py failed:\n{r.stderr[-3000:]}")
+    tmp.rename(out)
+    return out
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def server_command(exe: Path, gguf: Path, threads: int, chunk: int, n_ctx: int, port: int) -> list[str]:
+    """llama-server doing the kernel's work: one slot (the whole context for one prompt), `threads`
+    threads for prompt and decode, ubatch = the kernel's chunk, f32 KV cache like the kernel's fp32
+    state, and no prompt cache (-cram 0) or context checkpoints (-ctxcp 0): each prompt is computed
+    from scratch, with no state copies the kernel run does not make."""
+    return [str(exe), "-m", str(gguf), "-t", str(threads), "-tb", str(threads), "-c", str(n_ctx), "-np", "1",
+            "-b", str(max(chunk, 2048)), "-ub", str(chunk), "-ctk", "f32", "-ctv", "f32",
+            "-ctxcp", "0", "-cram", "0", "--host", "127.0.0.1", "--port", str(port)]
+
+
+def check_timings(t: dict, n_prompt: int, n_predict: int) -> dict:
+    """The server's timings of one request, refused unless it computed the whole prompt (a cached
+    prefix or an added BOS would make the runs unequal) and generated exactly n_predict tokens."""
+    if t["prompt_n"] != n_prompt:
+        raise PeerError(f"llama-server processed {t['prompt_n']} prompt tokens, sent {n_prompt}")
+    if t["predicted_n"] != n_predict:
+        raise PeerError(f"llama-server generated {t['predicted_n']} tokens, asked {n_predict}")
+    return t
+
+
+class LlamaServer:
+    """llama-server on one slot, context n_ctx, ubatch = chunk, f32 KV, no prompt cache or checkpoints."""
+
+    def __init__(self, src: Path, gguf: Path, threads: int, chunk: int, n_ctx: int, log: str):
+        self.port = _free_port()
+        self.cmd = server_command(src / "build" / "bin" / "llama-server", gguf, threads, chunk, n_ctx, self.port)
+        self.log = open(log, "w")
+        self.proc = subprocess.Popen(self.cmd, stdout=self.log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 300
+        while True:
+            if self.proc.poll() is not None:
+                raise PeerError(f"llama-server exited ({self.proc.returncode}); see {log}")
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=5) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                self.close()
+                raise PeerError(f"llama-server not ready after 300 s; see {log}")
+            time.sleep(0.5)
+
+    def complete(self, ids: list[int], n_predict: int) -> dict:
+        """One request (a new connection): the prompt as token ids, greedy, exactly n_predict tokens.
+        Returns the server's `timings` (prompt_n, prompt_ms, predicted_n, predicted_ms, ...)."""
+        body = {"prompt": ids, "n_predict": n_predict, "temperature": 0.0, "ignore_eos": True,
+                "cache_prompt": False, "stream": False}
+        req = urllib.request.Request(f"http://127.0.0.1:{self.port}/completion", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=3600) as r:
+            out = json.loads(r.read())
+        return check_timings(out["timings"], len(ids), n_predict)
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
+
+
+def run_llama(server: LlamaServer, prompts: dict[int, list[int]], n_decode: int) -> dict:
+    """Prefill each prompt (1 token generated: its time is the prompt's), then decode n_decode steps
+    after the longest: n_decode + 1 tokens, the first from the prompt's logits; the server's
+    predicted_ms runs from that first token to the last, i.e. over the n_decode decode steps."""
+    out: dict = {"prefill": {}}
+    lengths = sorted(prompts)
+    for n in lengths[:-1]:
+        t = server.complete(prompts[n], 1)
+        out["prefill"][n] = {"tok_s": n / (t["prompt_ms"] / 1e3), "s": t["prompt_ms"] / 1e3}
+    n = lengths[-1]
+    t = server.complete(prompts[n], n_decode + 1)
+    out["prefill"][n] = {"tok_s": n / (t["prompt_ms"] / 1e3), "s": t["prompt_ms"] / 1e3}
+    out["decode_tok_s"] = n_decode / (t["predicted_ms"] / 1e3)
+    out["decode_at"] = n
+    for n in lengths:
+        print(f"  llama.cpp prefill {n:6d}: {out['prefill'][n]['tok_s']:8.1f} tok/s", file=sys.stderr)
+    print(f"  llama.cpp decode at {out['decode_at']}: {out['decode_tok_s']:.1f} tok/s", file=sys.stderr)
+    return out
