@@ -15,7 +15,8 @@ Design notes
  * Load. ``GET /v1/loads`` answers in SGLang's load schema: one data-parallel rank whose running /
    waiting request counts come from the status board, ``num_used_tokens`` is the live state's length
    and ``token_usage`` that length over the context (cairn keeps one state, not a paged KV pool).
-   ``pending_prefill_tokens`` (prompt tokens not yet prefilled: the running request's rest and
+   ``num_waiting_uncached_tokens`` is the queued prompts' length (what of them is cached is only known
+   once planned). ``pending_prefill_tokens`` (prompt tokens not yet prefilled: the running request's rest and
    every queued prompt) is cairn's own field: the figure that says how long a new request waits.
    Unknown fields are ignored by SMG; missing ones default to zero.
 """
@@ -61,7 +62,7 @@ def model_info(*, model_id: str) -> dict:
     }
 
 
-def loads(*, running: int, waiting: int, pending_prefill_tokens: int, live_tokens: int,
+def loads(*, running: int, waiting: int, pending_prefill_tokens: int, queued_prompt_tokens: int, live_tokens: int,
           context_length: int, max_running_requests: int, version: str,
           now: _dt.datetime | None = None) -> dict:
     """``GET /v1/loads``: one rank (SGLang's ``WorkerLoadResponse``)."""
@@ -71,6 +72,7 @@ def loads(*, running: int, waiting: int, pending_prefill_tokens: int, live_token
         "dp_rank": 0,
         "num_running_reqs": running,
         "num_waiting_reqs": waiting,
+        "num_waiting_uncached_tokens": queued_prompt_tokens,   # an upper bound: cached parts are known once planned
         "num_total_reqs": running + waiting,
         "num_used_tokens": live_tokens,
         "max_total_num_tokens": context_length,

@@ -23,18 +23,21 @@ def test_load_counts_queued_and_running_requests_and_prompt_tokens_left_to_prefi
     ended = _Control()
     ended.final = object()
     board.submitted("d", 999, 10, ended)                # ended by the engine, handler still writing
-    assert board.load() == {"running": 2, "waiting": 1, "pending_prefill_tokens": 180 + 200, "live_tokens": 0}
+    assert board.load() == {"running": 2, "waiting": 1, "pending_prefill_tokens": 180 + 200,
+                            "queued_prompt_tokens": 200, "live_tokens": 0}
 
 
 def test_loads_answer_in_the_gateway_load_schema_one_rank():
-    out = worker_info.loads(running=1, waiting=2, pending_prefill_tokens=500, live_tokens=256, context_length=1024,
+    out = worker_info.loads(running=1, waiting=2, pending_prefill_tokens=500, queued_prompt_tokens=300,
+                            live_tokens=256, context_length=1024,
                             max_running_requests=1, version="0.1.0",
                             now=dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc))
     assert out["dp_rank_count"] == 1 and out["timestamp"].startswith("2026-01-01")
     (rank,) = out["loads"]
     assert rank["num_running_reqs"] == 1 and rank["num_waiting_reqs"] == 2 and rank["num_total_reqs"] == 3
     assert rank["token_usage"] == 0.25 and rank["num_used_tokens"] == 256 and rank["max_total_num_tokens"] == 1024
-    assert rank["pending_prefill_tokens"] == 500 and rank["utilization"] == 1.0
+    assert rank["pending_prefill_tokens"] == 500 and rank["num_waiting_uncached_tokens"] == 300
+    assert rank["utilization"] == 1.0
 
 
 def test_server_info_names_the_model_for_the_gateway_and_says_it_is_cairn():
