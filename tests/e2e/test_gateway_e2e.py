@@ -67,6 +67,29 @@ def system_prompt(seed: int) -> str:
     return " ".join(r.choice(WORDS) for _ in range(1500))
 
 
+def serve(procs: list, model_dir: Path, tmp_path: Path, name: str, port: int, *extra: str) -> subprocess.Popen:
+    """`cairn serve` on TCP loopback (and its own Unix socket), one kernel thread, output to NAME.log."""
+    with open(tmp_path / f"{name}.log", "w") as out:
+        p = subprocess.Popen(CAIRN + ["--model", str(model_dir), "--served-model-name", "tiny",
+                                      "--socket", str(tmp_path / f"{name}.sock"), "--tcp", f"127.0.0.1:{port}",
+                                      "--threads", "1", "--checkpoint-dir", str(tmp_path / f"{name}-state"),
+                                      "--checkpoint-min-tokens", "64", *extra],
+                             stdout=out, stderr=subprocess.STDOUT)
+    procs.append(p)
+    return p
+
+
+def launch_gateway(procs: list, log: Path, port: int, metrics_port: int, urls, policy: str) -> str:
+    """`smg launch` on loopback (its metrics listener too), health checks and load polls every second."""
+    with open(log, "w") as out:
+        procs.append(subprocess.Popen(
+            [smg_binary(), "launch", "--host", "127.0.0.1", "--port", str(port), "--worker-urls", *urls,
+             "--policy", policy, "--prometheus-host", "127.0.0.1", "--prometheus-port", str(metrics_port),
+             "--health-check-interval-secs", "1", "--load-monitor-interval", "1", "--log-level", "info"],
+            stdout=out, stderr=subprocess.STDOUT))
+    return f"http://127.0.0.1:{port}"
+
+
 @pytest.fixture
 def procs():
     started: list[subprocess.Popen] = []
@@ -83,29 +106,15 @@ def test_two_daemons_behind_smg_sticky_conversations_and_failover_from_the_share
     pa, pb, pc, pg, pm = free_ports(5)
     shared = tmp_path / "shared"
 
-    def serve(name: str, port: int, *extra: str) -> subprocess.Popen:
-        p = subprocess.Popen(CAIRN + ["--model", str(tiny_model_dir), "--served-model-name", "tiny",
-                                      "--socket", str(tmp_path / f"{name}.sock"), "--tcp", f"127.0.0.1:{port}",
-                                      "--threads", "1", "--checkpoint-dir", str(tmp_path / f"{name}-state"),
-                                      "--checkpoint-min-tokens", "64", *extra],
-                             stdout=open(tmp_path / f"{name}.log", "w"), stderr=subprocess.STDOUT)
-        procs.append(p)
-        return p
-
-    a = serve("a", pa, "--shared-checkpoint-dir", str(shared))
-    b = serve("b", pb, "--shared-checkpoint-dir", str(shared))
-    serve("c", pc, "--no-checkpoints")
+    a = serve(procs, tiny_model_dir, tmp_path, "a", pa, "--shared-checkpoint-dir", str(shared))
+    b = serve(procs, tiny_model_dir, tmp_path, "b", pb, "--shared-checkpoint-dir", str(shared))
+    serve(procs, tiny_model_dir, tmp_path, "c", pc, "--no-checkpoints")
     urls = {f"http://127.0.0.1:{p}": proc for p, proc in ((pa, a), (pb, b))}
     with httpx.Client(timeout=20) as http:
         for port in (pa, pb, pc):
             dl.wait_for(f"daemon on {port}", lambda: http.get(f"http://127.0.0.1:{port}/health").status_code == 200)
         smg_log = tmp_path / "smg.log"
-        procs.append(subprocess.Popen(
-            [smg_binary(), "launch", "--host", "127.0.0.1", "--port", str(pg), "--worker-urls", *urls,
-             "--policy", "cache_aware", "--prometheus-host", "127.0.0.1", "--prometheus-port", str(pm),
-             "--health-check-interval-secs", "1", "--load-monitor-interval", "1", "--log-level", "info"],
-            stdout=open(smg_log, "w"), stderr=subprocess.STDOUT))
-        gw = f"http://127.0.0.1:{pg}"
+        gw = launch_gateway(procs, smg_log, pg, pm, urls, "cache_aware")
         # each daemon's response ids carry its own random prefix: learn them (a one-token request each)
         prefix_of = {_id_prefix(http, url): url for url in urls}
         dl.wait_for("both workers ready at the gateway",
@@ -177,3 +186,38 @@ def _disk_hits(http: httpx.Client, url: str) -> float:
         if line.startswith('cairn_checkpoint_hits_total{tier="disk"}'):
             return float(line.split()[-1])
     return 0.0
+
+
+def test_conversations_pinned_by_routing_key_stay_put_and_move_when_their_daemon_dies(tiny_model_dir, tmp_path,
+                                                                                      procs):
+    """docs/operations.md: `--policy manual` + `X-SMG-Routing-Key` pins conversations that share their
+    whole prompt (cache_aware could not tell them apart); a key whose daemon died goes to a live one."""
+    dl = Deadline(DEADLINE_S)
+    pa, pb, pg, pm = free_ports(4)
+    urls = {f"http://127.0.0.1:{p}": serve(procs, tiny_model_dir, tmp_path, n, p) for n, p in (("a", pa), ("b", pb))}
+    with httpx.Client(timeout=20) as http:
+        for url in urls:
+            dl.wait_for(f"daemon {url}", lambda: http.get(f"{url}/health").status_code == 200)
+        gw = launch_gateway(procs, tmp_path / "smg.log", pg, pm, urls, "manual")
+        dl.wait_for("both workers ready at the gateway",
+                    lambda: http.get(f"{gw}/readiness").json().get("healthy_workers") == 2)
+        body = {"model": "tiny", "messages": [{"role": "user", "content": "the same prompt for all"}], "max_tokens": 1}
+
+        def routed(key: str) -> str:
+            r = http.post(f"{gw}/v1/chat/completions", json=body, headers={"X-SMG-Routing-Key": key})
+            assert r.status_code == 200, r.text
+            return r.headers["x-smg-routed-worker-id"]
+
+        keys = [f"conversation-{i}" for i in range(6)]
+        first = {k: routed(k) for k in keys}
+        for _ in range(2):
+            assert {k: routed(k) for k in keys} == first
+        assert set(first.values()) <= set(urls)
+        victim = first[keys[0]]
+        urls[victim].kill()
+        urls[victim].wait(timeout=10)
+        (alive,) = set(urls) - {victim}
+        assert routed(keys[0]) == alive                     # retried on the live daemon, then kept there
+        dl.wait_for("the dead daemon marked unhealthy",
+                    lambda: http.get(f"{gw}/readiness").json().get("healthy_workers") == 1)
+        assert {k: routed(k) for k in keys} == {k: alive for k in keys}
