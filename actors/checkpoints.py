@@ -382,6 +382,11 @@ class Checkpoints:
             if self.log is not None:
                 self.log.warning("checkpoint_evict_failed", dir=str(self.disk_dir), error=f"{err.strerror or err}")
             return
+        if res.skipped:
+            if self.log is not None:
+                self.log.warning("checkpoint_evict_skipped", dir=str(self.disk_dir),
+                                 reason="another daemon held the eviction lease too long; the next pass catches up")
+            return
         for name in res.removed:
             e = self.store.remove(name.removesuffix(SUFFIX), "disk")
             if e is not None:

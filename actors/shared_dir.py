@@ -40,6 +40,7 @@ from .shared_evict import FileStat, abandoned_temps, choose_victims
 
 LEASE_NAME = "evict.lock"
 TMP_GRACE_S = 600.0
+LEASE_WAIT_S = 5.0     # a pass waits this long for another daemon's pass, then is skipped
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +57,7 @@ class PassResult:
     removed: list[str]        # checkpoint file names deleted by this pass
     temps_removed: int
     bytes_after: int
+    skipped: bool = False     # the lease stayed busy for LEASE_WAIT_S: nothing was done (the next pass will)
 
 
 def open_shared(root: str | os.PathLike, fingerprint: str) -> Path:
@@ -110,13 +112,16 @@ def changes(sub: str | os.PathLike, fingerprint: str, known: set[str]) -> Change
 
 
 def evict_pass(sub: str | os.PathLike, max_bytes: int, *, now: float | None = None,
-               tmp_grace_s: float = TMP_GRACE_S) -> PassResult:
+               tmp_grace_s: float = TMP_GRACE_S, lease_wait_s: float = LEASE_WAIT_S) -> PassResult:
     """Under the lease: delete least recently used files until the directory fits ``max_bytes``,
-    and temp files abandoned for longer than ``tmp_grace_s``. Waits for another daemon's pass."""
+    and temp files abandoned for longer than ``tmp_grace_s``. Waits up to ``lease_wait_s`` for
+    another daemon's pass; a lease still busy then (a peer stuck on a hung mount) skips this pass
+    rather than stall the writer: the budget is overrun by at most the files written meanwhile."""
     d = Path(sub)
     fd = os.open(d / LEASE_NAME, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o600)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)    # held for one pass only; process death releases it
+        if not _take_lease(fd, lease_wait_s):     # held for one pass only; process death releases it
+            return PassResult([], 0, -1, skipped=True)
         files, temps = _listing(d)
         removed = []
         for victim in choose_victims(files, max_bytes):
@@ -129,6 +134,18 @@ def evict_pass(sub: str | os.PathLike, max_bytes: int, *, now: float | None = No
         return PassResult(removed, len(stale), sum(f.size for f in files if f.name not in gone))
     finally:
         os.close(fd)
+
+
+def _take_lease(fd: int, wait_s: float) -> bool:
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.01)   # a worker thread polling a lock, not a test waiting: passes take milliseconds
 
 
 def _listing(d: Path) -> tuple[list[FileStat], list[FileStat]]:

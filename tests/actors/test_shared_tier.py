@@ -99,6 +99,22 @@ def test_eviction_pass_removes_temp_files_of_crashed_writers_only_after_the_grac
     assert res.temps_removed == 1 and not old.exists() and fresh.exists()
 
 
+def test_an_eviction_pass_waits_for_the_lease_and_is_skipped_when_a_peer_keeps_it(tmp_path):
+    import fcntl
+
+    d = shared_dir.open_shared(tmp_path / "shared", "fp")
+    disk_io.write_checkpoint(d, "fp", "system", toks(1), b"a" * 1000)
+    fd = os.open(d / shared_dir.LEASE_NAME, os.O_RDWR | os.O_CREAT)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)                 # a peer's pass in progress (another open file)
+        res = shared_dir.evict_pass(d, 0, lease_wait_s=0.0)
+        assert res.skipped and res.removed == [] and (d / file_name(toks(1))).exists()
+    finally:
+        os.close(fd)
+    res = shared_dir.evict_pass(d, 0, lease_wait_s=0.0)  # the lease is free again
+    assert not res.skipped and res.removed == [file_name(toks(1))]
+
+
 # ---- two daemons (Checkpoints) in one directory -------------------------------------------------
 
 async def test_a_checkpoint_written_by_one_daemon_is_found_and_restored_by_the_other(tmp_path):
