@@ -46,6 +46,8 @@ from .store import CheckpointStore, Entry, Eviction
 METRIC_TIER = {"memory": "ram", "disk": "disk"}   # the metric label values (daemon/metrics.py)
 RESTORE_COST_MEMORY = 64     # prefill tokens a restore from memory is charged
 RESTORE_COST_DISK = 128      # a disk-only entry must be read first
+RELIST_EVERY_S = 10.0        # shared tier: list the directory at least this often, whatever its mtime says
+                             # (a network file system may cache a directory's attributes for seconds)
 
 
 def miss_reason(detail: str | None) -> str:
@@ -98,6 +100,7 @@ class Checkpoints:
         self._disk_max_bytes = disk_max_bytes
         self.shared = shared               # the disk tier is shared with other daemons (shared_dir.py)
         self._dir_mtime: int | None = None # the shared directory's mtime at the last refresh
+        self._listed_at = float("-inf")    # trio time of the last listing
         self._refreshing = False
         self.disk_enabled = False          # set by open_disk() when the directory is usable
         self.store = CheckpointStore(max_slots=max_slots if enabled else 0, max_bytes=max_bytes,
@@ -349,8 +352,10 @@ class Checkpoints:
         try:
             try:
                 mtime = await trio.to_thread.run_sync(shared_dir.dir_mtime, self.disk_dir)
-                if mtime == self._dir_mtime and not force:
+                stale = trio.current_time() - self._listed_at >= RELIST_EVERY_S
+                if mtime == self._dir_mtime and not (force or stale):
                     return
+                self._listed_at = trio.current_time()
                 known = {file_name(e.tokens) for e in self.store.entries() if e.on_disk}
                 ch = await trio.to_thread.run_sync(shared_dir.changes, self.disk_dir, self.fingerprint, known)
             except OSError as err:

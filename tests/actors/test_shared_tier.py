@@ -133,6 +133,25 @@ async def test_a_checkpoint_written_by_one_daemon_is_found_and_restored_by_the_o
     assert os.stat(sub(tmp_path) / file_name(toks(1))).st_mtime_ns == mtime
 
 
+async def test_refresh_lists_when_the_directory_changed_or_the_last_listing_is_old(tmp_path, autojump_clock,
+                                                                                   monkeypatch):
+    a, b = await shared_ck(tmp_path), await shared_ck(tmp_path)
+    listings = []
+    real = shared_dir.changes
+    monkeypatch.setattr(shared_dir, "changes", lambda *args: listings.append(1) or real(*args))
+    await b.refresh()
+    assert listings == []                             # nothing changed since b opened the directory
+    eid = await write(a, 1, b"x" * 1000)
+    await b.refresh()
+    assert len(listings) == 1 and b.store.get(eid) is not None
+    monkeypatch.setattr(shared_dir, "dir_mtime", lambda d: b._dir_mtime)   # a cached, stale mtime (NFS)
+    await b.refresh()
+    assert len(listings) == 1
+    await trio.sleep(10)                              # RELIST_EVERY_S later: listed whatever the mtime says
+    await b.refresh()
+    assert len(listings) == 2
+
+
 async def test_a_file_another_daemon_evicted_is_a_quiet_miss_not_a_bad_checkpoint(tmp_path):
     a, b = await shared_ck(tmp_path, disk_max_bytes=30_000), await shared_ck(tmp_path, disk_max_bytes=30_000)
     first = await write(a, 1, os.urandom(20_000))
