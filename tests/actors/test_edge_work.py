@@ -29,6 +29,9 @@ class _Tok:
     def decode(self, ids):
         return ""
 
+    def template_markers(self):
+        return None          # no chat template markers: no capture candidates read from ids
+
 
 def _api(renderer=None, ctx: int = 4096) -> API:
     inbox, _ = trio.open_memory_channel(16)
