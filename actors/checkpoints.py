@@ -101,6 +101,7 @@ class Checkpoints:
         self.shared = shared               # the disk tier is shared with other daemons (shared_dir.py)
         self._dir_mtime: int | None = None # the shared directory's mtime at the last refresh
         self._listed_at = float("-inf")    # trio time of the last listing
+        self._left_alone: set[str] = set() # shared files refused but not removed (foreign, unreadable): warned once
         self._refreshing = False
         self.disk_enabled = False          # set by open_disk() when the directory is usable
         self.store = CheckpointStore(max_slots=max_slots if enabled else 0, max_bytes=max_bytes,
@@ -356,7 +357,7 @@ class Checkpoints:
                 if mtime == self._dir_mtime and not (force or stale):
                     return
                 self._listed_at = trio.current_time()
-                known = {file_name(e.tokens) for e in self.store.entries() if e.on_disk}
+                known = {file_name(e.tokens) for e in self.store.entries() if e.on_disk} | self._left_alone
                 ch = await trio.to_thread.run_sync(shared_dir.changes, self.disk_dir, self.fingerprint, known)
             except OSError as err:
                 if self.log is not None:
@@ -365,10 +366,14 @@ class Checkpoints:
                 return
             self._dir_mtime = mtime
             for p in ch.problems:
+                if not p.removed:
+                    self._left_alone.add(p.path.name)
                 if self.log is not None:
                     self.log.warning("checkpoint_file_bad", path=str(p.path), reason=p.reason, removed=p.removed)
+            self._left_alone.difference_update(ch.gone)
             for name in ch.gone:
-                self._forget_file(name.removesuffix(SUFFIX), "evicted by another daemon")
+                if self.store.get(name.removesuffix(SUFFIX)) is not None:
+                    self._forget_file(name.removesuffix(SUFFIX), "evicted by another daemon")
             for f in ch.found:
                 h = f.header
                 self._apply(self.store.put_disk(h.tokens, h.kind, h.payload_len, h.file_len, last_used=f.last_used))

@@ -152,6 +152,18 @@ async def test_refresh_lists_when_the_directory_changed_or_the_last_listing_is_o
     assert len(listings) == 2
 
 
+async def test_a_foreign_file_in_the_shared_directory_is_warned_about_once_and_left_alone(tmp_path):
+    a, b = await shared_ck(tmp_path), await shared_ck(tmp_path)
+    foreign = sub(tmp_path) / file_name(toks(7))
+    disk_io.write_checkpoint(sub(tmp_path), "another-model", "system", toks(7), b"f" * 100)
+    with capture_logs() as evs:
+        await b.refresh()
+        await write(a, 1, b"x" * 1000)                # the directory changes again: b lists it again
+        await b.refresh()
+    assert [e["reason"] for e in evs if e["event"] == "checkpoint_file_bad"] == ["foreign fingerprint; left in place"]
+    assert foreign.exists() and b.store.get(prefix_hash(toks(7))) is None
+
+
 async def test_a_file_another_daemon_evicted_is_a_quiet_miss_not_a_bad_checkpoint(tmp_path):
     a, b = await shared_ck(tmp_path, disk_max_bytes=30_000), await shared_ck(tmp_path, disk_max_bytes=30_000)
     first = await write(a, 1, os.urandom(20_000))
