@@ -17,7 +17,7 @@ $(PY):
 # keeps its CMake build directory (build/) between installs: a rebuild after an edit is incremental.
 $(STAMP): $(PY) pyproject.toml $(NATIVE)
 	$(PIP) install -q scikit-build-core pybind11 cmake ninja
-	$(PIP) install -q --no-build-isolation -e '.[test,oracle]'
+	$(PIP) install -q --no-build-isolation -e '.[test,oracle,gateway]'
 	touch $(STAMP)
 
 install: $(STAMP)

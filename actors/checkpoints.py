@@ -15,6 +15,11 @@ Design notes
    full, over a file-size limit) gives ONE warning and the daemon keeps serving from memory only.
    Bad files (corrupt, truncated, other version) are removed with a warning and never restored:
    the request falls back to a fresh prefill (or a shorter checkpoint).
+ * Shared disk tier (``shared=True``, ``--shared-checkpoint-dir``): the model's subdirectory is used
+   by several daemons at once (shared_dir.py): no lock for the daemon's lifetime, new files of other
+   daemons indexed by ``refresh`` (run before each request is planned, when the directory changed),
+   the byte budget kept by eviction passes under a lease after each write (the store itself never
+   evicts disk entries then), and a file that vanished (evicted by another daemon) is a quiet miss.
  * Memory: a blob queued for the writer is held in the store's memory budget until written
    (``store.hold``); a capture whose write would break the budget is not written.
  * Recency of disk entries (hits, shared prompts) is saved as file mtimes by the writer
@@ -32,8 +37,8 @@ from typing import Any
 import numpy as np
 import trio
 
-from . import disk_io
-from .disk_format import CheckpointFileError, file_name, header_size, prefix_hash
+from . import disk_io, shared_dir
+from .disk_format import SUFFIX, CheckpointFileError, file_name, header_size, prefix_hash
 from .messages import FlushRecency, WriteCheckpoint
 from .plan import PrefillPlan, plan_prefill
 from .store import CheckpointStore, Entry, Eviction
@@ -41,6 +46,8 @@ from .store import CheckpointStore, Entry, Eviction
 METRIC_TIER = {"memory": "ram", "disk": "disk"}   # the metric label values (daemon/metrics.py)
 RESTORE_COST_MEMORY = 64     # prefill tokens a restore from memory is charged
 RESTORE_COST_DISK = 128      # a disk-only entry must be read first
+RELIST_EVERY_S = 10.0        # shared tier: list the directory at least this often, whatever its mtime says
+                             # (a network file system may cache a directory's attributes for seconds)
 
 
 def miss_reason(detail: str | None) -> str:
@@ -81,7 +88,8 @@ class CheckpointInfo:
 class Checkpoints:
     def __init__(self, *, enabled: bool = True, max_slots: int = 4, max_bytes: int = 1 << 30,
                  min_tokens: int = 512, tail_guard: int = 8, fingerprint: str = "",
-                 disk_dir: str | Path | None = None, disk_max_bytes: int = 0, log=None, metrics=None) -> None:
+                 disk_dir: str | Path | None = None, disk_max_bytes: int = 0, shared: bool = False,
+                 log=None, metrics=None) -> None:
         self.enabled = enabled
         self.min_tokens = min_tokens
         self.tail_guard = tail_guard
@@ -90,6 +98,11 @@ class Checkpoints:
         self.disk_dir: Path | None = None  # this model's subdirectory, set by open_disk()
         self._lock: disk_io.DirLock | None = None
         self._disk_max_bytes = disk_max_bytes
+        self.shared = shared               # the disk tier is shared with other daemons (shared_dir.py)
+        self._dir_mtime: int | None = None # the shared directory's mtime at the last refresh
+        self._listed_at = float("-inf")    # trio time of the last listing
+        self._left_alone: set[str] = set() # shared files refused but not removed (foreign, unreadable): warned once
+        self._refreshing = False
         self.disk_enabled = False          # set by open_disk() when the directory is usable
         self.store = CheckpointStore(max_slots=max_slots if enabled else 0, max_bytes=max_bytes,
                                      disk_max_bytes=0, clock=_MonotonicWallClock())
@@ -159,6 +172,9 @@ class Checkpoints:
             if not np.array_equal(header.tokens, e.tokens):
                 raise CheckpointFileError("token ids differ from the index")
         except (CheckpointFileError, OSError) as err:
+            if self.shared and isinstance(err, FileNotFoundError):
+                self._forget_file(e.id, "evicted by another daemon", request_id)   # a miss, not an error
+                return None, "disk"
             reason = err.reason if isinstance(err, CheckpointFileError) else f"unreadable: {err.strerror or err}"
             await self.drop_bad(e, reason, request_id)
             return None, "disk"
@@ -166,6 +182,17 @@ class Checkpoints:
             self._apply(self.store.put(e.tokens, e.kind, blob))
             self._update_bytes()
         return blob, "disk"
+
+    def _forget_file(self, entry_id: str, reason: str, request_id: str | None = None) -> None:
+        """A shared file that is gone: the entry leaves the disk tier (keeps a loaded blob)."""
+        e = self.store.remove(entry_id, "disk")
+        if e is None:
+            return
+        if self.log is not None:
+            self.log.info("checkpoint_gone", request_id=request_id, id=entry_id, tokens=e.n_tokens, reason=reason)
+        if request_id is not None:
+            self.miss(request_id, "evicted_elsewhere", reason)
+        self._update_bytes()
 
     async def drop_bad(self, e: Entry, reason: str, request_id: str | None = None) -> None:
         """A checkpoint that must not be used (bad file, or the kernel refused the blob)."""
@@ -263,6 +290,8 @@ class Checkpoints:
         remove bad files (one warning each). An unusable directory: one warning, memory only."""
         if not self.enabled or self.disk_root is None:
             return
+        if self.shared:
+            return await self._open_shared()
         try:
             sub, self._lock = await trio.to_thread.run_sync(disk_io.lock_model_dir, self.disk_root, self.fingerprint)
         except disk_io.DirectoryBusy as e:
@@ -297,6 +326,84 @@ class Checkpoints:
             st = self.store.stats()
             self.log.info("checkpoint_disk_index", dir=str(self.disk_dir), entries=st.disk_entries,
                           bytes=st.disk_bytes, removed=len(problems))
+        self._update_bytes()
+
+    async def _open_shared(self) -> None:
+        try:
+            self.disk_dir = await trio.to_thread.run_sync(shared_dir.open_shared, self.disk_root, self.fingerprint)
+        except OSError as e:
+            self._disk_unavailable(e, "open")
+            return
+        # The store never evicts shared files itself: eviction passes under the lease keep the budget.
+        self.store.disk_max_bytes = 1 << 62
+        self.disk_enabled = True
+        await self.refresh(force=True)
+        await self._evict_shared()
+        if self.log is not None:
+            st = self.store.stats()
+            self.log.info("checkpoint_disk_index", dir=str(self.disk_dir), entries=st.disk_entries,
+                          bytes=st.disk_bytes, shared=True)
+
+    async def refresh(self, force: bool = False) -> None:
+        """Shared tier: index files other daemons published, forget files they evicted. Cheap when
+        nothing changed (one stat of the directory); one refresh at a time."""
+        if not (self.shared and self.disk_enabled and self.disk_dir is not None) or self._refreshing:
+            return
+        self._refreshing = True
+        try:
+            try:
+                mtime = await trio.to_thread.run_sync(shared_dir.dir_mtime, self.disk_dir)
+                stale = trio.current_time() - self._listed_at >= RELIST_EVERY_S
+                if mtime == self._dir_mtime and not (force or stale):
+                    return
+                self._listed_at = trio.current_time()
+                known = {file_name(e.tokens) for e in self.store.entries() if e.on_disk} | self._left_alone
+                ch = await trio.to_thread.run_sync(shared_dir.changes, self.disk_dir, self.fingerprint, known)
+            except OSError as err:
+                if self.log is not None:
+                    self.log.warning("checkpoint_refresh_failed", dir=str(self.disk_dir),
+                                     error=f"{err.strerror or err}")
+                return
+            self._dir_mtime = mtime
+            for p in ch.problems:
+                if not p.removed:
+                    self._left_alone.add(p.path.name)
+                if self.log is not None:
+                    self.log.warning("checkpoint_file_bad", path=str(p.path), reason=p.reason, removed=p.removed)
+            self._left_alone.difference_update(ch.gone)
+            for name in ch.gone:
+                if self.store.get(name.removesuffix(SUFFIX)) is not None:
+                    self._forget_file(name.removesuffix(SUFFIX), "evicted by another daemon")
+            for f in ch.found:
+                h = f.header
+                self._apply(self.store.put_disk(h.tokens, h.kind, h.payload_len, h.file_len, last_used=f.last_used))
+            if (ch.found or ch.gone) and self.log is not None:
+                self.log.info("checkpoint_disk_refresh", dir=str(self.disk_dir), new=len(ch.found), gone=len(ch.gone))
+            self._update_bytes()
+        finally:
+            self._refreshing = False
+
+    async def _evict_shared(self) -> None:
+        """One eviction pass over the shared directory (waits for the lease), then the index
+        forgets what it deleted."""
+        try:
+            res = await trio.to_thread.run_sync(shared_dir.evict_pass, self.disk_dir, self._disk_max_bytes)
+        except OSError as err:
+            if self.log is not None:
+                self.log.warning("checkpoint_evict_failed", dir=str(self.disk_dir), error=f"{err.strerror or err}")
+            return
+        if res.skipped:
+            if self.log is not None:
+                self.log.warning("checkpoint_evict_skipped", dir=str(self.disk_dir),
+                                 reason="another daemon held the eviction lease too long; the next pass catches up")
+            return
+        for name in res.removed:
+            e = self.store.remove(name.removesuffix(SUFFIX), "disk")
+            if e is not None:
+                self._apply([Eviction(e, "disk", self.store.get(e.id) is None)])
+        if (res.removed or res.temps_removed) and self.log is not None:
+            self.log.info("checkpoint_disk_evict_pass", removed=len(res.removed), temps_removed=res.temps_removed,
+                          bytes_after=res.bytes_after, max_bytes=self._disk_max_bytes)
         self._update_bytes()
 
     def close_disk(self) -> None:
@@ -349,7 +456,7 @@ class Checkpoints:
         if e is not None and e.on_disk:
             return
         size = header_size(self.fingerprint, int(msg.tokens.shape[0])) + len(msg.blob)
-        if size > self.store.disk_max_bytes:
+        if size > self._disk_max_bytes:
             if self.log is not None:
                 self.log.info("checkpoint_write_skipped", id=msg.id, bytes=size, reason="larger than the disk budget")
             return
@@ -358,8 +465,11 @@ class Checkpoints:
         try:
             # Not abandoned on cancel (trio's default): a shutdown waits for the rename, never
             # leaving a temp file behind a live lock.
-            await trio.to_thread.run_sync(disk_io.write_checkpoint, self.disk_dir, self.fingerprint, msg.kind,
-                                          msg.tokens, msg.blob, last_used)
+            if self.shared and await trio.to_thread.run_sync((self.disk_dir / file_name(msg.tokens)).exists):
+                pass   # another daemon published this prefix (same name, same content): index it
+            else:
+                await trio.to_thread.run_sync(disk_io.write_checkpoint, self.disk_dir, self.fingerprint, msg.kind,
+                                              msg.tokens, msg.blob, last_used)
         except OSError as err:
             self._disk_unavailable(err, "write")
             return
@@ -372,10 +482,12 @@ class Checkpoints:
                           bytes=size, tier="disk", write_ms=round((time.perf_counter() - t0) * 1000, 2))
         for ev in self._apply(evictions):
             await self._unlink(file_name(ev.entry.tokens))
+        if self.shared:
+            await self._evict_shared()
         self._update_bytes()
 
     async def _unlink(self, name: str) -> None:
-        if self.disk_dir is None or self._lock is None:   # no file effects without the directory's lock
+        if self.disk_dir is None or (self._lock is None and not self.shared):   # no file effects without the lock
             return
         try:
             await trio.to_thread.run_sync(disk_io.remove, self.disk_dir, name)
@@ -417,7 +529,9 @@ class Checkpoints:
             "memory": {"entries": st.memory_entries, "bytes": st.memory_bytes, "queued_bytes": st.queued_bytes,
                        "max_entries": self.store.max_slots, "max_bytes": self.store.max_bytes},
             "disk": {"enabled": self.disk_enabled, "dir": str(self.disk_dir or self.disk_root) if self.disk_root else None,
-                     "entries": st.disk_entries, "bytes": st.disk_bytes, "max_bytes": self.store.disk_max_bytes},
+                     "entries": st.disk_entries, "bytes": st.disk_bytes,
+                     "max_bytes": self._disk_max_bytes if self.shared else self.store.disk_max_bytes,
+                     "shared": self.shared},
             "by_kind": dict(st.entries_by_kind),
             "hits": st.hits,
             "protected_id": st.protected_id,

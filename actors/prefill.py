@@ -67,6 +67,7 @@ async def _prepare(engine: Engine, submit, ids: np.ndarray, log):
     a disk-only one first) or make a fresh one. A checkpoint that turns out bad is dropped with a
     warning and the request is planned again (a shorter checkpoint, the live state, or fresh)."""
     ck = engine.checkpoints
+    await ck.refresh()   # a shared disk tier: index the files other daemons published (else a no-op)
     for _ in range(4):
         live = engine.live
         live_tokens = None

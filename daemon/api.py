@@ -22,6 +22,7 @@ from cairn.actors.replies import STALL_S
 from cairn.actors.trace import RequestTrace
 from cairn.actors.turns import turn_boundaries
 
+from . import worker_info
 from .access import api_key_matches, loopback_host
 from .agent_protocol import AgentProtocol
 from .chat import ChatTemplateError
@@ -125,6 +126,9 @@ class API:
             ("GET", "/metrics"): self._metrics,
             ("GET", "/v1/checkpoints"): self._checkpoints,
             ("GET", "/v1/status"): self._status,
+            ("GET", "/server_info"): self._server_info,     # for a gateway: daemon/worker_info.py
+            ("GET", "/model_info"): self._model_info,
+            ("GET", "/v1/loads"): self._loads,
             ("POST", "/v1/chat/completions"): self._chat,
             ("POST", "/v1/completions"): self._completions,
         }
@@ -173,6 +177,25 @@ class API:
 
     async def _status(self, scope, receive, send) -> None:
         await send_json(send, 200, self.status.snapshot(self.model_id))
+
+    def _max_running(self) -> int:
+        return int(getattr(self.status.engine, "slots", 1) or 1)
+
+    async def _server_info(self, scope, receive, send) -> None:
+        from .status import version
+
+        await send_json(send, 200, worker_info.server_info(
+            model_id=self.model_id, context_length=self.ctx, fingerprint=self.fingerprint, version=version(),
+            max_running_requests=self._max_running(), queue_size=self.status.queue_size))
+
+    async def _model_info(self, scope, receive, send) -> None:
+        await send_json(send, 200, worker_info.model_info(model_id=self.model_id))
+
+    async def _loads(self, scope, receive, send) -> None:
+        from .status import version
+
+        await send_json(send, 200, worker_info.loads(**self.status.load(), context_length=self.ctx,
+                                                     max_running_requests=self._max_running(), version=version()))
 
     async def _checkpoints(self, scope, receive, send) -> None:
         rows = self.checkpoints.listing() if self.checkpoints is not None else []

@@ -124,6 +124,9 @@ FIELDS: tuple[Field, ...] = (
     Field("checkpoint_dir", str, default_checkpoint_dir,
           "where disk checkpoints (a subdirectory per model) and the weight-digest cache live"),
     Field("checkpoint_disk_mb", int, 8192, "disk budget for checkpoints (MiB)", _range(0)),
+    Field("shared_checkpoint_dir", str, None, "disk checkpoints in a directory shared by several daemons of the "
+          "model (a shared file system); turns the disk tier on, checkpoint_disk_mb is the whole directory's "
+          "budget", optional=True),
     Field("checkpoint_min_tokens", int, 512, "shortest prefix worth a checkpoint (tokens)", _range(1)),
 )
 
@@ -150,6 +153,7 @@ class Settings:
     disk_checkpoints: bool
     checkpoint_dir: str
     checkpoint_disk_mb: int
+    shared_checkpoint_dir: str | None
     checkpoint_min_tokens: int
 
     @property

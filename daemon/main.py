@@ -67,10 +67,15 @@ def checkpoint_fingerprint(loaded: Loaded) -> str:
 def make_checkpoints(settings: Settings, loaded: Loaded, log, metrics):
     from cairn.actors.checkpoints import Checkpoints
 
+    # A shared directory (several daemons of the model, docs/operations.md "Scale-out") wins over the
+    # per-daemon disk tier; checkpoint_dir still holds the weight-digest cache.
+    shared = settings.shared_checkpoint_dir is not None
+    disk_dir = settings.shared_checkpoint_dir if shared else (settings.checkpoint_dir if settings.disk_checkpoints
+                                                              else None)
     return Checkpoints(enabled=settings.checkpoints, max_slots=settings.checkpoint_slots,
                        max_bytes=settings.checkpoint_memory_mb << 20, min_tokens=settings.checkpoint_min_tokens,
                        fingerprint=checkpoint_fingerprint(loaded),
-                       disk_dir=settings.checkpoint_dir if settings.checkpoints and settings.disk_checkpoints else None,
+                       disk_dir=disk_dir if settings.checkpoints else None, shared=shared,
                        disk_max_bytes=settings.checkpoint_disk_mb << 20, log=log, metrics=metrics)
 
 
@@ -90,7 +95,8 @@ async def run_daemon(settings: Settings, loaded: Loaded, *, handle_signals: bool
     log = get_logger()
     from .metrics import Metrics
 
-    metrics = Metrics(tiers=("ram", "disk") if settings.disk_checkpoints else ("ram",))
+    metrics = Metrics(tiers=("ram", "disk") if settings.disk_checkpoints or settings.shared_checkpoint_dir
+                      else ("ram",))
     engine = Engine(loaded.kernel, loaded.model, loaded.tokenizer, loaded.context_length,
                     segment=settings.segment, chunk=settings.chunk, metrics=metrics,
                     progress_interval_s=settings.progress_interval_ms / 1000,

@@ -140,6 +140,27 @@ class StatusBoard:
                 "eta_s": eta, "prompt_tokens": t.prompt_tokens,
                 "elapsed_s": round(now - t.submitted_at, 3)}
 
+    def load(self) -> dict:
+        """The load figure a gateway balances on (GET /v1/loads, daemon/worker_info.py): requests the
+        engine is running and holding in its queue, and the prompt tokens still to prefill (the
+        running prefill's rest plus every queued prompt). Ended requests do not count."""
+        running = waiting = pending = queued_tokens = 0
+        for t in self.requests.values():
+            if t.ended:
+                continue
+            if t.phase == "queued":
+                waiting += 1
+                pending += t.prompt_tokens
+                queued_tokens += t.prompt_tokens
+            else:
+                running += 1
+                if t.phase == "prefill":
+                    pending += max(0, t.prompt_tokens - t.done)
+        metrics = getattr(self.engine, "metrics", None)
+        live = int(metrics.live_state_tokens.value()) if metrics is not None else 0
+        return {"running": running, "waiting": waiting, "pending_prefill_tokens": pending,
+                "queued_prompt_tokens": queued_tokens, "live_tokens": live}
+
     def snapshot(self, model_id: str) -> dict:
         engine = self.engine
         metrics = getattr(engine, "metrics", None)

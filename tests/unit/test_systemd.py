@@ -450,3 +450,59 @@ def test_sandbox_kills_a_forbidden_syscall():
     r = subprocess.run([sys.executable, str(SANDBOX), "--strict", "--", sys.executable, "-c",
                         "import os; os.chown('/', 0, 0)"], capture_output=True, timeout=60)
     assert r.returncode == -31  # SIGSYS
+
+
+# --- scale-out: the template unit and the gateway unit (docs/operations.md "Scale-out") ----------
+
+@pytest.fixture
+def scale_out_units(tmp_path):
+    """cairn@.service and cairn-gateway.service with ExecStart pointed at this venv's cairn and smg."""
+    cairn = Path(sys.executable).with_name("cairn")
+    smg = Path(sys.executable).with_name("smg")
+    assert smg.exists(), "smg comes with the gateway test extra (make install)"
+    template = (UNITS / "cairn@.service").read_text()
+    assert "\nExecStart=/usr/local/bin/cairn serve --config /etc/cairn/%i.toml" in template
+    (tmp_path / "cairn@.service").write_text(template.replace("/usr/local/bin/cairn", str(cairn)))
+    gateway = (UNITS / "cairn-gateway.service").read_text()
+    assert "\nExecStart=/usr/local/bin/smg launch " in gateway
+    (tmp_path / "cairn-gateway.service").write_text(gateway.replace("/usr/local/bin/smg", str(smg)))
+    return tmp_path
+
+
+@needs_systemd_tools
+def test_scale_out_units_verify(scale_out_units):
+    """An instance of the template and the gateway unit pass `systemd-analyze verify`."""
+    r = subprocess.run([ANALYZE, "verify", str(scale_out_units / "cairn@a.service"),
+                        str(scale_out_units / "cairn-gateway.service")],
+                       capture_output=True, text=True, timeout=60, cwd=scale_out_units)
+    # the gateway Wants= instances of the template; verify resolves them from the same directory
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+
+
+def test_scale_out_instances_share_one_user_and_listen_on_tcp_for_the_gateway():
+    template = (UNITS / "cairn@.service").read_text().splitlines()
+    for line in ["Type=notify", "WatchdogSec=30", "User=cairn-shared", "Group=cairn-shared",
+                 "StateDirectory=cairn-%i", "RuntimeDirectory=cairn-%i", "ReadWritePaths=/srv/cairn/shared",
+                 "RestrictAddressFamilies=AF_UNIX AF_INET AF_INET6", "IPAddressAllow=localhost",
+                 "MemoryDenyWriteExecute=yes"]:
+        assert line in template
+    assert not any(line.startswith("DynamicUser=") for line in template)   # per-instance ids could not share files
+    sysusers = (UNITS / "cairn.sysusers.conf").read_text().splitlines()
+    assert any(line.split()[:2] == ["u", "cairn-shared"] for line in sysusers)
+
+
+def test_gateway_unit_command_parses_with_the_installed_smg():
+    """The flags in cairn-gateway.service are ones this smg accepts, with the values it allows: they go
+    through smg's own argument parser (an unknown flag or a bad choice exits 2)."""
+    from smg.launch_router import parse_router_args
+
+    unit = (UNITS / "cairn-gateway.service").read_text()
+    start = unit.index("ExecStart=/usr/local/bin/smg ") + len("ExecStart=/usr/local/bin/smg ")
+    command = unit[start:].split("\nRestart=")[0].replace("\\\n", " ").split()
+    assert command[0] == "launch"
+    args = parse_router_args(command[1:])
+    assert args.policy == "cache_aware" and args.worker_urls == ["http://127.0.0.1:8001", "http://127.0.0.1:8002"]
+    assert args.host == "127.0.0.1" and args.prometheus_host == "127.0.0.1"
+    with pytest.raises(SystemExit) as e:
+        parse_router_args(command[1:] + ["--no-such-flag"])
+    assert e.value.code == 2

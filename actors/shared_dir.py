@@ -1,0 +1,163 @@
+"""File effects of the SHARED checkpoint tier: one model subdirectory used by many daemons at once.
+
+Blocking calls, for worker threads. The exclusive tier (disk_io.lock_model_dir) gives a model's
+subdirectory to one daemon; ``--shared-checkpoint-dir`` instead lets every daemon of the model (on
+this machine or others, over a shared file system) write, read and evict in it.
+
+Design notes
+ * Content-addressed: ``<prefix-hash>.ckpt`` (disk_format.py), the header carries the fingerprint
+   and the full token ids, so two daemons that capture the same prefix write the same name with
+   the same content; a name already present is not written again.
+ * Published atomically: temp file in the same directory, fsync, rename (disk_io.atomic_write). A
+   reader sees no file or the complete one.
+ * Discovered while running: ``changes`` lists the directory and reads the headers of names not
+   seen before, and reports names that vanished; the caller runs it when the directory's mtime
+   changed (one ``stat``), so a daemon finds its peers' checkpoints before it plans a request.
+ * Read safely while another daemon evicts: a reader opens the file and reads it whole
+   (disk_io.load); an unlink after the open does not touch the open file. A file gone before the
+   open is a miss, never an error; a damaged file fails its CRC and is skipped (and removed).
+ * One byte budget: an eviction pass takes the lease (an exclusive ``flock`` on ``evict.lock``,
+   held only for the pass), lists every file, and deletes least recently used first
+   (shared_evict.py) until the directory fits. Passes are serialised, so daemons never delete for
+   the same overflow twice, and each deletes by the same global order instead of its own files
+   at random. The pass also removes temp files older than ``TMP_GRACE_S`` (a crashed writer's).
+ * Requirements on a shared file system: atomic rename within a directory, ``flock`` visible to
+   every client (NFSv4, CephFS, GlusterFS do; NFSv3 without lockd does not), mtimes settable by
+   every daemon (same uid or group-writable files). docs/operations.md "Scale-out".
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import disk_io
+from .disk_format import SUFFIX, CheckpointFileError, read_header
+from .shared_evict import FileStat, abandoned_temps, choose_victims
+
+LEASE_NAME = "evict.lock"
+TMP_GRACE_S = 600.0
+LEASE_WAIT_S = 5.0     # a pass waits this long for another daemon's pass, then is skipped
+
+
+@dataclass(frozen=True, slots=True)
+class Changes:
+    """What ``changes`` found: usable new files, names that vanished, bad files removed."""
+
+    found: list[disk_io.Found]
+    gone: list[str]
+    problems: list[disk_io.Problem]
+
+
+@dataclass(frozen=True, slots=True)
+class PassResult:
+    removed: list[str]        # checkpoint file names deleted by this pass
+    temps_removed: int
+    bytes_after: int
+    skipped: bool = False     # the lease stayed busy for LEASE_WAIT_S: nothing was done (the next pass will)
+
+
+def open_shared(root: str | os.PathLike, fingerprint: str) -> Path:
+    """Create ``root/<model-key>`` (mode 0700 unless it exists) and record the fingerprint."""
+    sub = disk_io.ensure_dir(disk_io.model_subdir(disk_io.ensure_dir(root), fingerprint))
+    try:
+        if (sub / disk_io.FINGERPRINT_NAME).read_text() == fingerprint:
+            return sub
+    except (FileNotFoundError, UnicodeDecodeError):
+        pass
+    disk_io.atomic_write(sub, disk_io.FINGERPRINT_NAME, fingerprint.encode())
+    return sub
+
+
+def dir_mtime(sub: str | os.PathLike) -> int:
+    """The directory's mtime in ns: it changes with every file created, renamed or removed in it."""
+    return os.stat(sub).st_mtime_ns
+
+
+def changes(sub: str | os.PathLike, fingerprint: str, known: set[str]) -> Changes:
+    """New usable ``*.ckpt`` files (their headers read) and names in ``known`` that are gone. A new
+    file that is damaged is removed (it is bad for every daemon); one of another fingerprint is
+    left alone."""
+    d = Path(sub)
+    names = {n for n in os.listdir(d) if n.endswith(SUFFIX) and not n.startswith(".")}
+    found: list[disk_io.Found] = []
+    problems: list[disk_io.Problem] = []
+    for name in sorted(names - known):
+        path = d / name
+        try:
+            with open(path, "rb") as f:
+                header = read_header(f)
+                st = os.fstat(f.fileno())
+        except FileNotFoundError:
+            continue                      # evicted between the listing and the open
+        except CheckpointFileError as e:
+            problems.append(disk_io.Problem(path, e.reason, disk_io.remove(d, name)))
+            continue
+        except OSError as e:
+            problems.append(disk_io.Problem(path, f"unreadable: {e.strerror or e}", False))
+            continue
+        if header.fingerprint != fingerprint:
+            problems.append(disk_io.Problem(path, "foreign fingerprint; left in place", False))
+        elif st.st_size != header.file_len or header.name != name:
+            reason = "truncated" if st.st_size < header.file_len else (
+                "trailing bytes" if st.st_size > header.file_len else "file name does not match its token ids")
+            problems.append(disk_io.Problem(path, reason, disk_io.remove(d, name)))
+        else:
+            found.append(disk_io.Found(path, header, st.st_mtime))
+    found.sort(key=lambda f: (f.last_used, f.path.name))
+    return Changes(found, sorted(known - names), problems)
+
+
+def evict_pass(sub: str | os.PathLike, max_bytes: int, *, now: float | None = None,
+               tmp_grace_s: float = TMP_GRACE_S, lease_wait_s: float = LEASE_WAIT_S) -> PassResult:
+    """Under the lease: delete least recently used files until the directory fits ``max_bytes``,
+    and temp files abandoned for longer than ``tmp_grace_s``. Waits up to ``lease_wait_s`` for
+    another daemon's pass; a lease still busy then (a peer stuck on a hung mount) skips this pass
+    rather than stall the writer: the budget is overrun by at most the files written meanwhile."""
+    d = Path(sub)
+    fd = os.open(d / LEASE_NAME, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o600)
+    try:
+        if not _take_lease(fd, lease_wait_s):     # held for one pass only; process death releases it
+            return PassResult([], 0, -1, skipped=True)
+        files, temps = _listing(d)
+        removed = []
+        for victim in choose_victims(files, max_bytes):
+            disk_io.remove(d, victim.name)
+            removed.append(victim.name)
+        stale = abandoned_temps(temps, time.time() if now is None else now, tmp_grace_s)
+        for t in stale:
+            disk_io.remove(d, t.name)
+        gone = set(removed)
+        return PassResult(removed, len(stale), sum(f.size for f in files if f.name not in gone))
+    finally:
+        os.close(fd)
+
+
+def _take_lease(fd: int, wait_s: float) -> bool:
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.01)   # a worker thread polling a lock, not a test waiting: passes take milliseconds
+
+
+def _listing(d: Path) -> tuple[list[FileStat], list[FileStat]]:
+    files: list[FileStat] = []
+    temps: list[FileStat] = []
+    for name in os.listdir(d):
+        is_tmp = name.startswith(".") and name.endswith(disk_io.TMP_SUFFIX)
+        if not (is_tmp or name.endswith(SUFFIX)):
+            continue
+        try:
+            st = os.stat(d / name)
+        except FileNotFoundError:
+            continue
+        (temps if is_tmp else files).append(FileStat(name, st.st_size, st.st_mtime))
+    return files, temps

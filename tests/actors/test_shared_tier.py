@@ -1,0 +1,229 @@
+"""The shared disk tier (actors/shared_dir.py, shared_evict.py, Checkpoints(shared=True)): several
+daemons of one model writing, discovering, reading and evicting in one directory."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import trio
+from structlog.testing import capture_logs
+
+from cairn.actors import disk_io, shared_dir
+from cairn.actors.checkpoints import Checkpoints
+from cairn.actors.disk_format import file_name, prefix_hash
+from cairn.actors.messages import WriteCheckpoint
+from cairn.actors.shared_evict import FileStat, abandoned_temps, choose_victims
+from cairn.daemon.logs import get_logger
+from cairn.daemon.metrics import Metrics
+
+HERE = Path(__file__).parent
+
+
+def toks(seed: int, n: int = 600) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, 1000, size=n).astype(np.int32)
+
+
+def sub(tmp_path) -> Path:
+    return disk_io.model_subdir(tmp_path / "shared", "fp")
+
+
+async def shared_ck(tmp_path, **kw) -> Checkpoints:
+    ck = Checkpoints(fingerprint="fp", disk_dir=tmp_path / "shared", shared=True, log=get_logger(),
+                     metrics=Metrics(("ram", "disk")), **{"disk_max_bytes": 1 << 20, **kw})
+    await ck.open_disk()
+    assert ck.disk_enabled and ck.shared
+    return ck
+
+
+async def write(ck: Checkpoints, seed: int, blob: bytes, n: int = 600) -> str:
+    """What the writer actor does for one capture (capture + WriteCheckpoint handled inline)."""
+    t = toks(seed, n)
+    ck.capture(t, "prompt_end", blob, f"r{seed}")
+    await ck.write(WriteCheckpoint(prefix_hash(t), t, "prompt_end", blob))
+    return prefix_hash(t)
+
+
+# ---- policy -----------------------------------------------------------------------------------
+
+def test_eviction_deletes_least_recently_used_across_all_daemons_until_it_fits():
+    files = [FileStat("b.ckpt", 400, 20.0), FileStat("a.ckpt", 400, 10.0), FileStat("c.ckpt", 400, 30.0),
+             FileStat("d.ckpt", 400, 10.0)]
+    assert [f.name for f in choose_victims(files, 800)] == ["a.ckpt", "d.ckpt"]   # oldest, ties by name
+    assert choose_victims(files, 1600) == []
+    temps = [FileStat(".x.tmp", 5, 0.0), FileStat(".y.tmp", 5, 990.0)]
+    assert [t.name for t in abandoned_temps(temps, now=1000.0, grace_s=600)] == [".x.tmp"]
+
+
+# ---- file effects -----------------------------------------------------------------------------
+
+def test_a_file_opened_before_another_daemon_evicts_it_is_read_whole_and_verifies(tmp_path):
+    d = shared_dir.open_shared(tmp_path / "shared", "fp")
+    blob = os.urandom(50_000)
+    disk_io.write_checkpoint(d, "fp", "system", toks(1), blob)
+    path = d / file_name(toks(1))
+    with open(path, "rb") as f:                      # the reader has opened it ...
+        res = shared_dir.evict_pass(d, max_bytes=0)  # ... when the other daemon's pass deletes it
+        assert res.removed == [path.name] and not path.exists()
+        from cairn.actors.disk_format import read_header, read_payload
+        header = read_header(f, "fp")
+        assert read_payload(f, header) == blob       # the open file is intact: CRC verified
+    assert not list(d.glob("*.ckpt"))
+
+
+def test_changes_finds_new_files_reports_vanished_ones_and_removes_damaged_ones(tmp_path):
+    d = shared_dir.open_shared(tmp_path / "shared", "fp")
+    disk_io.write_checkpoint(d, "fp", "system", toks(1), b"a" * 1000)
+    disk_io.write_checkpoint(d, "fp", "common", toks(2), b"b" * 1000)
+    bad = d / file_name(toks(3))
+    bad.write_bytes(b"CAIRNCKP" + b"\xff" * 40)                 # damaged header
+    ch = shared_dir.changes(d, "fp", known={file_name(toks(9))})
+    assert [f.path.name for f in ch.found] == sorted([file_name(toks(1)), file_name(toks(2))],
+                                                     key=lambda n: (os.stat(d / n).st_mtime, n))
+    assert ch.gone == [file_name(toks(9))]
+    assert [(p.path.name, p.removed) for p in ch.problems] == [(bad.name, True)] and not bad.exists()
+    assert shared_dir.changes(d, "fp", known={f.path.name for f in ch.found}).found == []
+
+
+def test_eviction_pass_removes_temp_files_of_crashed_writers_only_after_the_grace(tmp_path):
+    d = shared_dir.open_shared(tmp_path / "shared", "fp")
+    old, fresh = d / ".x.ckpt.1-aa.tmp", d / ".y.ckpt.2-bb.tmp"
+    old.write_bytes(b"x")
+    fresh.write_bytes(b"y")
+    os.utime(old, (1000.0, 1000.0))
+    res = shared_dir.evict_pass(d, 1 << 20, now=1000.0 + shared_dir.TMP_GRACE_S + 1)
+    assert res.temps_removed == 1 and not old.exists() and fresh.exists()
+
+
+def test_an_eviction_pass_waits_for_the_lease_and_is_skipped_when_a_peer_keeps_it(tmp_path):
+    import fcntl
+
+    d = shared_dir.open_shared(tmp_path / "shared", "fp")
+    disk_io.write_checkpoint(d, "fp", "system", toks(1), b"a" * 1000)
+    fd = os.open(d / shared_dir.LEASE_NAME, os.O_RDWR | os.O_CREAT)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)                 # a peer's pass in progress (another open file)
+        res = shared_dir.evict_pass(d, 0, lease_wait_s=0.0)
+        assert res.skipped and res.removed == [] and (d / file_name(toks(1))).exists()
+    finally:
+        os.close(fd)
+    res = shared_dir.evict_pass(d, 0, lease_wait_s=0.0)  # the lease is free again
+    assert not res.skipped and res.removed == [file_name(toks(1))]
+
+
+# ---- two daemons (Checkpoints) in one directory -------------------------------------------------
+
+async def test_a_checkpoint_written_by_one_daemon_is_found_and_restored_by_the_other(tmp_path):
+    a, b = await shared_ck(tmp_path), await shared_ck(tmp_path)
+    blob = os.urandom(20_000)
+    eid = await write(a, 1, blob)
+    assert b.store.get(eid) is None
+    await b.refresh()                                 # what the prefill worker does before it plans
+    e = b.store.get(eid)
+    assert e is not None and e.on_disk and not e.in_memory
+    got, tier = await b.blob_for(eid, "req")
+    assert got == blob and tier == "disk"
+    # the same prefix captured by b too: b indexes a's file instead of writing it again
+    mtime = os.stat(sub(tmp_path) / file_name(toks(1))).st_mtime_ns
+    await write(b, 1, blob)
+    assert os.stat(sub(tmp_path) / file_name(toks(1))).st_mtime_ns == mtime
+
+
+async def test_refresh_lists_when_the_directory_changed_or_the_last_listing_is_old(tmp_path, autojump_clock,
+                                                                                   monkeypatch):
+    a, b = await shared_ck(tmp_path), await shared_ck(tmp_path)
+    listings = []
+    real = shared_dir.changes
+    monkeypatch.setattr(shared_dir, "changes", lambda *args: listings.append(1) or real(*args))
+    await b.refresh()
+    assert listings == []                             # nothing changed since b opened the directory
+    eid = await write(a, 1, b"x" * 1000)
+    await b.refresh()
+    assert len(listings) == 1 and b.store.get(eid) is not None
+    monkeypatch.setattr(shared_dir, "dir_mtime", lambda d: b._dir_mtime)   # a cached, stale mtime (NFS)
+    await b.refresh()
+    assert len(listings) == 1
+    await trio.sleep(10)                              # RELIST_EVERY_S later: listed whatever the mtime says
+    await b.refresh()
+    assert len(listings) == 2
+
+
+async def test_a_foreign_file_in_the_shared_directory_is_warned_about_once_and_left_alone(tmp_path):
+    a, b = await shared_ck(tmp_path), await shared_ck(tmp_path)
+    foreign = sub(tmp_path) / file_name(toks(7))
+    disk_io.write_checkpoint(sub(tmp_path), "another-model", "system", toks(7), b"f" * 100)
+    with capture_logs() as evs:
+        await b.refresh()
+        await write(a, 1, b"x" * 1000)                # the directory changes again: b lists it again
+        await b.refresh()
+    assert [e["reason"] for e in evs if e["event"] == "checkpoint_file_bad"] == ["foreign fingerprint; left in place"]
+    assert foreign.exists() and b.store.get(prefix_hash(toks(7))) is None
+
+
+async def test_a_file_another_daemon_evicted_is_a_quiet_miss_not_a_bad_checkpoint(tmp_path):
+    a, b = await shared_ck(tmp_path, disk_max_bytes=30_000), await shared_ck(tmp_path, disk_max_bytes=30_000)
+    first = await write(a, 1, os.urandom(20_000))
+    await b.refresh()
+    assert b.store.get(first).on_disk
+    await write(a, 2, os.urandom(20_000))             # a's eviction pass deletes the older file (b's index stale)
+    assert not (sub(tmp_path) / file_name(toks(1))).exists()
+    with capture_logs() as evs:
+        got, _ = await b.blob_for(first, "req")
+    assert got is None and b.store.get(first) is None
+    assert [e["event"] for e in evs if e["log_level"] == "warning"] == []
+    assert any(e["event"] == "checkpoint_miss" and e["reason"] == "evicted_elsewhere" for e in evs)
+
+
+async def test_a_damaged_shared_file_fails_its_checksum_and_is_never_served(tmp_path):
+    a, b = await shared_ck(tmp_path), await shared_ck(tmp_path)
+    eid = await write(a, 1, os.urandom(20_000))
+    await b.refresh()
+    path = sub(tmp_path) / file_name(toks(1))
+    raw = bytearray(path.read_bytes())
+    raw[-100] ^= 0xFF                                 # a flipped payload byte: the header still parses
+    path.write_bytes(bytes(raw))
+    with capture_logs() as evs:
+        got, _ = await b.blob_for(eid, "req")
+    assert got is None and not path.exists()
+    assert [e["reason"] for e in evs if e["event"] == "checkpoint_bad"] == ["checksum mismatch"]
+
+
+async def test_one_budget_for_the_directory_whoever_wrote_the_files(tmp_path):
+    a, b = await shared_ck(tmp_path, disk_max_bytes=70_000), await shared_ck(tmp_path, disk_max_bytes=70_000)
+    for i in range(6):
+        await write(a if i % 2 == 0 else b, i, os.urandom(20_000))
+    files = sorted(sub(tmp_path).glob("*.ckpt"))
+    assert sum(p.stat().st_size for p in files) <= 70_000
+    assert {p.name for p in files} == {file_name(toks(i)) for i in (3, 4, 5)}   # the three most recent
+    await a.refresh()
+    await b.refresh()
+    for ck in (a, b):
+        assert {file_name(e.tokens) for e in ck.store.entries() if e.on_disk} == {p.name for p in files}
+    assert a.checkpoint_stats()["disk"]["max_bytes"] == 70_000 and a.checkpoint_stats()["disk"]["shared"]
+
+
+# ---- two processes, a while --------------------------------------------------------------------
+
+def test_two_processes_writing_and_evicting_lose_no_file_being_read_and_serve_nothing_damaged(tmp_path):
+    d = shared_dir.open_shared(tmp_path / "shared", "fp")
+    worker = HERE / "shared_tier_worker.py"
+    budget = 400_000
+    procs = [subprocess.Popen([sys.executable, str(worker), str(d), str(seed), "250", str(budget)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for seed in (1, 2)]
+    results = []
+    for p in procs:
+        out, err = p.communicate(timeout=60)
+        assert p.returncode == 0, err
+        results.append(json.loads(out))
+    for r in results:
+        assert r["damaged"] == 0 and r["wrong_content"] == 0          # never a damaged checkpoint served
+        assert r["read_through_eviction"] > 0                        # reads an eviction pass deleted under them
+        assert r["reads_ok"] >= 10 and r["lost_mid_read"] == 0
+    assert sum(r["misses"] for r in results) > 0                      # evictions did happen meanwhile
+    shared_dir.evict_pass(d, budget)
+    assert sum(p.stat().st_size for p in d.glob("*.ckpt")) <= budget
+    assert not [p for p in d.iterdir() if p.name.endswith(".tmp")]
