@@ -44,6 +44,20 @@ def _scope(path: str, length: int | None) -> dict:
     return {"type": "http", "method": "POST", "path": path, "server": None, "headers": headers}
 
 
+def _one_body(body: bytes):
+    """An ASGI `receive` that hands over `body` once, then waits as a connected client does."""
+    sent = False
+
+    async def receive():
+        nonlocal sent
+        if sent:
+            await trio.sleep_forever()
+        sent = True
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    return receive
+
+
 class _Sink:
     def __init__(self) -> None:
         self.msgs: list[dict] = []
@@ -82,14 +96,7 @@ async def test_large_body_is_parsed_off_the_event_loop(monkeypatch):
 
     monkeypatch.setattr(api_module, "parse_json_body", spy)
     body = json.dumps({"model": "other", "messages": [{"role": "user", "content": "x" * (2 << 20)}]}).encode()
-    sent = False
-
-    async def receive():
-        nonlocal sent
-        if sent:
-            await trio.sleep_forever()
-        sent = True
-        return {"type": "http.request", "body": body, "more_body": False}
+    receive = _one_body(body)
 
     sink = _Sink()
     with trio.fail_after(60):
@@ -131,14 +138,7 @@ class _BlockingRenderer:
 async def test_cancelled_chat_request_waits_for_its_tokenization_thread():
     renderer = _BlockingRenderer()
     body = json.dumps({"model": "tiny", "messages": [{"role": "user", "content": "hi"}]}).encode()
-    sent = False
-
-    async def receive():
-        nonlocal sent
-        if sent:
-            await trio.sleep_forever()
-        sent = True
-        return {"type": "http.request", "body": body, "more_body": False}
+    receive = _one_body(body)
 
     ended_with_thread_running = None
     try:
