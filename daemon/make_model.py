@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .quantize import QUANTIZATION_CONFIG, official_f32, quantize_fp4, quantize_fp8, quantized_format
 from .safetensors_io import to_bf16_bits, write_file
 
 SPECIAL_TOKENS = [
@@ -111,6 +112,9 @@ class Preset:
     swiglu_limit: float = 10.0
     max_position_embeddings: int = 65536
     extra: dict = field(default_factory=dict)
+    # The official DeepSeek-V4 quantization: None (float weights), or the routed experts' format
+    # ("fp4" as V4-Flash, "fp8" as V4-Flash-Base) with every other projection FP8 (quantize.py).
+    quant: str | None = None
 
 
 S, C, H = "sliding_attention", "compressed_sparse_attention", "heavily_compressed_attention"
@@ -132,6 +136,18 @@ PRESETS: dict[str, Preset] = {
         n_routed_experts=16, num_experts_per_tok=4, moe_intermediate_size=512,
     ),
 }
+
+
+_TINY_Q = dict(
+    vocab_size=512, hidden_size=256, layer_types=(S, C, H), mlp_layer_types=("hash_moe", "moe", "moe"),
+    num_attention_heads=4, head_dim=64, qk_rope_head_dim=16, q_lora_rank=128, o_groups=2, o_lora_rank=64,
+    sliding_window=16, csa_rate=4, hca_rate=16, index_n_heads=16, index_head_dim=32, index_topk=8,
+    n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=64,
+)
+# For tests of the quantized format: every quantized dimension is <= 128 or a multiple of it (HF
+# derives the block size from the scale grid), several 128x128 blocks per matrix.
+PRESETS["tiny-fp4"] = Preset(**_TINY_Q, quant="fp4")
+PRESETS["tiny-fp8"] = Preset(**_TINY_Q, quant="fp8")
 
 
 def hf_config(p: Preset) -> dict:
@@ -184,6 +200,9 @@ def hf_config(p: Preset) -> dict:
         "tie_word_embeddings": False,
         "dtype": "float32",
     }
+    if p.quant:
+        cfg["expert_dtype"] = p.quant  # top level, as in the official config.json
+        cfg["quantization_config"] = dict(QUANTIZATION_CONFIG)
     cfg.update(p.extra)
     return cfg
 
@@ -324,8 +343,10 @@ def tokenizer_config(max_len: int) -> dict:
 # ---------------------------------------------------------------------------------------------
 
 def make_model(preset: str | Preset, seed: int, out_dir: str | os.PathLike, *, dtype: str = "float32",
-               shard_bytes: int | None = None, official_names: bool = False) -> Path:
-    """Write a model directory. Returns its path."""
+               shard_bytes: int | None = None, official_names: bool | None = None) -> Path:
+    """Write a model directory. Returns its path. official_names: the official DeepSeek spelling
+    (no `model.` prefix, scales `W.scale`) instead of HF's (`model.…`, scales `W.weight_scale_inv`);
+    by default official for quantized presets (as released), HF's otherwise."""
     if isinstance(preset, str) and preset not in PRESETS:
         raise ValueError(f"unknown preset {preset!r}; choose from {', '.join(PRESETS)}")
     if dtype not in ("float32", "bfloat16", "float16"):
@@ -336,18 +357,29 @@ def make_model(preset: str | Preset, seed: int, out_dir: str | os.PathLike, *, d
     cfg = hf_config(p)
     cfg["dtype"] = dtype
     weights = make_weights(p, seed)
-    if official_names:
-        weights = {to_official_name(k): v for k, v in weights.items()}
+    if official_names is None:
+        official_names = p.quant is not None
     tag = {"float32": "F32", "bfloat16": "BF16", "float16": "F16"}[dtype]
 
-    def encode(arr: np.ndarray) -> tuple[np.ndarray, str]:
+    def encode(name: str, arr: np.ndarray) -> tuple[np.ndarray, str]:
         if arr.dtype == np.int64:
             return arr, "I64"
-        if tag == "BF16":
+        if tag == "BF16" and not (p.quant and official_f32(name)):
             return to_bf16_bits(arr), "BF16"
-        return arr.astype(np.float16 if tag == "F16" else np.float32), tag
+        return arr.astype(np.float16 if tag == "F16" else np.float32), tag if tag != "BF16" else "F32"
 
-    encoded = {k: encode(v) for k, v in weights.items()}
+    encoded: dict[str, tuple[np.ndarray, str]] = {}
+    for name, arr in weights.items():
+        fmt = quantized_format(name, p.quant)
+        if fmt is None:
+            encoded[name] = encode(name, arr)
+        else:
+            codes, scales = quantize_fp4(arr) if fmt == "fp4" else quantize_fp8(arr)
+            encoded[name] = (codes, "I8" if fmt == "fp4" else "F8_E4M3")
+            encoded[name.removesuffix("weight") + ("scale" if official_names else "weight_scale_inv")] = \
+                (scales, "F8_E8M0")
+    if official_names:
+        encoded = {to_official_name(k): v for k, v in encoded.items()}
     _write_weights(out, encoded, shard_bytes)
     (out / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
     tok = make_tokenizer(p.vocab_size)

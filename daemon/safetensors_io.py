@@ -15,12 +15,18 @@ from pathlib import Path
 
 import numpy as np
 
-# safetensors dtype tag -> numpy dtype of the stored bytes. BF16 has no numpy dtype: it is
-# carried as its raw uint16 bit pattern and widened by the kernel.
+# safetensors dtype tag -> numpy dtype of the stored bytes. BF16 and the 8-bit float formats
+# have no numpy dtype: they are carried as their raw bit patterns (uint16 / uint8) and widened by
+# the kernel. I8 is how the official DeepSeek-V4 checkpoints store FP4 (e2m1) expert weights, two
+# values per byte; F8_E8M0 is a power-of-two block scale, 2^(byte - 127).
 DTYPES: dict[str, np.dtype] = {
     "F32": np.dtype("<f4"),
     "F16": np.dtype("<f2"),
     "BF16": np.dtype("<u2"),
+    "F8_E4M3": np.dtype("u1"),
+    "F8_E8M0": np.dtype("u1"),
+    "I8": np.dtype("i1"),
+    "U8": np.dtype("u1"),
     "I64": np.dtype("<i8"),
     "I32": np.dtype("<i4"),
 }

@@ -21,9 +21,13 @@ class AbortFlag:
 class Model:
     """Immutable config + weights. Every weight matrix is packed at load into panels: BF16 ones
     as BF16 panels widened inside the product (half the memory and bandwidth, identical results;
-    widen_bf16=True stores fp32 panels instead), F16/F32 ones as fp32 panels. Other F32 tensors
-    are used in place (kept alive by the Model). threads=0: all cores. batched_indexer=False
-    scores the CSA indexer with the scalar per-query reference loop (identical results)."""
+    widen_bf16=True stores fp32 panels instead), F16/F32 ones as fp32 panels, quantized ones
+    (F8_E4M3 [out, in] or FP4 pairs I8 [out, in/2], each with its F8_E8M0 scale 'X.scale') as
+    panels of the stored codes, widened and scaled inside the product (the bits of fp32 panels of
+    the dequantized weights). Sources of packed matrices are released after packing; other F32
+    tensors and a BF16 embedding are used in place (kept alive by the Model). threads=0: all
+    cores. batched_indexer=False scores the CSA indexer with the scalar per-query reference loop
+    (identical results)."""
     def __init__(
         self,
         config: dict,

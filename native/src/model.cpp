@@ -45,6 +45,7 @@ void init_rope(Model& m) {
 }  // namespace cairn
 
 // ---- weight packing -------------------------------------------------------------------------
+#include <stdexcept>
 #include <unordered_set>
 
 #include "cairn/kernels.h"
@@ -56,7 +57,27 @@ struct PackJob {
   Linear* dst;
   std::vector<const float*> rows;  // logical rows (nullptr = zero padding)
   bool bf16;                       // store BF16 panels (every source row holds BF16 values)
+  QFmt qf = QFmt::None;            // else: quantized panels of the stored codes from qrows
+  std::vector<QRow> qrows;
 };
+
+std::vector<QRow> qrows_of(const Linear& L, int r0 = 0, int n = -1) {
+  if (n < 0) n = L.out;
+  std::vector<QRow> rows(n);
+  for (int i = 0; i < n; ++i) rows[i] = {&L, r0 + i};
+  return rows;
+}
+
+std::vector<QRow> fused_qrows(const Linear& g, const Linear& u) {
+  const int np = (g.out + kPanel - 1) / kPanel;
+  std::vector<QRow> rows((size_t)2 * np * kPanel, QRow{nullptr, 0});
+  for (int q = 0; q < np; ++q)
+    for (int l = 0; l < kPanel && q * kPanel + l < g.out; ++l) {
+      rows[(size_t)(2 * q) * kPanel + l] = {&g, q * kPanel + l};
+      rows[(size_t)(2 * q + 1) * kPanel + l] = {&u, q * kPanel + l};
+    }
+  return rows;
+}
 
 std::vector<const float*> rows_of(const Linear& L, int r0 = 0, int n = -1) {
   if (n < 0) n = L.out;
@@ -84,9 +105,19 @@ void pack_weights(Model& m, int threads) {
   std::vector<Linear*> sources;  // every Linear whose row-major source is dropped afterwards
   auto bf16 = [&](const Linear& L) { return kBf16Panels && !m.widen_bf16 && m.bf16_sources.count(L.w) > 0; };
   auto plain = [&](Linear& L) {
-    if (!L.w) return;
-    jobs.push_back({&L, rows_of(L), bf16(L)});
+    if (L.q) jobs.push_back({&L, {}, false, L.qf, qrows_of(L)});
+    else if (L.w) jobs.push_back({&L, rows_of(L), bf16(L)});
+    else return;
     sources.push_back(&L);
+  };
+  // gate/up pairs: both quantized alike, or both float
+  auto fused = [&](Linear& dst, const Linear& g, const Linear& u) {
+    if (g.q || u.q) {
+      if (g.qf != u.qf) throw std::runtime_error("gate and up projections of one expert must share a format");
+      jobs.push_back({&dst, {}, false, g.qf, fused_qrows(g, u)});
+    } else {
+      jobs.push_back({&dst, fused_rows(g, u), bf16(g) && bf16(u)});
+    }
   };
   plain(m.hc_head);
   plain(m.head);
@@ -98,27 +129,37 @@ void pack_weights(Model& m, int threads) {
     L.wo_a_g.assign(c.G, Linear{});
     for (int g = 0; g < c.G; ++g) {
       L.wo_a_g[g] = Linear{nullptr, nullptr, c.Ro, gin};
-      jobs.push_back({&L.wo_a_g[g], rows_of(L.wo_a, g * c.Ro, c.Ro), bf16(L.wo_a)});
+      if (L.wo_a.q) jobs.push_back({&L.wo_a_g[g], {}, false, L.wo_a.qf, qrows_of(L.wo_a, g * c.Ro, c.Ro)});
+      else jobs.push_back({&L.wo_a_g[g], rows_of(L.wo_a, g * c.Ro, c.Ro), bf16(L.wo_a)});
     }
     sources.push_back(&L.wo_a);
     L.w13.assign(L.w1.size(), Linear{});
     for (size_t e = 0; e < L.w1.size(); ++e) {
       L.w13[e] = Linear{nullptr, nullptr, 2 * ((L.w1[e].out + kPanel - 1) / kPanel) * kPanel, L.w1[e].in};
-      jobs.push_back({&L.w13[e], fused_rows(L.w1[e], L.w3[e]), bf16(L.w1[e]) && bf16(L.w3[e])});
+      fused(L.w13[e], L.w1[e], L.w3[e]);
       plain(L.w2[e]);
       sources.push_back(&L.w1[e]);
       sources.push_back(&L.w3[e]);
     }
     L.sw13 = Linear{nullptr, nullptr, 2 * ((L.sw1.out + kPanel - 1) / kPanel) * kPanel, L.sw1.in};
-    jobs.push_back({&L.sw13, fused_rows(L.sw1, L.sw3), bf16(L.sw1) && bf16(L.sw3)});
+    fused(L.sw13, L.sw1, L.sw3);
     plain(L.sw2);
     sources.push_back(&L.sw1);
     sources.push_back(&L.sw3);
   }
   std::vector<void*> bufs(jobs.size());
+  std::vector<size_t> code_bytes(jobs.size(), 0);  // quantized: where the scales start in bufs[j]
   for (size_t j = 0; j < jobs.size(); ++j) {
-    const size_t elem = jobs[j].bf16 ? sizeof(uint16_t) : sizeof(float);
-    const size_t bytes = (packed_floats((int)jobs[j].rows.size(), jobs[j].dst->in) * elem + 63) / 64 * 64;
+    const PackJob& J = jobs[j];
+    size_t bytes;
+    if (J.qf != QFmt::None) {
+      const int n = (int)J.qrows.size();
+      code_bytes[j] = (qpanel_code_bytes(J.qf, n, J.dst->in) + 63) / 64 * 64;
+      bytes = code_bytes[j] + qpanel_scale_bytes(J.qf, n, J.dst->in);
+    } else {
+      bytes = packed_floats((int)J.rows.size(), J.dst->in) * (J.bf16 ? sizeof(uint16_t) : sizeof(float));
+    }
+    bytes = (bytes + 63) / 64 * 64;
     void* b = std::aligned_alloc(64, std::max<size_t>(bytes, 64));
     if (!b) throw std::bad_alloc();
     m.packed.emplace_back(b);
@@ -126,18 +167,30 @@ void pack_weights(Model& m, int threads) {
   }
 #pragma omp parallel for num_threads(std::max(1, threads)) schedule(dynamic, 1)
   for (size_t j = 0; j < jobs.size(); ++j) {
-    if (jobs[j].bf16) pack_panels_bf16(jobs[j].rows, jobs[j].dst->in, (uint16_t*)bufs[j]);
-    else pack_panels(jobs[j].rows, jobs[j].dst->in, (float*)bufs[j]);
+    const PackJob& J = jobs[j];
+    if (J.qf != QFmt::None)
+      pack_panels_q(J.qf, J.qrows, J.dst->in, (uint8_t*)bufs[j], (uint8_t*)bufs[j] + code_bytes[j]);
+    else if (J.bf16) pack_panels_bf16(J.rows, J.dst->in, (uint16_t*)bufs[j]);
+    else pack_panels(J.rows, J.dst->in, (float*)bufs[j]);
   }
   for (size_t j = 0; j < jobs.size(); ++j) {
-    if (jobs[j].bf16) jobs[j].dst->p16 = (const uint16_t*)bufs[j];
-    else jobs[j].dst->p = (const float*)bufs[j];
+    Linear& D = *jobs[j].dst;
+    if (jobs[j].qf != QFmt::None) {
+      D.qf = jobs[j].qf;
+      D.pq = (const uint8_t*)bufs[j];
+      D.pqs = (const uint8_t*)bufs[j] + code_bytes[j];
+    } else if (jobs[j].bf16) {
+      D.p16 = (const uint16_t*)bufs[j];
+    } else {
+      D.p = (const float*)bufs[j];
+    }
   }
-  // the widened (BF16/F16) sources of packed matrices are no longer needed
+  // the sources of packed matrices (widened BF16/F16 rows, mapped quantized bytes) are no longer needed
   std::unordered_set<const float*> dropped;
   for (Linear* L : sources) {
     dropped.insert(L->w);
     L->w = nullptr;
+    L->q = L->qs = nullptr;
   }
   for (auto& o : m.owned)
     if (o && dropped.count(o->data())) o.reset();

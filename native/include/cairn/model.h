@@ -54,11 +54,31 @@ struct Tensor {
   }
 };
 
+// Stored weight formats besides fp32/BF16/F16 (the official DeepSeek-V4 quantization).
+enum class QFmt : uint8_t {
+  None = 0,
+  E4M3 = 1,  // FP8 e4m3fn, one ue8m0 scale per 128x128 block
+  E2M1 = 2,  // FP4 e2m1, two per byte (low nibble = even column), one ue8m0 scale per row per 32
+};
+constexpr int kFp8Block = 128, kFp4Group = 32;
+// Scale group along k in quantized panels (one scale byte per lane per group).
+constexpr int qgroup(QFmt f) { return f == QFmt::E2M1 ? kFp4Group : kFp8Block; }
+
 struct Linear {  // W [out, in]
   const float* w = nullptr;  // row-major source; only read while packing (null afterwards)
   const float* p = nullptr;  // packed panels [ceil(out/16)][in][16] (packed.cpp), what compute reads
   int out = 0, in = 0;
   const uint16_t* p16 = nullptr;  // instead of p: the same panels holding BF16 bit patterns
+  // Instead of p: quantized panels as stored (packed.cpp): codes [ceil(out/16)][in][16] bytes
+  // (E4M3) or [..][in][8] (E2M1, lane pairs in a byte) and per-lane scale exponents
+  // [ceil(out/16)][ceil(in/group)][16].
+  QFmt qf = QFmt::None;
+  const uint8_t* pq = nullptr;
+  const uint8_t* pqs = nullptr;
+  // Quantized row-major source (only while packing): codes [out][in] or [out][in/2], scales
+  // [ceil(out/128)][ceil(in/128)] (E4M3) or [out][in/32] (E2M1), ue8m0 bytes.
+  const uint8_t* q = nullptr;
+  const uint8_t* qs = nullptr;
 };
 
 struct CompressorW {
@@ -96,6 +116,7 @@ struct Model {
   int threads = 1;
   bool batched_indexer = true;
   const float *embed = nullptr, *norm = nullptr;  // [V,D] [D]
+  const uint16_t* embed16 = nullptr;  // instead of embed: BF16 rows, widened per lookup (the mapping)
   Linear head;                                    // [V,D]
   Linear hc_head;  // [N, N*D]
   const float *hc_head_base = nullptr, *hc_head_scale = nullptr;  // [N] [1]
