@@ -295,7 +295,7 @@ BoundModel::BoundModel(py::dict config, py::dict weights, std::string fp, int nt
   widen_bf16 = widen;
   const Config& c = cfg;
   const int D = c.D, N = c.N, NM = (2 + N) * N, V = c.vocab;
-  Loader ld{*this, weights, {}};
+  Loader ld{*this, weights, {}, {}};
   ld.embedding("embed.weight", V, D);
   head = ld.lin("head.weight", V, D);
   norm = ld.f32("norm.weight", {D});
