@@ -119,6 +119,37 @@ def write_file(path: Path, tensors: dict[str, tuple[np.ndarray, str]]) -> None:
     os.replace(tmp, path)
 
 
+def write_file_lazy(path: Path, tensors: dict[str, tuple[tuple[int, ...], str, object]]) -> None:
+    """write_file for tensors too large to hold together: name -> (shape, dtype tag, make), where
+    make() returns the array or an iterable of row blocks; each is made only when it is written."""
+    header: dict[str, object] = {"__metadata__": {"format": "pt"}}
+    offset = 0
+    order = sorted(tensors)
+    for name in order:
+        shape, tag, _ = tensors[name]
+        nbytes = int(np.prod(shape, dtype=np.int64)) * DTYPES[tag].itemsize
+        header[name] = {"dtype": tag, "shape": list(shape), "data_offsets": [offset, offset + nbytes]}
+        offset += nbytes
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        f.write(len(raw).to_bytes(8, "little"))
+        f.write(raw)
+        for name in order:
+            shape, tag, make = tensors[name]
+            made = make()
+            blocks = [made] if isinstance(made, np.ndarray) else made
+            written = 0
+            for block in blocks:
+                block = np.ascontiguousarray(block, dtype=DTYPES[tag])
+                f.write(block.tobytes())
+                written += block.size
+            if written != int(np.prod(shape, dtype=np.int64)):
+                raise ValueError(f"{name}: made {written} values for shape {list(shape)}")
+    os.replace(tmp, path)
+
+
 def to_bf16_bits(x: np.ndarray) -> np.ndarray:
     """fp32 -> bf16 bit patterns, round to nearest even (what torch's .bfloat16() does)."""
     u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
