@@ -45,6 +45,8 @@ void init_rope(Model& m) {
 }  // namespace cairn
 
 // ---- weight packing -------------------------------------------------------------------------
+#include <sys/mman.h>
+
 #include <stdexcept>
 #include <unordered_set>
 
@@ -106,7 +108,7 @@ void pack_weights(Model& m, int threads) {
   auto bf16 = [&](const Linear& L) { return kBf16Panels && !m.widen_bf16 && m.bf16_sources.count(L.w) > 0; };
   auto plain = [&](Linear& L) {
     if (L.q) jobs.push_back({&L, {}, false, L.qf, qrows_of(L)});
-    else if (L.w) jobs.push_back({&L, rows_of(L), bf16(L)});
+    else if (L.w) jobs.push_back({&L, rows_of(L), bf16(L), QFmt::None, {}});
     else return;
     sources.push_back(&L);
   };
@@ -116,7 +118,7 @@ void pack_weights(Model& m, int threads) {
       if (g.qf != u.qf) throw std::runtime_error("gate and up projections of one expert must share a format");
       jobs.push_back({&dst, {}, false, g.qf, fused_qrows(g, u)});
     } else {
-      jobs.push_back({&dst, fused_rows(g, u), bf16(g) && bf16(u)});
+      jobs.push_back({&dst, fused_rows(g, u), bf16(g) && bf16(u), QFmt::None, {}});
     }
   };
   plain(m.hc_head);
@@ -130,7 +132,7 @@ void pack_weights(Model& m, int threads) {
     for (int g = 0; g < c.G; ++g) {
       L.wo_a_g[g] = Linear{nullptr, nullptr, c.Ro, gin};
       if (L.wo_a.q) jobs.push_back({&L.wo_a_g[g], {}, false, L.wo_a.qf, qrows_of(L.wo_a, g * c.Ro, c.Ro)});
-      else jobs.push_back({&L.wo_a_g[g], rows_of(L.wo_a, g * c.Ro, c.Ro), bf16(L.wo_a)});
+      else jobs.push_back({&L.wo_a_g[g], rows_of(L.wo_a, g * c.Ro, c.Ro), bf16(L.wo_a), QFmt::None, {}});
     }
     sources.push_back(&L.wo_a);
     L.w13.assign(L.w1.size(), Linear{});
@@ -149,6 +151,8 @@ void pack_weights(Model& m, int threads) {
   }
   std::vector<void*> bufs(jobs.size());
   std::vector<size_t> code_bytes(jobs.size(), 0);  // quantized: where the scales start in bufs[j]
+  std::vector<size_t> offsets(jobs.size(), 0);
+  size_t total = 0;
   for (size_t j = 0; j < jobs.size(); ++j) {
     const PackJob& J = jobs[j];
     size_t bytes;
@@ -159,12 +163,18 @@ void pack_weights(Model& m, int threads) {
     } else {
       bytes = packed_floats((int)J.rows.size(), J.dst->in) * (J.bf16 ? sizeof(uint16_t) : sizeof(float));
     }
-    bytes = (bytes + 63) / 64 * 64;
-    void* b = std::aligned_alloc(64, std::max<size_t>(bytes, 64));
-    if (!b) throw std::bad_alloc();
-    m.packed.emplace_back(b);
-    bufs[j] = b;
+    offsets[j] = total;
+    total += (bytes + 63) / 64 * 64;
   }
+  // One arena for every panel, in 2 MiB pages where the kernel allows (transparent huge pages
+  // on madvise): 1/512 of the page faults while packing and of the TLB misses while computing.
+  constexpr size_t kHuge = 2u << 20;
+  const size_t arena = std::max<size_t>((total + kHuge - 1) / kHuge * kHuge, kHuge);
+  void* base = std::aligned_alloc(kHuge, arena);
+  if (!base) throw std::bad_alloc();
+  m.packed.emplace_back(base);
+  madvise(base, arena, MADV_HUGEPAGE);  // advisory: without THP the arena is ordinary pages
+  for (size_t j = 0; j < jobs.size(); ++j) bufs[j] = (char*)base + offsets[j];
 #pragma omp parallel for num_threads(std::max(1, threads)) schedule(dynamic, 1)
   for (size_t j = 0; j < jobs.size(); ++j) {
     const PackJob& J = jobs[j];

@@ -88,31 +88,44 @@ int qscale_max(QFmt f) { return 254 - qbias(f); }
 void pack_panels_q(QFmt f, const std::vector<QRow>& rows, int K, uint8_t* codes, uint8_t* scales) {
   const int G = qgroup(f), ng = (K + G - 1) / G, st = qstride(f), b = qbias(f);
   const int np = (int)qpanels((int)rows.size());
-  std::memset(codes, 0, qpanel_code_bytes(f, (int)rows.size(), K));
+  static const uint8_t zeros[1] = {0};
   for (int p = 0; p < np; ++p) {
     uint8_t* cd = codes + (size_t)p * K * st;
     uint8_t* sd = scales + (size_t)p * ng * kPanel;
+    const uint8_t* src[kPanel];  // each lane's row of codes (a zero row: codes 0 = +0.0)
     for (int l = 0; l < kPanel; ++l) {
       const size_t n = (size_t)p * kPanel + l;
       const QRow q = n < rows.size() ? rows[n] : QRow{nullptr, 0};
-      if (!q.src) {  // zero row: codes stay 0 (= +0.0); any valid scale
-        for (int g = 0; g < ng; ++g) sd[(size_t)g * kPanel + l] = 127;
+      if (!q.src) {
+        src[l] = nullptr;
+        for (int g = 0; g < ng; ++g) sd[(size_t)g * kPanel + l] = 127;  // any valid scale
         continue;
       }
       const Linear& L = *q.src;
-      if (f == QFmt::E4M3) {
-        const uint8_t* src = L.q + (size_t)q.r * K;
-        for (int k = 0; k < K; ++k) cd[(size_t)k * st + l] = src[k];
-        const uint8_t* sc = L.qs + (size_t)(q.r / kFp8Block) * ng;
-        for (int g = 0; g < ng; ++g) sd[(size_t)g * kPanel + l] = (uint8_t)(sc[g] + b);
-      } else {
-        const uint8_t* src = L.q + (size_t)q.r * (K / 2);
-        for (int k = 0; k < K; ++k) {
-          const uint8_t nib = (src[k / 2] >> (4 * (k & 1))) & 15;
-          cd[(size_t)k * st + l / 2] |= (uint8_t)(nib << (4 * (l & 1)));
+      const uint8_t* sc = f == QFmt::E4M3 ? L.qs + (size_t)(q.r / kFp8Block) * ng : L.qs + (size_t)q.r * ng;
+      for (int g = 0; g < ng; ++g) sd[(size_t)g * kPanel + l] = (uint8_t)(sc[g] + b);
+      src[l] = L.q + (size_t)q.r * (f == QFmt::E4M3 ? K : K / 2);
+    }
+    if (f == QFmt::E4M3) {
+      for (int l = 0; l < kPanel; ++l) {
+        if (!src[l]) {
+          for (int k = 0; k < K; ++k) cd[(size_t)k * st + l] = 0;
+          continue;
         }
-        const uint8_t* sc = L.qs + (size_t)q.r * ng;
-        for (int g = 0; g < ng; ++g) sd[(size_t)g * kPanel + l] = (uint8_t)(sc[g] + b);
+        for (int k = 0; k < K; ++k) cd[(size_t)k * st + l] = src[l][k];
+      }
+    } else {
+      // lanes 2j and 2j+1 share a byte; a source byte holds columns 2k' and 2k'+1
+      for (int j = 0; j < kPanel / 2; ++j) {
+        const uint8_t *a = src[2 * j], *c = src[2 * j + 1];
+        const int sa = a ? 1 : 0, sb = c ? 1 : 0;  // stride 0 over a one-byte zero row
+        if (!a) a = zeros;
+        if (!c) c = zeros;
+        for (int k2 = 0; k2 < K / 2; ++k2) {
+          const uint8_t x = a[k2 * sa], y = c[k2 * sb];
+          cd[(size_t)(2 * k2) * st + j] = (uint8_t)((x & 15) | (y << 4));
+          cd[(size_t)(2 * k2 + 1) * st + j] = (uint8_t)((x >> 4) | (y & 0xF0));
+        }
       }
     }
   }

@@ -126,7 +126,7 @@ struct Model {
   std::unordered_set<const float*> bf16_sources;             // those of `owned` that were BF16
   bool widen_bf16 = false;  // pack BF16 matrices as fp32 panels instead of bf16 ones
   struct FreeDeleter { void operator()(void* p) const { std::free(p); } };
-  std::vector<std::unique_ptr<void, FreeDeleter>> packed;  // 64-byte aligned Linear panels
+  std::vector<std::unique_ptr<void, FreeDeleter>> packed;  // the arena of every Linear's panels (2 MiB aligned)
 };
 
 void init_rope(Model& m);
