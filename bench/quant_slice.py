@@ -7,8 +7,9 @@ prefill against the FMA rate, and quantized panels against the same model in fp3
 Bytes read per decoded token: every tensor a token touches once (attention, compressors,
 indexer, router, shared expert, hyper-connections, the head), plus top-k routed experts per
 layer, as stored (codes + scales). The bandwidth probe reads a 1 GiB array with as many threads
-(numpy reductions release the GIL), best of 3. FLOPs per prefilled token: 2 per weight parameter
-the token multiplies (the same set; attention scores are left out, small at these lengths).
+(an integer max: vectorised, memory-bound; numpy reductions release the GIL), best of 5. FLOPs per prefilled token: 2 per weight parameter
+the token multiplies (the same set without the head, which runs for a chunk's last token only;
+attention scores are left out, small at these lengths), against the kernel's own fp32 GEMM rate.
 """
 
 from __future__ import annotations
@@ -30,11 +31,11 @@ def rss() -> int:
 
 
 def read_probe(threads: int, nbytes: int = 1 << 30) -> float:
-    a = np.ones(nbytes // 8, dtype=np.float64)
+    a = np.ones(nbytes // 8, dtype=np.uint64)
     parts = np.array_split(a, threads)
     best = 0.0
-    for _ in range(3):
-        ts = [threading.Thread(target=np.sum, args=(p,)) for p in parts]
+    for _ in range(5):
+        ts = [threading.Thread(target=np.max, args=(p,)) for p in parts]
         t = time.perf_counter()
         for x in ts:
             x.start()
@@ -44,8 +45,18 @@ def read_probe(threads: int, nbytes: int = 1 << 30) -> float:
     return best
 
 
+def gemm_rate(threads: int) -> float:
+    """FLOP/s of the kernel's fp32 packed GEMM on a 512 x 4096 x 4096 product, best of 3: the
+    compute reference for prefill (the micro-kernel at its best shape)."""
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((512, 4096), dtype=np.float32)
+    w = rng.standard_normal((4096, 4096), dtype=np.float32)
+    return max(2 * 512 * 4096 * 4096 / K._packed_matmul(x, w, threads, 2)[1] for _ in range(3))
+
+
 def per_token(md) -> tuple[int, int]:
-    """(bytes read, weight parameters multiplied) per token."""
+    """(bytes read per decoded token, weight parameters a prefilled token multiplies -- the head
+    only runs for a chunk's last token)."""
     cfg, k = md.config, md.config["num_experts_per_tok"]
     nbytes = params = 0
     for name, t in md.tensors.items():
@@ -56,7 +67,7 @@ def per_token(md) -> tuple[int, int]:
         if ".ffn.experts." in name:
             size, n = size * k / cfg["n_routed_experts"], n * k / cfg["n_routed_experts"]
         nbytes += size
-        if len(t.shape) == 2 and t.dtype != "F8_E8M0":
+        if len(t.shape) == 2 and t.dtype != "F8_E8M0" and name != "head.weight":
             params += n
     return int(nbytes), int(params)
 
@@ -89,7 +100,7 @@ def main() -> None:
     model = load_model(md, args.threads)
     load_s, grown = time.perf_counter() - t, rss() - before
     nbytes, params = per_token(md)
-    bw = read_probe(args.threads)
+    bw, gemm = read_probe(args.threads), gemm_rate(args.threads)
     prompt = np.random.default_rng(0).integers(0, md.config["vocab_size"], args.prompt).astype(np.int32)
     runs = [timed_run(model, prompt, args.decode, args.chunk) for _ in range(args.runs)]
     prefill, decode = max(r[0] for r in runs), max(r[1] for r in runs)
@@ -101,6 +112,7 @@ def main() -> None:
         "decode_tok_s": round(decode, 2), "decode_bound_tok_s": round(bw / nbytes, 2),
         "decode_of_bound": round(decode * nbytes / bw, 3),
         "prefill_tok_s": round(prefill, 2), "prefill_GFLOPs": round(prefill * 2 * params / 1e9, 1),
+        "fp32_gemm_GFLOPs": round(gemm / 1e9, 1), "prefill_of_gemm": round(prefill * 2 * params / gemm, 3),
     }
     print(json.dumps(out, indent=1))
 

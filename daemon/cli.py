@@ -12,10 +12,14 @@ def _make_model(args: argparse.Namespace) -> int:
     if args.preset not in PRESETS:
         print(f"cairn make-model: unknown preset {args.preset!r}; choose from {', '.join(PRESETS)}", file=sys.stderr)
         return 2
-    out = make_model(args.preset, args.seed, args.out_dir, dtype=args.dtype,
-                     shard_bytes=args.shard_mb * 1024 * 1024 if args.shard_mb else None,
-                     official_names=None if args.names is None else args.names == "official",
-                     layers=args.layers, progress=lambda msg: print(msg, file=sys.stderr))
+    try:
+        out = make_model(args.preset, args.seed, args.out_dir, dtype=args.dtype,
+                         shard_bytes=args.shard_mb * 1024 * 1024 if args.shard_mb else None,
+                         official_names=None if args.names is None else args.names == "official",
+                         layers=args.layers, progress=lambda msg: print(msg, file=sys.stderr))
+    except ValueError as e:  # e.g. flash-slice without --layers
+        print(f"cairn make-model: {e}", file=sys.stderr)
+        return 2
     print(f"wrote {args.preset} model (seed {args.seed}, {args.dtype}) to {out}")
     return 0
 

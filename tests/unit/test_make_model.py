@@ -107,6 +107,24 @@ def test_cli_rejects_unknown_preset(tmp_path):
     assert r.returncode == 2 and "unknown preset 'huge'" in r.stderr
 
 
+def test_cli_flash_slice_needs_layers(tmp_path):
+    cairn = Path(sys.executable).with_name("cairn")
+    r = subprocess.run([str(cairn), "make-model", "--preset", "flash-slice", str(tmp_path / "m")],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "needs a layer count (--layers N)" in r.stderr
+    assert not (tmp_path / "m").exists()
+
+
+def test_cli_writes_quantized_preset_in_hf_spelling(tmp_path):
+    cairn = Path(sys.executable).with_name("cairn")
+    r = subprocess.run([str(cairn), "make-model", "--preset", "tiny-fp8", "--names", "hf", str(tmp_path / "m")],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    md = open_model_dir(tmp_path / "m")
+    assert md.tensors["layers.1.ffn.experts.0.w1.scale"].name == "model.layers.1.ffn.experts.0.w1.weight_scale_inv"
+    assert md.config["quantization"] == {"expert_dtype": "fp8"}
+
+
 def test_flash_slice_layout_loads_and_is_deterministic(tmp_path):
     """The flash-slice writer (official sharded layout, codes drawn directly) on tiny dimensions:
     the real preset is ~3.6 GB per layer, too big for a test."""
