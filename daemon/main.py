@@ -40,13 +40,13 @@ class Loaded:
 
 def load(settings: Settings, kernel=None) -> Loaded:
     from .chat import ChatRenderer
-    from .model_dir import load_model, open_model_dir
+    from .model_dir import default_packed_cache_dir, load_model, open_model_dir
     from .tokenizer import TextTokenizer
 
     if kernel is None:
         from cairn import _kernel as kernel
     md = open_model_dir(settings.model)
-    return Loaded(kernel=kernel, model=load_model(md, settings.threads), tokenizer=TextTokenizer.from_model_dir(md),
+    return Loaded(kernel=kernel, model=load_model(md, settings.threads, packed_cache=default_packed_cache_dir()), tokenizer=TextTokenizer.from_model_dir(md),
                   renderer=ChatRenderer.from_model_dir(md), name=md.name, fingerprint=md.fingerprint,
                   context_length=int(md.config["max_position_embeddings"]))
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -450,9 +451,40 @@ def map_weights(md: ModelDir) -> dict[str, tuple[np.ndarray, str]]:
     return {name: (map_tensor(info), info.dtype) for name, info in md.tensors.items()}
 
 
-def load_model(path: str | Path | ModelDir, threads: int = 0, *, widen_bf16: bool = False):
-    """Open a model directory and build the kernel's immutable Model from it."""
+def default_packed_cache_dir(env: dict[str, str] | None = None) -> Path:
+    """$CACHE_DIRECTORY/packed (systemd CacheDirectory=), else $XDG_CACHE_HOME/cairn/packed, else
+    ~/.cache/cairn/packed: packed panels are a cache (rebuilt from the model when missing)."""
+    env = os.environ if env is None else env
+    if env.get("CACHE_DIRECTORY"):
+        return Path(env["CACHE_DIRECTORY"].split(":")[0]) / "packed"
+    base = env.get("XDG_CACHE_HOME") or str(Path(env.get("HOME") or Path.home()) / ".cache")
+    return Path(base) / "cairn" / "packed"
+
+
+PACKED_CACHE_MIN_BYTES = 256 << 20  # smaller models pack in well under a second: not worth a file
+
+
+def packed_cache_file(md: ModelDir, cache_dir: str | Path, widen_bf16: bool = False) -> Path:
+    """Where a model's packed panels are cached: named by its fingerprint (the file's header repeats
+    it, with the panel layout, and a mismatch re-packs)."""
+    return Path(cache_dir) / f"{md.fingerprint[:32]}{'-widened' if widen_bf16 else ''}.pack"
+
+
+def load_model(path: str | Path | ModelDir, threads: int = 0, *, widen_bf16: bool = False,
+               packed_cache: str | Path | None = None, packed_cache_min_bytes: int = PACKED_CACHE_MIN_BYTES):
+    """Open a model directory and build the kernel's immutable Model from it. packed_cache: a
+    directory for the packed panels of models of at least packed_cache_min_bytes of weights: the
+    first start packs and writes them there (atomically), later starts map them instead of packing
+    (no weight matrix is read until used). An unusable directory only costs the cache."""
     from .. import _kernel
 
     md = path if isinstance(path, ModelDir) else open_model_dir(path)
-    return _kernel.Model(md.config, map_weights(md), md.fingerprint, threads, widen_bf16=widen_bf16)
+    cache = ""
+    if packed_cache is not None and sum(t.end - t.start for t in md.tensors.values()) >= packed_cache_min_bytes:
+        try:
+            Path(packed_cache).mkdir(parents=True, exist_ok=True)
+            cache = str(packed_cache_file(md, packed_cache, widen_bf16))
+        except OSError:
+            cache = ""
+    return _kernel.Model(md.config, map_weights(md), md.fingerprint, threads, widen_bf16=widen_bf16,
+                         packed_cache=cache)

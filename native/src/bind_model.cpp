@@ -55,6 +55,7 @@ struct Convert {
   float* dst;
   int64_t n;
   bool bf16;
+  bool matrix = false;  // the source of a packed matrix: not needed when the panels come from the cache
 };
 
 struct Loader {
@@ -103,8 +104,8 @@ struct Loader {
       if (a.itemsize() != 2) throw py::value_error("weight '" + name + "' tagged " + tag + " but itemsize != 2");
       py::array c = py::array::ensure(a, py::array::c_style);
       transient.push_back(c);
-      m.owned.push_back(std::make_unique<std::vector<float>>((size_t)n));
-      float* dst = m.owned.back()->data();
+      m.owned.push_back(std::unique_ptr<float[]>(new float[(size_t)std::max<int64_t>(n, 1)]));
+      float* dst = m.owned.back().get();
       jobs.push_back({c.data(), dst, n, tag == "BF16"});
       if (tag == "BF16") m.bf16_sources.insert(dst);
       return dst;
@@ -183,19 +184,21 @@ struct Loader {
     py::tuple t = entry(name);
     const std::string tag = py::str(t[1]);
     if (tag == "F8_E4M3" || tag == "I8") return qlin(name, tag, t, out, in);
-    const size_t kept = m.keep.size();
+    const size_t kept = m.keep.size(), converts = jobs.size();
     Linear L{f32(name, {out, in}), nullptr, out, in};
+    if (jobs.size() > converts) jobs.back().matrix = true;
     if (m.keep.size() > kept) {  // an F32 source used in place: only read while packing
       transient.push_back(m.keep.back());
       m.keep.pop_back();
     }
     return L;
   }
-  void run_jobs(int threads) {
-    py::gil_scoped_release rel;
+  // Widen the BF16/F16 sources of matrices (matrix) or of everything else; call without the GIL.
+  void run_jobs(int threads, bool matrix) {
 #pragma omp parallel for num_threads(threads) schedule(dynamic)
     for (size_t j = 0; j < jobs.size(); ++j) {
       const Convert& c = jobs[j];
+      if (c.matrix != matrix) continue;
       const uint16_t* s = (const uint16_t*)c.src;
       if (c.bf16)
         for (int64_t i = 0; i < c.n; ++i) {
@@ -283,7 +286,7 @@ Config parse_config(const py::dict& d) {
 }  // namespace
 
 BoundModel::BoundModel(py::dict config, py::dict weights, std::string fp, int nthreads, bool batched,
-                       bool widen) {
+                       bool widen, std::string packed_cache) {
   cfg = parse_config(config);
   fingerprint = std::move(fp);
   // all cores this process may run on (affinity mask), not every core of the machine
@@ -354,10 +357,10 @@ BoundModel::BoundModel(py::dict config, py::dict weights, std::string fp, int nt
     L.sw2 = ld.lin(f + "shared_experts.w2.weight", D, Is);
     L.sw3 = ld.lin(f + "shared_experts.w3.weight", Is, D);
   }
-  ld.run_jobs(threads);
   {
     py::gil_scoped_release rel;
-    pack_weights(*this, threads);
+    ld.run_jobs(threads, false);
+    pack_weights(*this, threads, packed_cache, [&] { ld.run_jobs(threads, true); });
   }
   ld.transient.clear();
   init_rope(*this);
@@ -374,11 +377,17 @@ them as fp32 panels), F16/F32 ones as fp32 panels, quantized ones (F8_E4M3 [out,
 scaled inside the product: the same bits as fp32 panels of the dequantized weights. The sources of
 packed matrices are released after packing; other F32 arrays and a BF16 embedding are used in place
 (kept alive by the Model).
+packed_cache: a file path for the packed panels: when it holds this model's panels (same fingerprint
+and layout) they are memory-mapped instead of packed (no weight matrix is read or widened; pages are
+read when first used); otherwise the panels are packed and written there atomically for the next start.
 threads=0 uses all cores.
 batched_indexer=False scores the CSA indexer with the scalar per-query reference loop (same results).)doc")
-      .def(py::init<py::dict, py::dict, std::string, int, bool, bool>(), py::arg("config"), py::arg("weights"),
-           py::arg("fingerprint"), py::arg("threads") = 0, py::kw_only(), py::arg("batched_indexer") = true,
-           py::arg("widen_bf16") = false)
+      .def(py::init<py::dict, py::dict, std::string, int, bool, bool, std::string>(), py::arg("config"),
+           py::arg("weights"), py::arg("fingerprint"), py::arg("threads") = 0, py::kw_only(),
+           py::arg("batched_indexer") = true, py::arg("widen_bf16") = false, py::arg("packed_cache") = "")
+      .def_property_readonly("packed_from_cache", [](const BoundModel& m) { return m.packed_from_cache; })
+      .def_property_readonly("packed_cache_written", [](const BoundModel& m) { return m.packed_cache_written; })
+      .def_property_readonly("packed_bytes", [](const BoundModel& m) { return m.packed_bytes; })
       .def_property_readonly("fingerprint", [](const BoundModel& m) { return m.fingerprint; })
       .def_property_readonly("vocab_size", [](const BoundModel& m) { return m.cfg.vocab; })
       .def_property_readonly("n_layers", [](const BoundModel& m) { return m.cfg.n_layers; })

@@ -45,7 +45,13 @@ void init_rope(Model& m) {
 }  // namespace cairn
 
 // ---- weight packing -------------------------------------------------------------------------
+#include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
 
 #include <stdexcept>
 #include <unordered_set>
@@ -101,7 +107,71 @@ std::vector<const float*> fused_rows(const Linear& g, const Linear& u) {
 }
 }  // namespace
 
-void pack_weights(Model& m, int threads) {
+namespace {
+// Packed cache file: a 4 KiB header, then the arena exactly as packed (offsets as computed below).
+constexpr char kPackMagic[8] = {'C', 'A', 'I', 'R', 'N', 'P', 'K', '1'};
+constexpr size_t kPackHeader = 4096;
+struct PackHeader {
+  char magic[8];
+  uint64_t layout;  // hash of every panel's format and shape, in order
+  uint64_t total;   // arena bytes
+  uint32_t fp_len;
+  char fp[256];     // the model fingerprint
+};
+
+uint64_t fnv(uint64_t h, uint64_t v) {
+  for (int i = 0; i < 8; ++i) h = (h ^ ((v >> (8 * i)) & 0xff)) * 1099511628211ull;
+  return h;
+}
+
+PackHeader make_header(const std::string& fp, uint64_t layout, uint64_t total) {
+  PackHeader h{};
+  std::memcpy(h.magic, kPackMagic, 8);
+  h.layout = layout;
+  h.total = total;
+  h.fp_len = (uint32_t)std::min<size_t>(fp.size(), sizeof h.fp);
+  std::memcpy(h.fp, fp.data(), h.fp_len);
+  return h;
+}
+
+// The cached panels if the file matches exactly, else null.
+void* map_cache(const std::string& path, const PackHeader& want, size_t* len) {
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return nullptr;
+  PackHeader got{};
+  struct stat st{};
+  void* map = nullptr;
+  if (pread(fd, &got, sizeof got, 0) == (ssize_t)sizeof got && std::memcmp(&got, &want, sizeof got) == 0 &&
+      fstat(fd, &st) == 0 && (uint64_t)st.st_size == kPackHeader + want.total) {
+    *len = (size_t)st.st_size;
+    map = mmap(nullptr, *len, PROT_READ, MAP_PRIVATE, fd, 0);
+    if (map == MAP_FAILED) map = nullptr;
+  }
+  close(fd);
+  return map;
+}
+
+bool write_cache(const std::string& path, const PackHeader& h, const void* data, size_t n) {
+  const std::string tmp = path + ".tmp." + std::to_string(getpid());
+  const int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return false;
+  std::vector<char> head(kPackHeader, 0);
+  std::memcpy(head.data(), &h, sizeof h);
+  bool ok = write(fd, head.data(), head.size()) == (ssize_t)head.size();
+  for (size_t done = 0; ok && done < n;) {
+    const ssize_t w = write(fd, (const char*)data + done, std::min<size_t>(n - done, 1u << 30));
+    ok = w > 0;
+    if (ok) done += (size_t)w;
+  }
+  ok = ok && fsync(fd) == 0;
+  ok = close(fd) == 0 && ok;
+  ok = ok && rename(tmp.c_str(), path.c_str()) == 0;  // atomic: a reader sees the old file or the whole new one
+  if (!ok) unlink(tmp.c_str());
+  return ok;
+}
+}  // namespace
+
+void pack_weights(Model& m, int threads, const std::string& cache_path, const std::function<void()>& prepare_sources) {
   const Config& c = m.cfg;
   std::vector<PackJob> jobs;
   std::vector<Linear*> sources;  // every Linear whose row-major source is dropped afterwards
@@ -166,22 +236,39 @@ void pack_weights(Model& m, int threads) {
     offsets[j] = total;
     total += (bytes + 63) / 64 * 64;
   }
-  // One arena for every panel, in 2 MiB pages where the kernel allows (transparent huge pages
-  // on madvise): 1/512 of the page faults while packing and of the TLB misses while computing.
-  constexpr size_t kHuge = 2u << 20;
-  const size_t arena = std::max<size_t>((total + kHuge - 1) / kHuge * kHuge, kHuge);
-  void* base = std::aligned_alloc(kHuge, arena);
-  if (!base) throw std::bad_alloc();
-  m.packed.emplace_back(base);
-  madvise(base, arena, MADV_HUGEPAGE);  // advisory: without THP the arena is ordinary pages
-  for (size_t j = 0; j < jobs.size(); ++j) bufs[j] = (char*)base + offsets[j];
+  uint64_t layout = fnv(14695981039346656037ull, kPanel);
+  for (const PackJob& J : jobs)
+    for (uint64_t v : {(uint64_t)J.qf, (uint64_t)J.bf16, (uint64_t)(J.qf != QFmt::None ? J.qrows.size() : J.rows.size()),
+                       (uint64_t)J.dst->in})
+      layout = fnv(layout, v);
+  const PackHeader header = make_header(m.fingerprint, layout, total);
+  m.packed_bytes = total;
+  size_t map_len = 0;
+  void* cached = cache_path.empty() ? nullptr : map_cache(cache_path, header, &map_len);
+  if (cached) {
+    m.packed_map = std::shared_ptr<void>(cached, [map_len](void* p) { munmap(p, map_len); });
+    m.packed_from_cache = true;
+    for (size_t j = 0; j < jobs.size(); ++j) bufs[j] = (char*)cached + kPackHeader + offsets[j];
+  } else {
+    if (prepare_sources) prepare_sources();
+    // One arena for every panel, in 2 MiB pages where the kernel allows (transparent huge pages
+    // on madvise): 1/512 of the page faults while packing and of the TLB misses while computing.
+    constexpr size_t kHuge = 2u << 20;
+    const size_t arena = std::max<size_t>((total + kHuge - 1) / kHuge * kHuge, kHuge);
+    void* base = std::aligned_alloc(kHuge, arena);
+    if (!base) throw std::bad_alloc();
+    m.packed.emplace_back(base);
+    madvise(base, arena, MADV_HUGEPAGE);  // advisory: without THP the arena is ordinary pages
+    for (size_t j = 0; j < jobs.size(); ++j) bufs[j] = (char*)base + offsets[j];
 #pragma omp parallel for num_threads(std::max(1, threads)) schedule(dynamic, 1)
-  for (size_t j = 0; j < jobs.size(); ++j) {
-    const PackJob& J = jobs[j];
-    if (J.qf != QFmt::None)
-      pack_panels_q(J.qf, J.qrows, J.dst->in, (uint8_t*)bufs[j], (uint8_t*)bufs[j] + code_bytes[j]);
-    else if (J.bf16) pack_panels_bf16(J.rows, J.dst->in, (uint16_t*)bufs[j]);
-    else pack_panels(J.rows, J.dst->in, (float*)bufs[j]);
+    for (size_t j = 0; j < jobs.size(); ++j) {
+      const PackJob& J = jobs[j];
+      if (J.qf != QFmt::None)
+        pack_panels_q(J.qf, J.qrows, J.dst->in, (uint8_t*)bufs[j], (uint8_t*)bufs[j] + code_bytes[j]);
+      else if (J.bf16) pack_panels_bf16(J.rows, J.dst->in, (uint16_t*)bufs[j]);
+      else pack_panels(J.rows, J.dst->in, (float*)bufs[j]);
+    }
+    if (!cache_path.empty()) m.packed_cache_written = write_cache(cache_path, header, base, total);
   }
   for (size_t j = 0; j < jobs.size(); ++j) {
     Linear& D = *jobs[j].dst;
@@ -203,7 +290,7 @@ void pack_weights(Model& m, int threads) {
     L->q = L->qs = nullptr;
   }
   for (auto& o : m.owned)
-    if (o && dropped.count(o->data())) o.reset();
+    if (o && dropped.count(o.get())) o.reset();
   m.bf16_sources.clear();  // they pointed into buffers freed just above
 }
 

@@ -16,6 +16,7 @@
 #pragma once
 #include <cstdint>
 #include <cstdlib>
+#include <functional>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -122,15 +123,24 @@ struct Model {
   const float *hc_head_base = nullptr, *hc_head_scale = nullptr;  // [N] [1]
   std::vector<LayerW> layers;
   std::vector<float> inv_freq_main, inv_freq_comp;  // [r/2]
-  std::vector<std::unique_ptr<std::vector<float>>> owned;  // widened BF16/F16 weights
+  // widened BF16/F16 weights; uninitialised until widened, so a matrix source that is never
+  // widened (panels from the packed cache) never touches its pages
+  std::vector<std::unique_ptr<float[]>> owned;
   std::unordered_set<const float*> bf16_sources;             // those of `owned` that were BF16
   bool widen_bf16 = false;  // pack BF16 matrices as fp32 panels instead of bf16 ones
   struct FreeDeleter { void operator()(void* p) const { std::free(p); } };
   std::vector<std::unique_ptr<void, FreeDeleter>> packed;  // the arena of every Linear's panels (2 MiB aligned)
+  std::shared_ptr<void> packed_map;  // instead: the panels mapped from a packed cache file
+  bool packed_from_cache = false, packed_cache_written = false;
+  size_t packed_bytes = 0;
 };
 
 void init_rope(Model& m);
 // Packs every Linear (and the fused expert gate/up pairs) into panels; `threads` pack in parallel.
-void pack_weights(Model& m, int threads);
+// cache_path: when that file holds these panels (same fingerprint and layout), map it instead of
+// packing, and prepare_sources (which fills the row-major sources) is never called; else pack
+// and write the file atomically (failures to write leave packed_cache_written false).
+void pack_weights(Model& m, int threads, const std::string& cache_path = "",
+                  const std::function<void()>& prepare_sources = {});
 
 }  // namespace cairn
