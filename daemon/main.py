@@ -12,6 +12,7 @@ import contextlib
 import os
 import signal
 import sys
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,7 +47,14 @@ def load(settings: Settings, kernel=None) -> Loaded:
     if kernel is None:
         from cairn import _kernel as kernel
     md = open_model_dir(settings.model)
-    return Loaded(kernel=kernel, model=load_model(md, settings.threads, packed_cache=default_packed_cache_dir()), tokenizer=TextTokenizer.from_model_dir(md),
+    log = get_logger()
+    log.info("loading_model", model=md.name)
+    t = time.monotonic()
+    model = load_model(md, settings.threads, packed_cache=default_packed_cache_dir())
+    log.info("model_loaded", model=md.name, seconds=round(time.monotonic() - t, 2),
+             packed_bytes=int(model.packed_bytes), packed_from_cache=bool(model.packed_from_cache),
+             packed_cache_written=bool(model.packed_cache_written))
+    return Loaded(kernel=kernel, model=model, tokenizer=TextTokenizer.from_model_dir(md),
                   renderer=ChatRenderer.from_model_dir(md), name=md.name, fingerprint=md.fingerprint,
                   context_length=int(md.config["max_position_embeddings"]))
 
