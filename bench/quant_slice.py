@@ -9,7 +9,8 @@ indexer, router, shared expert, hyper-connections, the head), plus top-k routed 
 layer, as stored (codes + scales). The bandwidth probe reads a 1 GiB array with as many threads
 (an integer max: vectorised, memory-bound; numpy reductions release the GIL), best of 5. FLOPs per prefilled token: 2 per weight parameter
 the token multiplies (the same set without the head, which runs for a chunk's last token only;
-attention scores are left out, small at these lengths), against the kernel's own fp32 GEMM rate.
+attention scores are left out, small at these lengths), against a pure FMA loop (`_fma_peak`) and
+the kernel's own fp32 GEMM rate. Then bit-identity checks on the slice (identity_checks).
 """
 
 from __future__ import annotations
@@ -52,6 +53,22 @@ def gemm_rate(threads: int) -> float:
     x = rng.standard_normal((512, 4096), dtype=np.float32)
     w = rng.standard_normal((4096, 4096), dtype=np.float32)
     return max(2 * 512 * 4096 * 4096 / K._packed_matmul(x, w, threads, 2)[1] for _ in range(3))
+
+
+def identity_checks(model, vocab: int) -> dict:
+    """On the slice itself: any chunking, decode, and snapshot -> restore -> continue give the same
+    bits (the fp32 reference on dequantized weights is checked on the tiny presets in the tests; the
+    slice's dequantized fp32 weights would need 26 GB)."""
+    toks = np.random.default_rng(1).integers(0, vocab, 96).astype(np.int32)
+    ref = K.prefill(K.State(model), toks, chunk=96, all_logits=True)[1]
+    chunked = K.prefill(K.State(model), toks, chunk=37, all_logits=True)[1]
+    st = K.State(model)
+    rows = [K.prefill(st, toks[:50], chunk=16, all_logits=True)[1]]
+    restored = K.State.restore(model, st.snapshot())
+    rows.append(K.prefill(restored, toks[50:80], chunk=64, all_logits=True)[1])
+    rows += [K.decode(restored, int(t))[None] for t in toks[80:]]
+    return {"chunk_37_equals_96": bool(np.array_equal(chunked, ref)),
+            "split_restore_decode_equals_96": bool(np.array_equal(np.concatenate(rows), ref))}
 
 
 def per_token(md) -> tuple[int, int]:
@@ -101,6 +118,8 @@ def main() -> None:
     load_s, grown = time.perf_counter() - t, rss() - before
     nbytes, params = per_token(md)
     bw, gemm = read_probe(args.threads), gemm_rate(args.threads)
+    peak = max(K._fma_peak(args.threads, 0.5) for _ in range(3))
+    same = identity_checks(model, md.config["vocab_size"])
     prompt = np.random.default_rng(0).integers(0, md.config["vocab_size"], args.prompt).astype(np.int32)
     runs = [timed_run(model, prompt, args.decode, args.chunk) for _ in range(args.runs)]
     prefill, decode = max(r[0] for r in runs), max(r[1] for r in runs)
@@ -113,6 +132,8 @@ def main() -> None:
         "decode_of_bound": round(decode * nbytes / bw, 3),
         "prefill_tok_s": round(prefill, 2), "prefill_GFLOPs": round(prefill * 2 * params / 1e9, 1),
         "fp32_gemm_GFLOPs": round(gemm / 1e9, 1), "prefill_of_gemm": round(prefill * 2 * params / gemm, 3),
+        "fma_peak_GFLOPs": round(peak / 1e9, 1), "prefill_of_peak": round(prefill * 2 * params / peak, 3),
+        **same,
     }
     print(json.dumps(out, indent=1))
 
