@@ -8,8 +8,11 @@
 //    (pack_weights) into 16-row panels, the only form compute reads: a once-per-load copy that
 //    spares every GEMM call from re-packing (and frees the widened BF16/F16 rows). BF16
 //    matrices keep BF16 panels (half the bytes; widening to fp32 is exact, so results are the
-//    same as fp32 panels of the widened values) unless widen_bf16 is set.
-//    The embedding stays row-major (row lookups).
+//    same as fp32 panels of the widened values) unless widen_bf16 is set. Quantized matrices
+//    (FP8 e4m3 / FP4 e2m1 with ue8m0 scales) keep panels of their stored codes, widened and
+//    scaled exactly in registers: the bits of fp32 panels of the dequantized weights.
+//    All panels share one arena, or are mapped from a packed cache file written at an earlier start.
+//    The embedding stays row-major (row lookups; a BF16 one is read from the mapping).
 //  * Threading: OpenMP is the single thread pool (no BLAS library, no second pool), and every
 //    parallel region says `num_threads(model.threads)` explicitly, because the compute runs on
 //    whatever Python thread calls in (the OMP ICV is per thread).
