@@ -12,6 +12,7 @@
 #include <pybind11/stl.h>
 
 #include <cstring>
+#include <functional>
 #include <sstream>
 #include <sched.h>
 
@@ -65,6 +66,7 @@ struct Loader {
   // Arrays only read while loading (BF16/F16 widening sources, the mapped bytes of packed
   // matrices): released once everything is packed, so the mapping's pages leave the process.
   std::vector<py::object> transient;
+  std::vector<std::function<void()>> checks;  // of quantized sources, run only when they are packed
 
   py::tuple entry(const std::string& name) {
     if (!weights.contains(name)) throw py::value_error("missing weight tensor '" + name + "'");
@@ -158,12 +160,14 @@ struct Loader {
         ? std::vector<int64_t>{out, in / kFp4Group}
         : std::vector<int64_t>{(out + kFp8Block - 1) / kFp8Block, (in + kFp8Block - 1) / kFp8Block};
     L.qs = bytes(sn, st, grid);
-    const int64_t n = grid[0] * grid[1];
-    for (int64_t i = 0; i < n; ++i)
-      if (L.qs[i] > qscale_max(f))
-        throw py::value_error("weight '" + sn + "' holds scale byte " + std::to_string(L.qs[i]) + " (2^" +
-                              std::to_string((int)L.qs[i] - 127) + "); at most " + std::to_string(qscale_max(f)) +
-                              " is supported");
+    // checked when packing (without the GIL): panels mapped from the packed cache never read the scales
+    checks.push_back([sn, qs = L.qs, n = grid[0] * grid[1], top = qscale_max(f)] {
+      for (int64_t i = 0; i < n; ++i)
+        if (qs[i] > top)
+          throw py::value_error("weight '" + sn + "' holds scale byte " + std::to_string(qs[i]) + " (2^" +
+                                std::to_string((int)qs[i] - 127) + "); at most " + std::to_string(top) +
+                                " is supported");
+    });
     return L;
   }
   std::vector<int32_t> ints(const std::string& name, const std::vector<int64_t>& want, int64_t lim) {
@@ -298,7 +302,7 @@ BoundModel::BoundModel(py::dict config, py::dict weights, std::string fp, int nt
   widen_bf16 = widen;
   const Config& c = cfg;
   const int D = c.D, N = c.N, NM = (2 + N) * N, V = c.vocab;
-  Loader ld{*this, weights, {}, {}};
+  Loader ld{*this, weights, {}, {}, {}};
   ld.embedding("embed.weight", V, D);
   head = ld.lin("head.weight", V, D);
   norm = ld.f32("norm.weight", {D});
@@ -360,7 +364,10 @@ BoundModel::BoundModel(py::dict config, py::dict weights, std::string fp, int nt
   {
     py::gil_scoped_release rel;
     ld.run_jobs(threads, false);
-    pack_weights(*this, threads, packed_cache, [&] { ld.run_jobs(threads, true); });
+    pack_weights(*this, threads, packed_cache, [&] {
+      for (auto& check : ld.checks) check();
+      ld.run_jobs(threads, true);
+    });
   }
   ld.transient.clear();
   init_rope(*this);
