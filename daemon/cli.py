@@ -12,8 +12,14 @@ def _make_model(args: argparse.Namespace) -> int:
     if args.preset not in PRESETS:
         print(f"cairn make-model: unknown preset {args.preset!r}; choose from {', '.join(PRESETS)}", file=sys.stderr)
         return 2
-    out = make_model(args.preset, args.seed, args.out_dir, dtype=args.dtype,
-                     shard_bytes=args.shard_mb * 1024 * 1024 if args.shard_mb else None)
+    try:
+        out = make_model(args.preset, args.seed, args.out_dir, dtype=args.dtype,
+                         shard_bytes=args.shard_mb * 1024 * 1024 if args.shard_mb else None,
+                         official_names=None if args.names is None else args.names == "official",
+                         layers=args.layers, progress=lambda msg: print(msg, file=sys.stderr))
+    except ValueError as e:  # e.g. flash-slice without --layers
+        print(f"cairn make-model: {e}", file=sys.stderr)
+        return 2
     print(f"wrote {args.preset} model (seed {args.seed}, {args.dtype}) to {out}")
     return 0
 
@@ -23,9 +29,16 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     mk = sub.add_parser("make-model", help="write a deterministic random-weight model directory")
-    mk.add_argument("--preset", default="tiny", help="tiny (tests) or small (benchmarks, demo)")
+    mk.add_argument("--preset", default="tiny",
+                    help="tiny (tests), small (benchmarks, demo), tiny-fp4 / tiny-fp8 (the official quantized format), "
+                         "flash-slice (V4-Flash's dimensions and format, with --layers N)")
+    mk.add_argument("--names", choices=["official", "hf"], default=None,
+                    help="tensor spelling: official DeepSeek (scales W.scale) or HF's (model.…, W.weight_scale_inv); "
+                         "default official for quantized presets, hf otherwise")
     mk.add_argument("--seed", type=int, default=0)
     mk.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32")
+    mk.add_argument("--layers", type=int, default=None,
+                    help="keep the first N layers of the preset (required for flash-slice, V4-Flash's real dimensions)")
     mk.add_argument("--shard-mb", type=int, default=0, help="split the weights into shards of about this size")
     mk.add_argument("out_dir")
     mk.set_defaults(func=_make_model)

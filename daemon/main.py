@@ -12,6 +12,7 @@ import contextlib
 import os
 import signal
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -42,17 +43,24 @@ class Loaded:
 
 def load(settings: Settings, kernel=None) -> Loaded:
     from .chat_encoding import choose_renderer
-    from .model_dir import load_model, open_model_dir
+    from .model_dir import default_packed_cache_dir, load_model, open_model_dir
     from .tokenizer import TextTokenizer
 
     if kernel is None:
         from cairn import _kernel as kernel
     from .weight_digest import CACHE_NAME
 
+    log = get_logger()
     # The weight-digest cache lives in the checkpoint directory: the place the daemon may write.
-    md = open_model_dir(settings.model, digest_cache=Path(settings.checkpoint_dir) / CACHE_NAME, log=get_logger())
+    md = open_model_dir(settings.model, digest_cache=Path(settings.checkpoint_dir) / CACHE_NAME, log=log)
     choice = choose_renderer(md)
-    return Loaded(kernel=kernel, model=load_model(md, settings.threads), tokenizer=TextTokenizer.from_model_dir(md),
+    log.info("loading_model", model=md.name)
+    t = time.monotonic()
+    model = load_model(md, settings.threads, packed_cache=default_packed_cache_dir())
+    log.info("model_loaded", model=md.name, seconds=round(time.monotonic() - t, 2),
+             packed_bytes=int(model.packed_bytes), packed_from_cache=bool(model.packed_from_cache),
+             packed_cache_written=bool(model.packed_cache_written))
+    return Loaded(kernel=kernel, model=model, tokenizer=TextTokenizer.from_model_dir(md),
                   renderer=choice.renderer, name=md.name, fingerprint=md.fingerprint,
                   context_length=int(md.config["max_position_embeddings"]),
                   encoding=f"{choice.encoding}: {choice.reason}")

@@ -20,6 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
+from .flash_slice import flash_slice_preset, write_flash_slice
+from .quantize import QUANTIZATION_CONFIG, official_f32, quantize_fp4, quantize_fp8, quantized_format
 from .safetensors_io import to_bf16_bits, write_file
 
 # DeepSeek-V4's special tokens (daemon/encoding_dsv4.py), then padding.
@@ -145,6 +147,9 @@ class Preset:
     swiglu_limit: float = 10.0
     max_position_embeddings: int = 65536
     extra: dict = field(default_factory=dict)
+    # The official DeepSeek-V4 quantization: None (float weights), or the routed experts' format
+    # ("fp4" as V4-Flash, "fp8" as V4-Flash-Base) with every other projection FP8 (quantize.py).
+    quant: str | None = None
 
 
 S, C, H = "sliding_attention", "compressed_sparse_attention", "heavily_compressed_attention"
@@ -166,6 +171,27 @@ PRESETS: dict[str, Preset] = {
         n_routed_experts=16, num_experts_per_tok=4, moe_intermediate_size=512,
     ),
 }
+
+
+_TINY_Q = dict(
+    vocab_size=512, hidden_size=256, layer_types=(S, C, H), mlp_layer_types=("hash_moe", "moe", "moe"),
+    num_attention_heads=4, head_dim=64, qk_rope_head_dim=16, q_lora_rank=128, o_groups=2, o_lora_rank=64,
+    sliding_window=16, csa_rate=4, hca_rate=16, index_n_heads=16, index_head_dim=32, index_topk=8,
+    n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=64,
+)
+# For tests of the quantized format: every quantized dimension is <= 128 or a multiple of it (HF
+# derives the block size from the scale grid), several 128x128 blocks per matrix.
+PRESETS["tiny-fp4"] = Preset(**_TINY_Q, quant="fp4")
+PRESETS["tiny-fp8"] = Preset(**_TINY_Q, quant="fp8")
+# DeepSeek-V4-Flash as released (43 layers; `layers=` cuts it), written by flash_slice.py.
+PRESETS["flash-slice"] = Preset(
+    vocab_size=129280, hidden_size=4096, layer_types=(S, S) + (C, H) * 20 + (C,),
+    mlp_layer_types=("hash_moe",) * 3 + ("moe",) * 40,
+    num_attention_heads=64, head_dim=512, qk_rope_head_dim=64, q_lora_rank=1024, o_groups=8, o_lora_rank=1024,
+    sliding_window=128, csa_rate=4, hca_rate=128, index_n_heads=64, index_head_dim=128, index_topk=512,
+    n_routed_experts=256, num_experts_per_tok=6, moe_intermediate_size=2048, max_position_embeddings=1048576,
+    quant="fp4",
+)
 
 
 def hf_config(p: Preset) -> dict:
@@ -218,6 +244,9 @@ def hf_config(p: Preset) -> dict:
         "tie_word_embeddings": False,
         "dtype": "float32",
     }
+    if p.quant:
+        cfg["expert_dtype"] = p.quant  # top level, as in the official config.json
+        cfg["quantization_config"] = dict(QUANTIZATION_CONFIG)
     cfg.update(p.extra)
     return cfg
 
@@ -358,31 +387,60 @@ def tokenizer_config(max_len: int) -> dict:
 # ---------------------------------------------------------------------------------------------
 
 def make_model(preset: str | Preset, seed: int, out_dir: str | os.PathLike, *, dtype: str = "float32",
-               shard_bytes: int | None = None, official_names: bool = False) -> Path:
-    """Write a model directory. Returns its path."""
+               shard_bytes: int | None = None, official_names: bool | None = None, layers: int | None = None,
+               progress=None) -> Path:
+    """Write a model directory. Returns its path. official_names: the official DeepSeek spelling
+    (no `model.` prefix, scales `W.scale`) instead of HF's (`model.…`, scales `W.weight_scale_inv`);
+    by default official for quantized presets (as released), HF's otherwise. layers: the first N
+    layers of the preset (flash-slice: required; its weights are always the official layout)."""
     if isinstance(preset, str) and preset not in PRESETS:
         raise ValueError(f"unknown preset {preset!r}; choose from {', '.join(PRESETS)}")
     if dtype not in ("float32", "bfloat16", "float16"):
         raise ValueError(f"dtype must be float32, bfloat16 or float16, got {dtype!r}")
     p = PRESETS[preset] if isinstance(preset, str) else preset
+    flash = preset == "flash-slice"
+    if flash and layers is None:
+        raise ValueError("the flash-slice preset needs a layer count (--layers N)")
+    if layers is not None:
+        p = flash_slice_preset(p, layers)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     cfg = hf_config(p)
-    cfg["dtype"] = dtype
+    cfg["dtype"] = "bfloat16" if flash else dtype
+    if flash:
+        write_flash_slice(p, seed, out, progress)
+        _write_side_files(out, p, cfg)
+        return out
     weights = make_weights(p, seed)
-    if official_names:
-        weights = {to_official_name(k): v for k, v in weights.items()}
+    if official_names is None:
+        official_names = p.quant is not None
     tag = {"float32": "F32", "bfloat16": "BF16", "float16": "F16"}[dtype]
 
-    def encode(arr: np.ndarray) -> tuple[np.ndarray, str]:
+    def encode(name: str, arr: np.ndarray) -> tuple[np.ndarray, str]:
         if arr.dtype == np.int64:
             return arr, "I64"
-        if tag == "BF16":
+        if tag == "BF16" and not (p.quant and official_f32(name)):
             return to_bf16_bits(arr), "BF16"
-        return arr.astype(np.float16 if tag == "F16" else np.float32), tag
+        return arr.astype(np.float16 if tag == "F16" else np.float32), tag if tag != "BF16" else "F32"
 
-    encoded = {k: encode(v) for k, v in weights.items()}
+    encoded: dict[str, tuple[np.ndarray, str]] = {}
+    for name, arr in weights.items():
+        fmt = quantized_format(name, p.quant)
+        if fmt is None:
+            encoded[name] = encode(name, arr)
+        else:
+            codes, scales = quantize_fp4(arr) if fmt == "fp4" else quantize_fp8(arr)
+            encoded[name] = (codes, "I8" if fmt == "fp4" else "F8_E4M3")
+            encoded[name.removesuffix("weight") + ("scale" if official_names else "weight_scale_inv")] = \
+                (scales, "F8_E8M0")
+    if official_names:
+        encoded = {to_official_name(k): v for k, v in encoded.items()}
     _write_weights(out, encoded, shard_bytes)
+    _write_side_files(out, p, cfg)
+    return out
+
+
+def _write_side_files(out: Path, p: Preset, cfg: dict) -> None:
     (out / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
     tok = make_tokenizer(p.vocab_size)
     (out / "tokenizer.json").write_text(tok.to_str(pretty=True) + "\n")
@@ -390,7 +448,6 @@ def make_model(preset: str | Preset, seed: int, out_dir: str | os.PathLike, *, d
         json.dumps(tokenizer_config(p.max_position_embeddings), indent=2, ensure_ascii=False, sort_keys=True) + "\n")
     (out / "generation_config.json").write_text(
         json.dumps({"bos_token_id": 0, "eos_token_id": 1}, indent=2, sort_keys=True) + "\n")
-    return out
 
 
 def _write_weights(out: Path, encoded: dict[str, tuple[np.ndarray, str]], shard_bytes: int | None) -> None:

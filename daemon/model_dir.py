@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -122,10 +123,7 @@ def resolve_config(raw: dict, where: str = "config.json") -> dict:
         raise ModelDirError(f"{where}: tie_word_embeddings is not supported (DeepSeek-V4 has its own head.weight)")
     if raw.get("scoring_func", "sqrtsoftplus") != "sqrtsoftplus":
         raise ModelDirError(f"{where}: scoring_func {raw.get('scoring_func')!r} is not supported (sqrtsoftplus)")
-    if raw.get("quantization_config"):
-        raise ModelDirError(
-            f"{where}: quantized checkpoints (quantization_config) are not supported yet; "
-            "convert the weights to bf16 or fp32")
+    quant = resolve_quantization(raw, where)
     cfg = {
         "vocab_size": get("vocab_size"),
         "hidden_size": get("hidden_size"),
@@ -166,6 +164,8 @@ def resolve_config(raw: dict, where: str = "config.json") -> dict:
         "bos_token_id": raw.get("bos_token_id", 0),
         "eos_token_id": raw.get("eos_token_id", 1),
     }
+    if quant is not None:
+        cfg["quantization"] = quant  # only then: unquantized models keep their fingerprints
     if cfg["n_shared_experts"] != 1:
         raise ModelDirError(f"{where}: n_shared_experts must be 1 (DeepSeek-V4), got {cfg['n_shared_experts']}")
     if cfg["num_attention_heads"] * head_dim % cfg["o_groups"]:
@@ -173,6 +173,32 @@ def resolve_config(raw: dict, where: str = "config.json") -> dict:
     if rope_dim % 2 or rope_dim > head_dim:
         raise ModelDirError(f"{where}: rope dim {rope_dim} must be even and at most head_dim {head_dim}")
     return cfg
+
+
+def resolve_quantization(raw: dict, where: str = "config.json") -> dict | None:
+    """The official DeepSeek-V4 quantization (FP8 e4m3 in 128x128 blocks with ue8m0 scales, routed
+    experts FP4 or FP8) -> {"expert_dtype": ...}; None for an unquantized model; anything else is
+    refused with the field that differs."""
+    q = raw.get("quantization_config")
+    if not q:
+        return None
+    if not isinstance(q, dict):
+        raise ModelDirError(f"{where}: quantization_config must be an object, got {q!r}")
+    want = {"quant_method": "fp8", "fmt": "e4m3", "scale_fmt": "ue8m0", "activation_scheme": "dynamic"}
+    for key, allowed in want.items():
+        got = q.get(key, "e4m3" if key == "fmt" else None)  # HF's FineGrainedFP8Config omits fmt
+        if got != allowed:
+            raise ModelDirError(
+                f"{where}: quantization_config.{key} is {got!r}; cairn supports the official DeepSeek-V4 "
+                f"quantization only ({key} {allowed!r})")
+    block = q.get("weight_block_size")
+    if list(block or []) != [128, 128]:
+        raise ModelDirError(f"{where}: quantization_config.weight_block_size is {block!r}; only [128, 128] "
+                            "blocks are supported")
+    expert = raw.get("expert_dtype", q.get("expert_dtype", "fp8"))  # top level (official) or folded in (HF)
+    if expert not in ("fp8", "fp4"):
+        raise ModelDirError(f"{where}: expert_dtype is {expert!r}; allowed: 'fp8', 'fp4'")
+    return {"expert_dtype": expert}
 
 
 def expected_shapes(cfg: dict) -> dict[str, tuple[int, ...]]:
@@ -235,10 +261,61 @@ def canonical_name(name: str) -> str | None:
     n = name.removeprefix("model.")
     if n.startswith("mtp."):
         return None
+    if n.endswith(".weight_scale_inv"):  # HF's name for the official block scale `W.scale`
+        n = n[: -len("weight_scale_inv")] + "scale"
     n = _TOP_LEVEL.get(n, n)
     if n.startswith("layers.") and n.endswith(".attn.norm.weight"):
         n = n[: -len("norm.weight")] + "kv_norm.weight"  # HF writes the attention kv_norm as attn.norm
     return n
+
+
+# --------------------------------------------------------------------------------------------
+# quantized weights (docs/model-format.md, "Quantized checkpoints")
+
+QUANTIZED_DTYPES = ("F8_E4M3", "I8")
+FP8_BLOCK, FP4_GROUP = 128, 32
+
+
+def scale_name(weight: str) -> str:
+    """`X.weight` -> its block scale `X.scale` (canonical spelling)."""
+    return weight.removesuffix("weight") + "scale"
+
+
+def _check_quantized(name: str, info: TensorInfo, shape: tuple[int, ...], tensors: dict[str, TensorInfo],
+                     quant: dict | None) -> str:
+    """Check a quantized weight and its scale against the config; return the scale's name.
+    F8_E4M3 [out, in] with a ue8m0 scale per 128x128 block; I8 [out, in/2] (two FP4 e2m1 values
+    per byte, low nibble = even column; routed experts only) with a ue8m0 scale per row per 32."""
+    where = f"{info.file}: tensor {info.name!r}"
+    if quant is None:
+        raise ModelDirError(f"{where} has dtype {info.dtype} but config.json has no quantization_config")
+    if len(shape) != 2 or not name.endswith(".weight") or name == "embed.weight":
+        raise ModelDirError(f"{where} has dtype {info.dtype}; only weight matrices may be quantized "
+                            "(this one must be F32, BF16 or F16)")
+    out, inp = shape
+    if info.dtype == "I8":
+        if ".ffn.experts." not in name:
+            raise ModelDirError(f"{where} is I8 (FP4); only routed experts (ffn.experts.*) may be FP4")
+        if inp % FP4_GROUP:
+            raise ModelDirError(f"{where}: FP4 needs the input width ({inp}) to be a multiple of {FP4_GROUP}")
+        stored, grid = (out, inp // 2), (out, inp // FP4_GROUP)
+    else:
+        stored, grid = shape, (-(-out // FP8_BLOCK), -(-inp // FP8_BLOCK))
+    if info.shape != stored:
+        raise ModelDirError(f"{where} ({info.dtype}) has shape {list(info.shape)}, expected {list(stored)} "
+                            "from config.json")
+    sname = scale_name(name)
+    scale = tensors.get(sname)
+    if scale is None:
+        raise ModelDirError(f"{where} ({info.dtype}) has no block scale (expected a tensor "
+                            f"{info.name.removesuffix('weight')}scale or …weight_scale_inv)")
+    if scale.dtype != "F8_E8M0":
+        raise ModelDirError(f"{scale.file}: tensor {scale.name!r} has dtype {scale.dtype}; only F8_E8M0 "
+                            "(ue8m0, power-of-two) scales are supported")
+    if scale.shape != grid:
+        raise ModelDirError(f"{scale.file}: tensor {scale.name!r} has shape {list(scale.shape)}, expected "
+                            f"{list(grid)} for {info.dtype} weights of shape {list(shape)}")
+    return sname
 
 
 # --------------------------------------------------------------------------------------------
@@ -332,8 +409,13 @@ def open_model_dir(path: str | Path, *, digest_cache: str | Path | None = None, 
     if missing:
         more = f" (and {len(missing) - 5} more)" if len(missing) > 5 else ""
         raise ModelDirError(f"{path}: missing tensor(s) {', '.join(missing[:5])}{more}")
+    quant = cfg.get("quantization")
+    scales: set[str] = set()
     for name, shape in want.items():
         info = tensors[name]
+        if info.dtype in QUANTIZED_DTYPES:
+            scales.add(_check_quantized(name, info, shape, tensors, quant))
+            continue
         if info.shape != shape:
             raise ModelDirError(
                 f"{info.file}: tensor {info.name!r} has shape {list(info.shape)}, expected {list(shape)} from config.json")
@@ -341,7 +423,7 @@ def open_model_dir(path: str | Path, *, digest_cache: str | Path | None = None, 
         if is_int != (info.dtype in ("I64", "I32")):
             raise ModelDirError(f"{info.file}: tensor {info.name!r} has dtype {info.dtype}, "
                                 f"expected {'an integer' if is_int else 'a float'} dtype")
-    tensors = {k: v for k, v in tensors.items() if k in want}
+    tensors = {k: v for k, v in tensors.items() if k in want or k in scales}
 
     # Only a directory that passed every check is hashed (every byte; cached: weight_digest.py).
     t0 = time.perf_counter()
@@ -370,13 +452,46 @@ def open_model_dir(path: str | Path, *, digest_cache: str | Path | None = None, 
 
 
 def map_weights(md: ModelDir) -> dict[str, tuple[np.ndarray, str]]:
-    """Memory-map every tensor: canonical name -> (array, dtype tag). BF16 arrives as uint16 bits."""
+    """Memory-map every tensor: canonical name -> (array, dtype tag). BF16 arrives as uint16 bits,
+    FP8 and ue8m0 scales as uint8 bytes, FP4 as int8 pairs of nibbles: the kernel reads the
+    stored bytes (no widening here)."""
     return {name: (map_tensor(info), info.dtype) for name, info in md.tensors.items()}
 
 
-def load_model(path: str | Path | ModelDir, threads: int = 0, *, widen_bf16: bool = False):
-    """Open a model directory and build the kernel's immutable Model from it."""
+def default_packed_cache_dir(env: dict[str, str] | None = None) -> Path:
+    """$CACHE_DIRECTORY/packed (systemd CacheDirectory=), else $XDG_CACHE_HOME/cairn/packed, else
+    ~/.cache/cairn/packed: packed panels are a cache (rebuilt from the model when missing)."""
+    env = os.environ if env is None else env
+    if env.get("CACHE_DIRECTORY"):
+        return Path(env["CACHE_DIRECTORY"].split(":")[0]) / "packed"
+    base = env.get("XDG_CACHE_HOME") or str(Path(env.get("HOME") or Path.home()) / ".cache")
+    return Path(base) / "cairn" / "packed"
+
+
+PACKED_CACHE_MIN_BYTES = 256 << 20  # smaller models pack in well under a second: not worth a file
+
+
+def packed_cache_file(md: ModelDir, cache_dir: str | Path, widen_bf16: bool = False) -> Path:
+    """Where a model's packed panels are cached: named by its fingerprint (the file's header repeats
+    it, with the panel layout, and a mismatch re-packs)."""
+    return Path(cache_dir) / f"{md.fingerprint[:32]}{'-widened' if widen_bf16 else ''}.pack"
+
+
+def load_model(path: str | Path | ModelDir, threads: int = 0, *, widen_bf16: bool = False,
+               packed_cache: str | Path | None = None, packed_cache_min_bytes: int = PACKED_CACHE_MIN_BYTES):
+    """Open a model directory and build the kernel's immutable Model from it. packed_cache: a
+    directory for the packed panels of models of at least packed_cache_min_bytes of weights: the
+    first start packs and writes them there (atomically), later starts map them instead of packing
+    (no weight matrix is read until used). An unusable directory only costs the cache."""
     from .. import _kernel
 
     md = path if isinstance(path, ModelDir) else open_model_dir(path)
-    return _kernel.Model(md.config, map_weights(md), md.fingerprint, threads, widen_bf16=widen_bf16)
+    cache = ""
+    if packed_cache is not None and sum(t.end - t.start for t in md.tensors.values()) >= packed_cache_min_bytes:
+        try:
+            Path(packed_cache).mkdir(parents=True, exist_ok=True)
+            cache = str(packed_cache_file(md, packed_cache, widen_bf16))
+        except OSError:
+            cache = ""
+    return _kernel.Model(md.config, map_weights(md), md.fingerprint, threads, widen_bf16=widen_bf16,
+                         packed_cache=cache)

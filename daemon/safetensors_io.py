@@ -15,12 +15,18 @@ from pathlib import Path
 
 import numpy as np
 
-# safetensors dtype tag -> numpy dtype of the stored bytes. BF16 has no numpy dtype: it is
-# carried as its raw uint16 bit pattern and widened by the kernel.
+# safetensors dtype tag -> numpy dtype of the stored bytes. BF16 and the 8-bit float formats
+# have no numpy dtype: they are carried as their raw bit patterns (uint16 / uint8) and widened by
+# the kernel. I8 is how the official DeepSeek-V4 checkpoints store FP4 (e2m1) expert weights, two
+# values per byte; F8_E8M0 is a power-of-two block scale, 2^(byte - 127).
 DTYPES: dict[str, np.dtype] = {
     "F32": np.dtype("<f4"),
     "F16": np.dtype("<f2"),
     "BF16": np.dtype("<u2"),
+    "F8_E4M3": np.dtype("u1"),
+    "F8_E8M0": np.dtype("u1"),
+    "I8": np.dtype("i1"),
+    "U8": np.dtype("u1"),
     "I64": np.dtype("<i8"),
     "I32": np.dtype("<i4"),
 }
@@ -110,6 +116,37 @@ def write_file(path: Path, tensors: dict[str, tuple[np.ndarray, str]]) -> None:
         for name in order:
             arr, tag = tensors[name]
             f.write(np.ascontiguousarray(arr, dtype=DTYPES[tag]).tobytes())
+    os.replace(tmp, path)
+
+
+def write_file_lazy(path: Path, tensors: dict[str, tuple[tuple[int, ...], str, object]]) -> None:
+    """write_file for tensors too large to hold together: name -> (shape, dtype tag, make), where
+    make() returns the array or an iterable of row blocks; each is made only when it is written."""
+    header: dict[str, object] = {"__metadata__": {"format": "pt"}}
+    offset = 0
+    order = sorted(tensors)
+    for name in order:
+        shape, tag, _ = tensors[name]
+        nbytes = int(np.prod(shape, dtype=np.int64)) * DTYPES[tag].itemsize
+        header[name] = {"dtype": tag, "shape": list(shape), "data_offsets": [offset, offset + nbytes]}
+        offset += nbytes
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        f.write(len(raw).to_bytes(8, "little"))
+        f.write(raw)
+        for name in order:
+            shape, tag, make = tensors[name]
+            made = make()
+            blocks = [made] if isinstance(made, np.ndarray) else made
+            written = 0
+            for block in blocks:
+                block = np.ascontiguousarray(block, dtype=DTYPES[tag])
+                f.write(block.tobytes())
+                written += block.size
+            if written != int(np.prod(shape, dtype=np.int64)):
+                raise ValueError(f"{name}: made {written} values for shape {list(shape)}")
     os.replace(tmp, path)
 
 

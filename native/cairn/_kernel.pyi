@@ -21,9 +21,13 @@ class AbortFlag:
 class Model:
     """Immutable config + weights. Every weight matrix is packed at load into panels: BF16 ones
     as BF16 panels widened inside the product (half the memory and bandwidth, identical results;
-    widen_bf16=True stores fp32 panels instead), F16/F32 ones as fp32 panels. Other F32 tensors
-    are used in place (kept alive by the Model). threads=0: all cores. batched_indexer=False
-    scores the CSA indexer with the scalar per-query reference loop (identical results)."""
+    widen_bf16=True stores fp32 panels instead), F16/F32 ones as fp32 panels, quantized ones
+    (F8_E4M3 [out, in] or FP4 pairs I8 [out, in/2], each with its F8_E8M0 scale 'X.scale') as
+    panels of the stored codes, widened and scaled inside the product (the bits of fp32 panels of
+    the dequantized weights). Sources of packed matrices are released after packing; other F32
+    tensors and a BF16 embedding are used in place (kept alive by the Model). threads=0: all
+    cores. batched_indexer=False scores the CSA indexer with the scalar per-query reference loop
+    (identical results)."""
     def __init__(
         self,
         config: dict,
@@ -33,7 +37,15 @@ class Model:
         *,
         batched_indexer: bool = True,
         widen_bf16: bool = False,
+        packed_cache: str = "",
     ) -> None: ...
+    @property
+    def packed_from_cache(self) -> bool:
+        """The panels were mapped from the packed cache file instead of packed."""
+    @property
+    def packed_cache_written(self) -> bool: ...
+    @property
+    def packed_bytes(self) -> int: ...
     @property
     def fingerprint(self) -> str: ...
     @property
@@ -77,3 +89,4 @@ def _packed_matmul(
     x: npt.NDArray[np.float32], w: npt.NDArray[np.float32], threads: int = 1, reps: int = 1
 ) -> tuple[npt.NDArray[np.float32], float]: ...
 def _profile(reset: bool = True) -> dict[str, float]: ...
+def _fma_peak(threads: int = 1, seconds: float = 0.5) -> float: ...

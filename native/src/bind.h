@@ -12,7 +12,7 @@
 struct BoundModel : cairn::Model {
   std::vector<pybind11::object> keep;
   BoundModel(pybind11::dict config, pybind11::dict weights, std::string fingerprint, int threads,
-             bool batched_indexer, bool widen_bf16);
+             bool batched_indexer, bool widen_bf16, std::string packed_cache);
 };
 
 // State bound to Python: owns a shared reference to its model so it can never dangle.

@@ -40,6 +40,39 @@ void register_bench(py::module_& m) {
     return py::make_tuple(y, dt);
   }, py::arg("x"), py::arg("w"), py::arg("threads") = 1, py::arg("reps") = 1,
      "(y, seconds per call) for y = x @ w.T through the packed-panel GEMM (w packed once, untimed).");
+  m.def("_fma_peak", [](int threads, double seconds) {
+    // The compute ceiling the products are measured against: fp32 FMAs on independent registers
+    // (12 chains hide the FMA latency), every thread for about `seconds`.
+    double flops = 0, dt;
+    {
+      py::gil_scoped_release rel;
+      const int T = std::max(1, threads);
+      std::vector<double> per(T, 0);
+      const double t0 = omp_get_wtime();
+#pragma omp parallel num_threads(T)
+      {
+        float acc[12][16];
+        for (int i = 0; i < 12; ++i)
+          for (int l = 0; l < 16; ++l) acc[i][l] = 1.f + 1e-3f * (float)(i + l);
+        const float a = 0.999999f, b = 1e-7f;
+        int64_t n = 0;
+        while (omp_get_wtime() - t0 < seconds) {
+          for (int r = 0; r < 4096; ++r)
+            for (int i = 0; i < 12; ++i)
+#pragma omp simd
+              for (int l = 0; l < 16; ++l) acc[i][l] = cairn::fmadd(acc[i][l], a, b);
+          n += 4096;
+        }
+        float sink = 0;
+        for (int i = 0; i < 12; ++i)
+          for (int l = 0; l < 16; ++l) sink += acc[i][l];
+        per[omp_get_thread_num()] = 2.0 * 12 * 16 * (double)n + (sink == 12345.f ? 1 : 0);
+      }
+      dt = omp_get_wtime() - t0;
+      for (double f : per) flops += f;
+    }
+    return flops / dt;
+  }, py::arg("threads") = 1, py::arg("seconds") = 0.5, "FLOP/s of a pure fp32 FMA loop on `threads` threads.");
   m.def("_profile", [](bool reset) {
     py::dict d;
     for (int i = 0; i < cairn::P_N; ++i) d[cairn::g_prof_names[i]] = cairn::g_prof[i];

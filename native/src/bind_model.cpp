@@ -12,12 +12,14 @@
 #include <pybind11/stl.h>
 
 #include <cstring>
+#include <functional>
 #include <sstream>
 #include <sched.h>
 
 #include <thread>
 
 #include "bind.h"
+#include "cairn/kernels.h"
 
 namespace py = pybind11;
 using namespace cairn;
@@ -54,12 +56,17 @@ struct Convert {
   float* dst;
   int64_t n;
   bool bf16;
+  bool matrix = false;  // the source of a packed matrix: not needed when the panels come from the cache
 };
 
 struct Loader {
   BoundModel& m;
   py::dict weights;
   std::vector<Convert> jobs;
+  // Arrays only read while loading (BF16/F16 widening sources, the mapped bytes of packed
+  // matrices): released once everything is packed, so the mapping's pages leave the process.
+  std::vector<py::object> transient;
+  std::vector<std::function<void()>> checks;  // of quantized sources, run only when they are packed
 
   py::tuple entry(const std::string& name) {
     if (!weights.contains(name)) throw py::value_error("missing weight tensor '" + name + "'");
@@ -98,14 +105,70 @@ struct Loader {
     if (tag == "BF16" || tag == "F16") {
       if (a.itemsize() != 2) throw py::value_error("weight '" + name + "' tagged " + tag + " but itemsize != 2");
       py::array c = py::array::ensure(a, py::array::c_style);
-      m.keep.push_back(c);
-      m.owned.push_back(std::make_unique<std::vector<float>>((size_t)n));
-      float* dst = m.owned.back()->data();
+      transient.push_back(c);
+      m.owned.push_back(std::unique_ptr<float[]>(new float[(size_t)std::max<int64_t>(n, 1)]));
+      float* dst = m.owned.back().get();
       jobs.push_back({c.data(), dst, n, tag == "BF16"});
       if (tag == "BF16") m.bf16_sources.insert(dst);
       return dst;
     }
     throw py::value_error("weight '" + name + "' has unsupported dtype tag '" + tag + "' (want F32/BF16/F16)");
+  }
+  // The embedding: BF16 stays in the mapping (rows widened per lookup), others as f32().
+  void embedding(const std::string& name, int V, int D) {
+    py::tuple t = entry(name);
+    if (std::string(py::str(t[1])) != "BF16") {
+      m.embed = f32(name, {V, D});
+      return;
+    }
+    py::array a = py::array::ensure(t[0]);
+    if (!a || a.itemsize() != 2) throw py::value_error("weight '" + name + "' tagged BF16 but itemsize != 2");
+    check_shape(name, a, {V, D});
+    py::array c = py::array::ensure(a, py::array::c_style);
+    m.keep.push_back(c);
+    m.embed16 = (const uint16_t*)c.data();
+  }
+  // A byte array (quantized codes or ue8m0 scales) of the given shape, pinned until packed.
+  const uint8_t* bytes(const std::string& name, const py::tuple& t, const std::vector<int64_t>& want) {
+    py::array a = py::array::ensure(t[0]);
+    if (!a || a.itemsize() != 1)
+      throw py::value_error("weight '" + name + "' tagged " + std::string(py::str(t[1])) + " must be a 1-byte array");
+    check_shape(name, a, want);
+    py::array c = py::array::ensure(a, py::array::c_style);
+    transient.push_back(c);
+    return (const uint8_t*)c.data();
+  }
+  // W.weight F8_E4M3 [out, in] with W.scale F8_E8M0 [ceil(out/128), ceil(in/128)], or I8 [out, in/2]
+  // (FP4 e2m1 pairs, low nibble first) with W.scale [out, in/32]: kept as stored bytes until packed.
+  Linear qlin(const std::string& name, const std::string& tag, const py::tuple& t, int out, int in) {
+    const QFmt f = tag == "I8" ? QFmt::E2M1 : QFmt::E4M3;
+    const std::string suffix = "weight";
+    if (name.size() < suffix.size() || name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0)
+      throw py::value_error("weight '" + name + "' is " + tag + "; only '*.weight' matrices may be quantized");
+    if (f == QFmt::E2M1 && in % kFp4Group)
+      throw py::value_error("weight '" + name + "' is FP4 but its input width " + std::to_string(in) +
+                            " is not a multiple of 32");
+    Linear L{nullptr, nullptr, out, in};
+    L.qf = f;
+    L.q = bytes(name, t, {out, f == QFmt::E2M1 ? in / 2 : in});
+    const std::string sn = name.substr(0, name.size() - suffix.size()) + "scale";
+    py::tuple st = entry(sn);
+    const std::string stag = py::str(st[1]);
+    if (stag != "F8_E8M0")
+      throw py::value_error("weight '" + sn + "' has dtype tag '" + stag + "'; quantized weights need F8_E8M0 (ue8m0) scales");
+    const std::vector<int64_t> grid = f == QFmt::E2M1
+        ? std::vector<int64_t>{out, in / kFp4Group}
+        : std::vector<int64_t>{(out + kFp8Block - 1) / kFp8Block, (in + kFp8Block - 1) / kFp8Block};
+    L.qs = bytes(sn, st, grid);
+    // checked when packing (without the GIL): panels mapped from the packed cache never read the scales
+    checks.push_back([sn, qs = L.qs, n = grid[0] * grid[1], top = qscale_max(f)] {
+      for (int64_t i = 0; i < n; ++i)
+        if (qs[i] > top)
+          throw py::value_error("weight '" + sn + "' holds scale byte " + std::to_string(qs[i]) + " (2^" +
+                                std::to_string((int)qs[i] - 127) + "); at most " + std::to_string(top) +
+                                " is supported");
+    });
+    return L;
   }
   std::vector<int32_t> ints(const std::string& name, const std::vector<int64_t>& want, int64_t lim) {
     py::tuple t = entry(name);
@@ -121,12 +184,25 @@ struct Loader {
     }
     return out;
   }
-  Linear lin(const std::string& name, int out, int in) { return Linear{f32(name, {out, in}), nullptr, out, in}; }
-  void run_jobs(int threads) {
-    py::gil_scoped_release rel;
+  Linear lin(const std::string& name, int out, int in) {
+    py::tuple t = entry(name);
+    const std::string tag = py::str(t[1]);
+    if (tag == "F8_E4M3" || tag == "I8") return qlin(name, tag, t, out, in);
+    const size_t kept = m.keep.size(), converts = jobs.size();
+    Linear L{f32(name, {out, in}), nullptr, out, in};
+    if (jobs.size() > converts) jobs.back().matrix = true;
+    if (m.keep.size() > kept) {  // an F32 source used in place: only read while packing
+      transient.push_back(m.keep.back());
+      m.keep.pop_back();
+    }
+    return L;
+  }
+  // Widen the BF16/F16 sources of matrices (matrix) or of everything else; call without the GIL.
+  void run_jobs(int threads, bool matrix) {
 #pragma omp parallel for num_threads(threads) schedule(dynamic)
     for (size_t j = 0; j < jobs.size(); ++j) {
       const Convert& c = jobs[j];
+      if (c.matrix != matrix) continue;
       const uint16_t* s = (const uint16_t*)c.src;
       if (c.bf16)
         for (int64_t i = 0; i < c.n; ++i) {
@@ -214,7 +290,7 @@ Config parse_config(const py::dict& d) {
 }  // namespace
 
 BoundModel::BoundModel(py::dict config, py::dict weights, std::string fp, int nthreads, bool batched,
-                       bool widen) {
+                       bool widen, std::string packed_cache) {
   cfg = parse_config(config);
   fingerprint = std::move(fp);
   // all cores this process may run on (affinity mask), not every core of the machine
@@ -226,8 +302,8 @@ BoundModel::BoundModel(py::dict config, py::dict weights, std::string fp, int nt
   widen_bf16 = widen;
   const Config& c = cfg;
   const int D = c.D, N = c.N, NM = (2 + N) * N, V = c.vocab;
-  Loader ld{*this, weights, {}};
-  embed = ld.f32("embed.weight", {V, D});
+  Loader ld{*this, weights, {}, {}, {}};
+  ld.embedding("embed.weight", V, D);
   head = ld.lin("head.weight", V, D);
   norm = ld.f32("norm.weight", {D});
   hc_head = ld.lin("hc_head_fn", N, N * D);
@@ -285,26 +361,40 @@ BoundModel::BoundModel(py::dict config, py::dict weights, std::string fp, int nt
     L.sw2 = ld.lin(f + "shared_experts.w2.weight", D, Is);
     L.sw3 = ld.lin(f + "shared_experts.w3.weight", Is, D);
   }
-  ld.run_jobs(threads);
   {
     py::gil_scoped_release rel;
-    pack_weights(*this, threads);
+    ld.run_jobs(threads, false);
+    pack_weights(*this, threads, packed_cache, [&] {
+      for (auto& check : ld.checks) check();
+      ld.run_jobs(threads, true);
+    });
   }
+  ld.transient.clear();
   init_rope(*this);
 }
 
 void register_model(py::module_& m) {
   py::class_<BoundModel, std::shared_ptr<BoundModel>>(m, "Model", R"doc(Immutable DeepSeek-V4 weights + config.
 
-config: resolved config dict; weights: canonical name -> (array, "F32"|"BF16"|"F16"|"I64"|"I32").
-Weight matrices are packed into panels at load: BF16 ones as BF16 panels widened inside the product
-(half the memory and bandwidth, identical results; widen_bf16=True stores them as fp32 panels),
-F16/F32 ones as fp32 panels. Other F32 arrays are used in place (kept alive by the Model).
+config: resolved config dict; weights: canonical name -> (array, "F32"|"BF16"|"F16"|"I64"|"I32"|
+"F8_E4M3"|"I8"|"F8_E8M0"). Weight matrices are packed into panels at load: BF16 ones as BF16 panels
+widened inside the product (half the memory and bandwidth, identical results; widen_bf16=True stores
+them as fp32 panels), F16/F32 ones as fp32 panels, quantized ones (F8_E4M3 [out, in] or FP4 pairs I8
+[out, in/2], each with its F8_E8M0 'X.scale') as panels of the stored codes and scales, widened and
+scaled inside the product: the same bits as fp32 panels of the dequantized weights. The sources of
+packed matrices are released after packing; other F32 arrays and a BF16 embedding are used in place
+(kept alive by the Model).
+packed_cache: a file path for the packed panels: when it holds this model's panels (same fingerprint
+and layout) they are memory-mapped instead of packed (no weight matrix is read or widened; pages are
+read when first used); otherwise the panels are packed and written there atomically for the next start.
 threads=0 uses all cores.
 batched_indexer=False scores the CSA indexer with the scalar per-query reference loop (same results).)doc")
-      .def(py::init<py::dict, py::dict, std::string, int, bool, bool>(), py::arg("config"), py::arg("weights"),
-           py::arg("fingerprint"), py::arg("threads") = 0, py::kw_only(), py::arg("batched_indexer") = true,
-           py::arg("widen_bf16") = false)
+      .def(py::init<py::dict, py::dict, std::string, int, bool, bool, std::string>(), py::arg("config"),
+           py::arg("weights"), py::arg("fingerprint"), py::arg("threads") = 0, py::kw_only(),
+           py::arg("batched_indexer") = true, py::arg("widen_bf16") = false, py::arg("packed_cache") = "")
+      .def_property_readonly("packed_from_cache", [](const BoundModel& m) { return m.packed_from_cache; })
+      .def_property_readonly("packed_cache_written", [](const BoundModel& m) { return m.packed_cache_written; })
+      .def_property_readonly("packed_bytes", [](const BoundModel& m) { return m.packed_bytes; })
       .def_property_readonly("fingerprint", [](const BoundModel& m) { return m.fingerprint; })
       .def_property_readonly("vocab_size", [](const BoundModel& m) { return m.cfg.vocab; })
       .def_property_readonly("n_layers", [](const BoundModel& m) { return m.cfg.n_layers; })

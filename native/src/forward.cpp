@@ -128,9 +128,19 @@ void forward_chunk(State& st, const int32_t* tokens, int S, float* logits_out, b
   const int N = c.N, D = c.D, ND = N * D, V = c.vocab;
   const int64_t pos0 = st.n;
   std::vector<float> h((size_t)S * ND);  // [S, N, D] residual streams
-  for (int i = 0; i < S; ++i)
-    for (int n = 0; n < N; ++n)
-      std::memcpy(&h[(size_t)i * ND + (size_t)n * D], m.embed + (size_t)tokens[i] * D, sizeof(float) * D);
+  for (int i = 0; i < S; ++i) {
+    float* h0 = &h[(size_t)i * ND];
+    if (m.embed16) {  // BF16 table used from the mapping: a row is widened when it is looked up
+      const uint16_t* e = m.embed16 + (size_t)tokens[i] * D;
+      for (int d = 0; d < D; ++d) {
+        const uint32_t b = (uint32_t)e[d] << 16;
+        std::memcpy(&h0[d], &b, 4);
+      }
+    } else {
+      std::memcpy(h0, m.embed + (size_t)tokens[i] * D, sizeof(float) * D);
+    }
+    for (int n = 1; n < N; ++n) std::memcpy(h0 + (size_t)n * D, h0, sizeof(float) * D);
+  }
   std::vector<float> x((size_t)S * D), y((size_t)S * D);  // [S, D]
   std::vector<float> post((size_t)S * N), comb((size_t)S * N * N);
   auto attn_open = [&](int l) {

@@ -105,3 +105,56 @@ def test_cli_rejects_unknown_preset(tmp_path):
     r = subprocess.run([str(cairn), "make-model", "--preset", "huge", str(tmp_path / "m")],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "unknown preset 'huge'" in r.stderr
+
+
+def test_cli_flash_slice_needs_layers(tmp_path):
+    cairn = Path(sys.executable).with_name("cairn")
+    r = subprocess.run([str(cairn), "make-model", "--preset", "flash-slice", str(tmp_path / "m")],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "needs a layer count (--layers N)" in r.stderr
+    assert not (tmp_path / "m").exists()
+
+
+def test_cli_writes_quantized_preset_in_hf_spelling(tmp_path):
+    cairn = Path(sys.executable).with_name("cairn")
+    r = subprocess.run([str(cairn), "make-model", "--preset", "tiny-fp8", "--names", "hf", str(tmp_path / "m")],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    md = open_model_dir(tmp_path / "m")
+    assert md.tensors["layers.1.ffn.experts.0.w1.scale"].name == "model.layers.1.ffn.experts.0.w1.weight_scale_inv"
+    assert md.config["quantization"] == {"expert_dtype": "fp8"}
+
+
+def test_flash_slice_layout_loads_and_is_deterministic(tmp_path):
+    """The flash-slice writer (official sharded layout, codes drawn directly) on tiny dimensions:
+    the real preset is ~3.6 GB per layer, too big for a test."""
+    from cairn.daemon.flash_slice import flash_slice_preset, write_flash_slice
+    from cairn.daemon.make_model import _write_side_files
+    from cairn.daemon.quantize import dequantize_fp4, dequantize_fp8
+
+    p = flash_slice_preset(PRESETS["tiny-fp4"], 3)
+    for d in (tmp_path / "a", tmp_path / "b"):
+        d.mkdir()
+        write_flash_slice(p, 4, d)
+        _write_side_files(d, p, hf_config(p))
+    assert _files(tmp_path / "a") == _files(tmp_path / "b")
+    md = open_model_dir(tmp_path / "a")
+    shard = {n: t.file.name for n, t in md.tensors.items()}
+    assert shard["embed.weight"] == "model-00001-of-00005.safetensors"
+    assert shard["layers.0.attn.wq_a.weight"] == shard["layers.0.attn.wq_a.scale"] == "model-00002-of-00005.safetensors"
+    assert shard["layers.2.ffn.experts.3.w2.scale"] == "model-00004-of-00005.safetensors"
+    assert shard["head.weight"] == shard["hc_head_fn"] == "model-00005-of-00005.safetensors"
+    w = map_weights(md)
+    assert {w[n][1] for n in ("embed.weight", "head.weight", "layers.0.ffn.gate.weight")} == {"BF16"}
+    assert {w[n][1] for n in ("layers.0.hc_attn_fn", "layers.0.attn.attn_sink", "layers.1.ffn.gate.bias")} == {"F32"}
+    # plausible values: weights near N(0, 1/fan_in) after dequantization
+    fp8 = dequantize_fp8(w["layers.0.attn.wq_a.weight"][0], w["layers.0.attn.wq_a.scale"][0])
+    fp4 = dequantize_fp4(w["layers.1.ffn.experts.0.w1.weight"][0], w["layers.1.ffn.experts.0.w1.scale"][0])
+    for arr, fan_in in ((fp8, 256), (fp4, 256)):
+        assert 0.5 < arr.std() * np.sqrt(fan_in) < 2
+    import cairn._kernel as K
+    from cairn.daemon.model_dir import load_model
+
+    st = K.State(load_model(md, threads=1))
+    _, logits = K.prefill(st, np.arange(40, dtype=np.int32), chunk=16)
+    assert np.isfinite(logits).all()

@@ -67,7 +67,16 @@ def test_nested_rope_parameters_take_their_own_thetas():
     ({"layer_types": [SLIDING, "full_attention", CSA, HCA]}, "layer_types must list 4 entries"),
     ({"compress_ratios": [0, 4, 64, 4]}, "compress_ratios entries must be 0, 4 or 128"),
     ({"scoring_func": "softmax"}, "scoring_func 'softmax' is not supported"),
-    ({"quantization_config": {"quant_method": "fp8", "fmt": "e4m3"}}, "quantized checkpoints"),
+    ({"quantization_config": {"quant_method": "fp8", "fmt": "e4m3", "scale_fmt": "ue8m0",
+                              "activation_scheme": "dynamic", "weight_block_size": [64, 64]}},
+     "quantization_config.weight_block_size is [64, 64]; only [128, 128]"),
+    ({"quantization_config": {"quant_method": "fp8", "activation_scheme": "dynamic",
+                              "weight_block_size": [128, 128]}},
+     "quantization_config.scale_fmt is None; cairn supports the official DeepSeek-V4 quantization only"),
+    ({"quantization_config": {"quant_method": "awq"}}, "quantization_config.quant_method is 'awq'"),
+    ({"expert_dtype": "int4", "quantization_config": {
+        "quant_method": "fp8", "fmt": "e4m3", "scale_fmt": "ue8m0", "activation_scheme": "dynamic",
+        "weight_block_size": [128, 128]}}, "expert_dtype is 'int4'; allowed: 'fp8', 'fp4'"),
     ({"rope_parameters": {"rope_type": "longrope"}}, "compress rope_type 'longrope' is not supported"),
     ({"rope_parameters": {"main": {"rope_type": "yarn"}, "compress": {}}}, "main rope_type 'yarn' is not supported"),
     ({"rope_parameters": {"rope_type": "yarn", "factor": 16.0, "attention_factor": 1.277}},
@@ -81,3 +90,14 @@ def test_unsupported_configs_are_refused(change, error):
     with pytest.raises(ModelDirError, match="config.json: ") as e:
         resolve_config(MINIMAL | {"head_dim": 128} | change)
     assert error in str(e.value)
+
+
+def test_official_quantization_config_is_accepted_with_expert_dtype_at_either_level():
+    q = {"quant_method": "fp8", "fmt": "e4m3", "scale_fmt": "ue8m0", "weight_block_size": [128, 128],
+         "activation_scheme": "dynamic"}
+    assert resolve_config(MINIMAL | {"expert_dtype": "fp4", "quantization_config": q})["quantization"] == \
+        {"expert_dtype": "fp4"}
+    assert resolve_config(MINIMAL | {"quantization_config": q | {"expert_dtype": "fp4"}})["quantization"] == \
+        {"expert_dtype": "fp4"}
+    assert resolve_config(MINIMAL | {"quantization_config": q})["quantization"] == {"expert_dtype": "fp8"}
+    assert "quantization" not in resolve_config(MINIMAL)  # unquantized fingerprints do not change

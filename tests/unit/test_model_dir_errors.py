@@ -64,10 +64,61 @@ def test_unknown_model_type(model):
         open_model_dir(model)
 
 
-def test_quantized_checkpoint_is_refused(model):
+def test_unofficial_quantization_is_refused(model):
     _edit_json(model / "config.json", lambda c: c.update(quantization_config={"quant_method": "fp8"}))
-    with pytest.raises(ModelDirError, match="quantized checkpoints .* not supported"):
+    with pytest.raises(ModelDirError, match="quantization_config.scale_fmt is None; cairn supports the official"):
         open_model_dir(model)
+
+
+@pytest.fixture
+def qmodel(tmp_path):
+    return make_model("tiny-fp4", 1, tmp_path / "q")
+
+
+def test_quantized_directory_opens_with_scales_in_either_spelling(tmp_path, qmodel):
+    hf = make_model("tiny-fp4", 1, tmp_path / "hf", official_names=False)
+    a, b = open_model_dir(qmodel), open_model_dir(hf)
+    assert a.tensors.keys() == b.tensors.keys()
+    assert b.tensors["layers.1.ffn.experts.0.w1.scale"].name == "model.layers.1.ffn.experts.0.w1.weight_scale_inv"
+    assert (a.tensors["layers.1.ffn.experts.0.w1.weight"].dtype, a.tensors["layers.1.ffn.experts.0.w1.weight"].shape) \
+        == ("I8", (64, 128))
+
+
+def test_float_scale_is_refused_naming_the_tensor(qmodel):
+    def to_float(t):
+        arr, _ = t["layers.0.attn.wq_a.scale"]
+        t["layers.0.attn.wq_a.scale"] = (np.exp2(arr.astype(np.float32) - 127), "F32")
+    _rewrite(qmodel / "model.safetensors", to_float)
+    with pytest.raises(ModelDirError, match=r"'layers\.0\.attn\.wq_a\.scale' has dtype F32; only F8_E8M0"):
+        open_model_dir(qmodel)
+
+
+def test_missing_scale_is_refused(qmodel):
+    _rewrite(qmodel / "model.safetensors", lambda t: t.pop("layers.2.ffn.experts.3.w2.scale"))
+    with pytest.raises(ModelDirError, match=r"'layers\.2\.ffn\.experts\.3\.w2\.weight' \(I8\) has no block scale"):
+        open_model_dir(qmodel)
+
+
+def test_wrong_scale_grid_is_refused(qmodel):
+    def shrink(t):
+        t["layers.0.attn.wq_b.scale"] = (np.full((1, 1), 120, np.uint8), "F8_E8M0")
+    _rewrite(qmodel / "model.safetensors", shrink)
+    with pytest.raises(ModelDirError, match=r"'layers\.0\.attn\.wq_b\.scale' has shape \[1, 1\], expected \[2, 1\]"):
+        open_model_dir(qmodel)
+
+
+def test_fp4_outside_the_routed_experts_is_refused(qmodel):
+    def fp4(t):
+        t["layers.0.attn.wq_a.weight"] = (np.zeros((128, 128), np.int8), "I8")
+    _rewrite(qmodel / "model.safetensors", fp4)
+    with pytest.raises(ModelDirError, match=r"'layers\.0\.attn\.wq_a\.weight' is I8 \(FP4\); only routed experts"):
+        open_model_dir(qmodel)
+
+
+def test_quantized_tensor_without_quantization_config_is_refused(qmodel):
+    _edit_json(qmodel / "config.json", lambda c: c.pop("quantization_config"))
+    with pytest.raises(ModelDirError, match="has dtype F8_E4M3 but config.json has no quantization_config"):
+        open_model_dir(qmodel)
 
 
 def test_missing_config(model):

@@ -31,6 +31,17 @@ void pack_panels(const std::vector<const float*>& rows, int K, float* P);
 // The same panels as BF16 bit patterns; the rows must hold BF16-representable values
 // (used when kBf16Panels).
 void pack_panels_bf16(const std::vector<const float*>& rows, int K, uint16_t* P);
+// Quantized panels (QFmt): one logical row is (source matrix with q/qs set, row index), or a
+// zero row when src is null. Codes and per-lane scale exponents, sizes below.
+struct QRow {
+  const Linear* src;
+  int r;
+};
+size_t qpanel_code_bytes(QFmt f, int N, int K);
+size_t qpanel_scale_bytes(QFmt f, int N, int K);
+void pack_panels_q(QFmt f, const std::vector<QRow>& rows, int K, uint8_t* codes, uint8_t* scales);
+// Largest ue8m0 scale byte a format's panels can hold (the loader refuses larger ones).
+int qscale_max(QFmt f);
 // rows: K rows of N floats (a [K, N] matrix) -> the panels of its transpose (W[N, K] = rows^T)
 void pack_panels_kn(const float* const* rows, int K, int N, float* P);
 // out[M][np*16] = rows x[0..M) times L's panels [p0, p0 + np) (np <= kPackN), fp32 or BF16

@@ -8,14 +8,18 @@
 //    (pack_weights) into 16-row panels, the only form compute reads: a once-per-load copy that
 //    spares every GEMM call from re-packing (and frees the widened BF16/F16 rows). BF16
 //    matrices keep BF16 panels (half the bytes; widening to fp32 is exact, so results are the
-//    same as fp32 panels of the widened values) unless widen_bf16 is set.
-//    The embedding stays row-major (row lookups).
+//    same as fp32 panels of the widened values) unless widen_bf16 is set. Quantized matrices
+//    (FP8 e4m3 / FP4 e2m1 with ue8m0 scales) keep panels of their stored codes, widened and
+//    scaled exactly in registers: the bits of fp32 panels of the dequantized weights.
+//    All panels share one arena, or are mapped from a packed cache file written at an earlier start.
+//    The embedding stays row-major (row lookups; a BF16 one is read from the mapping).
 //  * Threading: OpenMP is the single thread pool (no BLAS library, no second pool), and every
 //    parallel region says `num_threads(model.threads)` explicitly, because the compute runs on
 //    whatever Python thread calls in (the OMP ICV is per thread).
 #pragma once
 #include <cstdint>
 #include <cstdlib>
+#include <functional>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -54,11 +58,31 @@ struct Tensor {
   }
 };
 
+// Stored weight formats besides fp32/BF16/F16 (the official DeepSeek-V4 quantization).
+enum class QFmt : uint8_t {
+  None = 0,
+  E4M3 = 1,  // FP8 e4m3fn, one ue8m0 scale per 128x128 block
+  E2M1 = 2,  // FP4 e2m1, two per byte (low nibble = even column), one ue8m0 scale per row per 32
+};
+constexpr int kFp8Block = 128, kFp4Group = 32;
+// Scale group along k in quantized panels (one scale byte per lane per group).
+constexpr int qgroup(QFmt f) { return f == QFmt::E2M1 ? kFp4Group : kFp8Block; }
+
 struct Linear {  // W [out, in]
   const float* w = nullptr;  // row-major source; only read while packing (null afterwards)
   const float* p = nullptr;  // packed panels [ceil(out/16)][in][16] (packed.cpp), what compute reads
   int out = 0, in = 0;
   const uint16_t* p16 = nullptr;  // instead of p: the same panels holding BF16 bit patterns
+  // Instead of p: quantized panels as stored (packed.cpp): codes [ceil(out/16)][in][16] bytes
+  // (E4M3) or [..][in][8] (E2M1, lane pairs in a byte) and per-lane scale exponents
+  // [ceil(out/16)][ceil(in/group)][16].
+  QFmt qf = QFmt::None;
+  const uint8_t* pq = nullptr;
+  const uint8_t* pqs = nullptr;
+  // Quantized row-major source (only while packing): codes [out][in] or [out][in/2], scales
+  // [ceil(out/128)][ceil(in/128)] (E4M3) or [out][in/32] (E2M1), ue8m0 bytes.
+  const uint8_t* q = nullptr;
+  const uint8_t* qs = nullptr;
 };
 
 struct CompressorW {
@@ -96,20 +120,30 @@ struct Model {
   int threads = 1;
   bool batched_indexer = true;
   const float *embed = nullptr, *norm = nullptr;  // [V,D] [D]
+  const uint16_t* embed16 = nullptr;  // instead of embed: BF16 rows, widened per lookup (the mapping)
   Linear head;                                    // [V,D]
   Linear hc_head;  // [N, N*D]
   const float *hc_head_base = nullptr, *hc_head_scale = nullptr;  // [N] [1]
   std::vector<LayerW> layers;
   std::vector<float> inv_freq_main, inv_freq_comp;  // [r/2]
-  std::vector<std::unique_ptr<std::vector<float>>> owned;  // widened BF16/F16 weights
+  // widened BF16/F16 weights; uninitialised until widened, so a matrix source that is never
+  // widened (panels from the packed cache) never touches its pages
+  std::vector<std::unique_ptr<float[]>> owned;
   std::unordered_set<const float*> bf16_sources;             // those of `owned` that were BF16
   bool widen_bf16 = false;  // pack BF16 matrices as fp32 panels instead of bf16 ones
   struct FreeDeleter { void operator()(void* p) const { std::free(p); } };
-  std::vector<std::unique_ptr<void, FreeDeleter>> packed;  // 64-byte aligned Linear panels
+  std::vector<std::unique_ptr<void, FreeDeleter>> packed;  // the arena of every Linear's panels (2 MiB aligned)
+  std::shared_ptr<void> packed_map;  // instead: the panels mapped from a packed cache file
+  bool packed_from_cache = false, packed_cache_written = false;
+  size_t packed_bytes = 0;
 };
 
 void init_rope(Model& m);
 // Packs every Linear (and the fused expert gate/up pairs) into panels; `threads` pack in parallel.
-void pack_weights(Model& m, int threads);
+// cache_path: when that file holds these panels (same fingerprint and layout), map it instead of
+// packing, and prepare_sources (which fills the row-major sources) is never called; else pack
+// and write the file atomically (failures to write leave packed_cache_written false).
+void pack_weights(Model& m, int threads, const std::string& cache_path = "",
+                  const std::function<void()>& prepare_sources = {});
 
 }  // namespace cairn
