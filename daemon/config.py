@@ -45,6 +45,16 @@ def default_checkpoint_dir(env: dict[str, str] | None = None) -> str:
     return str(Path(base) / "cairn" / "checkpoints")
 
 
+def default_packed_cache_dir(env: dict[str, str] | None = None) -> str:
+    """$CACHE_DIRECTORY/packed (systemd CacheDirectory=), else $XDG_CACHE_HOME/cairn/packed, else
+    ~/.cache/cairn/packed: packed panels are a cache (rebuilt from the model when missing)."""
+    env = os.environ if env is None else env
+    if env.get("CACHE_DIRECTORY"):
+        return str(Path(env["CACHE_DIRECTORY"].split(":")[0]) / "packed")
+    base = env.get("XDG_CACHE_HOME") or str(Path(env.get("HOME") or Path.home()) / ".cache")
+    return str(Path(base) / "cairn" / "packed")
+
+
 @dataclass(frozen=True)
 class Field:
     name: str
@@ -128,6 +138,8 @@ FIELDS: tuple[Field, ...] = (
           "model (a shared file system); turns the disk tier on, checkpoint_disk_mb is the whole directory's "
           "budget", optional=True),
     Field("checkpoint_min_tokens", int, 512, "shortest prefix worth a checkpoint (tokens)", _range(1)),
+    Field("packed_cache_dir", str, default_packed_cache_dir,
+          "where a large model's packed weight panels are cached between starts (a rebuildable cache)"),
 )
 
 
@@ -155,6 +167,7 @@ class Settings:
     checkpoint_disk_mb: int
     shared_checkpoint_dir: str | None
     checkpoint_min_tokens: int
+    packed_cache_dir: str
 
     @property
     def socket_mode_int(self) -> int:

@@ -43,7 +43,7 @@ class Loaded:
 
 def load(settings: Settings, kernel=None) -> Loaded:
     from .chat_encoding import choose_renderer
-    from .model_dir import default_packed_cache_dir, load_model, open_model_dir
+    from .model_dir import load_model, open_model_dir
     from .tokenizer import TextTokenizer
 
     if kernel is None:
@@ -56,7 +56,7 @@ def load(settings: Settings, kernel=None) -> Loaded:
     choice = choose_renderer(md)
     log.info("loading_model", model=md.name)
     t = time.monotonic()
-    model = load_model(md, settings.threads, packed_cache=default_packed_cache_dir())
+    model = load_model(md, settings.threads, packed_cache=Path(settings.packed_cache_dir))
     log.info("model_loaded", model=md.name, seconds=round(time.monotonic() - t, 2),
              packed_bytes=int(model.packed_bytes), packed_from_cache=bool(model.packed_from_cache),
              packed_cache_written=bool(model.packed_cache_written))

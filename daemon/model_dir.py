@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -456,16 +455,6 @@ def map_weights(md: ModelDir) -> dict[str, tuple[np.ndarray, str]]:
     FP8 and ue8m0 scales as uint8 bytes, FP4 as int8 pairs of nibbles: the kernel reads the
     stored bytes (no widening here)."""
     return {name: (map_tensor(info), info.dtype) for name, info in md.tensors.items()}
-
-
-def default_packed_cache_dir(env: dict[str, str] | None = None) -> Path:
-    """$CACHE_DIRECTORY/packed (systemd CacheDirectory=), else $XDG_CACHE_HOME/cairn/packed, else
-    ~/.cache/cairn/packed: packed panels are a cache (rebuilt from the model when missing)."""
-    env = os.environ if env is None else env
-    if env.get("CACHE_DIRECTORY"):
-        return Path(env["CACHE_DIRECTORY"].split(":")[0]) / "packed"
-    base = env.get("XDG_CACHE_HOME") or str(Path(env.get("HOME") or Path.home()) / ".cache")
-    return Path(base) / "cairn" / "packed"
 
 
 PACKED_CACHE_MIN_BYTES = 256 << 20  # smaller models pack in well under a second: not worth a file

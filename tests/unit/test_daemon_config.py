@@ -85,6 +85,16 @@ def test_checkpoint_dir_defaults_to_the_state_directory_never_the_cache():
     assert load_settings({}, {"HOME": "/home/u"}).checkpoint_dir == "/home/u/.local/state/cairn/checkpoints"
 
 
+def test_packed_cache_dir_is_a_setting_defaulting_to_the_cache_directory():
+    from cairn.daemon.config import default_packed_cache_dir
+
+    assert default_packed_cache_dir({"CACHE_DIRECTORY": "/var/cache/cairn:/x"}) == "/var/cache/cairn/packed"
+    assert default_packed_cache_dir({"XDG_CACHE_HOME": "/h/.c"}) == "/h/.c/cairn/packed"
+    assert load_settings({}, {"HOME": "/home/u"}).packed_cache_dir == "/home/u/.cache/cairn/packed"
+    assert load_settings({}, {"HOME": "/home/u", "CAIRN_PACKED_CACHE_DIR": "/srv/packed"}).packed_cache_dir \
+        == "/srv/packed"
+
+
 @pytest.mark.parametrize("mode", ["0666", "0777", "0662"])
 def test_world_writable_socket_mode_is_refused(mode):
     with pytest.raises(ConfigError, match="without write permission for others"):
