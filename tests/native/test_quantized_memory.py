@@ -24,6 +24,10 @@ _MEASURE = textwrap.dedent("""
 
     md = open_model_dir(sys.argv[1])
     stored = sum(t.end - t.start for t in md.tensors.values())
+    # A first load warms up what every load pays once per process (the OpenMP team's stacks, the
+    # kernel's thread-local buffers, allocator arenas): a few MB, not weights; the second is measured.
+    del_me = load_model(md, threads=2)
+    del del_me
     before = rss()
     model = load_model(md, threads=2)
     after = rss()
