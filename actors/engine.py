@@ -47,6 +47,11 @@ class Engine:
         self.live = self.kernel.State(self.model)
         return self.live
 
+    def note_slots(self) -> None:
+        if self.metrics is not None and self.slots:
+            for phase in ("idle", "prefill", "decode"):
+                self.metrics.slots.set(sum(1 for s in self.slots if s.phase == phase), phase=phase)
+
     async def decode_step(self, token: int):
         """Feed one token to the live state; its next-token logits (slots.Slot batches this)."""
         return await self.runner.run(self.kernel.decode, self.live, token)

@@ -49,7 +49,7 @@ async def scheduler(inbox: trio.MemoryReceiveChannel, to_admission: trio.MemoryS
         pre = await prefill_turn(adm, release, engine=slot, log=log)
         if pre is None:
             return
-        slot.phase = "decode"
+        slot.set_phase("decode")
         await decode_turn(pre, release, engine=slot, new_stream_decoder=new_stream_decoder, log=log)
 
     async with inbox, to_admission, trio.open_nursery() as nursery:

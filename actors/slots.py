@@ -76,8 +76,11 @@ class Slot:
         self._engine.note_live_tokens()
 
     async def decode_step(self, token: int):
-        self.phase = "decode"
         return await self._batcher.step(self.live, token)
+
+    def set_phase(self, phase: str) -> None:
+        self.phase = phase
+        self._engine.note_slots()
 
     def view(self) -> SlotView:
         live = self.live
@@ -87,11 +90,13 @@ class Slot:
         return SlotView(self.index, self.request_id is not None, tokens, self.last_used)
 
     def take(self, request_id: str, prompt_tokens: int) -> None:
-        self.request_id, self.prompt_tokens, self.phase = request_id, prompt_tokens, "prefill"
+        self.request_id, self.prompt_tokens = request_id, prompt_tokens
+        self.set_phase("prefill")
 
     def release(self) -> None:
-        self.request_id, self.phase = None, "idle"
+        self.request_id = None
         self.last_used = trio.current_time()
+        self.set_phase("idle")
 
     def describe(self) -> dict:
         """What the slot holds and does (/v1/status, metrics)."""
@@ -156,6 +161,10 @@ class DecodeBatcher:
                                                         [e.token for e in batch])
                 self.steps += 1
                 self.rows += len(batch)
+                metrics = self._engine.metrics
+                if metrics is not None:
+                    metrics.decode_steps.inc()
+                    metrics.decode_step_rows.inc(len(batch))
                 for i, e in enumerate(batch):
                     e.logits = out[i]
             except Exception as exc:            # every sequence of the step fails (its state may be torn)

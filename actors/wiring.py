@@ -44,6 +44,7 @@ async def start_engine(nursery: trio.Nursery, engine: Engine, *, queue_size: int
         batcher = DecodeBatcher(engine, gate)
         engine.slots = [Slot(engine, i, gate, batcher) for i in range(slots)]
         engine.batcher = batcher
+        engine.note_slots()
         await nursery.start(partial(scheduler, pre_recv, adm_send.clone(), slots=engine.slots, batcher=batcher,
                                     new_stream_decoder=new_stream_decoder, log=log))
     await nursery.start(partial(admission, adm_recv, pre_send, queue_size=queue_size, log=log,

@@ -58,6 +58,8 @@ async def test_cancel_mid_decode_leaves_the_other_stream_unchanged(tiny_model_di
                 gate.allow(6)                                   # both prefills, then batched steps
                 await gate.wait_blocked()
                 assert gate.count("decode_batch") >= 2 and ("decode_batch", 2) in gate.calls
+                status = (await request(sock, "GET", "/v1/status")).json()
+                metrics = (await request(sock, "GET", "/metrics")).body.decode()
                 await a.aclose()                                # A's client leaves mid-answer
                 # the step A may be in finishes first (a cancel never tears a step), then A is acked
                 gate.allow(None)
@@ -65,6 +67,10 @@ async def test_cancel_mid_decode_leaves_the_other_stream_unchanged(tiny_model_di
             alone_b = _text(await request(sock, "POST", "/v1/completions", b_body))
     assert res["b"] == alone_b
     assert 4 <= ack["completion_tokens"] < 40
+    assert status["engine"]["slots"] == 2
+    assert [(s["slot"], s["phase"]) for s in status["slots"]] == [(0, "decode"), (1, "decode")]
+    assert all(s["request_id"] and s["state_tokens"] > 0 for s in status["slots"])
+    assert 'cairn_slots{phase="decode"} 2' in metrics and "cairn_decode_step_rows_total" in metrics
 
 
 async def test_cancel_mid_prefill_leaves_the_other_stream_unchanged(tiny_model_dir, tmp_path):
