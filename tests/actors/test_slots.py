@@ -124,3 +124,19 @@ async def test_side_request_completes_while_a_long_prefill_runs(tiny_model_dir, 
             gate.allow(None)
     assert side_calls.count(("decode_batch", 1)) == 1
     assert sum(1 for k, n in side_calls if k == "prefill_chunk") <= 7     # 5 of its own + at most 2 of the long one
+
+
+async def test_a_returning_conversation_finds_its_slot_and_a_new_one_takes_the_lru_slot(tiny_model_dir, tmp_path):
+    loaded = fake_loaded(tiny_model_dir)
+    sock = tmp_path / "c.sock"
+    pa, pb, pc = [50 + i for i in range(12)], [80 + i for i in range(9)], [120 + i for i in range(7)]
+    with trio.fail_after(30), capture_logs() as events:
+        async with daemon(loaded, sock, slots=2, checkpoints=False):
+            for prompt in (pa, pb, pa + [7, 8, 9], pc):
+                # max_tokens 1: the state keeps exactly the prompt (the answer's last token is never fed)
+                r = await request(sock, "POST", "/v1/completions", _body(prompt, 1))
+                assert r.status == 200
+            cached = r.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
+    lines = [e for e in events if e["event"] == "request"]
+    assert [e["slot"] for e in lines] == [0, 1, 0, 1]     # A's follow-up back in slot 0; C in the LRU slot 1
+    assert [e["reused_tokens"] for e in lines] == [0, 0, len(pa), 0] and cached == 0
