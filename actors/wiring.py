@@ -30,12 +30,12 @@ async def start_engine(nursery: trio.Nursery, engine: Engine, *, queue_size: int
                        checkpoint_slots: int = 4, slots: int = 1) -> trio.MemorySendChannel:
     adm_send, adm_recv = trio.open_memory_channel(queue_size + 16)
     pre_send, pre_recv = trio.open_memory_channel(slots)
-    dec_send, dec_recv = trio.open_memory_channel(1)
     ckpt_send, ckpt_recv = trio.open_memory_channel(checkpoint_slots)
     engine.checkpoints.out = ckpt_send  # captures go out with send_nowait: a full queue drops the write
 
     await nursery.start(partial(checkpoint_writer, ckpt_recv, checkpoints=engine.checkpoints, log=log))
     if slots == 1:   # today's engine: one live state, a prefill worker then a decode worker
+        dec_send, dec_recv = trio.open_memory_channel(1)
         await nursery.start(partial(decode_worker, dec_recv, adm_send.clone(), engine=engine,
                                     new_stream_decoder=new_stream_decoder, log=log))
         await nursery.start(partial(prefill_worker, pre_recv, dec_send, adm_send.clone(), engine=engine, log=log))
