@@ -140,3 +140,37 @@ async def test_a_returning_conversation_finds_its_slot_and_a_new_one_takes_the_l
     lines = [e for e in events if e["event"] == "request"]
     assert [e["slot"] for e in lines] == [0, 1, 0, 1]     # A's follow-up back in slot 0; C in the LRU slot 1
     assert [e["reused_tokens"] for e in lines] == [0, 0, len(pa), 0] and cached == 0
+
+
+async def test_a_kernel_error_in_a_batched_step_fails_its_requests_and_the_engine_keeps_serving(
+        tiny_model_dir, tmp_path, monkeypatch):
+    import fake_kernel
+
+    loaded = fake_loaded(tiny_model_dir)
+    real = fake_kernel.decode_batch
+    calls = {"n": 0}
+
+    def flaky(states, tokens, *, abort=None):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise RuntimeError("injected kernel failure")
+        return real(states, tokens, abort=abort)
+
+    monkeypatch.setattr(fake_kernel, "decode_batch", flaky)
+    sock = tmp_path / "c.sock"
+    with trio.fail_after(30), capture_logs() as events:
+        async with daemon(loaded, sock, slots=2):
+            res = {}
+            async with trio.open_nursery() as n:
+                async def go(key, prompt):
+                    res[key] = await request(sock, "POST", "/v1/completions", _body(prompt, 10))
+                n.start_soon(go, "a", [1, 2, 3])
+                n.start_soon(go, "b", [4, 5])
+            after = await request(sock, "POST", "/v1/completions", _body([1, 2, 3], 10))
+            status = (await request(sock, "GET", "/v1/status")).json()
+    failed = [k for k, r in res.items() if r.status != 200]
+    assert failed, "the injected failure reached no request"
+    assert all("injected kernel failure" in res[k].json()["error"]["message"] for k in failed)
+    outcomes = [e["outcome"] for e in events if e["event"] == "request"]
+    assert outcomes.count("error") == len(failed) and outcomes[-1] == "done"
+    assert after.status == 200 and [s["phase"] for s in status["slots"]] == ["idle", "idle"]
