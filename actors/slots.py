@@ -85,9 +85,11 @@ class Slot:
     def view(self) -> SlotView:
         live = self.live
         tokens = None
-        if live is not None and live.last_logits is not None:
+        busy = self.request_id is not None
+        # A busy slot's state may be in the kernel thread right now: its tokens are not read (nor needed).
+        if not busy and live is not None and live.last_logits is not None:
             tokens = np.asarray(live.tokens, dtype=np.int32)
-        return SlotView(self.index, self.request_id is not None, tokens, self.last_used)
+        return SlotView(self.index, busy, tokens, self.last_used)
 
     def take(self, request_id: str, prompt_tokens: int) -> None:
         self.request_id, self.prompt_tokens = request_id, prompt_tokens
