@@ -1,8 +1,9 @@
-"""Admission scheduler actor: FIFO, one request in the engine at a time, 429 when the queue is full.
+"""Admission actor: FIFO, one request per slot in the engine at a time (one slot by default), 429 when
+the queue is full.
 
 Inbox (fan-in): `Submit` and `Cancel` from the HTTP edge, `Finished` from the workers. A cancel of a
 waiting request answers `CancelAck` at once; a cancel of the running one is forwarded to its
-`RequestControl` and the admission stays held until the worker's `Finished`.
+`RequestControl` and its admission stays held until the worker's `Finished`.
 """
 
 from __future__ import annotations
@@ -15,9 +16,10 @@ from .replies import finish
 
 
 async def admission(inbox: trio.MemoryReceiveChannel, to_prefill: trio.MemorySendChannel, *,
-                    queue_size: int, log, metrics=None, task_status=trio.TASK_STATUS_IGNORED) -> None:
-    queue: AdmissionQueue[tuple[Submit, float]] = AdmissionQueue(queue_size)
-    running: Submit | None = None
+                    queue_size: int, log, metrics=None, slots: int = 1,
+                    task_status=trio.TASK_STATUS_IGNORED) -> None:
+    queue: AdmissionQueue[tuple[Submit, float]] = AdmissionQueue(queue_size, slots)
+    running: dict[str, Submit] = {}
 
     async with inbox, to_prefill:
         task_status.started()
@@ -36,20 +38,19 @@ async def admission(inbox: trio.MemoryReceiveChannel, to_prefill: trio.MemorySen
                         metrics.requests.inc(outcome="cancelled")
                         metrics.cancels.inc()
                     finish(waiting[0], CancelAck(msg.request_id))
-                elif running is not None and running.request_id == msg.request_id:
-                    running.control.cancel()
+                elif msg.request_id in running:
+                    running[msg.request_id].control.cancel()
             elif isinstance(msg, Finished):
                 queue.release(msg.request_id)
-                if running is not None and running.request_id == msg.request_id:
-                    running = None
+                running.pop(msg.request_id, None)
             else:  # pragma: no cover - wiring error
                 raise TypeError(f"admission: unexpected message {msg!r}")
 
-            nxt = queue.admit_next()
-            if nxt is not None:
-                running, arrived = nxt[1]
-                # The prefill worker's inbox has room for exactly one: at most one request is
+            while (nxt := queue.admit_next()) is not None:
+                sub, arrived = nxt[1]
+                running[sub.request_id] = sub
+                # The next actor's inbox has room for `slots`: at most that many requests are
                 # admitted at a time, so this never blocks.
-                to_prefill.send_nowait(Admitted(running, arrived))
+                to_prefill.send_nowait(Admitted(sub, arrived))
             if metrics is not None:
                 metrics.queue_depth.set(len(queue))

@@ -80,7 +80,7 @@ async def run_decode(engine: Engine, pre: Prefilled, stream_decoder, stats: dict
             break
         if n == budget:
             break
-        logits = await engine.runner.run(engine.kernel.decode, engine.live, tok)
+        logits = await engine.decode_step(tok)
     tail = ""
     if not by_stop_string:
         tail, stopped = stops.push(stream_decoder.flush())
@@ -91,40 +91,50 @@ async def run_decode(engine: Engine, pre: Prefilled, stream_decoder, stats: dict
     return Done(finish_reason, Usage(len(sub.prompt), n, pre.reused_tokens), text_tail=tail)
 
 
+async def decode_turn(pre: Prefilled, to_admission, *, engine: Engine, new_stream_decoder, log) -> None:
+    """Decode one prefilled request to its end (done, cancelled or failed), then `Finished`."""
+    sub = pre.submit
+    stats: dict = {"completion_tokens": 0, "first_token_at": None}
+
+    turn = await attached(
+        sub, lambda: run_decode(engine, pre, new_stream_decoder(), stats), engine=engine, log=log,
+        stage="decode",
+        on_shutdown=lambda: log_request(log, sub, metrics=engine.metrics, outcome="cancelled",
+                                        arrived_at=pre.arrived_at, reused=pre.reused_tokens,
+                                        completion_tokens=stats["completion_tokens"],
+                                        first_token_at=stats["first_token_at"], error="shutdown",
+                                        slot=_slot(engine)))
+    first = stats["first_token_at"]
+    common = dict(arrived_at=pre.arrived_at, reused=pre.reused_tokens, first_token_at=first,
+                  completion_tokens=stats["completion_tokens"],
+                  decode_s=(trio.current_time() - first) if first is not None else 0.0, slot=_slot(engine))
+    done = turn.result
+    if turn.cancelled:
+        log_request(log, sub, metrics=engine.metrics, outcome="cancelled", **common)
+        await end_cancelled(sub, to_admission, engine, turn.cancel_reason)
+    elif turn.error is not None:
+        await end_failed(sub, turn.error, to_admission, engine, log, "decode",
+                         lambda: log_request(log, sub, metrics=engine.metrics, outcome="error",
+                                             error=turn.error, **common))
+    else:
+        # `finish` never waits: Done goes into the buffer if there is room, else the handler
+        # reads it from `control.final` once it has drained the tokens; the channel is closed
+        # either way, so a stalled client that resumes still gets its ending.
+        finish(sub, done)
+        await to_admission.send(Finished(sub.request_id, "done"))
+        engine.announce(f"idle; {sub.request_id} done")
+        log_request(log, sub, metrics=engine.metrics, outcome="done", finish_reason=done.finish_reason,
+                    **common)
+
+
+def _slot(engine) -> int | None:
+    """The per-request log line names the slot that served it (slot mode only)."""
+    return getattr(engine, "index", None)
+
+
 async def decode_worker(inbox: trio.MemoryReceiveChannel, to_admission: trio.MemorySendChannel, *,
                         engine: Engine, new_stream_decoder, log, task_status=trio.TASK_STATUS_IGNORED) -> None:
     async with inbox, to_admission:
         task_status.started()
         async for pre in inbox:
-            pre: Prefilled
-            sub = pre.submit
-            stats: dict = {"completion_tokens": 0, "first_token_at": None}
-
-            turn = await attached(
-                sub, lambda: run_decode(engine, pre, new_stream_decoder(), stats), engine=engine, log=log,
-                stage="decode",
-                on_shutdown=lambda: log_request(log, sub, metrics=engine.metrics, outcome="cancelled",
-                                                arrived_at=pre.arrived_at, reused=pre.reused_tokens,
-                                                completion_tokens=stats["completion_tokens"],
-                                                first_token_at=stats["first_token_at"], error="shutdown"))
-            first = stats["first_token_at"]
-            common = dict(arrived_at=pre.arrived_at, reused=pre.reused_tokens, first_token_at=first,
-                          completion_tokens=stats["completion_tokens"],
-                          decode_s=(trio.current_time() - first) if first is not None else 0.0)
-            done = turn.result
-            if turn.cancelled:
-                log_request(log, sub, metrics=engine.metrics, outcome="cancelled", **common)
-                await end_cancelled(sub, to_admission, engine, turn.cancel_reason)
-            elif turn.error is not None:
-                await end_failed(sub, turn.error, to_admission, engine, log, "decode",
-                                 lambda: log_request(log, sub, metrics=engine.metrics, outcome="error",
-                                                     error=turn.error, **common))
-            else:
-                # `finish` never waits: Done goes into the buffer if there is room, else the handler
-                # reads it from `control.final` once it has drained the tokens; the channel is closed
-                # either way, so a stalled client that resumes still gets its ending.
-                finish(sub, done)
-                await to_admission.send(Finished(sub.request_id, "done"))
-                engine.announce(f"idle; {sub.request_id} done")
-                log_request(log, sub, metrics=engine.metrics, outcome="done", finish_reason=done.finish_reason,
-                            **common)
+            await decode_turn(pre, to_admission, engine=engine, new_stream_decoder=new_stream_decoder, log=log)

@@ -1,7 +1,8 @@
 """The engine's dependencies, shared by the workers: kernel module, model, the one live State.
 
 Only one request is in the engine at a time (admission), so the prefill and decode workers take
-turns on `live` without a lock. `kernel` is injected (the real `cairn._kernel` or a fake).
+turns on `live` without a lock. With slots > 1 each slot (slots.Slot) has its own live state and
+one request at a time; `live` is then unused. `kernel` is injected (the real `cairn._kernel` or a fake).
 """
 
 from __future__ import annotations
@@ -25,12 +26,15 @@ class Engine:
     runner: KernelRunner = field(init=False)
     checkpoints: Any = None           # actors.checkpoints.Checkpoints (None: built off in __post_init__)
     metrics: Any = None               # cairn.daemon.metrics.Metrics, or None (actor tests)
+    slots: list = field(default_factory=list)   # slots.Slot each, when the engine has more than one
+    batcher: Any = None               # slots.DecodeBatcher (slot mode)
     # One-line service status for the supervisor (systemd STATUS=); a no-op unless the daemon sets it.
     announce: Callable[[str], Any] = lambda text: None
 
     def note_live_tokens(self) -> None:
         if self.metrics is not None:
-            self.metrics.live_state_tokens.set(0 if self.live is None else int(self.live.n_tokens))
+            states = [s.live for s in self.slots] if self.slots else [self.live]
+            self.metrics.live_state_tokens.set(sum(int(st.n_tokens) for st in states if st is not None))
 
     def __post_init__(self) -> None:
         self.runner = KernelRunner(self.kernel.AbortFlag)
@@ -42,6 +46,15 @@ class Engine:
     def new_state(self) -> Any:
         self.live = self.kernel.State(self.model)
         return self.live
+
+    def note_slots(self) -> None:
+        if self.metrics is not None and self.slots:
+            for phase in ("idle", "prefill", "decode"):
+                self.metrics.slots.set(sum(1 for s in self.slots if s.phase == phase), phase=phase)
+
+    async def decode_step(self, token: int):
+        """Feed one token to the live state; its next-token logits (slots.Slot batches this)."""
+        return await self.runner.run(self.kernel.decode, self.live, token)
 
     def discard_live(self) -> None:
         """After a kernel error the state may be inconsistent: never reuse it."""

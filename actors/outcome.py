@@ -8,7 +8,7 @@ import trio
 def log_request(log, submit, *, outcome: str, arrived_at: float, reused: int,
                 first_token_at: float | None = None, completion_tokens: int = 0,
                 decode_s: float = 0.0, finish_reason: str | None = None, error: str | None = None,
-                metrics=None) -> None:
+                metrics=None, slot: int | None = None) -> None:
     now = trio.current_time()
     if metrics is not None:
         metrics.requests.inc(outcome=outcome)
@@ -32,4 +32,5 @@ def log_request(log, submit, *, outcome: str, arrived_at: float, reused: int,
         outcome=outcome,
         finish_reason=finish_reason,
         **({"error": error} if error else {}),
+        **({"slot": slot} if slot is not None else {}),   # slot mode: which live state served it
     )

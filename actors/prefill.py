@@ -184,31 +184,40 @@ async def run_prefill(engine: Engine, submit, log, progress: dict | None = None
     return np.asarray(logits), reused, prompt_lp
 
 
+async def prefill_turn(adm: Admitted, to_admission, *, engine: Engine, log) -> Prefilled | None:
+    """Prefill one admitted request. Its `Prefilled` for the decode turn, or None when the request
+    has ended here (cancelled or failed; `Finished` sent)."""
+    sub = adm.submit
+    progress: dict = {}
+    slot = getattr(engine, "index", None)   # slot mode: the log line names the slot
+
+    def log_outcome(outcome: str, error: str | None = None) -> None:
+        log_request(log, sub, metrics=engine.metrics, outcome=outcome, arrived_at=adm.arrived_at,
+                    reused=progress.get("reused", 0) if outcome == "cancelled" else 0, error=error, slot=slot)
+
+    turn = await attached(sub, lambda: run_prefill(engine, sub, log, progress), engine=engine, log=log,
+                          stage="prefill", on_shutdown=lambda: log_outcome("cancelled", "shutdown"))
+    if turn.cancelled:
+        live = engine.live
+        log_outcome("cancelled")
+        log.info("prefill_cancelled", request_id=sub.request_id,
+                 state_tokens=0 if live is None else int(live.n_tokens))
+        await end_cancelled(sub, to_admission, engine, turn.cancel_reason)
+        return None
+    if turn.error is not None:
+        await end_failed(sub, turn.error, to_admission, engine, log, "prefill",
+                         lambda: log_outcome("error", turn.error))
+        return None
+    logits, reused, prompt_lp = turn.result
+    return Prefilled(sub, logits, reused, prompt_lp, adm.arrived_at)
+
+
 async def prefill_worker(inbox: trio.MemoryReceiveChannel, to_decode: trio.MemorySendChannel,
                          to_admission: trio.MemorySendChannel, *, engine: Engine, log,
                          task_status=trio.TASK_STATUS_IGNORED) -> None:
     async with inbox, to_decode, to_admission:
         task_status.started()
         async for adm in inbox:
-            adm: Admitted
-            sub = adm.submit
-            progress: dict = {}
-
-            def log_outcome(outcome: str, error: str | None = None) -> None:
-                log_request(log, sub, metrics=engine.metrics, outcome=outcome, arrived_at=adm.arrived_at,
-                            reused=progress.get("reused", 0) if outcome == "cancelled" else 0, error=error)
-
-            turn = await attached(sub, lambda: run_prefill(engine, sub, log, progress), engine=engine, log=log,
-                                  stage="prefill", on_shutdown=lambda: log_outcome("cancelled", "shutdown"))
-            if turn.cancelled:
-                live = engine.live
-                log_outcome("cancelled")
-                log.info("prefill_cancelled", request_id=sub.request_id,
-                         state_tokens=0 if live is None else int(live.n_tokens))
-                await end_cancelled(sub, to_admission, engine, turn.cancel_reason)
-            elif turn.error is not None:
-                await end_failed(sub, turn.error, to_admission, engine, log, "prefill",
-                                 lambda: log_outcome("error", turn.error))
-            else:
-                logits, reused, prompt_lp = turn.result
-                await to_decode.send(Prefilled(sub, logits, reused, prompt_lp, adm.arrived_at))
+            pre = await prefill_turn(adm, to_admission, engine=engine, log=log)
+            if pre is not None:
+                await to_decode.send(pre)

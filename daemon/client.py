@@ -323,6 +323,9 @@ def format_status(s: dict) -> str:
     else:
         lines.append("running      idle")
     lines.append(f"live state   {s.get('live_state_tokens', 0)} tokens")
+    for sl in s.get("slots") or ():
+        doing = "idle" if sl.get("request_id") is None else f"{sl.get('phase')} {sl.get('request_id')}"
+        lines.append(f"slot {sl.get('slot')}       {doing}, state {sl.get('state_tokens', 0)} tokens")
     ck = s.get("checkpoints") or {}
     tiers = ", ".join(f"{tier} {ck[tier].get('count', 0)} ({human_bytes(ck[tier].get('bytes', 0))})"
                       for tier in ("memory", "disk") if isinstance(ck.get(tier), dict))

@@ -135,7 +135,7 @@ async def _serve_all(settings, loaded, engine, model_id, sockets, log, handle_si
         await engine.checkpoints.open_disk()      # rebuild the disk index before the writer starts
         inbox = await start_engine(nursery, engine, queue_size=settings.queue_size, log=log,
                                    new_stream_decoder=lambda: StreamDecoder(loaded.tokenizer),
-                                   checkpoint_slots=settings.checkpoint_slots)
+                                   checkpoint_slots=settings.checkpoint_slots, slots=settings.slots)
         api = API(inbox=inbox, tokenizer=loaded.tokenizer, renderer=loaded.renderer, model_id=model_id,
                   context_length=loaded.context_length, vocab_size=int(loaded.model.vocab_size),
                   max_tokens_default=settings.max_tokens_default, fingerprint=loaded.fingerprint, log=log,

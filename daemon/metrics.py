@@ -215,6 +215,7 @@ class Registry:
 
 OUTCOMES = ("done", "cancelled", "error", "rejected")
 PREFILL_KINDS = ("computed", "reused", "restored")
+SLOT_PHASES = ("idle", "prefill", "decode")
 # Prefill on CPU runs from milliseconds (a restored checkpoint) to minutes (a long cold prompt).
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 DECODE_TPS_BUCKETS = (0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0)
@@ -242,6 +243,13 @@ class Metrics:
         self.decode_tps = r.histogram("cairn_decode_tokens_per_second", "Decode speed of each finished request.",
                                       DECODE_TPS_BUCKETS)
         self.live_state_tokens = r.gauge("cairn_live_state_tokens", "Tokens held in the live model state.")
+        # slot mode (--slots > 1): what the slots do, and how full the batched decode steps are
+        self.slots = r.gauge("cairn_slots", "Sequence slots by what they do (slot mode).", ["phase"],
+                             allowed={"phase": SLOT_PHASES})
+        self.decode_steps = r.counter("cairn_decode_steps_total", "Batched decode kernel steps (slot mode).")
+        self.decode_step_rows = r.counter("cairn_decode_step_rows_total",
+                                          "Sequence tokens advanced by batched decode steps (rows / steps: "
+                                          "the mean batch).")
         for tier in tiers:
             for metric in (self.checkpoint_hits, self.checkpoint_evictions, self.checkpoint_bytes):
                 metric.touch(tier=tier)

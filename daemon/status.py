@@ -175,9 +175,12 @@ class StatusBoard:
             "uptime_s": round(time.monotonic() - self.started_at, 3),
             "model": {"id": model_id, "fingerprint": self.fingerprint, "context_length": self.context_length,
                       "kernel_threads": None if model is None else int(getattr(model, "threads", 0))},
-            "engine": {"segment": getattr(engine, "segment", None), "chunk": getattr(engine, "chunk", None)},
+            "engine": {"segment": getattr(engine, "segment", None), "chunk": getattr(engine, "chunk", None),
+                       "slots": max(1, len(getattr(engine, "slots", None) or ()))},
             "queue": {"depth": depth, "capacity": self.queue_size},
             "running": self.running(),
+            # slot mode: what each live state holds and does ([] with one slot: see running)
+            "slots": [s.describe() for s in (getattr(engine, "slots", None) or ())],
             "live_state_tokens": live,
             "checkpoints": checkpoint_tiers(engine),
             "memory": process_memory(),

@@ -122,3 +122,23 @@ def decode(state: State, token: int) -> np.ndarray:
     state.model.calls.append(("decode", 1))
     state.last_logits = _logits(state.model, state._h, state.n_tokens)
     return state.last_logits
+
+
+def decode_batch(states, tokens, *, abort: AbortFlag | None = None) -> np.ndarray:
+    """As the kernel: one step for distinct states; each row as decode() of that state alone."""
+    if len(states) != len(tokens) or not states:
+        raise ValueError("states and tokens must be non-empty and of the same length")
+    if len({id(s) for s in states}) != len(states):
+        raise ValueError("a state appears twice")
+    model = states[0].model
+    if abort is not None and abort.is_set():
+        return np.zeros((0, model.vocab_size), np.float32)
+    if model.decode_delay:
+        time.sleep(model.decode_delay)
+    rows = []
+    for st, t in zip(states, tokens):
+        st._feed(int(t))
+        st.last_logits = _logits(st.model, st._h, st.n_tokens)
+        rows.append(st.last_logits)
+    model.calls.append(("decode_batch", len(states)))
+    return np.stack(rows)

@@ -73,7 +73,8 @@ class Gate:
 
 
 class GatedKernel:
-    """Module-like: AbortFlag, State, prefill and decode gated by `gate`; everything else delegated."""
+    """Module-like: AbortFlag, State, prefill, decode and decode_batch gated by `gate`; everything else
+    delegated."""
 
     def __init__(self, kernel, gate: Gate, vocab_size: int) -> None:
         self._k = kernel
@@ -121,6 +122,12 @@ class GatedKernel:
         self.gate._enter()
         out = self._k.decode(state, token)
         self.gate._record("decode", 1)
+        return out
+
+    def decode_batch(self, states, tokens, *, abort=None):
+        self.gate._enter()
+        out = self._k.decode_batch(states, tokens, abort=abort)
+        self.gate._record("decode_batch", len(states))
         return out
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 import numpy.typing as npt
 
@@ -83,6 +85,14 @@ def prefill(
     all_logits: bool = False,
 ) -> tuple[int, npt.NDArray[np.float32]]: ...
 def decode(state: State, token: int) -> npt.NDArray[np.float32]: ...
+def decode_batch(
+    states: Sequence[State],
+    tokens: Sequence[int] | npt.NDArray[np.integer],
+    *,
+    abort: AbortFlag | None = None,
+) -> npt.NDArray[np.float32]:
+    """One decode step for distinct states of one model (tokens[b] to states[b]); logits [B, V],
+    bit-identical to decode() of each alone. Preset abort: nothing runs, 0 rows."""
 
 # benchmark / test hooks (not API)
 def _packed_matmul(

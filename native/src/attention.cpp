@@ -124,6 +124,17 @@ static void indexer_select(const Model& m, const LayerState& ls, const float* qI
 
 void attention_block(const Model& m, int layer, LayerState& ls, const float* x, int S,
                      int64_t pos0, float* y) {
+  const AttnSeg seg{&ls, pos0, 0, S};
+  attention_rows(m, layer, &seg, 1, x, S, y);
+}
+
+// The projections (q, kv, compressor and indexer inputs, output) are per-row products over all
+// Stot rows at once, so each weight is read once for every sequence of a batched decode; the
+// window ring, compressors, indexer and attention itself run per segment on its own state.
+// Every row's numbers are the same whichever rows share the call (the packed micro-kernel's
+// sums depend only on the row), which is what makes a batched decode bit-identical to single ones.
+void attention_rows(const Model& m, int layer, const AttnSeg* segs, int nseg, const float* x, int Stot,
+                    float* y) {
   const Config& c = m.cfg;
   const LayerW& L = m.layers[layer];
   const AttnType type = c.layer_types[layer];
@@ -132,22 +143,69 @@ void attention_block(const Model& m, int layer, LayerState& ls, const float* x, 
   const int half = r / 2;
   double t0 = omp_get_wtime();
 
-  // cos/sin per query position: [S, r/2]
-  std::vector<float> cs((size_t)S * half), sn((size_t)S * half);
-  for (int i = 0; i < S; ++i) rope_cs(pos0 + i, half, inv_freq, &cs[(size_t)i * half], &sn[(size_t)i * half]);
+  // cos/sin per query position: [Stot, r/2]
+  std::vector<float> cs((size_t)Stot * half), sn((size_t)Stot * half);
+  for (int g = 0; g < nseg; ++g)
+    for (int i = 0; i < segs[g].S; ++i) {
+      const int row = segs[g].r0 + i;
+      rope_cs(segs[g].pos0 + i, half, inv_freq, &cs[(size_t)row * half], &sn[(size_t)row * half]);
+    }
 
   // query path
-  std::vector<float> qr((size_t)S * Rq);  // [S, Rq] q_residual
-  linear(x, S, L.wq_a, qr.data(), nt);
-  for (int i = 0; i < S; ++i) rmsnorm(&qr[(size_t)i * Rq], L.q_norm, &qr[(size_t)i * Rq], Rq, c.rms_eps);
-  std::vector<float> q((size_t)S * H * Dh);  // [S, H, Dh]
-  linear(qr.data(), S, L.wq_b, q.data(), nt);
-  for (int i = 0; i < S; ++i)
+  std::vector<float> qr((size_t)Stot * Rq);  // [Stot, Rq] q_residual
+  linear(x, Stot, L.wq_a, qr.data(), nt);
+  for (int i = 0; i < Stot; ++i) rmsnorm(&qr[(size_t)i * Rq], L.q_norm, &qr[(size_t)i * Rq], Rq, c.rms_eps);
+  std::vector<float> qall((size_t)Stot * H * Dh);  // [Stot, H, Dh]
+  linear(qr.data(), Stot, L.wq_b, qall.data(), nt);
+  for (int i = 0; i < Stot; ++i)
     for (int h = 0; h < H; ++h) {
-      float* qh = &q[((size_t)i * H + h) * Dh];
+      float* qh = &qall[((size_t)i * H + h) * Dh];
       rmsnorm(qh, nullptr, qh, Dh, c.rms_eps);
       rope_apply(qh, Dh, r, &cs[(size_t)i * half], &sn[(size_t)i * half], 1.f);
     }
+  // new key/value rows: [Stot, Dh]
+  std::vector<float> kvall((size_t)Stot * Dh);
+  linear(x, Stot, L.wkv, kvall.data(), nt);
+  for (int i = 0; i < Stot; ++i) {
+    float* kr = &kvall[(size_t)i * Dh];
+    rmsnorm(kr, L.kv_norm, kr, Dh, c.rms_eps);
+    rope_apply(kr, Dh, r, &cs[(size_t)i * half], &sn[(size_t)i * half], 1.f);
+  }
+  prof_lap(P_QKV, t0);
+  // compressor and indexer inputs: [Stot, .]
+  std::vector<float> ckv, cg, ikv, ig, qIall, wIall;
+  if (type != AttnType::Sliding) {
+    const int cw = segs[0].ls->comp.cw;
+    ckv.resize((size_t)Stot * cw);
+    cg.resize((size_t)Stot * cw);
+    linear(x, Stot, L.comp.wkv, ckv.data(), nt);
+    linear(x, Stot, L.comp.wgate, cg.data(), nt);
+    prof_lap(P_COMPRESS, t0);
+    if (type == AttnType::CSA) {
+      const int icw = segs[0].ls->icomp.cw, nI = c.nI, Di = c.Di;
+      ikv.resize((size_t)Stot * icw);
+      ig.resize((size_t)Stot * icw);
+      linear(x, Stot, L.icomp.wkv, ikv.data(), nt);
+      linear(x, Stot, L.icomp.wgate, ig.data(), nt);
+      qIall.resize((size_t)Stot * nI * Di);
+      wIall.resize((size_t)Stot * nI);
+      linear(qr.data(), Stot, L.iwq_b, qIall.data(), nt);
+      for (int i = 0; i < Stot; ++i)
+        for (int h = 0; h < nI; ++h)
+          rope_apply(&qIall[((size_t)i * nI + h) * Di], Di, r, &cs[(size_t)i * half], &sn[(size_t)i * half], 1.f);
+      linear(x, Stot, L.iweights, wIall.data(), nt);
+      prof_lap(P_INDEXER, t0);
+    }
+  }
+  std::vector<float> oall((size_t)Stot * H * Dh);  // [Stot, H, Dh]
+
+  for (int g = 0; g < nseg; ++g) {
+  LayerState& ls = *segs[g].ls;
+  const int S = segs[g].S, R0 = segs[g].r0;
+  const int64_t pos0 = segs[g].pos0;
+  const float* q = &qall[(size_t)R0 * H * Dh];
+  const float* csg = &cs[(size_t)R0 * half];
+  const float* sng = &sn[(size_t)R0 * half];
 
   // key/value rows for the window: [nprev + S, Dh]
   const int ring = W - 1;
@@ -157,49 +215,31 @@ void attention_block(const Model& m, int layer, LayerState& ls, const float* x, 
   for (int a = 0; a < nprev; ++a)
     std::memcpy(&keys[(size_t)a * Dh], &ls.win[(size_t)((kbase + a) % ring) * Dh], sizeof(float) * Dh);
   float* kvnew = &keys[(size_t)nprev * Dh];
-  linear(x, S, L.wkv, kvnew, nt);
-  for (int i = 0; i < S; ++i) {
-    float* kr = kvnew + (size_t)i * Dh;
-    rmsnorm(kr, L.kv_norm, kr, Dh, c.rms_eps);
-    rope_apply(kr, Dh, r, &cs[(size_t)i * half], &sn[(size_t)i * half], 1.f);
-  }
+  std::memcpy(kvnew, &kvall[(size_t)R0 * Dh], sizeof(float) * (size_t)S * Dh);
   for (int64_t p = std::max<int64_t>(pos0, pos0 + S - ring); p < pos0 + S; ++p)
     std::memcpy(&ls.win[(size_t)(p % ring) * Dh], &kvnew[(size_t)(p - pos0) * Dh], sizeof(float) * Dh);
 
-  prof_lap(P_QKV, t0);
   // compressors + indexer
   std::vector<std::vector<int>> sel;  // CSA: selected entries per query
   if (type != AttnType::Sliding) {
     const int cw = ls.comp.cw;
-    std::vector<float> ckv((size_t)S * cw), cg((size_t)S * cw);
-    linear(x, S, L.comp.wkv, ckv.data(), nt);
-    linear(x, S, L.comp.wgate, cg.data(), nt);
-    compressor_feed(m, L.comp, ls.comp, type == AttnType::CSA, ckv.data(), cg.data(), S, pos0);
+    compressor_feed(m, L.comp, ls.comp, type == AttnType::CSA, &ckv[(size_t)R0 * cw], &cg[(size_t)R0 * cw], S,
+                    pos0);
     prof_lap(P_COMPRESS, t0);
     if (type == AttnType::CSA) {
       const int icw = ls.icomp.cw, nI = c.nI, Di = c.Di;
-      std::vector<float> ikv((size_t)S * icw), ig((size_t)S * icw);
-      linear(x, S, L.icomp.wkv, ikv.data(), nt);
-      linear(x, S, L.icomp.wgate, ig.data(), nt);
-      compressor_feed(m, L.icomp, ls.icomp, true, ikv.data(), ig.data(), S, pos0);
-      std::vector<float> qI((size_t)S * nI * Di), wI((size_t)S * nI);
-      linear(qr.data(), S, L.iwq_b, qI.data(), nt);
-      for (int i = 0; i < S; ++i)
-        for (int h = 0; h < nI; ++h)
-          rope_apply(&qI[((size_t)i * nI + h) * Di], Di, r, &cs[(size_t)i * half], &sn[(size_t)i * half], 1.f);
-      linear(x, S, L.iweights, wI.data(), nt);
-      indexer_select(m, ls, qI.data(), wI.data(), S, pos0, sel);
+      compressor_feed(m, L.icomp, ls.icomp, true, &ikv[(size_t)R0 * icw], &ig[(size_t)R0 * icw], S, pos0);
+      indexer_select(m, ls, &qIall[(size_t)R0 * nI * Di], &wIall[(size_t)R0 * nI], S, pos0, sel);
       prof_lap(P_INDEXER, t0);
     }
   }
-
   // attention: o [S, H, Dh]. K == V and all heads share one KV head, so a block of kQB
   // queries runs as GEMMs over the union of its keys, U = [window rows t0-W+1 .. t1 | HCA
   // entries visible to the block's last query]: scores [nq*H, |U|] = Q U^T, then per (query,
   // head) a masked softmax (with sink) and o = P U. A masked key's weight is an exact 0, so a
   // query's sums see the same nonzero terms in the same order whichever block it falls in.
   // CSA queries add their own top-k entries as a second, per-query pair of GEMMs.
-  std::vector<float> o((size_t)S * H * Dh);
+  float* o = &oall[(size_t)R0 * H * Dh];
   const float scale = 1.f / std::sqrt((float)Dh);
   const int rate = type == AttnType::HCA ? c.hca_rate : c.csa_rate;
   const float* ent = ls.comp.entries.data();
@@ -283,7 +323,7 @@ void attention_block(const Model& m, int layer, LayerState& ls, const float* x, 
       // o rows of the block [nq*H, Dh] = P U, one product for the whole block
       prow.resize((size_t)nq * H);
       for (int a = 0; a < nq * H; ++a) prow[a] = &sc[(size_t)a * nu];
-      float* ob = &o[(size_t)i0 * H * Dh];
+      float* ob = o + (size_t)i0 * H * Dh;
       linear_rows(prow.data(), nq * H, Linear{nullptr, uv.data(), Dh, nu}, ob, Dh);
       for (int a = 0; a < nq; ++a) {
         const int i = i0 + a;
@@ -291,17 +331,19 @@ void attention_block(const Model& m, int layer, LayerState& ls, const float* x, 
         if (type == AttnType::CSA && !sel[i].empty())
           for (int d = 0; d < H * Dh; ++d) oi[d] = oi[d] + osel[(size_t)a * H * Dh + d];
         for (int h = 0; h < H; ++h)
-          rope_apply(oi + (size_t)h * Dh, Dh, r, &cs[(size_t)i * half], &sn[(size_t)i * half], -1.f);
+          rope_apply(oi + (size_t)h * Dh, Dh, r, &csg[(size_t)i * half], &sng[(size_t)i * half], -1.f);
       }
     }
   }
   prof_lap(P_ATTN, t0);
-  // grouped low-rank output: z [S, G*Ro]; y = wo_b z
+  }  // segments
+
+  // grouped low-rank output: z [Stot, G*Ro]; y = wo_b z
   const int G = c.G, Ro = c.Ro, gin = H * Dh / G;
-  std::vector<float> z((size_t)S * G * Ro);
+  std::vector<float> z((size_t)Stot * G * Ro);
   for (int g = 0; g < G; ++g)
-    linear(o.data() + (size_t)g * gin, S, H * Dh, L.wo_a_g[g], z.data() + (size_t)g * Ro, G * Ro, nt);
-  linear(z.data(), S, L.wo_b, y, nt);
+    linear(oall.data() + (size_t)g * gin, Stot, H * Dh, L.wo_a_g[g], z.data() + (size_t)g * Ro, G * Ro, nt);
+  linear(z.data(), Stot, L.wo_b, y, nt);
   prof_lap(P_OUT, t0);
   (void)D;
 }

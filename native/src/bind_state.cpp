@@ -15,6 +15,7 @@
 #include <atomic>
 #include <cstring>
 #include <stdexcept>
+#include <unordered_set>
 
 #include "bind.h"
 #include "cairn/forward.h"
@@ -179,4 +180,73 @@ void register_state(py::module_& m) {
     }
     return out;
   }, py::arg("state"), py::arg("token"), "Feed one token; returns float32 logits [V].");
+
+  m.def("decode_batch", [](py::sequence states, py::sequence tokens, std::shared_ptr<AbortFlag> abort) {
+    const py::ssize_t B = py::len(states);
+    if (B == 0) throw KernelError("states is empty");
+    if ((py::ssize_t)py::len(tokens) != B)
+      throw KernelError("tokens has " + std::to_string(py::len(tokens)) + " entries, states has " +
+                        std::to_string(B) + "; they must match");
+    std::vector<PyState*> ps((size_t)B);
+    std::vector<State*> sts((size_t)B);
+    std::vector<int32_t> tok((size_t)B);
+    std::unordered_set<PyState*> seen;
+    for (py::ssize_t b = 0; b < B; ++b) {
+      py::object o = states[b];
+      if (!py::isinstance<PyState>(o)) throw KernelError("states[" + std::to_string(b) + "] is not a State");
+      PyState* s = o.cast<PyState*>();
+      if (b && s->model.get() != ps[0]->model.get())
+        throw KernelError("states[" + std::to_string(b) + "] belongs to another model than states[0]");
+      if (!seen.insert(s).second)
+        throw KernelError("states[" + std::to_string(b) + "] appears twice; each state advances once per step");
+      py::object tb = tokens[b];
+      if (!PyIndex_Check(tb.ptr()) || PyBool_Check(tb.ptr()))
+        throw KernelError("tokens[" + std::to_string(b) + "] must be an integer token id");
+      int64_t t;
+      try {
+        t = py::cast<int64_t>(tb);
+      } catch (const py::cast_error&) {
+        throw KernelError("tokens[" + std::to_string(b) + "] is not a 64-bit integer");
+      }
+      const int V = s->model->cfg.vocab;
+      if (t < 0 || t >= V)
+        throw KernelError("tokens[" + std::to_string(b) + "]: token id " + std::to_string(t) +
+                          " is out of range [0, " + std::to_string(V) + ")");
+      ps[b] = s;
+      sts[b] = &s->st;
+      tok[b] = (int32_t)t;
+    }
+    // Claim every state before touching any; on a conflict release those already claimed.
+    py::ssize_t claimed = 0;
+    for (; claimed < B; ++claimed)
+      if (ps[claimed]->busy.exchange(true)) break;
+    auto release = [&] {
+      for (py::ssize_t b = 0; b < claimed; ++b) ps[b]->busy.store(false);
+    };
+    if (claimed < B) {
+      release();
+      throw std::runtime_error("states[" + std::to_string(claimed) + "] is already in use by another call");
+    }
+    const int V = ps[0]->model->cfg.vocab;
+    py::array_t<float> out;
+    try {
+      if (abort && abort->v.load()) {
+        out = py::array_t<float>(std::vector<py::ssize_t>{0, (py::ssize_t)V});
+      } else {
+        out = py::array_t<float>(std::vector<py::ssize_t>{B, (py::ssize_t)V});
+        float* o = out.mutable_data();
+        py::gil_scoped_release rel;
+        forward_batch(sts.data(), tok.data(), (int)B, o);
+      }
+    } catch (...) {
+      release();
+      throw;
+    }
+    release();
+    return out;
+  }, py::arg("states"), py::arg("tokens"), py::kw_only(), py::arg("abort") = nullptr,
+     "One decode step for several distinct states of one model: tokens[b] is fed to states[b]. "
+     "Returns float32 logits [B, V], bit-identical to decode(states[b], tokens[b]) for each b; "
+     "every dense weight is read once for all of them. If abort is set before the step, nothing "
+     "runs and the result has 0 rows.");
 }

@@ -122,12 +122,13 @@ static void hc_step(const Model& m, float* h, int S, const float* y, float* post
   }
 }
 
-void forward_chunk(State& st, const int32_t* tokens, int S, float* logits_out, bool all_logits) {
-  const Model& m = *st.model;
+// The decoder over S rows split into segments (each its own state and positions): embed, every
+// layer, and the residual streams left in h [S, N, D]. Only attention looks at a segment's state.
+static void run_layers(const Model& m, const AttnSeg* segs, int nseg, const int32_t* tokens, int S,
+                       std::vector<float>& h) {
   const Config& c = m.cfg;
-  const int N = c.N, D = c.D, ND = N * D, V = c.vocab;
-  const int64_t pos0 = st.n;
-  std::vector<float> h((size_t)S * ND);  // [S, N, D] residual streams
+  const int N = c.N, D = c.D, ND = N * D;
+  h.assign((size_t)S * ND, 0.f);  // [S, N, D] residual streams
   for (int i = 0; i < S; ++i) {
     float* h0 = &h[(size_t)i * ND];
     if (m.embed16) {  // BF16 table used from the mapping: a row is widened when it is looked up
@@ -149,18 +150,24 @@ void forward_chunk(State& st, const int32_t* tokens, int S, float* logits_out, b
   };
   HcOpen open = attn_open(0);
   hc_step(m, h.data(), S, nullptr, post.data(), comb.data(), &open, x.data());
+  std::vector<AttnSeg> ls(segs, segs + nseg);
   for (int l = 0; l < c.n_layers; ++l) {
     const LayerW& L = m.layers[l];
-    attention_block(m, l, st.layers[l], x.data(), S, pos0, y.data());
+    for (int g = 0; g < nseg; ++g) ls[g].ls = &segs[g].ls[l];  // segs[g].ls points at layer 0
+    attention_rows(m, l, ls.data(), nseg, x.data(), S, y.data());
     open = HcOpen{&L.hc_ffn, L.hc_ffn_base, L.hc_ffn_scale, L.ffn_norm};
     hc_step(m, h.data(), S, y.data(), post.data(), comb.data(), &open, x.data());
     moe_block(m, l, x.data(), tokens, S, y.data());
     if (l + 1 < c.n_layers) open = attn_open(l + 1);
     hc_step(m, h.data(), S, y.data(), post.data(), comb.data(), l + 1 < c.n_layers ? &open : nullptr, x.data());
   }
-  // hyper-head: only the rows whose logits are needed
+}
+
+// hyper-head over residual rows r0..r0+nr-1 of h: logits [nr, V]
+static std::vector<float> head_rows(const Model& m, const std::vector<float>& h, int r0, int nr) {
   ProfScope ps(P_HEAD);
-  const int r0 = all_logits ? 0 : S - 1, nr = S - r0;
+  const Config& c = m.cfg;
+  const int N = c.N, D = c.D, ND = N * D, V = c.vocab;
   std::vector<float> xn((size_t)nr * ND), mix((size_t)nr * N), out((size_t)nr * D);
   for (int i = 0; i < nr; ++i) rmsnorm(&h[(size_t)(r0 + i) * ND], nullptr, &xn[(size_t)i * ND], ND, c.rms_eps);
   linear(xn.data(), nr, m.hc_head, mix.data(), m.threads);
@@ -178,9 +185,38 @@ void forward_chunk(State& st, const int32_t* tokens, int S, float* logits_out, b
   }
   std::vector<float> logits((size_t)nr * V);  // [nr, V]
   linear(out.data(), nr, m.head, logits.data(), m.threads);
+  return logits;
+}
+
+void forward_chunk(State& st, const int32_t* tokens, int S, float* logits_out, bool all_logits) {
+  const Model& m = *st.model;
+  const int V = m.cfg.vocab;
+  const AttnSeg seg{st.layers.data(), st.n, 0, S};
+  std::vector<float> h;
+  run_layers(m, &seg, 1, tokens, S, h);
+  // hyper-head: only the rows whose logits are needed
+  const int r0 = all_logits ? 0 : S - 1;
+  std::vector<float> logits = head_rows(m, h, r0, S - r0);
   st.n += S;
   st.tokens.insert(st.tokens.end(), tokens, tokens + S);
   st.last_logits.assign(logits.end() - V, logits.end());
+  if (logits_out) std::memcpy(logits_out, logits.data(), sizeof(float) * logits.size());
+}
+
+void forward_batch(State* const* states, const int32_t* tokens, int B, float* logits_out) {
+  const Model& m = *states[0]->model;
+  const int V = m.cfg.vocab;
+  std::vector<AttnSeg> segs(B);
+  for (int b = 0; b < B; ++b) segs[b] = AttnSeg{states[b]->layers.data(), states[b]->n, b, 1};
+  std::vector<float> h;
+  run_layers(m, segs.data(), B, tokens, B, h);
+  std::vector<float> logits = head_rows(m, h, 0, B);
+  for (int b = 0; b < B; ++b) {
+    State& st = *states[b];
+    st.n += 1;
+    st.tokens.push_back(tokens[b]);
+    st.last_logits.assign(logits.begin() + (size_t)b * V, logits.begin() + (size_t)(b + 1) * V);
+  }
   if (logits_out) std::memcpy(logits_out, logits.data(), sizeof(float) * logits.size());
 }
 

@@ -25,6 +25,7 @@ def test_fresh_metrics_parse_with_every_known_series_at_zero():
         "cairn_checkpoint_misses": "counter", "cairn_checkpoint_evictions": "counter",
         "cairn_checkpoint_bytes": "gauge", "cairn_ttft_seconds": "histogram",
         "cairn_decode_tokens_per_second": "histogram", "cairn_live_state_tokens": "gauge",
+        "cairn_slots": "gauge", "cairn_decode_steps": "counter", "cairn_decode_step_rows": "counter",
     }
     requests = families["cairn_requests"][1]
     assert {dict(labels)["outcome"] for _, labels in requests} == {"done", "cancelled", "error", "rejected"}

@@ -132,3 +132,16 @@ def test_checkpoint_hook_reads_the_managers_stats():
     assert t["memory"] == {"count": 2, "bytes": 300, "max_bytes": 1000} and t["disk"] == {"count": 1, "bytes": 50}
     assert t["hits"] == 4 and t["enabled"] is True
     assert checkpoint_tiers(None)["disk"] == {"count": 0, "bytes": 0}
+
+
+def test_status_lists_what_each_slot_holds_and_does():
+    import types
+
+    slot = lambda i, rid, phase, n: types.SimpleNamespace(
+        describe=lambda: {"slot": i, "request_id": rid, "phase": phase, "state_tokens": n})
+    engine = types.SimpleNamespace(slots=[slot(0, "cmpl-a", "decode", 300), slot(1, None, "idle", 40)])
+    s = StatusBoard(engine=engine, queue_size=8).snapshot("tiny")
+    assert s["engine"]["slots"] == 2 and [x["phase"] for x in s["slots"]] == ["decode", "idle"]
+    text = format_status(s)
+    assert "slot 0       decode cmpl-a, state 300 tokens" in text and "slot 1       idle, state 40 tokens" in text
+    assert StatusBoard(queue_size=8).snapshot("tiny")["slots"] == []

@@ -18,9 +18,23 @@ void forward_chunk(State& st, const int32_t* tokens, int S, float* logits_out, b
 int64_t prefill(State& st, const int32_t* tokens, int64_t n, int chunk, const std::atomic<bool>* abort,
                 float* logits_all);
 
+// One decode step for B distinct states of the same model, token b fed to states[b]:
+// bit-identical to forward_chunk(*states[b], &tokens[b], 1, ...) for each b alone, but every
+// dense weight is read once for all B rows. logits_out: [B, V] (may be null).
+void forward_batch(State* const* states, const int32_t* tokens, int B, float* logits_out);
+
 // Blocks (each processes S rows; positions pos0..pos0+S-1).
 void attention_block(const Model& m, int layer, LayerState& ls, const float* x /*[S,D]*/, int S,
                      int64_t pos0, float* y /*[S,D]*/);
+// Rows r0..r0+S-1 of a multi-sequence call: S tokens of one state at positions pos0..
+struct AttnSeg {
+  LayerState* ls;
+  int64_t pos0;
+  int r0, S;
+};
+// attention_block over several segments (each its own state), Stot = sum of their S.
+void attention_rows(const Model& m, int layer, const AttnSeg* segs, int nseg, const float* x /*[Stot,D]*/,
+                    int Stot, float* y /*[Stot,D]*/);
 void moe_block(const Model& m, int layer, const float* x /*[S,D]*/, const int32_t* tokens, int S,
                float* y /*[S,D]*/);
 // Feed S raw projection rows (kv, gate: [S, cs.cw]) at positions pos0..; emits finished

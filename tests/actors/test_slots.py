@@ -1,0 +1,176 @@
+"""Slot mode (--slots > 1): several requests in the engine at once, decode steps batched, prefill
+chunk by chunk in between (fake kernel through the permit gate: the test sets the kernel's pace)."""
+
+from __future__ import annotations
+
+import trio
+import trio.testing
+from structlog.testing import capture_logs
+
+from daemon_harness import daemon, fake_loaded, open_request, request, wait_for_event
+from gated_kernel import Gate, gated
+
+
+def _body(prompt, n, **kw):
+    return {"model": "tiny", "prompt": prompt, "max_tokens": n, "temperature": 0, "ignore_eos": True, **kw}
+
+
+def _text(resp) -> str:
+    assert resp.status == 200, resp.body
+    return resp.json()["choices"][0]["text"]
+
+
+async def test_two_concurrent_streams_produce_what_each_produces_alone(tiny_model_dir, tmp_path):
+    loaded = fake_loaded(tiny_model_dir)
+    sock = tmp_path / "c.sock"
+    a_body = _body([7, 8, 9] * 5, 24)
+    b_body = _body([11, 12], 16, temperature=0.9, seed=5)
+    with trio.fail_after(30), capture_logs() as events:
+        async with daemon(loaded, sock, slots=2):
+            alone_a = _text(await request(sock, "POST", "/v1/completions", a_body))
+            alone_b = _text(await request(sock, "POST", "/v1/completions", b_body))
+            loaded.model.calls.clear()
+            res = {}
+            async with trio.open_nursery() as n:
+                async def go(key, body):
+                    res[key] = _text(await request(sock, "POST", "/v1/completions", body))
+                n.start_soon(go, "a", a_body)
+                n.start_soon(go, "b", b_body)
+    assert res == {"a": alone_a, "b": alone_b}
+    assert ("decode_batch", 2) in loaded.model.calls            # they really shared decode steps
+    slots = {e["request_id"]: e["slot"] for e in events if e["event"] == "request"}
+    assert sorted(set(slots.values())) == [0, 1]                # the log line names the slot
+
+
+async def test_cancel_mid_decode_leaves_the_other_stream_unchanged(tiny_model_dir, tmp_path):
+    loaded = fake_loaded(tiny_model_dir)
+    gate = Gate(permits=0)
+    sock = tmp_path / "c.sock"
+    b_body = _body([21, 22, 23], 14)
+    with trio.fail_after(30), capture_logs() as events:
+        async with daemon(gated(loaded, gate), sock, slots=2):
+            a = await open_request(sock, "POST", "/v1/completions", _body([5] * 6, 40, stream=True))
+            res = {}
+            async with trio.open_nursery() as n:
+                async def b():
+                    res["b"] = _text(await request(sock, "POST", "/v1/completions", b_body))
+                n.start_soon(b)
+                gate.allow(6)                                   # both prefills, then batched steps
+                await gate.wait_blocked()
+                assert gate.count("decode_batch") >= 2 and ("decode_batch", 2) in gate.calls
+                status = (await request(sock, "GET", "/v1/status")).json()
+                metrics = (await request(sock, "GET", "/metrics")).body.decode()
+                await a.aclose()                                # A's client leaves mid-answer
+                # the step A may be in finishes first (a cancel never tears a step), then A is acked
+                gate.allow(None)
+                ack = await wait_for_event(events, lambda e: e["event"] == "request" and e["outcome"] == "cancelled")
+            alone_b = _text(await request(sock, "POST", "/v1/completions", b_body))
+    assert res["b"] == alone_b
+    assert 4 <= ack["completion_tokens"] < 40
+    assert status["engine"]["slots"] == 2
+    assert [(s["slot"], s["phase"]) for s in status["slots"]] == [(0, "decode"), (1, "decode")]
+    assert all(s["request_id"] and s["state_tokens"] > 0 for s in status["slots"])
+    assert 'cairn_slots{phase="decode"} 2' in metrics and "cairn_decode_step_rows_total" in metrics
+
+
+async def test_cancel_mid_prefill_leaves_the_other_stream_unchanged(tiny_model_dir, tmp_path):
+    loaded = fake_loaded(tiny_model_dir)
+    gate = Gate(permits=3)
+    sock = tmp_path / "c.sock"
+    b_body = _body([31, 32, 33, 34, 35], 10)
+    with trio.fail_after(30), capture_logs() as events:
+        async with daemon(gated(loaded, gate), sock, slots=2, chunk=4, segment=4):
+            a = await open_request(sock, "POST", "/v1/completions", _body([6] * 400, 4))
+            await gate.wait_blocked()                           # A is mid-prefill
+            res = {}
+            async with trio.open_nursery() as n:
+                async def b():
+                    res["b"] = _text(await request(sock, "POST", "/v1/completions", b_body))
+                n.start_soon(b)
+                await trio.testing.wait_all_tasks_blocked()
+                gate.allow(4)
+                await gate.wait_blocked()
+                await a.aclose()
+                ack = await wait_for_event(events, lambda e: e["event"] == "prefill_cancelled")
+                gate.allow(None)
+            alone_b = _text(await request(sock, "POST", "/v1/completions", b_body))
+    assert res["b"] == alone_b
+    assert 0 < ack["state_tokens"] < 400
+
+
+async def test_side_request_completes_while_a_long_prefill_runs(tiny_model_dir, tmp_path):
+    """Shortest remaining prefill first: a 20-token side request (5 chunks of 4) needs its own 5
+    chunks, one decode step and the two chunks of the long prefill that come between -- 8 kernel
+    calls, not the long prompt's 1000 chunks (one slot) nor 11 (round robin)."""
+    loaded = fake_loaded(tiny_model_dir)
+    gate = Gate(permits=1)
+    sock = tmp_path / "c.sock"
+    with trio.fail_after(30), capture_logs() as events:
+        async with daemon(gated(loaded, gate), sock, slots=2, chunk=4, segment=4, checkpoints=False):
+            long = await open_request(sock, "POST", "/v1/completions", _body([3] * 4000, 1))
+            await gate.wait_blocked()                           # the long prefill holds the kernel
+            res = {}
+            async with trio.open_nursery() as n:
+                async def side():
+                    res["side"] = await request(sock, "POST", "/v1/completions", _body([40 + i for i in range(20)], 2))
+                n.start_soon(side)
+                await wait_for_event(events, lambda e: e["event"] == "prefill_plan" and e["prompt_tokens"] == 20)
+                await trio.testing.wait_all_tasks_blocked()     # the side prefill waits for the kernel
+                calls_before = len(gate.calls)
+                gate.allow(8)
+            assert _text(res["side"]) != ""
+            side_calls = gate.calls[calls_before:]
+            await long.aclose()
+            gate.allow(None)
+    assert side_calls.count(("decode_batch", 1)) == 1
+    assert sum(1 for k, n in side_calls if k == "prefill_chunk") <= 7     # 5 of its own + at most 2 of the long one
+
+
+async def test_a_returning_conversation_finds_its_slot_and_a_new_one_takes_the_lru_slot(tiny_model_dir, tmp_path):
+    loaded = fake_loaded(tiny_model_dir)
+    sock = tmp_path / "c.sock"
+    pa, pb, pc = [50 + i for i in range(12)], [80 + i for i in range(9)], [120 + i for i in range(7)]
+    with trio.fail_after(30), capture_logs() as events:
+        async with daemon(loaded, sock, slots=2, checkpoints=False):
+            for prompt in (pa, pb, pa + [7, 8, 9], pc):
+                # max_tokens 1: the state keeps exactly the prompt (the answer's last token is never fed)
+                r = await request(sock, "POST", "/v1/completions", _body(prompt, 1))
+                assert r.status == 200
+            cached = r.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
+    lines = [e for e in events if e["event"] == "request"]
+    assert [e["slot"] for e in lines] == [0, 1, 0, 1]     # A's follow-up back in slot 0; C in the LRU slot 1
+    assert [e["reused_tokens"] for e in lines] == [0, 0, len(pa), 0] and cached == 0
+
+
+async def test_a_kernel_error_in_a_batched_step_fails_its_requests_and_the_engine_keeps_serving(
+        tiny_model_dir, tmp_path, monkeypatch):
+    import fake_kernel
+
+    loaded = fake_loaded(tiny_model_dir)
+    real = fake_kernel.decode_batch
+    calls = {"n": 0}
+
+    def flaky(states, tokens, *, abort=None):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise RuntimeError("injected kernel failure")
+        return real(states, tokens, abort=abort)
+
+    monkeypatch.setattr(fake_kernel, "decode_batch", flaky)
+    sock = tmp_path / "c.sock"
+    with trio.fail_after(30), capture_logs() as events:
+        async with daemon(loaded, sock, slots=2):
+            res = {}
+            async with trio.open_nursery() as n:
+                async def go(key, prompt):
+                    res[key] = await request(sock, "POST", "/v1/completions", _body(prompt, 10))
+                n.start_soon(go, "a", [1, 2, 3])
+                n.start_soon(go, "b", [4, 5])
+            after = await request(sock, "POST", "/v1/completions", _body([1, 2, 3], 10))
+            status = (await request(sock, "GET", "/v1/status")).json()
+    failed = [k for k, r in res.items() if r.status != 200]
+    assert failed, "the injected failure reached no request"
+    assert all("injected kernel failure" in res[k].json()["error"]["message"] for k in failed)
+    outcomes = [e["outcome"] for e in events if e["event"] == "request"]
+    assert outcomes.count("error") == len(failed) and outcomes[-1] == "done"
+    assert after.status == 200 and [s["phase"] for s in status["slots"]] == ["idle", "idle"]
