@@ -101,7 +101,7 @@ def check_timings(t: dict, n_prompt: int, n_predict: int) -> dict:
 
 
 class LlamaServer:
-    """llama-server on one slot, context n_ctx, ubatch = chunk, f32 KV, no prompt cache or checkpoints."""
+    """llama-server on `slots` slots (default one), context n_ctx, ubatch = chunk, f32 KV, no prompt cache or checkpoints."""
 
     def __init__(self, src: Path, gguf: Path, threads: int, chunk: int, n_ctx: int, log: str, slots: int = 1):
         self.port = _free_port()
