@@ -79,12 +79,13 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def server_command(exe: Path, gguf: Path, threads: int, chunk: int, n_ctx: int, port: int) -> list[str]:
-    """llama-server doing the kernel's work: one slot (the whole context for one prompt), `threads`
+def server_command(exe: Path, gguf: Path, threads: int, chunk: int, n_ctx: int, port: int,
+                   slots: int = 1) -> list[str]:
+    """llama-server doing the kernel's work: `slots` slots (-np; n_ctx is split between them), `threads`
     threads for prompt and decode, ubatch = the kernel's chunk, f32 KV cache like the kernel's fp32
     state, and no prompt cache (-cram 0) or context checkpoints (-ctxcp 0): each prompt is computed
     from scratch, with no state copies the kernel run does not make."""
-    return [str(exe), "-m", str(gguf), "-t", str(threads), "-tb", str(threads), "-c", str(n_ctx), "-np", "1",
+    return [str(exe), "-m", str(gguf), "-t", str(threads), "-tb", str(threads), "-c", str(n_ctx), "-np", str(slots),
             "-b", str(max(chunk, 2048)), "-ub", str(chunk), "-ctk", "f32", "-ctv", "f32",
             "-ctxcp", "0", "-cram", "0", "--host", "127.0.0.1", "--port", str(port)]
 
@@ -100,11 +101,12 @@ def check_timings(t: dict, n_prompt: int, n_predict: int) -> dict:
 
 
 class LlamaServer:
-    """llama-server on one slot, context n_ctx, ubatch = chunk, f32 KV, no prompt cache or checkpoints."""
+    """llama-server on `slots` slots (default one), context n_ctx, ubatch = chunk, f32 KV, no prompt cache or checkpoints."""
 
-    def __init__(self, src: Path, gguf: Path, threads: int, chunk: int, n_ctx: int, log: str):
+    def __init__(self, src: Path, gguf: Path, threads: int, chunk: int, n_ctx: int, log: str, slots: int = 1):
         self.port = _free_port()
-        self.cmd = server_command(src / "build" / "bin" / "llama-server", gguf, threads, chunk, n_ctx, self.port)
+        self.cmd = server_command(src / "build" / "bin" / "llama-server", gguf, threads, chunk, n_ctx, self.port,
+                                  slots)
         self.log = open(log, "w")
         self.proc = subprocess.Popen(self.cmd, stdout=self.log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 300
@@ -132,6 +134,27 @@ class LlamaServer:
         with urllib.request.urlopen(req, timeout=3600) as r:
             out = json.loads(r.read())
         return check_timings(out["timings"], len(ids), n_predict)
+
+    def token_times(self, ids: list[int], n_predict: int, cache_prompt: bool = True) -> list[float]:
+        """A streamed request (a new connection): the arrival time of each token event. cache_prompt
+        lets the request reuse the KV of the slot that holds its prefix (an agent session's next turn)."""
+        body = {"prompt": ids, "n_predict": n_predict, "temperature": 0.0, "ignore_eos": True,
+                "cache_prompt": cache_prompt, "stream": True}
+        payload = json.dumps(body).encode()
+        head = (f"POST /completion HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {len(payload)}\r\nConnection: close\r\n\r\n").encode()
+        s = socket.create_connection(("127.0.0.1", self.port))
+        s.sendall(head + payload)
+        times, buf = [], b""
+        while d := s.recv(65536):
+            now = time.perf_counter()
+            buf += d
+            while b"\n\n" in buf:
+                block, buf = buf.split(b"\n\n", 1)
+                if b"data: " in block and b'"stop":false' in block.replace(b" ", b""):
+                    times.append(now)
+        s.close()
+        return times
 
     def close(self) -> None:
         if self.proc.poll() is None:

@@ -2,6 +2,7 @@
 
     python bench/slots.py MODEL_DIR [--threads 2] [--context 1024] [--steps 32] [--long 8192]
                           [--side 50] [--chunk 128] [--json out.json]
+    python bench/slots.py MODEL_DIR --peer llama.cpp [--llama-cpp DIR] [--gguf FILE] [--rounds 3]
 
 Part 1, kernel: B = 1, 2, 4 states, each prefilled with its own `--context` random tokens, then
 `--steps` decode steps: B = 1 with `decode`, B > 1 with one `decode_batch` per step. Aggregate
@@ -14,6 +15,10 @@ Part 2, daemon (`cairn serve --slots 4` in a child process, `--chunk`):
   * side request: a `--long`-token prefill (max_tokens 1) starts; once it has run about a second, a
     `--side`-token request (max_tokens 1) is sent; its TTFT against the same request on the idle
     daemon, and against `--slots 1` (where it waits for the whole long prefill).
+With `--peer llama.cpp`, only the sessions part, against llama.cpp's server with 4 slots (-np 4,
+bench/llama_peer.py: same threads, ubatch = chunk, f32 KV, no prompt-cache RAM or context
+checkpoints; `cache_prompt` on so a session's next turn reuses its slot): both servers up, the same
+prompts for both, systems alternating (the first system flips every round), medians of `--rounds`.
 Random ids from 100 up (a generated model's special tokens are its first ids): nothing is reused.
 Results: docs/benchmarks.md.
 """
@@ -134,12 +139,14 @@ class Daemon:
         self.tmp.cleanup()
 
 
-def sessions(d: Daemon, n: int, context: int, steps: int, rng) -> dict:
+def sessions(d, n: int, context: int, steps: int, rng, prompts=None) -> dict:
     """n agent sessions decoding at once. Each session's prompt is prefilled first (max_tokens 1,
     one after another: its slot keeps the state), then all n send their next turn together (the
     prompt plus one token: a one-token prefill on the live state) and decode `steps` tokens.
-    Aggregate = token events of all streams inside the window where every stream decodes / window."""
-    prompts = [rng.integers(100, VOCAB, context) for _ in range(n)]
+    Aggregate = token events of all streams inside the window where every stream decodes / window.
+    `d`: a Daemon or a PeerSessions (same two calls); `prompts`: given to run both on the same ids."""
+    if prompts is None:
+        prompts = [rng.integers(100, VOCAB, context) for _ in range(n)]
     for p in prompts:
         d.stream(p, 1)
     res: list = [None] * n
@@ -171,6 +178,67 @@ def side_ttft(d: Daemon, long_n: int, side_n: int, rng, head_start: float = 1.0)
             "long_ttft_s": res["long"]["first"] - res["long"]["start"]}
 
 
+class PeerSessions:
+    """llama.cpp's server with 4 slots (-np 4) behind the two calls `sessions` makes."""
+
+    def __init__(self, model_dir: str, threads: int, chunk: int, n_ctx: int, tools: str | None,
+                 llama_cpp: str | None, gguf: str | None, log: str) -> None:
+        import llama_peer as lp
+
+        t = lp.tools_dir(tools)
+        src = lp.llama_cpp_dir(t, llama_cpp)
+        self.server = lp.LlamaServer(src, lp.ensure_gguf(t, src, model_dir, gguf), threads, chunk, n_ctx, log,
+                                     slots=4)
+
+    def stream(self, prompt, n: int) -> None:
+        self.server.token_times([int(t) for t in prompt], n)
+
+    def token_times(self, prompt, n: int) -> list[float]:
+        return self.server.token_times([int(t) for t in prompt], n)
+
+    def close(self) -> None:
+        self.server.close()
+
+
+def peer_part(args) -> dict:
+    """cairn (--slots 4) against llama-server (-np 4): the same sessions, same token ids, both servers
+    up, systems alternating per measurement, `--rounds` rounds; medians reported."""
+    rng = np.random.default_rng(2)
+    load_start = os.getloadavg()
+    n_ctx = 4 * (args.context + args.steps + 64)
+    peer = PeerSessions(args.model_dir, args.threads, args.chunk, n_ctx, args.peer_tools, args.llama_cpp,
+                        args.gguf, os.path.join(tempfile.gettempdir(), f"llama-peer-slots-{os.getpid()}.log"))
+    d = Daemon(args.model_dir, args.threads, args.chunk, slots=4)
+    runs: dict = {"cairn": {n: [] for n in (1, 2, 4)}, "llama.cpp": {n: [] for n in (1, 2, 4)}}
+    try:
+        warm = [int(t) for t in rng.integers(100, VOCAB, 64)]
+        d.stream(warm, 2)
+        peer.stream(warm, 2)
+        for r in range(args.rounds):
+            for n in (1, 2, 4):
+                prompts = [rng.integers(100, VOCAB, args.context) for _ in range(n)]
+                order = [("cairn", d), ("llama.cpp", peer)]
+                for name, system in (order if r % 2 == 0 else order[::-1]):
+                    res = sessions(system, n, args.context, args.steps, rng, prompts=prompts)
+                    runs[name][n].append(res)
+                    print(f"round {r} {name:9s} {n} sessions: {res['aggregate_tok_s']:.1f} tok/s aggregate, "
+                          f"{res['per_stream_tok_s']:.1f} per stream", flush=True)
+    finally:
+        d.close()
+        peer.close()
+    out: dict = {"runs": runs, "median": {}, "loadavg_start": load_start, "loadavg_end": os.getloadavg()}
+    for name in runs:
+        out["median"][name] = {n: {"aggregate_tok_s": float(np.median([x["aggregate_tok_s"] for x in runs[name][n]])),
+                                   "per_stream_tok_s": float(np.median([x["per_stream_tok_s"] for x in runs[name][n]]))}
+                               for n in (1, 2, 4)}
+    for n in (1, 2, 4):
+        c, p = out["median"]["cairn"][n], out["median"]["llama.cpp"][n]
+        print(f"{n} sessions: cairn {c['aggregate_tok_s']:.1f} tok/s (x{c['aggregate_tok_s'] / out['median']['cairn'][1]['aggregate_tok_s']:.2f}), "
+              f"llama.cpp {p['aggregate_tok_s']:.1f} tok/s (x{p['aggregate_tok_s'] / out['median']['llama.cpp'][1]['aggregate_tok_s']:.2f})",
+              flush=True)
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("model_dir")
@@ -182,6 +250,12 @@ def main() -> int:
     ap.add_argument("--chunk", type=int, default=128)
     ap.add_argument("--skip-kernel", action="store_true")
     ap.add_argument("--json")
+    ap.add_argument("--peer", choices=["llama.cpp"], help="only compare the sessions part with llama.cpp's "
+                    "server on 4 slots (-np 4), alternating systems (bench/llama_peer.py converts and serves)")
+    ap.add_argument("--rounds", type=int, default=3, help="--peer: measurements of each system and size")
+    ap.add_argument("--peer-tools", help="the llama-peer tools (default ../shared/tools/llama-peer)")
+    ap.add_argument("--llama-cpp", help="llama.cpp source folder with build/bin/llama-server (default: build.sh)")
+    ap.add_argument("--gguf", help="the model's F32 GGUF (default: MODEL_DIR.f32.gguf, converted once)")
     args = ap.parse_args()
     try:
         from threadpoolctl import threadpool_limits
@@ -192,6 +266,11 @@ def main() -> int:
     global VOCAB
     VOCAB = int(json.loads((Path(args.model_dir) / "config.json").read_text())["vocab_size"])
     out: dict = {"args": vars(args)}
+    if args.peer:
+        out["peer"] = peer_part(args)
+        if args.json:
+            Path(args.json).write_text(json.dumps(out, indent=1))
+        return 0
     if not args.skip_kernel:
         out["kernel"] = kernel_part(args.model_dir, args.threads, args.context, args.steps)
     rng = np.random.default_rng(1)

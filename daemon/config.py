@@ -120,8 +120,9 @@ FIELDS: tuple[Field, ...] = (
           _range(1)),
     Field("progress_interval_ms", int, 250, "least time between two prefill progress messages of a request "
           "(SSE comments, /v1/status); 0: one per segment", _range(0, 60_000)),
-    Field("slots", int, 1, "conversations the engine holds and runs at once (one live state each; decode "
-          "steps batched across them); 1: one request at a time", _range(1, 64)),
+    Field("slots", int, None, "conversations the engine holds and runs at once (one live state each; decode "
+          "steps batched across them); 1: one request at a time; unset: from the memory budget (1..4)",
+          _range(1, 64), optional=True),
     Field("queue_size", int, 8, "requests that may wait for the engine; more get HTTP 429", _range(0, 10_000)),
     Field("threads", int, 0, "kernel threads (0: all cores)", _range(0, 1024)),
     Field("log_level", str, "info", "log level", _one_of("debug", "info", "warning", "error")),
@@ -156,7 +157,7 @@ class Settings:
     segment: int
     chunk: int
     progress_interval_ms: int
-    slots: int
+    slots: int | None          # None: chosen at start from the memory budget (daemon/slot_budget.py)
     queue_size: int
     threads: int
     log_level: str

@@ -39,6 +39,7 @@ class Loaded:
     fingerprint: str
     context_length: int
     encoding: str = ""          # which chat encoding serves this model, and why (logged at start)
+    config: dict | None = None  # resolved model config (sizes the default --slots; None: one slot)
 
 
 def load(settings: Settings, kernel=None) -> Loaded:
@@ -63,7 +64,27 @@ def load(settings: Settings, kernel=None) -> Loaded:
     return Loaded(kernel=kernel, model=model, tokenizer=TextTokenizer.from_model_dir(md),
                   renderer=choice.renderer, name=md.name, fingerprint=md.fingerprint,
                   context_length=int(md.config["max_position_embeddings"]),
-                  encoding=f"{choice.encoding}: {choice.reason}")
+                  encoding=f"{choice.encoding}: {choice.reason}", config=dict(md.config))
+
+
+def choose_slots(settings: Settings, loaded: Loaded, meminfo_path: str = "/proc/meminfo"):
+    """The number of slots and why: the setting when given, else from the memory budget (after the
+    weights are loaded, so their pages are already counted as used)."""
+    from .slot_budget import SlotsDefault, available_memory, default_slots, state_bytes
+
+    if settings.slots is not None:
+        return SlotsDefault(settings.slots, "set by the slots setting")
+    try:
+        with open(meminfo_path) as fh:
+            available = available_memory(fh.read())
+    except OSError:
+        available = None
+    try:
+        per_slot = state_bytes(loaded.config, loaded.context_length) if loaded.config else None
+    except (KeyError, TypeError, ValueError):
+        per_slot = None
+    reserved = (settings.checkpoint_memory_mb << 20) if settings.checkpoints else 0
+    return default_slots(available, per_slot, reserved)
 
 
 def checkpoint_fingerprint(loaded: Loaded) -> str:
@@ -105,6 +126,8 @@ async def run_daemon(settings: Settings, loaded: Loaded, *, handle_signals: bool
 
     metrics = Metrics(tiers=("ram", "disk") if settings.disk_checkpoints or settings.shared_checkpoint_dir
                       else ("ram",))
+    slots = choose_slots(settings, loaded)
+    log.info("slots", slots=slots.slots, reason=slots.reason)
     engine = Engine(loaded.kernel, loaded.model, loaded.tokenizer, loaded.context_length,
                     segment=settings.segment, chunk=settings.chunk, metrics=metrics,
                     progress_interval_s=settings.progress_interval_ms / 1000,
@@ -116,7 +139,8 @@ async def run_daemon(settings: Settings, loaded: Loaded, *, handle_signals: bool
     own_path = None if inherited else settings.socket
     sockets = make_sockets(own_path, settings.socket_mode_int, settings.tcp_host_port, inherited)
     try:
-        await _serve_all(settings, loaded, engine, model_id, sockets, log, handle_signals, task_status)
+        await _serve_all(settings, loaded, engine, model_id, sockets, log, handle_signals, task_status,
+                         slots)
     finally:
         if own_path is not None:
             with contextlib.suppress(OSError):
@@ -124,7 +148,8 @@ async def run_daemon(settings: Settings, loaded: Loaded, *, handle_signals: bool
     log.info("stopped")
 
 
-async def _serve_all(settings, loaded, engine, model_id, sockets, log, handle_signals, task_status) -> None:
+async def _serve_all(settings, loaded, engine, model_id, sockets, log, handle_signals, task_status,
+                     slots) -> None:
     from .server import serve_http
     from .status import StatusBoard
     from .tokenizer import StreamDecoder
@@ -135,14 +160,14 @@ async def _serve_all(settings, loaded, engine, model_id, sockets, log, handle_si
         await engine.checkpoints.open_disk()      # rebuild the disk index before the writer starts
         inbox = await start_engine(nursery, engine, queue_size=settings.queue_size, log=log,
                                    new_stream_decoder=lambda: StreamDecoder(loaded.tokenizer),
-                                   checkpoint_slots=settings.checkpoint_slots, slots=settings.slots)
+                                   checkpoint_slots=settings.checkpoint_slots, slots=slots.slots)
         api = API(inbox=inbox, tokenizer=loaded.tokenizer, renderer=loaded.renderer, model_id=model_id,
                   context_length=loaded.context_length, vocab_size=int(loaded.model.vocab_size),
                   max_tokens_default=settings.max_tokens_default, fingerprint=loaded.fingerprint, log=log,
                   reasoning=settings.reasoning,
                   api_key=settings.api_key, metrics=engine.metrics, checkpoints=engine.checkpoints,
                   status=StatusBoard(engine, queue_size=settings.queue_size, fingerprint=loaded.fingerprint,
-                                     context_length=loaded.context_length))
+                                     context_length=loaded.context_length, slots_reason=slots.reason))
         log.info("chat_encoding", encoding=getattr(loaded.renderer, "name", "?"), detail=loaded.encoding,
                  reasoning_default=settings.reasoning)
         binds = await nursery.start(serve_http, api, sockets)

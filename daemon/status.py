@@ -95,6 +95,7 @@ class StatusBoard:
     queue_size: int | None = None
     fingerprint: str = ""
     context_length: int | None = None
+    slots_reason: str = ""           # why the engine has this many slots (the setting, or the memory budget)
     started_at: float = field(default_factory=time.monotonic)
     requests: dict = field(default_factory=dict)
 
@@ -176,7 +177,8 @@ class StatusBoard:
             "model": {"id": model_id, "fingerprint": self.fingerprint, "context_length": self.context_length,
                       "kernel_threads": None if model is None else int(getattr(model, "threads", 0))},
             "engine": {"segment": getattr(engine, "segment", None), "chunk": getattr(engine, "chunk", None),
-                       "slots": max(1, len(getattr(engine, "slots", None) or ()))},
+                       "slots": max(1, len(getattr(engine, "slots", None) or ())),
+                       "slots_reason": self.slots_reason},
             "queue": {"depth": depth, "capacity": self.queue_size},
             "running": self.running(),
             # slot mode: what each live state holds and does ([] with one slot: see running)

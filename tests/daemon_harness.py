@@ -37,7 +37,8 @@ def real_loaded(model_dir: Path, threads: int = 2) -> Loaded:
 
 @asynccontextmanager
 async def daemon(loaded: Loaded, sock: Path, **settings):
-    s = load_settings({"model": "x", "socket": str(sock), **settings}, {})
+    # one slot unless a test asks for more: the default (from the machine's memory) would vary by host
+    s = load_settings({"model": "x", "socket": str(sock), "slots": 1, **settings}, {})
     async with trio.open_nursery() as nursery:
         await nursery.start(lambda task_status: run_daemon(s, loaded, handle_signals=False, task_status=task_status))
         try:

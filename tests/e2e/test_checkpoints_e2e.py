@@ -449,7 +449,7 @@ class Proc:
     def __init__(self, model: Path, sock: Path, ckdir: Path | None, *, fsize: int | None = None,
                  env: dict | None = None, threads: int = 2) -> None:
         """``ckdir`` None: the default checkpoint directory (from ``env``'s XDG_STATE_HOME)."""
-        args = [sys.executable, "-m", "cairn.daemon.cli", "serve", "--model", str(model), "--socket", str(sock),
+        args = [sys.executable, "-m", "cairn.daemon.cli", "serve", "--slots", "1", "--model", str(model), "--socket", str(sock),
                 "--threads", str(threads), "--disk-checkpoints", "--checkpoint-min-tokens", "32"]
         if ckdir is not None:
             args += ["--checkpoint-dir", str(ckdir)]

@@ -27,7 +27,7 @@ def served(tiny_model_dir, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("op")
     sock = tmp / "cairn.sock"
     log = open(tmp / "serve.log", "w")
-    proc = subprocess.Popen(CAIRN + ["serve", "--model", str(tiny_model_dir), "--socket", str(sock),
+    proc = subprocess.Popen(CAIRN + ["serve", "--slots", "1", "--model", str(tiny_model_dir), "--socket", str(sock),
                                      "--segment", "64", "--chunk", "32", "--progress-interval-ms", "0",
                                      "--checkpoint-min-tokens", "256", "--log-level", "warning"],
                             stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "CAIRN_SOCKET": ""})
