@@ -100,6 +100,25 @@ def check_timings(t: dict, n_prompt: int, n_predict: int) -> dict:
     return t
 
 
+def sse_event_times(s: socket.socket, path: str, host: str, body: dict, is_token) -> list[float]:
+    """POST `body` as JSON on the connected socket `s` (closed at the end) and return the arrival time
+    of each SSE `data:` event for which `is_token(block without spaces)` holds."""
+    payload = json.dumps(body).encode()
+    head = (f"POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(payload)}\r\nConnection: close\r\n\r\n").encode()
+    with s:
+        s.sendall(head + payload)
+        times, buf = [], b""
+        while d := s.recv(65536):
+            now = time.perf_counter()
+            buf += d
+            while b"\n\n" in buf:
+                block, buf = buf.split(b"\n\n", 1)
+                if b"data: " in block and is_token(block.replace(b" ", b"")):
+                    times.append(now)
+    return times
+
+
 class LlamaServer:
     """llama-server on `slots` slots (default one), context n_ctx, ubatch = chunk, f32 KV, no prompt cache or checkpoints."""
 
@@ -140,21 +159,8 @@ class LlamaServer:
         lets the request reuse the KV of the slot that holds its prefix (an agent session's next turn)."""
         body = {"prompt": ids, "n_predict": n_predict, "temperature": 0.0, "ignore_eos": True,
                 "cache_prompt": cache_prompt, "stream": True}
-        payload = json.dumps(body).encode()
-        head = (f"POST /completion HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-                f"Content-Length: {len(payload)}\r\nConnection: close\r\n\r\n").encode()
-        s = socket.create_connection(("127.0.0.1", self.port))
-        s.sendall(head + payload)
-        times, buf = [], b""
-        while d := s.recv(65536):
-            now = time.perf_counter()
-            buf += d
-            while b"\n\n" in buf:
-                block, buf = buf.split(b"\n\n", 1)
-                if b"data: " in block and b'"stop":false' in block.replace(b" ", b""):
-                    times.append(now)
-        s.close()
-        return times
+        return sse_event_times(socket.create_connection(("127.0.0.1", self.port)), "/completion", "127.0.0.1",
+                               body, lambda block: b'"stop":false' in block)
 
     def close(self) -> None:
         if self.proc.poll() is None:

@@ -108,22 +108,12 @@ class Daemon:
 
         body = {"model": self.model, "prompt": [int(t) for t in prompt], "max_tokens": n, "temperature": 0,
                 "ignore_eos": True, "stream": True}
-        payload = json.dumps(body).encode()
-        head = (f"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
-                f"Content-Length: {len(payload)}\r\nConnection: close\r\n\r\n").encode()
+        from llama_peer import sse_event_times
+
         s = socket.socket(socket.AF_UNIX)
         s.connect(self.sock)
-        s.sendall(head + payload)
-        times, buf = [], b""
-        while d := s.recv(65536):
-            now = time.perf_counter()
-            buf += d
-            while b"\n\n" in buf:
-                block, buf = buf.split(b"\n\n", 1)
-                if b'"text"' in block and b"data: " in block and b'"finish_reason":null' in block.replace(b" ", b""):
-                    times.append(now)
-        s.close()
-        return times
+        return sse_event_times(s, "/v1/completions", "localhost", body,
+                               lambda block: b'"text"' in block and b'"finish_reason":null' in block)
 
     def stream(self, prompt, n: int) -> dict:
         """One streamed request: times of its first and last token event."""
