@@ -13,14 +13,17 @@ import pytest
 
 from cairn.daemon.make_model import C, S, make_model, preset_with
 
-_MEASURE = textwrap.dedent("""
-    import json, sys
-    from cairn.daemon.model_dir import load_model, open_model_dir
-
+# Resident memory of the measuring process, by kind (bytes); prepended to each script below.
+_RSS = textwrap.dedent("""
     def rss():
         with open("/proc/self/status") as f:
             return {k: int(v.split()[0]) * 1024 for k, v in (l.split(":", 1) for l in f)
                     if k in ("VmRSS", "RssAnon", "RssFile")}
+""")
+
+_MEASURE = _RSS + textwrap.dedent("""
+    import json, sys
+    from cairn.daemon.model_dir import load_model, open_model_dir
 
     md = open_model_dir(sys.argv[1])
     stored = sum(t.end - t.start for t in md.tensors.values())
@@ -48,16 +51,11 @@ def test_rss_after_load_is_at_most_1_1x_stored_weight_bytes(tmp_path, quant):
     assert r["file_grown"] <= 0.05 * r["stored"], r  # the mapping's pages did not stay resident
 
 
-_RESTART = textwrap.dedent("""
+_RESTART = _RSS + textwrap.dedent("""
     import json, sys
     import numpy as np
     import cairn._kernel as K
     from cairn.daemon.model_dir import load_model, open_model_dir
-
-    def rss():
-        with open("/proc/self/status") as f:
-            return {k: int(v.split()[0]) * 1024 for k, v in (l.split(":", 1) for l in f)
-                    if k in ("VmRSS", "RssAnon", "RssFile")}
 
     md = open_model_dir(sys.argv[1])
     before = rss()
