@@ -61,6 +61,7 @@ class Sampling:
     presence_penalty: float = 0.0      # OpenAI's: over the tokens generated so far (actors/penalties.py)
     frequency_penalty: float = 0.0
     logit_bias: tuple[tuple[int, float], ...] = ()
+    banned: tuple[int, ...] = ()       # token ids never chosen, whatever the bias (tool_choice "none")
     constraint: object = field(default=None, compare=False)   # a grammar (daemon/constrain.py) or None
 
 

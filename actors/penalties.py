@@ -1,4 +1,4 @@
-"""Pure logit adjustments before sampling: logit_bias, presence and frequency penalties.
+"""Pure logit adjustments before sampling: logit_bias, presence and frequency penalties, banned ids.
 
 OpenAI's definitions: for each token j, logit[j] += bias[j] - count[j] * frequency_penalty -
 (count[j] > 0) * presence_penalty, where count[j] is how often j was generated so far in this reply
@@ -13,7 +13,7 @@ from .messages import Sampling
 
 
 def active(s: Sampling) -> bool:
-    return bool(s.logit_bias) or s.presence_penalty != 0.0 or s.frequency_penalty != 0.0
+    return bool(s.logit_bias) or bool(s.banned) or s.presence_penalty != 0.0 or s.frequency_penalty != 0.0
 
 
 class Penalties:
@@ -25,6 +25,7 @@ class Penalties:
         ids = [t for t, _ in s.logit_bias if t < vocab_size]
         self._bias_ids = np.asarray(ids, dtype=np.int64)
         self._bias = np.asarray([b for t, b in s.logit_bias if t < vocab_size], dtype=np.float64)
+        self._banned = np.asarray([t for t in s.banned if t < vocab_size], dtype=np.int64)
 
     def apply(self, logits: np.ndarray) -> np.ndarray:
         x = np.array(logits, dtype=np.float64)          # a copy: the model's own logits stay untouched
@@ -34,6 +35,8 @@ class Penalties:
             ids = np.fromiter(self.counts.keys(), dtype=np.int64, count=len(self.counts))
             n = np.fromiter(self.counts.values(), dtype=np.float64, count=len(self.counts))
             x[ids] -= n * self.s.frequency_penalty + self.s.presence_penalty
+        if self._banned.size:
+            x[self._banned] = -np.inf                   # last: no bias or penalty brings them back
         return x
 
     def accept(self, token_id: int) -> None:

@@ -26,6 +26,7 @@ from . import worker_info
 from .access import api_key_matches, loopback_host
 from .agent_protocol import AgentProtocol
 from .chat import ChatTemplateError
+from .encoding_dsv4 import DSML
 from .http import read_body, send_error, send_json
 from .responders import ChatJSON, ChatStream, CompletionOut
 from .schemas import APIError, CommonParams, parse_chat, parse_completion, parse_json_body
@@ -239,12 +240,12 @@ class API:
         return f"{kind}-{self._prefix}{next(self._ids):06d}"
 
     def _sampling(self, c: CommonParams, max_tokens: int, logprobs: bool, top: int,
-                  constraint=None) -> Sampling:
+                  constraint=None, banned: tuple[int, ...] = ()) -> Sampling:
         self.agent.check_logit_bias(c)
         return Sampling(max_tokens=max_tokens, temperature=c.temperature, top_p=c.top_p, top_k=c.top_k,
                         seed=c.seed, stop=c.stop, logprobs=logprobs, top_logprobs=top, ignore_eos=c.ignore_eos,
                         presence_penalty=c.presence_penalty, frequency_penalty=c.frequency_penalty,
-                        logit_bias=c.logit_bias, constraint=constraint)
+                        logit_bias=c.logit_bias, banned=banned, constraint=constraint)
 
     # --- endpoints ----------------------------------------------------------------------------
 
@@ -272,9 +273,17 @@ class API:
             raise APIError(400, str(e), param=param, code="invalid_value") from None
         budget = self._budget(len(ids), req.common.max_tokens, "messages")
         rid = self._new_id("chatcmpl")
-        sampling = self._sampling(req.common, budget, req.logprobs, req.top_logprobs, constraint)
+        sampling = self._sampling(req.common, budget, req.logprobs, req.top_logprobs, constraint,
+                                  banned=self._no_tool_calls(req))
         out = (ChatStream if req.common.stream else ChatJSON)(self, rid, req, thinking=options.thinking)
         await self._drive(receive, send, rid, ids, hint, sampling, False, out, received, turn_end)
+
+    def _no_tool_calls(self, req) -> tuple[int, ...]:
+        """tool_choice "none" with tools offered: the token that opens V4's call block is banned."""
+        if not req.tools or req.callable_tools is not None:
+            return ()
+        dsml = self.tok.token_to_id(DSML)
+        return () if dsml is None else (dsml,)
 
     def _render_chat(self, req, options=None):
         """Chat -> token ids, the system-prefix boundary as a token count (checkpoint hint), where the

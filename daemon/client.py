@@ -314,13 +314,13 @@ def format_status(s: dict) -> str:
     lines.append(f"model        {m.get('id')}  fingerprint {str(m.get('fingerprint') or '')[:16]}  "
                  f"context {m.get('context_length')} tokens  kernel threads {m.get('kernel_threads')}")
     lines.append(f"queue        {q.get('depth', 0)} waiting (capacity {q.get('capacity')})")
-    r = s.get("running")
-    if r:
+    active = s.get("active") or ([s["running"]] if s.get("running") else [])
+    for r in active:
         eta = "" if r.get("eta_s") is None else f", eta {human_duration(r['eta_s'])}"
         unit = "prompt tokens" if r.get("phase") == "prefill" else "tokens generated (max)"
         lines.append(f"running      {r.get('id')}: {r.get('phase')} {r.get('tokens_done')}/{r.get('tokens_total')} "
                      f"{unit}{eta}")
-    else:
+    if not active:
         lines.append("running      idle")
     lines.append(f"live state   {s.get('live_state_tokens', 0)} tokens")
     for sl in s.get("slots") or ():

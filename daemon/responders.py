@@ -64,7 +64,7 @@ class ChatJSON(Responder):
         super().__init__(api, rid)
         self.req = req
         self.thinking = thinking
-        self.parser = OutputParser(thinking=thinking, tools=req.tools)
+        self.parser = OutputParser(thinking=thinking, tools=req.callable_tools)
         self.logprobs: list | None = [] if req.logprobs else None
 
     async def start(self, send, msg: Started) -> None:
@@ -95,7 +95,7 @@ class ChatStream(StreamProgress):
         super().__init__(api, rid)
         self.req = req
         self.created = int(time.time())
-        self.parser = OutputParser(thinking=thinking, tools=req.tools)
+        self.parser = OutputParser(thinking=thinking, tools=req.callable_tools)
 
     def _chunk(self, delta, **kw) -> dict:
         return formats.chat_chunk(self.rid, self.created, self.api.model_id, delta,

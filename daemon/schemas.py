@@ -175,6 +175,12 @@ class ChatRequest:
         return rf["json_schema"].get("schema", {}) if rf["type"] == "json_schema" else {}
 
     @property
+    def callable_tools(self) -> list | None:
+        """The tools the model may call: none under tool_choice "none" (they stay in the prompt, as
+        OpenAI documents, but the call block cannot be opened and is never parsed)."""
+        return None if self.tool_choice == "none" else self.tools
+
+    @property
     def forced_tool(self) -> str | None:
         """A named tool_choice: the function that must be called."""
         tc = self.tool_choice

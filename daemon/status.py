@@ -123,12 +123,19 @@ class StatusBoard:
 
     # --- read ------------------------------------------------------------------------------------
 
-    def running(self) -> dict | None:
-        active = [t for t in self.requests.values() if t.phase != "queued" and not t.ended]
-        if not active:
-            return None
-        t = max(active, key=lambda r: r.phase_since)
+    def active(self) -> list[dict]:
+        """Every request the engine is running (several in slot mode), the latest started first."""
         now = time.monotonic()
+        live = [t for t in self.requests.values() if t.phase != "queued" and not t.ended]
+        return [self._describe(t, now) for t in sorted(live, key=lambda r: r.phase_since, reverse=True)]
+
+    def running(self) -> dict | None:
+        """The latest started of the running requests (the only one with one slot)."""
+        active = self.active()
+        return active[0] if active else None
+
+    @staticmethod
+    def _describe(t: Tracked, now: float) -> dict:
         if t.phase == "prefill":
             total = t.prompt_tokens
             eta = None if t.eta_s is None else round(max(0.0, t.eta_s - (now - t.eta_at)), 2)
@@ -181,6 +188,7 @@ class StatusBoard:
                        "slots_reason": self.slots_reason},
             "queue": {"depth": depth, "capacity": self.queue_size},
             "running": self.running(),
+            "active": self.active(),   # every running request; `running` is the first of them
             # slot mode: what each live state holds and does ([] with one slot: see running)
             "slots": [s.describe() for s in (getattr(engine, "slots", None) or ())],
             "live_state_tokens": live,

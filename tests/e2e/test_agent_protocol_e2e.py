@@ -272,3 +272,23 @@ async def test_reasoning_is_returned_streamed_and_not_in_thinking_mode(loaded, t
     deltas = [ch.choices[0].delta for ch in chunks if ch.choices]
     assert "".join(getattr(d, "reasoning_content", None) or "" for d in deltas) == msg.reasoning_content
     assert "".join(d.content or "" for d in deltas) == ""
+
+
+async def test_tool_choice_none_never_opens_a_call_block(loaded, tmp_path):
+    """A bias of +100 makes the model open V4's call block at once; under tool_choice "none" the
+    block's opening token is banned, so the reply is words and no tool_calls."""
+    sock = tmp_path / "c.sock"
+    dsml = loaded.tokenizer.token_to_id("｜DSML｜")
+    body = {"model": "tiny", "messages": MSGS, "tools": TOOLS, "max_tokens": 6, "temperature": 0,
+            "logprobs": True, "logit_bias": {str(dsml): 100}}
+    with trio.fail_after(120), capture_logs():
+        async with daemon(loaded, sock):
+            auto = await request(sock, "POST", "/v1/chat/completions", body)
+            none = await request(sock, "POST", "/v1/chat/completions", body | {"tool_choice": "none"})
+    assert auto.status == 200 and none.status == 200, (auto.body, none.body)
+    auto_toks = [t["token"] for t in auto.json()["choices"][0]["logprobs"]["content"]]
+    assert "｜DSML｜" in "".join(auto_toks)          # the bias alone does open the block
+    choice = none.json()["choices"][0]
+    none_toks = [t["token"] for t in choice["logprobs"]["content"]]
+    assert len(none_toks) == 6 and "｜DSML｜" not in "".join(none_toks)
+    assert choice["finish_reason"] == "length" and not choice["message"].get("tool_calls")

@@ -145,3 +145,18 @@ def test_status_lists_what_each_slot_holds_and_does():
     text = format_status(s)
     assert "slot 0       decode cmpl-a, state 300 tokens" in text and "slot 1       idle, state 40 tokens" in text
     assert StatusBoard(queue_size=8).snapshot("tiny")["slots"] == []
+
+
+def test_status_lists_every_running_request_in_slot_mode():
+    board = StatusBoard(queue_size=8, fingerprint="ab" * 32, context_length=4096)
+    for rid in ("a", "b", "c"):
+        board.submitted(rid, 100, 8)
+    board.seen("a", Progress("a", 64, 100, 1.0))
+    board.seen("b", Started(0, None))
+    s = board.snapshot("tiny")
+    assert {r["id"] for r in s["active"]} == {"a", "b"}          # c is still queued
+    assert s["running"] == s["active"][0]
+    text = format_status(s)
+    assert "running      a: prefill 64/100" in text and "running      b: decode 0/8" in text
+    board.finished("a")
+    assert [r["id"] for r in board.snapshot("tiny")["active"]] == ["b"]
