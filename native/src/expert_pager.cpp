@@ -36,8 +36,8 @@ bool read_all(int fd, uint8_t* dst, size_t n, uint64_t off) {
 }  // namespace
 
 ExpertPager::ExpertPager(const std::string& path, int64_t nkeys, size_t slot_bytes, uint64_t expert_base, int slots,
-                         SlotPolicy::Kind kind, size_t dense_bytes, int readers)
-    : policy(slots, kind), w13(nkeys), w2(nkeys), slot_bytes_(slot_bytes), dense_bytes_(dense_bytes),
+                         SlotPolicy::Kind kind, int k, size_t dense_bytes, int readers)
+    : policy(slots, kind, k), w13(nkeys), w2(nkeys), slot_bytes_(slot_bytes), dense_bytes_(dense_bytes),
       base_(expert_base), nkeys_(nkeys) {
   pool_ = (uint8_t*)std::aligned_alloc(4096, (size_t)slots * slot_bytes);
   if (!pool_) throw std::bad_alloc();

@@ -438,7 +438,7 @@ void pack_weights(Model& m, int threads, const std::string& cache_path, const st
     }
   }
   if (paging)
-    m.pager = std::make_shared<ExpertPager>(cache_path, nkeys, slot, kPackHeader + dense, slots, kind, dense);
+    m.pager = std::make_shared<ExpertPager>(cache_path, nkeys, slot, kPackHeader + dense, slots, kind, c.k, dense);
   for (size_t j = 0; j < jobs.size(); ++j) {
     Linear& D = *jobs[j].dst;
     if (jobs[j].qf != QFmt::None) D.qf = jobs[j].qf;

@@ -149,7 +149,7 @@ struct Model {
 // Routed experts under a byte budget (0, or at least every expert's bytes: all resident).
 struct PagingOptions {
   size_t budget = 0;
-  std::string policy = "lrfu";
+  std::string policy = "hotpin";
 };
 
 void init_rope(Model& m);
