@@ -105,16 +105,15 @@ void ExpertPager::reader() {
   }
 }
 
+// stall_seconds: wall time during which at least one compute thread waits for a read
 bool ExpertPager::wait(Ticket* t) {
-  int st = t->state.load();
-  if (st == 0) {
-    const double t0 = now_s();
+  if (t->state.load() == 0) {
     std::unique_lock<std::mutex> g(mu_);
+    if (waiters_++ == 0) stall_t0_ = now_s();
     done_cv_.wait(g, [&] { return t->state.load() != 0; });
-    stats_.stall_seconds += now_s() - t0;
-    st = t->state.load();
+    if (--waiters_ == 0) stats_.stall_seconds += now_s() - stall_t0_;
   }
-  return st == 1;
+  return t->state.load() == 1;
 }
 
 void ExpertPager::count(bool hit) {

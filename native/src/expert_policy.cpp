@@ -120,7 +120,7 @@ void SlotPolicy::promote(int s) {
     pin_[s] = 1;
     return;
   }
-  if (decayed(score_.at(key_[s])) > 1.25 * cv) {
+  if (decayed(score_.at(key_[s])) > cv + 1.0) {
     pin_[coldest] = 0;  // back to the LRU part, as recent as its last use
     pin_[s] = 1;
   }

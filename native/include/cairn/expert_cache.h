@@ -120,6 +120,8 @@ class ExpertPager {
   bool stop_ = false;
   std::vector<std::thread> threads_;
   Stats stats_;
+  int waiters_ = 0;  // compute threads in wait()
+  double stall_t0_ = 0;
 };
 
 // A copy of tmpl (a paged expert matrix: shape and format) reading its panels from a slot.
