@@ -18,7 +18,7 @@ py::dict info(BoundModel& m) {
   const int64_t experts = (int64_t)m.cfg.n_layers * m.cfg.E;
   py::dict d;
   ExpertPager* P = m.pager.get();
-  d["budget_bytes"] = P ? (int64_t)P->policy.slots() * (int64_t)P->slot_bytes() : (int64_t)0;
+  d["budget_bytes"] = (int64_t)m.expert_budget;  // as asked; the slots use slots * slot_bytes of it
   d["slot_bytes"] = (int64_t)m.expert_slot_bytes;
   d["slots"] = P ? P->policy.slots() : (int)experts;  // resident: one per expert
   d["expert_bytes_total"] = (int64_t)m.expert_bytes_total;

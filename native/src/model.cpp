@@ -348,6 +348,7 @@ void pack_weights(Model& m, int threads, const std::string& cache_path, const st
                                   std::to_string(need) + " bytes (num_experts_per_tok=" + std::to_string(c.k) +
                                   " expert slots of " + std::to_string(slot) + " bytes)");
     slots = (int)std::min<size_t>(opt.budget / slot, (size_t)nkeys);
+    m.expert_budget = opt.budget;
   }
   auto pack_job = [&](size_t j, void* buf) {
     const PackJob& J = jobs[j];

@@ -74,7 +74,8 @@ def test_layout_sizes(tiny):
 def test_paged_prefill_decode_snapshot_are_bit_identical(tiny, chunk, slots):
     n = tiny.k if slots == "min" else tiny.info["experts_total"] // 2
     paged = tiny.paged(n)
-    assert paged.expert_cache_info()["slots"] == n and paged.expert_cache_info()["paging"]
+    info = paged.expert_cache_info()
+    assert info["slots"] == n and info["paging"] and info["budget_bytes"] == n * tiny.slot
     want = run(tiny.resident, tiny.prompt, chunk)
     got = run(paged, tiny.prompt, chunk)
     assert same(want, got)
@@ -146,8 +147,9 @@ def test_bad_budgets_and_missing_packed_path_raise(tiny):
 
 
 def test_load_model_passes_the_budget(tiny):
-    model = load_model(tiny.md, 2, packed_cache=tiny.root / "dir", expert_cache_bytes=tiny.k * tiny.slot)
-    assert model.expert_cache_info()["paging"] and model.expert_cache_info()["slots"] == tiny.k
+    model = load_model(tiny.md, 2, packed_cache=tiny.root / "dir", expert_cache_bytes=tiny.k * tiny.slot + 100)
+    info = model.expert_cache_info()
+    assert info["paging"] and info["slots"] == tiny.k and info["budget_bytes"] == tiny.k * tiny.slot + 100
     assert load_model(tiny.md, 2).expert_cache_info()["budget_bytes"] == 0
 
 
@@ -213,6 +215,12 @@ def test_counters_match_the_route_trace_and_its_replay(tiny, policy):
     r = replay(keys, trace[:, 0], slots, policy, k=tiny.k)
     assert (r["hits"], r["misses"], r["evictions"]) == (stats["hits"], stats["misses"], stats["evictions"])
     assert model.take_route_trace().shape == (0, 3)
+    assert stats["read_seconds"] > 0
+    pinned = model.expert_cache_info()["pinned"]
+    if policy == "hotpin":  # up to 7/8 of the slots, leaving k unpinned
+        assert 0 < pinned <= min(slots * 7 // 8, slots - tiny.k)
+    else:
+        assert pinned == 0 if policy == "lru" else pinned <= slots // 4
 
 
 def test_resident_counters_stay_zero(tiny):
