@@ -12,7 +12,8 @@
 struct BoundModel : cairn::Model {
   std::vector<pybind11::object> keep;
   BoundModel(pybind11::dict config, pybind11::dict weights, std::string fingerprint, int threads,
-             bool batched_indexer, bool widen_bf16, std::string packed_cache);
+             bool batched_indexer, bool widen_bf16, std::string packed_cache, int64_t expert_cache_bytes,
+             std::string expert_policy);
 };
 
 // State bound to Python: owns a shared reference to its model so it can never dangle.
@@ -26,3 +27,4 @@ struct BoundState {
 void register_model(pybind11::module_& m);
 void register_state(pybind11::module_& m);
 void register_bench(pybind11::module_& m);
+void register_experts(pybind11::module_& m);  // expert cache: Model methods + policy replay

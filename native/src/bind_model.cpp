@@ -19,6 +19,7 @@
 #include <thread>
 
 #include "bind.h"
+#include "cairn/expert_cache.h"
 #include "cairn/kernels.h"
 
 namespace py = pybind11;
@@ -290,7 +291,9 @@ Config parse_config(const py::dict& d) {
 }  // namespace
 
 BoundModel::BoundModel(py::dict config, py::dict weights, std::string fp, int nthreads, bool batched,
-                       bool widen, std::string packed_cache) {
+                       bool widen, std::string packed_cache, int64_t expert_cache_bytes, std::string expert_policy) {
+  if (expert_cache_bytes < 0) throw py::value_error("expert_cache_bytes must be >= 0 (0 = every expert resident)");
+  SlotPolicy::parse(expert_policy);  // a bad name fails before any packing
   cfg = parse_config(config);
   fingerprint = std::move(fp);
   // all cores this process may run on (affinity mask), not every core of the machine
@@ -367,7 +370,7 @@ BoundModel::BoundModel(py::dict config, py::dict weights, std::string fp, int nt
     pack_weights(*this, threads, packed_cache, [&] {
       for (auto& check : ld.checks) check();
       ld.run_jobs(threads, true);
-    });
+    }, PagingOptions{(size_t)expert_cache_bytes, expert_policy});
   }
   ld.transient.clear();
   init_rope(*this);
@@ -387,11 +390,16 @@ packed matrices are released after packing; other F32 arrays and a BF16 embeddin
 packed_cache: a file path for the packed panels: when it holds this model's panels (same fingerprint
 and layout) they are memory-mapped instead of packed (no weight matrix is read or widened; pages are
 read when first used); otherwise the panels are packed and written there atomically for the next start.
+expert_cache_bytes: a byte budget for routed experts (0 = all resident, as is a budget of at least
+every expert's bytes): the dense part stays resident, routed experts are read on demand from the
+packed_cache file (required; written by a streaming pack if missing) into budget // slot_bytes slots,
+never mapped; expert_policy ('lrfu' or 'lru') chooses what to evict. Outputs are bit-identical.
 threads=0 uses all cores.
 batched_indexer=False scores the CSA indexer with the scalar per-query reference loop (same results).)doc")
-      .def(py::init<py::dict, py::dict, std::string, int, bool, bool, std::string>(), py::arg("config"),
-           py::arg("weights"), py::arg("fingerprint"), py::arg("threads") = 0, py::kw_only(),
-           py::arg("batched_indexer") = true, py::arg("widen_bf16") = false, py::arg("packed_cache") = "")
+      .def(py::init<py::dict, py::dict, std::string, int, bool, bool, std::string, int64_t, std::string>(),
+           py::arg("config"), py::arg("weights"), py::arg("fingerprint"), py::arg("threads") = 0, py::kw_only(),
+           py::arg("batched_indexer") = true, py::arg("widen_bf16") = false, py::arg("packed_cache") = "",
+           py::arg("expert_cache_bytes") = 0, py::arg("expert_policy") = "lrfu")
       .def_property_readonly("packed_from_cache", [](const BoundModel& m) { return m.packed_from_cache; })
       .def_property_readonly("packed_cache_written", [](const BoundModel& m) { return m.packed_cache_written; })
       .def_property_readonly("packed_bytes", [](const BoundModel& m) { return m.packed_bytes; })

@@ -14,4 +14,5 @@ PYBIND11_MODULE(_kernel, m) {
   register_model(m);
   register_state(m);
   register_bench(m);
+  register_experts(m);
 }

@@ -10,11 +10,16 @@
 //    (HF: index_add_ per expert, then routed + shared).
 //  * Top-k ties in the router go to the lowest expert index.
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
+#include <memory>
 #include <numeric>
+#include <stdexcept>
+#include <thread>
 #include <utility>
 
+#include "cairn/expert_cache.h"
 #include "cairn/forward.h"
 #include "cairn/kernels.h"
 #include "cairn/profile.h"
@@ -22,6 +27,9 @@
 namespace cairn {
 
 static inline float softplus(float v) { return v > 20.f ? v : std::log1p(std::exp(v)); }
+
+static void moe_paged(const Model& m, int layer, const float* x, int S, const std::vector<int>& idx,
+                      const std::vector<float>& wt, float* y);
 
 void moe_block(const Model& m, int layer, const float* x, const int32_t* tokens, int S, float* y) {
   const Config& c = m.cfg;
@@ -59,6 +67,22 @@ void moe_block(const Model& m, int layer, const float* x, const int32_t* tokens,
     for (int j = 0; j < k; ++j) wt[(size_t)i * k + j] = lg[ix[j]] / (sum + 1e-20f) * c.routed_scale;
   }
   prof_lap(P_ROUTER, t0);
+  if (m.trace) {  // the distinct experts of this call, for benches to replay
+    RouteTrace& tr = *m.trace;
+    std::lock_guard<std::mutex> g(tr.mu);
+    if (tr.on) {
+      std::vector<char> used(E, 0);
+      for (int i = 0; i < S * k; ++i) used[idx[i]] = 1;
+      for (int e = 0; e < E; ++e)
+        if (used[e]) tr.rows.insert(tr.rows.end(), {(int32_t)tr.calls, (int32_t)layer, (int32_t)e});
+    }
+    ++tr.calls;
+  }
+  if (m.pager) {
+    moe_paged(m, layer, x, S, idx, wt, y);
+    prof_lap(P_EXPERTS, t0);
+    return;
+  }
   // Active experts (index order) and the shared expert (last) as jobs. Token rows are read in
   // place through row pointers (no gather copy). Two parallel phases on the packed panels:
   //  1. task = (job, kPackN panels of the fused gate/up weight): act = SwiGLU(w1 x, w3 x), gate
@@ -168,6 +192,199 @@ void moe_block(const Model& m, int layer, const float* x, const int32_t* tokens,
     }
   }
   prof_lap(P_EXPERTS, t0);  // routed and shared experts: one pair of parallel phases
+}
+
+// ---- paged experts ----------------------------------------------------------------------------
+// The same arithmetic as above, in waves of at most `slots` routed experts (index order). Within
+// a wave the router's choices are known, so every missing expert's read is issued at once; the
+// experts already present and the shared expert compute while the rest arrive. Each job's w2
+// product goes to its own buffer; y then accumulates the routed jobs in expert-index order (wave
+// after wave) and the shared expert last, with the same expressions as the resident phase 2:
+// every y element sees the same operations in the same order, so the bits are identical.
+namespace {
+struct PJob {
+  int M = 0;
+  int64_t key = -1;  // routed: layer * E + expert; -1 = shared
+  Linear w13, w2;
+  std::vector<int> rows;         // [M] token rows in the chunk
+  std::vector<float> rw;         // [M] routing weights (empty: shared)
+  std::vector<const float*> xs;  // [M] input rows
+  std::vector<float> act;        // [M, Ip]
+  std::vector<const float*> as;  // [M] act rows
+  std::vector<float> out;        // [M, D] w2 products
+  bool loading = false;
+  ExpertPager::Ticket ticket;
+  std::atomic<int> p1_left{0};   // phase-1 tasks not finished
+};
+
+// phase 1 and phase 2 of `order` (jobs run in this order; a job's reads are awaited by its tasks)
+bool run_jobs(const Model& m, ExpertPager& P, const std::vector<PJob*>& order, int64_t work) {
+  const int D = m.cfg.D, npan2 = (D + kPanel - 1) / kPanel, nt2 = (npan2 + kPackN - 1) / kPackN;
+  const float lim = m.cfg.swiglu_limit;
+  struct Task {
+    PJob* j;
+    int phase, p0;
+  };
+  std::vector<Task> tasks;
+  for (PJob* j : order) {
+    int n1 = 0;
+    for (int p = 0; p < j->w13.out / kPanel; p += kPackN, ++n1) tasks.push_back({j, 1, p});
+    j->p1_left.store(n1);
+    for (int t = 0; t < nt2; ++t) tasks.push_back({j, 2, t * kPackN});
+  }
+  std::atomic<bool> failed{false};
+  const int ntask = (int)tasks.size();
+#pragma omp parallel num_threads(m.threads) if (work > kParMinWork)
+  {
+    std::vector<float> buf;  // [M, kPackN*16] one task's tile results
+    // dynamic hands tasks out in order: a task only waits for reads and for tasks handed out before it
+#pragma omp for schedule(dynamic, 1)
+    for (int t = 0; t < ntask; ++t) {
+      PJob& j = *tasks[t].j;
+      const int p0 = tasks[t].p0;
+      const bool ok = !j.loading || P.wait(&j.ticket);  // every task waits: no read outlives the call
+      if (!ok) failed.store(true);
+      if (tasks[t].phase == 1) {
+        if (ok) {
+          const int np = std::min(kPackN, j.w13.out / kPanel - p0), ld = np * kPanel, Ip = j.w13.out / 2;
+          buf.resize((size_t)j.M * ld);
+          packed_panels(j.xs.data(), j.M, j.w13, p0, np, buf.data());
+          for (int i = 0; i < j.M; ++i) {
+            const float* ri = &buf[(size_t)i * ld];
+            float* dst = &j.act[(size_t)i * Ip + (size_t)(p0 / 2) * kPanel];
+            for (int q = 0; q < np / 2; ++q) {
+              float ga[kPanel], en[kPanel];
+              for (int l = 0; l < kPanel; ++l) {
+                ga[l] = std::min(ri[(2 * q) * kPanel + l], lim);
+                en[l] = -ga[l];
+              }
+              vexp(en, en, kPanel);
+              for (int l = 0; l < kPanel; ++l) {
+                const float ub = std::min(std::max(ri[(2 * q + 1) * kPanel + l], -lim), lim);
+                dst[q * kPanel + l] = (ga[l] / (1.f + en[l])) * ub;
+              }
+            }
+          }
+        }
+        j.p1_left.fetch_sub(1, std::memory_order_release);
+      } else {
+        while (j.p1_left.load(std::memory_order_acquire) > 0) std::this_thread::yield();
+        if (!ok) continue;
+        const int np = std::min(kPackN, npan2 - p0), ld = np * kPanel;
+        const int c0 = p0 * kPanel, nc = std::min(D, (p0 + np) * kPanel) - c0;
+        buf.resize((size_t)j.M * ld);
+        packed_panels(j.as.data(), j.M, j.w2, p0, np, buf.data());
+        for (int i = 0; i < j.M; ++i) std::memcpy(&j.out[(size_t)i * D + c0], &buf[(size_t)i * ld], sizeof(float) * nc);
+      }
+    }
+  }
+  return !failed.load();
+}
+
+// y[rows] += (routed: wt *) out, jobs in the given (expert-index) order, per column tile as in phase 2
+void reduce_jobs(const Model& m, const std::vector<PJob*>& jobs, float* y, int64_t work) {
+  const int D = m.cfg.D, npan2 = (D + kPanel - 1) / kPanel, nt2 = (npan2 + kPackN - 1) / kPackN;
+#pragma omp parallel for num_threads(m.threads) schedule(dynamic, 1) if (work > kParMinWork)
+  for (int t = 0; t < nt2; ++t) {
+    const int p0 = t * kPackN, np = std::min(kPackN, npan2 - p0);
+    const int c0 = p0 * kPanel, nc = std::min(D, (p0 + np) * kPanel) - c0;
+    for (const PJob* j : jobs) {
+      const bool shared = j->rw.empty();
+      for (int i = 0; i < j->M; ++i) {
+        float* dst = y + (size_t)j->rows[i] * D + c0;
+        const float* ri = &j->out[(size_t)i * D + c0];
+        if (shared)
+          for (int q = 0; q < nc; ++q) dst[q] = dst[q] + ri[q];
+        else
+          for (int q = 0; q < nc; ++q) dst[q] += ri[q] * j->rw[i];
+      }
+    }
+  }
+}
+}  // namespace
+
+static void moe_paged(const Model& m, int layer, const float* x, int S, const std::vector<int>& idx,
+                      const std::vector<float>& wt, float* y) {
+  const Config& c = m.cfg;
+  const LayerW& L = m.layers[layer];
+  const int D = c.D, E = c.E, k = c.k;
+  ExpertPager& P = *m.pager;
+  std::vector<std::unique_ptr<PJob>> routed;  // index order
+  {
+    std::vector<int> cnt(E, 0), at(E, -1);
+    for (int i = 0; i < S * k; ++i) ++cnt[idx[i]];
+    for (int e = 0; e < E; ++e) {
+      if (!cnt[e]) continue;
+      at[e] = (int)routed.size();
+      routed.push_back(std::make_unique<PJob>());
+      routed.back()->key = (int64_t)layer * E + e;
+      routed.back()->rows.reserve(cnt[e]);
+      routed.back()->rw.reserve(cnt[e]);
+    }
+    for (int i = 0; i < S; ++i)
+      for (int a = 0; a < k; ++a) {
+        PJob& j = *routed[at[idx[(size_t)i * k + a]]];
+        j.rows.push_back(i);
+        j.rw.push_back(wt[(size_t)i * k + a]);
+      }
+  }
+  PJob shared;
+  shared.w13 = L.sw13;
+  shared.w2 = L.sw2;
+  shared.rows.resize(S);
+  std::iota(shared.rows.begin(), shared.rows.end(), 0);
+  int64_t work = 0;
+  auto prepare = [&](PJob& j, int I2) {
+    j.M = (int)j.rows.size();
+    j.xs.resize(j.M);
+    for (int a = 0; a < j.M; ++a) j.xs[a] = x + (size_t)j.rows[a] * D;
+    const int Ip = I2 / 2;
+    j.act.assign((size_t)j.M * Ip, 0.f);
+    j.as.resize(j.M);
+    for (int a = 0; a < j.M; ++a) j.as[a] = &j.act[(size_t)a * Ip];
+    j.out.resize((size_t)j.M * D);
+  };
+  for (auto& j : routed) prepare(*j, L.w13[j->key % E].out);
+  prepare(shared, L.sw13.out);
+  // the resident path's parallel threshold, so small calls stay on one thread alike
+  for (auto& j : routed) work += (int64_t)3 * j->M * L.w2[j->key % E].in * D;
+  work += (int64_t)3 * shared.M * L.sw2.in * D;
+
+  std::lock_guard<std::mutex> g(P.call_mu);
+  P.policy.begin_call();
+  std::fill(y, y + (size_t)S * D, 0.f);
+  size_t next = 0;
+  bool shared_done = false;
+  while (next < routed.size() || !shared_done) {
+    std::vector<PJob*> wave, present, missing;
+    for (; next < routed.size(); ++next) {
+      PJob& j = *routed[next];
+      bool hit = false;
+      const int s = P.policy.acquire(j.key, &hit);
+      if (s < 0) break;  // every slot busy: compute this wave, then the rest
+      P.count(hit);
+      const int e = (int)(j.key % E);
+      j.w13 = paged_linear(L.w13[e], P.w13[j.key], P.slot(s));
+      j.w2 = paged_linear(L.w2[e], P.w2[j.key], P.slot(s));
+      j.loading = !hit;
+      if (!hit) P.submit(s, j.key, &j.ticket);
+      (hit ? present : missing).push_back(&j);
+      wave.push_back(&j);
+    }
+    if (wave.empty() && next < routed.size()) throw std::logic_error("expert cache: no slot for a wave");
+    std::vector<PJob*> order = present;
+    if (!shared_done) order.push_back(&shared);
+    order.insert(order.end(), missing.begin(), missing.end());
+    if (!run_jobs(m, P, order, work)) {
+      for (PJob* j : missing) P.policy.drop(j->key);  // the slot holds no valid expert
+      P.policy.release_all();
+      throw std::runtime_error("expert cache: reading a routed expert from the packed cache file failed");
+    }
+    reduce_jobs(m, wave, y, work);
+    shared_done = true;
+    P.policy.release_all();
+  }
+  reduce_jobs(m, {&shared}, y, work);
 }
 
 }  // namespace cairn

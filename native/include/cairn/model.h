@@ -28,6 +28,9 @@
 
 namespace cairn {
 
+class ExpertPager;  // expert_cache.h
+struct RouteTrace;
+
 constexpr int MAX_CHUNK = 512;
 
 enum class AttnType { Sliding = 0, CSA = 1, HCA = 2 };
@@ -136,6 +139,17 @@ struct Model {
   std::shared_ptr<void> packed_map;  // instead: the panels mapped from a packed cache file
   bool packed_from_cache = false, packed_cache_written = false;
   size_t packed_bytes = 0;
+  // Packed layout: the dense section, then one 4 KiB-aligned slot per routed expert (key = layer*E+e).
+  size_t dense_bytes = 0, expert_slot_bytes = 0, expert_bytes_total = 0;
+  // Routed experts paged from the packed cache file (null: every expert resident or mapped).
+  std::shared_ptr<ExpertPager> pager;
+  std::shared_ptr<RouteTrace> trace;  // always set (pack_weights)
+};
+
+// Routed experts under a byte budget (0, or at least every expert's bytes: all resident).
+struct PagingOptions {
+  size_t budget = 0;
+  std::string policy = "lrfu";
 };
 
 void init_rope(Model& m);
@@ -143,7 +157,10 @@ void init_rope(Model& m);
 // cache_path: when that file holds these panels (same fingerprint and layout), map it instead of
 // packing, and prepare_sources (which fills the row-major sources) is never called; else pack
 // and write the file atomically (failures to write leave packed_cache_written false).
+// With paging (opt.budget below the experts' bytes), the cache file is required: routed experts
+// are read from it into the slot pool on demand and never kept resident or mapped; a missing file
+// is written by a streaming pack (dense arena, then each expert through a scratch buffer).
 void pack_weights(Model& m, int threads, const std::string& cache_path = "",
-                  const std::function<void()>& prepare_sources = {});
+                  const std::function<void()>& prepare_sources = {}, const PagingOptions& opt = {});
 
 }  // namespace cairn

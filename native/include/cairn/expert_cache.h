@@ -1,0 +1,133 @@
+// cairn kernel: routed experts paged from the packed cache file under a byte budget.
+//
+// Design notes
+//  * SlotPolicy (expert_policy.cpp) is the whole replacement policy: synchronous, no I/O, shared
+//    by the kernel and by replay_expert_policy (benches measure hit rates with the same code).
+//    Keys are layer * E + expert. A MoE call acquires its distinct experts in index order; the
+//    slots it holds are busy (never evicted) until release_all, so a call needing more experts
+//    than there are slots runs in waves.
+//  * ExpertPager (expert_pager.cpp) owns the slot pool (one 4 KiB-aligned allocation), the file
+//    (O_DIRECT, else buffered reads + POSIX_FADV_DONTNEED), a few reader threads and the counters.
+#pragma once
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "cairn/model.h"
+
+namespace cairn {
+
+class SlotPolicy {
+ public:
+  enum Kind { LRU = 0, LRFU = 1 };
+  static Kind parse(const std::string& name);  // "lru" | "lrfu"; std::invalid_argument otherwise
+  SlotPolicy(int slots, Kind kind);
+  void begin_call();  // a new MoE call (wave boundaries come from acquire returning -1)
+  // The slot holding key (hit) or a slot to load it into (miss, possibly evicting), now busy.
+  // -1: every slot is busy (end the wave: compute, release_all, acquire again).
+  int acquire(int64_t key, bool* hit);
+  void release_all();
+  void drop(int64_t key);  // forget a resident key (its slot's contents are invalid)
+  int slots() const { return n_; }
+  int pinned() const;
+  int64_t evictions() const { return evictions_; }
+
+ private:
+  struct Score {
+    double crf = 0;   // decayed access count at `at`
+    uint64_t at = 0;  // access clock of the last access
+  };
+  double decayed(const Score& s) const;
+  void repin();
+  int victim() const;
+  Kind kind_;
+  int n_;
+  std::vector<int64_t> key_;    // [slots] resident key, -1 = empty
+  std::vector<uint64_t> tick_;  // [slots] access clock of the last use (recency)
+  std::vector<char> busy_, pin_;
+  std::vector<int> busy_list_;
+  std::unordered_map<int64_t, int> where_;    // key -> slot
+  std::unordered_map<int64_t, Score> score_;  // LRFU: every key seen (history outlives residency)
+  uint64_t now_ = 0;
+  int free_ = 0;
+  int64_t evictions_ = 0;
+  double half_life_;  // LRFU decay, in accesses
+};
+
+// Where one of an expert's two matrices (fused w1/w3, w2) sits inside its slot.
+struct ExpertPart {
+  size_t rel = 0;         // from the slot start
+  size_t code_bytes = 0;  // quantized: scales start at rel + code_bytes
+  QFmt qf = QFmt::None;
+  bool bf16 = false;
+};
+
+class ExpertPager {
+ public:
+  struct Ticket {
+    std::atomic<int> state{0};  // 0 pending, 1 loaded, -1 failed
+  };
+  ExpertPager(const std::string& path, int64_t nkeys, size_t slot_bytes, uint64_t expert_base, int slots,
+              SlotPolicy::Kind kind, size_t dense_bytes, int readers = 2);
+  ~ExpertPager();
+  ExpertPager(const ExpertPager&) = delete;
+  ExpertPager& operator=(const ExpertPager&) = delete;
+
+  std::mutex call_mu;  // one MoE call at a time owns the policy and the slots
+  SlotPolicy policy;
+  std::vector<ExpertPart> w13, w2;  // [nkeys]
+
+  uint8_t* slot(int s) const { return pool_ + (size_t)s * slot_bytes_; }
+  void submit(int s, int64_t key, Ticket* t);  // read key's range into slot s (reader threads)
+  bool wait(Ticket* t);                        // blocks until loaded; false on a read error
+  void count(bool hit);
+
+  size_t slot_bytes() const { return slot_bytes_; }
+  size_t dense_bytes() const { return dense_bytes_; }
+  int64_t nkeys() const { return nkeys_; }
+  bool direct_io() const { return direct_; }
+  struct Stats {
+    int64_t hits = 0, misses = 0, bytes_read = 0, evictions = 0;
+    double read_seconds = 0, stall_seconds = 0;
+  };
+  Stats stats();
+
+ private:
+  struct Req {
+    uint8_t* dst;
+    uint64_t off;
+    Ticket* t;
+  };
+  void reader();
+  int fd_ = -1;
+  bool direct_ = false;
+  uint8_t* pool_ = nullptr;
+  size_t slot_bytes_, dense_bytes_;
+  uint64_t base_;
+  int64_t nkeys_;
+  std::mutex mu_;
+  std::condition_variable work_cv_, done_cv_;
+  std::deque<Req> queue_;
+  bool stop_ = false;
+  std::vector<std::thread> threads_;
+  Stats stats_;
+};
+
+// A copy of tmpl (a paged expert matrix: shape and format) reading its panels from a slot.
+Linear paged_linear(const Linear& tmpl, const ExpertPart& P, const uint8_t* slot);
+
+// MoE calls' distinct experts, for benches to replay real routing: rows (call, layer, expert).
+struct RouteTrace {
+  std::mutex mu;
+  bool on = false;
+  int64_t calls = 0;
+  std::vector<int32_t> rows;  // [n, 3]
+};
+
+}  // namespace cairn

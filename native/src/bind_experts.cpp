@@ -1,0 +1,136 @@
+// cairn bindings: the expert cache's visibility (info, counters, routing trace) and the policy
+// replay benches use to measure hit rates with the kernel's own policy code.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <unordered_set>
+
+#include "bind.h"
+#include "cairn/expert_cache.h"
+
+namespace py = pybind11;
+using namespace cairn;
+
+namespace {
+
+py::dict info(BoundModel& m) {
+  const int64_t experts = (int64_t)m.cfg.n_layers * m.cfg.E;
+  py::dict d;
+  ExpertPager* P = m.pager.get();
+  d["budget_bytes"] = P ? (int64_t)P->policy.slots() * (int64_t)P->slot_bytes() : (int64_t)0;
+  d["slot_bytes"] = (int64_t)m.expert_slot_bytes;
+  d["slots"] = P ? P->policy.slots() : (int)experts;  // resident: one per expert
+  d["expert_bytes_total"] = (int64_t)m.expert_bytes_total;
+  d["dense_bytes"] = (int64_t)m.dense_bytes;
+  d["experts_total"] = experts;
+  int pinned = 0;
+  if (P) {
+    py::gil_scoped_release rel;
+    std::lock_guard<std::mutex> g(P->call_mu);
+    pinned = P->policy.pinned();
+  }
+  d["pinned"] = pinned;
+  d["direct_io"] = P ? P->direct_io() : false;
+  d["paging"] = P != nullptr;
+  return d;
+}
+
+py::dict stats(BoundModel& m) {
+  ExpertPager::Stats s;
+  if (ExpertPager* P = m.pager.get()) {
+    py::gil_scoped_release rel;
+    std::lock_guard<std::mutex> g(P->call_mu);  // between MoE calls: evictions belong to the policy
+    s = P->stats();
+  }
+  py::dict d;
+  d["hits"] = s.hits;
+  d["misses"] = s.misses;
+  d["bytes_read"] = s.bytes_read;
+  d["read_seconds"] = s.read_seconds;
+  d["stall_seconds"] = s.stall_seconds;
+  d["evictions"] = s.evictions;
+  return d;
+}
+
+py::array_t<int32_t> take_trace(BoundModel& m) {
+  std::vector<int32_t> rows;
+  {
+    std::lock_guard<std::mutex> g(m.trace->mu);
+    rows.swap(m.trace->rows);
+  }
+  py::array_t<int32_t> out({(py::ssize_t)(rows.size() / 3), (py::ssize_t)3});
+  if (!rows.empty()) std::memcpy(out.mutable_data(), rows.data(), rows.size() * sizeof(int32_t));
+  return out;
+}
+
+// Replays keys (in access order; steps: the MoE call of each key, non-decreasing) through the
+// policy exactly as moe_block does: one call's distinct keys acquired in order, in waves when
+// they outnumber the slots.
+py::dict replay(py::array_t<int64_t, py::array::c_style | py::array::forcecast> keys,
+                py::array_t<int64_t, py::array::c_style | py::array::forcecast> steps, int slots,
+                const std::string& policy) {
+  if (keys.ndim() != 1 || steps.ndim() != 1 || keys.size() != steps.size())
+    throw py::value_error("keys and steps must be 1-D arrays of the same length, got sizes " +
+                          std::to_string(keys.size()) + " and " + std::to_string(steps.size()));
+  if (slots < 1) throw py::value_error("slots must be >= 1, got " + std::to_string(slots));
+  const SlotPolicy::Kind kind = SlotPolicy::parse(policy);
+  const int64_t* k = keys.data();
+  const int64_t* s = steps.data();
+  const py::ssize_t n = keys.size();
+  for (py::ssize_t i = 0; i < n; ++i) {
+    if (k[i] < 0) throw py::value_error("keys[" + std::to_string(i) + "] is negative");
+    if (i && s[i] < s[i - 1]) throw py::value_error("steps must be non-decreasing (at index " + std::to_string(i) + ")");
+  }
+  int64_t hits = 0, misses = 0, waves = 0;
+  SlotPolicy P(slots, kind);
+  {
+    py::gil_scoped_release rel;
+    std::unordered_set<int64_t> seen;  // this call's keys (a repeat within a call is no access)
+    for (py::ssize_t i = 0; i < n; ++i) {
+      if (i == 0 || s[i] != s[i - 1]) {
+        P.begin_call();
+        seen.clear();
+        ++waves;
+      }
+      if (!seen.insert(k[i]).second) continue;
+      bool hit = false;
+      int slot = P.acquire(k[i], &hit);
+      if (slot < 0) {
+        P.release_all();
+        ++waves;
+        slot = P.acquire(k[i], &hit);
+      }
+      (hit ? hits : misses) += 1;
+    }
+  }
+  py::dict d;
+  d["hits"] = hits;
+  d["misses"] = misses;
+  d["evictions"] = P.evictions();
+  d["waves"] = waves;
+  return d;
+}
+
+}  // namespace
+
+void register_experts(py::module_& m) {
+  py::class_<BoundModel, std::shared_ptr<BoundModel>> cls =
+      py::reinterpret_borrow<py::class_<BoundModel, std::shared_ptr<BoundModel>>>(m.attr("Model"));
+  cls.def("expert_cache_info", &info,
+          "Expert cache shape: budget_bytes (0 = every expert resident), slot_bytes, slots, expert_bytes_total, "
+          "dense_bytes, experts_total, pinned, direct_io, paging.")
+      .def("expert_cache_stats", &stats,
+           "Cumulative counters: hits, misses, bytes_read, read_seconds (sum over reads), stall_seconds (compute "
+           "waiting for reads), evictions. All 0 when every expert is resident.")
+      .def("set_route_trace", [](BoundModel& b, bool on) {
+             std::lock_guard<std::mutex> g(b.trace->mu);
+             b.trace->on = on;
+           }, py::arg("on"), "Record each MoE call's distinct experts (take_route_trace returns them).")
+      .def("take_route_trace", &take_trace,
+           "The recorded rows (call_seq, layer, expert) as int32 [n, 3], and clears them.");
+  m.def("replay_expert_policy", &replay, py::arg("keys"), py::arg("steps"), py::arg("slots"),
+        py::arg("policy") = "lrfu",
+        "Hit counts of the kernel's expert slot policy ('lru' | 'lrfu') on keys (int64 layer*E+expert, access "
+        "order) with steps (the MoE call of each key): dict(hits, misses, evictions, waves).");
+}

@@ -1,0 +1,132 @@
+// cairn kernel: expert slot pool, reader threads and counters (the effects of expert paging;
+// the policy is expert_policy.cpp).
+//
+// One expert = one contiguous 4 KiB-aligned range of the packed cache file, read with one pread
+// into its slot. The file is opened O_DIRECT (no page-cache copy of what the pool already holds);
+// where the filesystem refuses (EINVAL, e.g. tmpfs) or CAIRN_EXPERT_DIRECT_IO=0, reads are
+// buffered and each range is dropped from the page cache after the copy (POSIX_FADV_DONTNEED).
+// Reader threads mostly block in pread, so two of them do not compete with OpenMP for cores.
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <stdexcept>
+
+#include "cairn/expert_cache.h"
+
+namespace cairn {
+
+namespace {
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+bool read_all(int fd, uint8_t* dst, size_t n, uint64_t off) {
+  for (size_t done = 0; done < n;) {
+    const ssize_t r = pread(fd, dst + done, n - done, (off_t)(off + done));
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) return false;
+    done += (size_t)r;
+  }
+  return true;
+}
+}  // namespace
+
+ExpertPager::ExpertPager(const std::string& path, int64_t nkeys, size_t slot_bytes, uint64_t expert_base, int slots,
+                         SlotPolicy::Kind kind, size_t dense_bytes, int readers)
+    : policy(slots, kind), w13(nkeys), w2(nkeys), slot_bytes_(slot_bytes), dense_bytes_(dense_bytes),
+      base_(expert_base), nkeys_(nkeys) {
+  pool_ = (uint8_t*)std::aligned_alloc(4096, (size_t)slots * slot_bytes);
+  if (!pool_) throw std::bad_alloc();
+  const char* env = std::getenv("CAIRN_EXPERT_DIRECT_IO");
+  const bool want_direct = !(env && std::strcmp(env, "0") == 0);
+  if (want_direct) {
+    fd_ = open(path.c_str(), O_RDONLY | O_CLOEXEC | O_DIRECT);
+    // some filesystems accept the flag and refuse the read: probe one expert
+    if (fd_ >= 0 && !read_all(fd_, pool_, slot_bytes, base_)) {
+      close(fd_);
+      fd_ = -1;
+    }
+    direct_ = fd_ >= 0;
+  }
+  if (fd_ < 0) fd_ = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd_ < 0) {
+    std::free(pool_);
+    throw std::runtime_error("cannot open the packed cache file '" + path + "' for expert paging: " +
+                             std::strerror(errno));
+  }
+  for (int i = 0; i < readers; ++i) threads_.emplace_back([this] { reader(); });
+}
+
+ExpertPager::~ExpertPager() {
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    stop_ = true;
+  }
+  work_cv_.notify_all();
+  for (auto& t : threads_) t.join();
+  if (fd_ >= 0) close(fd_);
+  std::free(pool_);
+}
+
+void ExpertPager::submit(int s, int64_t key, Ticket* t) {
+  t->state.store(0);
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    queue_.push_back({slot(s), base_ + (uint64_t)key * slot_bytes_, t});
+  }
+  work_cv_.notify_one();
+}
+
+void ExpertPager::reader() {
+  for (;;) {
+    Req r;
+    {
+      std::unique_lock<std::mutex> g(mu_);
+      work_cv_.wait(g, [&] { return stop_ || !queue_.empty(); });
+      if (stop_ && queue_.empty()) return;
+      r = queue_.front();
+      queue_.pop_front();
+    }
+    const double t0 = now_s();
+    const bool ok = read_all(fd_, r.dst, slot_bytes_, r.off);
+    if (ok && !direct_) posix_fadvise(fd_, (off_t)r.off, (off_t)slot_bytes_, POSIX_FADV_DONTNEED);
+    const double dt = now_s() - t0;
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      stats_.read_seconds += dt;
+      if (ok) stats_.bytes_read += (int64_t)slot_bytes_;
+      r.t->state.store(ok ? 1 : -1);
+    }
+    done_cv_.notify_all();
+  }
+}
+
+bool ExpertPager::wait(Ticket* t) {
+  int st = t->state.load();
+  if (st == 0) {
+    const double t0 = now_s();
+    std::unique_lock<std::mutex> g(mu_);
+    done_cv_.wait(g, [&] { return t->state.load() != 0; });
+    stats_.stall_seconds += now_s() - t0;
+    st = t->state.load();
+  }
+  return st == 1;
+}
+
+void ExpertPager::count(bool hit) {
+  std::lock_guard<std::mutex> g(mu_);
+  (hit ? stats_.hits : stats_.misses) += 1;
+}
+
+ExpertPager::Stats ExpertPager::stats() {
+  std::lock_guard<std::mutex> g(mu_);
+  Stats s = stats_;
+  s.evictions = policy.evictions();  // read between calls (the policy belongs to the call holding call_mu)
+  return s;
+}
+
+}  // namespace cairn
