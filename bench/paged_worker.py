@@ -40,24 +40,25 @@ def main() -> None:
     import numpy as np
 
     from cairn import _kernel
-    from cairn.daemon.model_dir import load_model, open_model_dir
+    from cairn.daemon.model_dir import open_model_dir
 
     md = open_model_dir(a.model)
     if a.nothing:
         print(json.dumps({"vm_hwm": vm_hwm()}))
         return
-    kw = {"expert_cache_bytes": a.budget} if a.budget else {}
+    # As load_model does, with the policy knob it does not have: the packed cache file is required
+    # for paging (and written by the first run).
+    from pathlib import Path
+
+    from cairn.daemon.model_dir import map_weights, packed_cache_file
+
+    Path(a.packed).mkdir(parents=True, exist_ok=True)
+    kw = {"expert_cache_bytes": a.budget}
     if a.policy:
         kw["expert_policy"] = a.policy
     t0 = time.perf_counter()
-    if a.policy:   # load_model has no policy knob: the kernel's Model takes it directly
-        from cairn.daemon.model_dir import map_weights, packed_cache_file
-        from pathlib import Path
-        Path(a.packed).mkdir(parents=True, exist_ok=True)
-        model = _kernel.Model(md.config, map_weights(md), md.fingerprint, a.threads,
-                              packed_cache=str(packed_cache_file(md, a.packed)), **kw)
-    else:
-        model = load_model(md, a.threads, packed_cache=a.packed, packed_cache_min_bytes=0, **kw)
+    model = _kernel.Model(md.config, map_weights(md), md.fingerprint, a.threads,
+                          packed_cache=str(packed_cache_file(md, a.packed)), **kw)
     load_s = time.perf_counter() - t0
     ids = np.load(a.prompt_file).astype(np.int32)
     if a.trace and hasattr(model, "set_route_trace"):

@@ -226,17 +226,17 @@ def decode_batch(states, tokens, *, abort: AbortFlag | None = None) -> np.ndarra
     return np.stack(rows)
 
 
-def replay_expert_policy(keys, *, slots: int, policy: str = "lru", **_kw) -> dict:
-    """As the kernel's: replay a route trace ([n, 3] call_seq, layer, expert) through a cache of
-    `slots` experts; the fake knows LRU only."""
+def replay_expert_policy(keys, steps, slots: int, policy: str = "lru") -> dict:
+    """As the kernel's: replay keys (layer * E + expert, access order) with the MoE call of each
+    (steps) through a cache of `slots` experts; the fake knows LRU only."""
     from collections import OrderedDict
 
     if policy != "lru":
         raise ValueError(f"policy {policy!r}: the fake knows 'lru'")
     lru: OrderedDict = OrderedDict()
-    hits = misses = 0
-    for _, layer, e in np.asarray(keys).reshape(-1, 3):
-        k = (int(layer), int(e))
+    hits = misses = evictions = 0
+    for k in np.asarray(keys).ravel():
+        k = int(k)
         if k in lru:
             lru.move_to_end(k)
             hits += 1
@@ -245,4 +245,5 @@ def replay_expert_policy(keys, *, slots: int, policy: str = "lru", **_kw) -> dic
             lru[k] = None
             if len(lru) > slots:
                 lru.popitem(last=False)
-    return {"hits": hits, "misses": misses}
+                evictions += 1
+    return {"hits": hits, "misses": misses, "evictions": evictions}

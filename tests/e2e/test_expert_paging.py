@@ -30,6 +30,9 @@ import cgroup_v1  # noqa: E402
 WORKER = ROOT / "bench" / "paged_worker.py"
 MIB = 1 << 20
 SHARE = 0.25
+# The pager's own fixed cost, not in the resident run: its reader threads (stacks, glibc's per-thread
+# malloc arenas) and tables; measured at well under 1 MiB on this model.
+PAGER_FIXED = 4 * MIB
 
 
 @pytest.fixture(scope="session")
@@ -87,10 +90,10 @@ def test_paged_peak_rss_stays_within_the_budget(runs):
     dense, experts = info["dense_bytes"], info["expert_bytes_total"]
     # what the resident process needs beyond its weights (activations, logits, state): measured
     overhead = max(0, res["vm_hwm"] - base - dense - experts)
-    bound = base + dense + info["budget_bytes"] + overhead
+    bound = base + dense + info["budget_bytes"] + overhead + PAGER_FIXED
     assert pag["vm_hwm"] <= bound, (
         f"paged peak RSS {pag['vm_hwm'] / MIB:.1f} MiB > baseline {base / MIB:.1f} + dense {dense / MIB:.1f} + "
-        f"budget {info['budget_bytes'] / MIB:.1f} + overhead {overhead / MIB:.1f} MiB")
+        f"budget {info['budget_bytes'] / MIB:.1f} + overhead {overhead / MIB:.1f} + pager {PAGER_FIXED / MIB:.0f} MiB")
     # and paging saved most of the experts it did not keep
     assert res["vm_hwm"] - pag["vm_hwm"] >= (experts - info["budget_bytes"]) // 2
 
@@ -100,7 +103,7 @@ def test_paged_run_under_a_cgroup_cap_below_the_model_size_is_not_oom_killed(run
     info = pag["info"]
     dense, experts = info["dense_bytes"], info["expert_bytes_total"]
     overhead = max(0, res["vm_hwm"] - base - dense - experts)
-    cap = base + dense + info["budget_bytes"] + overhead + 24 * MIB
+    cap = base + dense + info["budget_bytes"] + overhead + PAGER_FIXED + 16 * MIB
     assert cap < base + dense + experts, "the cap must be below what the resident run needs"
     try:
         out, r = runs["worker"]("--budget", str(runs["budget"]), limited=cap)
