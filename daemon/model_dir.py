@@ -467,20 +467,25 @@ def packed_cache_file(md: ModelDir, cache_dir: str | Path, widen_bf16: bool = Fa
 
 
 def load_model(path: str | Path | ModelDir, threads: int = 0, *, widen_bf16: bool = False,
-               packed_cache: str | Path | None = None, packed_cache_min_bytes: int = PACKED_CACHE_MIN_BYTES):
+               packed_cache: str | Path | None = None, packed_cache_min_bytes: int = PACKED_CACHE_MIN_BYTES,
+               expert_cache_bytes: int | None = None):
     """Open a model directory and build the kernel's immutable Model from it. packed_cache: a
     directory for the packed panels of models of at least packed_cache_min_bytes of weights: the
     first start packs and writes them there (atomically), later starts map them instead of packing
-    (no weight matrix is read until used). An unusable directory only costs the cache."""
+    (no weight matrix is read until used). An unusable directory only costs the cache.
+    expert_cache_bytes: a byte budget for routed experts paged from the packed file (None: all
+    resident); it needs packed_cache (any model size), and the kernel says so when it is missing."""
     from .. import _kernel
 
     md = path if isinstance(path, ModelDir) else open_model_dir(path)
     cache = ""
-    if packed_cache is not None and sum(t.end - t.start for t in md.tensors.values()) >= packed_cache_min_bytes:
+    paging = bool(expert_cache_bytes)
+    big = sum(t.end - t.start for t in md.tensors.values()) >= packed_cache_min_bytes
+    if packed_cache is not None and (big or paging):
         try:
             Path(packed_cache).mkdir(parents=True, exist_ok=True)
             cache = str(packed_cache_file(md, packed_cache, widen_bf16))
         except OSError:
             cache = ""
     return _kernel.Model(md.config, map_weights(md), md.fingerprint, threads, widen_bf16=widen_bf16,
-                         packed_cache=cache)
+                         packed_cache=cache, expert_cache_bytes=expert_cache_bytes or 0)

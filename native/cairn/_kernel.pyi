@@ -29,7 +29,15 @@ class Model:
     the dequantized weights). Sources of packed matrices are released after packing; other F32
     tensors and a BF16 embedding are used in place (kept alive by the Model). threads=0: all
     cores. batched_indexer=False scores the CSA indexer with the scalar per-query reference loop
-    (identical results)."""
+    (identical results).
+
+    expert_cache_bytes > 0 (and below every routed expert's bytes): routed experts are paged from
+    the packed_cache file (required; written by a streaming pack when missing) into
+    expert_cache_bytes // slot_bytes slots, read on demand (O_DIRECT, else buffered reads dropped
+    from the page cache; CAIRN_EXPERT_DIRECT_IO=0 forces the latter) and never mapped; the dense
+    part stays resident. expert_policy: 'lrfu' (recency + frequency, hot experts pinned) or
+    'lru'. Outputs are bit-identical to the resident model. A budget below num_experts_per_tok
+    slots raises ValueError naming the minimum."""
     def __init__(
         self,
         config: dict,
@@ -40,7 +48,20 @@ class Model:
         batched_indexer: bool = True,
         widen_bf16: bool = False,
         packed_cache: str = "",
+        expert_cache_bytes: int = 0,
+        expert_policy: str = "lrfu",
     ) -> None: ...
+    def expert_cache_info(self) -> dict[str, int | bool]:
+        """budget_bytes (0: every expert resident), slot_bytes, slots, expert_bytes_total,
+        dense_bytes, experts_total, pinned, direct_io, paging."""
+    def expert_cache_stats(self) -> dict[str, int | float]:
+        """Cumulative: hits, misses, bytes_read (= misses * slot_bytes), read_seconds (sum over
+        reads), stall_seconds (compute waiting for reads), evictions. All 0 when resident."""
+    def set_route_trace(self, on: bool) -> None:
+        """Record each MoE call's distinct experts."""
+    def take_route_trace(self) -> npt.NDArray[np.int32]:
+        """Recorded rows (call_seq, layer, expert), int32 [n, 3]; clears them. call_seq counts
+        every MoE call of the model (recording or not)."""
     @property
     def packed_from_cache(self) -> bool:
         """The panels were mapped from the packed cache file instead of packed."""
@@ -93,6 +114,13 @@ def decode_batch(
 ) -> npt.NDArray[np.float32]:
     """One decode step for distinct states of one model (tokens[b] to states[b]); logits [B, V],
     bit-identical to decode() of each alone. Preset abort: nothing runs, 0 rows."""
+
+def replay_expert_policy(
+    keys: npt.NDArray[np.int64], steps: npt.NDArray[np.int64], slots: int, policy: str = "lrfu"
+) -> dict[str, int]:
+    """The kernel's expert slot policy ('lru' | 'lrfu') replayed on keys (layer * E + expert, in
+    access order) with steps (each key's MoE call, non-decreasing), as moe_block acquires them:
+    dict(hits, misses, evictions, waves)."""
 
 # benchmark / test hooks (not API)
 def _packed_matmul(

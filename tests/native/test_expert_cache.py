@@ -1,0 +1,206 @@
+"""Routed experts paged from the packed cache file under a byte budget (expert_cache_bytes):
+
+- logits, decode, decode_batch and snapshots are bit-identical to the resident model, for any
+  chunking, at the minimum budget (waves + evictions) and at half the experts, with O_DIRECT reads
+  and with the buffered + POSIX_FADV_DONTNEED fallback;
+- a streaming pack writes the same packed file, byte for byte, as a resident pack;
+- bad budgets / a missing packed path raise errors that name the argument;
+- the policy replay gives hand-computed hit counts, and replaying the model's own routing trace
+  gives exactly the model's counters (the kernel and the replay run the same policy code).
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+import cairn._kernel as K
+from cairn.daemon.make_model import make_model, preset_with
+from cairn.daemon.model_dir import load_model, map_weights, open_model_dir
+
+E = 8  # routed experts per layer (tiny-fp4 has 4: too few to tell budgets apart)
+
+
+class Tiny:
+    def __init__(self, root):
+        self.md = open_model_dir(make_model(preset_with("tiny-fp4", n_routed_experts=E), 5, root / "m"))
+        self.root = root
+        self.resident = self.model()
+        self.info = self.resident.expert_cache_info()
+        self.slot = self.info["slot_bytes"]
+        self.k = self.md.config["num_experts_per_tok"]
+        rng = np.random.default_rng(11)
+        self.prompt = rng.integers(0, self.md.config["vocab_size"], 90).astype(np.int32)
+        self.packed = str(root / "packed.bin")
+        self.model(packed_cache=self.packed)  # a resident pack writes the file once
+
+    def model(self, **kw) -> K.Model:
+        return K.Model(self.md.config, map_weights(self.md), self.md.fingerprint, 2, **kw)
+
+    def paged(self, slots: int, **kw) -> K.Model:
+        kw.setdefault("packed_cache", self.packed)
+        return self.model(expert_cache_bytes=slots * self.slot, **kw)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> Tiny:
+    return Tiny(tmp_path_factory.mktemp("experts"))
+
+
+def run(model: K.Model, prompt: np.ndarray, chunk: int) -> tuple[np.ndarray, list[np.ndarray], bytes]:
+    st = K.State(model)
+    _, logits = K.prefill(st, prompt, chunk=chunk, all_logits=True)
+    steps = [K.decode(st, t) for t in (3, 141, 77)]
+    return logits, steps, st.snapshot()
+
+
+def same(a, b) -> bool:
+    return np.array_equal(a[0], b[0]) and all(np.array_equal(x, y) for x, y in zip(a[1], b[1])) and a[2] == b[2]
+
+
+def test_layout_sizes(tiny):
+    info = tiny.info
+    assert info["budget_bytes"] == 0 and not info["paging"]
+    assert info["experts_total"] == E * tiny.md.config["num_hidden_layers"]
+    assert info["slot_bytes"] % 4096 == 0 and info["dense_bytes"] % 4096 == 0
+    assert info["expert_bytes_total"] == info["experts_total"] * info["slot_bytes"]
+    assert os.path.getsize(tiny.packed) == 4096 + info["dense_bytes"] + info["expert_bytes_total"]
+
+
+@pytest.mark.parametrize("chunk", [1, 7, 32, 90])
+@pytest.mark.parametrize("slots", ["min", "half"])
+def test_paged_prefill_decode_snapshot_are_bit_identical(tiny, chunk, slots):
+    n = tiny.k if slots == "min" else tiny.info["experts_total"] // 2
+    paged = tiny.paged(n)
+    assert paged.expert_cache_info()["slots"] == n and paged.expert_cache_info()["paging"]
+    want = run(tiny.resident, tiny.prompt, chunk)
+    got = run(paged, tiny.prompt, chunk)
+    assert same(want, got)
+    stats = paged.expert_cache_stats()
+    assert stats["misses"] > 0 and stats["evictions"] > 0
+
+
+def test_paged_decode_batch_and_restore_are_bit_identical(tiny):
+    paged = tiny.paged(tiny.k + 1)
+
+    def batch(model):
+        states = []
+        for i, n in enumerate((5, 17, 30)):
+            st = K.State(model)
+            K.prefill(st, tiny.prompt[i : i + n], chunk=16)
+            states.append(st)
+        out = [K.decode_batch(states, np.array([9, 10, 11], dtype=np.int32)) for _ in range(3)]
+        return out, [s.snapshot() for s in states]
+
+    want, got = batch(tiny.resident), batch(paged)
+    assert all(np.array_equal(a, b) for a, b in zip(want[0], got[0]))
+    assert want[1] == got[1]
+    # a resident snapshot restored on the paged model continues with the same bits
+    st_r, st_p = K.State.restore(tiny.resident, want[1][0]), K.State.restore(paged, want[1][0])
+    assert np.array_equal(K.decode(st_r, 4), K.decode(st_p, 4))
+
+
+def test_direct_io_and_fadvise_fallback_give_the_same_bits(tiny, monkeypatch):
+    want = run(tiny.resident, tiny.prompt, 32)
+    direct = tiny.paged(tiny.k)
+    assert direct.expert_cache_info()["direct_io"] is True  # disk filesystems and tmpfs (Linux >= 6.6) take O_DIRECT
+    assert same(want, run(direct, tiny.prompt, 32))
+    monkeypatch.setenv("CAIRN_EXPERT_DIRECT_IO", "0")
+    buffered = tiny.paged(tiny.k)
+    assert buffered.expert_cache_info()["direct_io"] is False
+    assert same(want, run(buffered, tiny.prompt, 32))
+    assert buffered.expert_cache_stats()["bytes_read"] == buffered.expert_cache_stats()["misses"] * tiny.slot
+
+
+def test_streaming_pack_writes_the_resident_pack_byte_for_byte(tiny):
+    path = tiny.root / "streamed.bin"
+    model = tiny.paged(tiny.k, packed_cache=str(path))
+    assert model.packed_cache_written and not model.packed_from_cache
+    assert path.read_bytes() == open(tiny.packed, "rb").read()
+    assert same(run(tiny.resident, tiny.prompt, 32), run(model, tiny.prompt, 32))
+    again = tiny.paged(tiny.k, packed_cache=str(path))  # a second start reads the dense part from the file
+    assert again.packed_from_cache and not again.packed_cache_written
+
+
+def test_budget_of_every_expert_is_resident(tiny):
+    model = tiny.model(expert_cache_bytes=tiny.info["expert_bytes_total"])  # no packed path needed
+    info = model.expert_cache_info()
+    assert info["budget_bytes"] == 0 and not info["paging"]
+    run(model, tiny.prompt[:10], 10)
+    assert model.expert_cache_stats() == {"hits": 0, "misses": 0, "bytes_read": 0, "read_seconds": 0.0,
+                                          "stall_seconds": 0.0, "evictions": 0}
+
+
+def test_bad_budgets_and_missing_packed_path_raise(tiny):
+    minimum = tiny.k * tiny.slot
+    with pytest.raises(ValueError, match=f"below the minimum of {minimum} bytes"):
+        tiny.model(expert_cache_bytes=minimum - 1, packed_cache=tiny.packed)
+    with pytest.raises(ValueError, match="packed_cache"):
+        tiny.model(expert_cache_bytes=minimum)
+    with pytest.raises(ValueError, match="expert_cache_bytes must be >= 0"):
+        tiny.model(expert_cache_bytes=-1)
+    with pytest.raises(ValueError, match="policy 'mru' is unknown"):
+        tiny.model(expert_cache_bytes=minimum, packed_cache=tiny.packed, expert_policy="mru")
+
+
+def test_load_model_passes_the_budget(tiny):
+    model = load_model(tiny.md, 2, packed_cache=tiny.root / "dir", expert_cache_bytes=tiny.k * tiny.slot)
+    assert model.expert_cache_info()["paging"] and model.expert_cache_info()["slots"] == tiny.k
+    assert load_model(tiny.md, 2).expert_cache_info()["budget_bytes"] == 0
+
+
+def replay(keys, steps, slots, policy):
+    return K.replay_expert_policy(np.array(keys, np.int64), np.array(steps, np.int64), slots, policy)
+
+
+def test_policy_replay_hand_computed():
+    # 2 slots; hot key 1 three times, then 2 and 3 once each, then 1 again.
+    # LRU: 1 miss, hit, hit; 2 miss; 3 miss evicts 1 (least recent); 1 miss -> 2 hits, 4 misses.
+    # LRFU: 3 evicts 2 (count 1) instead of 1 (count ~2.1 after decay) -> 1 hits again: 3 hits.
+    keys, steps = [1, 1, 1, 2, 3, 1], [0, 1, 2, 3, 4, 5]
+    assert replay(keys, steps, 2, "lru") == {"hits": 2, "misses": 4, "evictions": 2, "waves": 6}
+    assert replay(keys, steps, 2, "lrfu") == {"hits": 3, "misses": 3, "evictions": 1, "waves": 6}
+    # one call of 3 distinct keys on 2 slots runs in 2 waves; the second evicts the first wave's
+    # least recent (1); a repeat within a call is no access
+    r = replay([1, 2, 2, 3, 1], [0, 0, 0, 0, 1], 2, "lru")
+    assert r == {"hits": 0, "misses": 4, "evictions": 2, "waves": 3}
+
+
+def test_replay_rejects_bad_input():
+    with pytest.raises(ValueError, match="same length"):
+        replay([1, 2], [0], 2, "lru")
+    with pytest.raises(ValueError, match="non-decreasing"):
+        replay([1, 2], [1, 0], 2, "lru")
+    with pytest.raises(ValueError, match="slots must be >= 1"):
+        replay([1], [0], 0, "lru")
+
+
+@pytest.mark.parametrize("policy", ["lru", "lrfu"])
+def test_counters_match_the_route_trace_and_its_replay(tiny, policy):
+    slots = tiny.info["experts_total"] // 2
+    model = tiny.paged(slots, expert_policy=policy)
+    model.set_route_trace(True)
+    run(model, tiny.prompt, 16)
+    trace = model.take_route_trace()
+    assert trace.dtype == np.int32 and trace.shape[1] == 3
+    layers = tiny.md.config["num_hidden_layers"]
+    assert np.array_equal(trace[:, 1], trace[:, 0] % layers)  # calls go through the layers in order
+    # each call's experts are distinct and sorted (index order)
+    for c in np.unique(trace[:, 0]):
+        e = trace[trace[:, 0] == c, 2]
+        assert np.all(np.diff(e) > 0)
+    stats = model.expert_cache_stats()
+    assert stats["hits"] + stats["misses"] == len(trace)
+    assert stats["bytes_read"] == stats["misses"] * tiny.slot
+    keys = trace[:, 1].astype(np.int64) * E + trace[:, 2]
+    r = replay(keys, trace[:, 0], slots, policy)
+    assert (r["hits"], r["misses"], r["evictions"]) == (stats["hits"], stats["misses"], stats["evictions"])
+    assert model.take_route_trace().shape == (0, 3)
+
+
+def test_resident_counters_stay_zero(tiny):
+    run(tiny.resident, tiny.prompt[:20], 8)
+    assert tiny.resident.expert_cache_stats()["misses"] == 0
+    assert tiny.resident.expert_cache_stats()["bytes_read"] == 0
