@@ -35,13 +35,6 @@ SHARE = 0.25
 PAGER_FIXED = 4 * MIB
 
 
-@pytest.fixture(scope="session")
-def experts_dir(tmp_path_factory) -> Path:
-    from cairn.daemon.make_model import make_model
-
-    return make_model("experts-fp4", 0, tmp_path_factory.mktemp("models_e") / "experts-fp4")
-
-
 @pytest.fixture(scope="module")
 def runs(experts_dir, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("paging")
