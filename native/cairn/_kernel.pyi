@@ -35,8 +35,8 @@ class Model:
     the packed_cache file (required; written by a streaming pack when missing) into
     expert_cache_bytes // slot_bytes slots, read on demand (O_DIRECT, else buffered reads dropped
     from the page cache; CAIRN_EXPERT_DIRECT_IO=0 forces the latter) and never mapped; the dense
-    part stays resident. expert_policy: 'lrfu' (recency + frequency, hot experts pinned) or
-    'lru'. Outputs are bit-identical to the resident model. A budget below num_experts_per_tok
+    part stays resident. expert_policy: 'hotpin' (LRU plus a pinned set of the most frequent
+    experts, with hysteresis), 'lrfu' (decayed counts) or 'lru'. Outputs are bit-identical to the resident model. A budget below num_experts_per_tok
     slots raises ValueError naming the minimum."""
     def __init__(
         self,
@@ -49,7 +49,7 @@ class Model:
         widen_bf16: bool = False,
         packed_cache: str = "",
         expert_cache_bytes: int = 0,
-        expert_policy: str = "lrfu",
+        expert_policy: str = "hotpin",
     ) -> None: ...
     def expert_cache_info(self) -> dict[str, int | bool]:
         """budget_bytes (0: every expert resident), slot_bytes, slots, expert_bytes_total,
@@ -116,10 +116,12 @@ def decode_batch(
     bit-identical to decode() of each alone. Preset abort: nothing runs, 0 rows."""
 
 def replay_expert_policy(
-    keys: npt.NDArray[np.int64], steps: npt.NDArray[np.int64], slots: int, policy: str = "lrfu"
+    keys: npt.NDArray[np.int64], steps: npt.NDArray[np.int64], slots: int, policy: str = "hotpin",
+    *, k: int = 1,
 ) -> dict[str, int]:
-    """The kernel's expert slot policy ('lru' | 'lrfu') replayed on keys (layer * E + expert, in
-    access order) with steps (each key's MoE call, non-decreasing), as moe_block acquires them:
+    """The kernel's expert slot policy ('lru' | 'lrfu' | 'hotpin') replayed on keys (layer * E +
+    expert, in access order) with steps (each key's MoE call, non-decreasing), as moe_block
+    acquires them in a model with `slots` slots and num_experts_per_tok = k:
     dict(hits, misses, evictions, waves)."""
 
 # benchmark / test hooks (not API)

@@ -18,7 +18,7 @@ py::dict info(BoundModel& m) {
   const int64_t experts = (int64_t)m.cfg.n_layers * m.cfg.E;
   py::dict d;
   ExpertPager* P = m.pager.get();
-  d["budget_bytes"] = P ? (int64_t)P->policy.slots() * (int64_t)P->slot_bytes() : (int64_t)0;
+  d["budget_bytes"] = (int64_t)m.expert_budget;  // as asked; the slots use slots * slot_bytes of it
   d["slot_bytes"] = (int64_t)m.expert_slot_bytes;
   d["slots"] = P ? P->policy.slots() : (int)experts;  // resident: one per expert
   d["expert_bytes_total"] = (int64_t)m.expert_bytes_total;
@@ -69,11 +69,13 @@ py::array_t<int32_t> take_trace(BoundModel& m) {
 // they outnumber the slots.
 py::dict replay(py::array_t<int64_t, py::array::c_style | py::array::forcecast> keys,
                 py::array_t<int64_t, py::array::c_style | py::array::forcecast> steps, int slots,
-                const std::string& policy) {
+                const std::string& policy, int per_tok) {
   if (keys.ndim() != 1 || steps.ndim() != 1 || keys.size() != steps.size())
     throw py::value_error("keys and steps must be 1-D arrays of the same length, got sizes " +
                           std::to_string(keys.size()) + " and " + std::to_string(steps.size()));
   if (slots < 1) throw py::value_error("slots must be >= 1, got " + std::to_string(slots));
+  if (per_tok < 1 || per_tok > slots)
+    throw py::value_error("k must be in 1..slots, got " + std::to_string(per_tok));
   const SlotPolicy::Kind kind = SlotPolicy::parse(policy);
   const int64_t* k = keys.data();
   const int64_t* s = steps.data();
@@ -83,7 +85,7 @@ py::dict replay(py::array_t<int64_t, py::array::c_style | py::array::forcecast> 
     if (i && s[i] < s[i - 1]) throw py::value_error("steps must be non-decreasing (at index " + std::to_string(i) + ")");
   }
   int64_t hits = 0, misses = 0, waves = 0;
-  SlotPolicy P(slots, kind);
+  SlotPolicy P(slots, kind, per_tok);
   {
     py::gil_scoped_release rel;
     std::unordered_set<int64_t> seen;  // this call's keys (a repeat within a call is no access)
@@ -130,7 +132,8 @@ void register_experts(py::module_& m) {
       .def("take_route_trace", &take_trace,
            "The recorded rows (call_seq, layer, expert) as int32 [n, 3], and clears them.");
   m.def("replay_expert_policy", &replay, py::arg("keys"), py::arg("steps"), py::arg("slots"),
-        py::arg("policy") = "lrfu",
-        "Hit counts of the kernel's expert slot policy ('lru' | 'lrfu') on keys (int64 layer*E+expert, access "
-        "order) with steps (the MoE call of each key): dict(hits, misses, evictions, waves).");
+        py::arg("policy") = "hotpin", py::kw_only(), py::arg("k") = 1,
+        "Hit counts of the kernel's expert slot policy ('lru' | 'lrfu' | 'hotpin') on keys (int64 layer*E+expert, "
+        "access order) with steps (the MoE call of each key), k = num_experts_per_tok (slots hotpin never pins), "
+        "as the model with that many slots runs them: dict(hits, misses, evictions, waves).");
 }

@@ -393,13 +393,13 @@ read when first used); otherwise the panels are packed and written there atomica
 expert_cache_bytes: a byte budget for routed experts (0 = all resident, as is a budget of at least
 every expert's bytes): the dense part stays resident, routed experts are read on demand from the
 packed_cache file (required; written by a streaming pack if missing) into budget // slot_bytes slots,
-never mapped; expert_policy ('lrfu' or 'lru') chooses what to evict. Outputs are bit-identical.
+never mapped; expert_policy ('hotpin', 'lrfu' or 'lru') chooses what to evict. Outputs are bit-identical.
 threads=0 uses all cores.
 batched_indexer=False scores the CSA indexer with the scalar per-query reference loop (same results).)doc")
       .def(py::init<py::dict, py::dict, std::string, int, bool, bool, std::string, int64_t, std::string>(),
            py::arg("config"), py::arg("weights"), py::arg("fingerprint"), py::arg("threads") = 0, py::kw_only(),
            py::arg("batched_indexer") = true, py::arg("widen_bf16") = false, py::arg("packed_cache") = "",
-           py::arg("expert_cache_bytes") = 0, py::arg("expert_policy") = "lrfu")
+           py::arg("expert_cache_bytes") = 0, py::arg("expert_policy") = "hotpin")
       .def_property_readonly("packed_from_cache", [](const BoundModel& m) { return m.packed_from_cache; })
       .def_property_readonly("packed_cache_written", [](const BoundModel& m) { return m.packed_cache_written; })
       .def_property_readonly("packed_bytes", [](const BoundModel& m) { return m.packed_bytes; })

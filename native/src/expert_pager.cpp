@@ -36,8 +36,8 @@ bool read_all(int fd, uint8_t* dst, size_t n, uint64_t off) {
 }  // namespace
 
 ExpertPager::ExpertPager(const std::string& path, int64_t nkeys, size_t slot_bytes, uint64_t expert_base, int slots,
-                         SlotPolicy::Kind kind, size_t dense_bytes, int readers)
-    : policy(slots, kind), w13(nkeys), w2(nkeys), slot_bytes_(slot_bytes), dense_bytes_(dense_bytes),
+                         SlotPolicy::Kind kind, int k, size_t dense_bytes, int readers)
+    : policy(slots, kind, k), w13(nkeys), w2(nkeys), slot_bytes_(slot_bytes), dense_bytes_(dense_bytes),
       base_(expert_base), nkeys_(nkeys) {
   pool_ = (uint8_t*)std::aligned_alloc(4096, (size_t)slots * slot_bytes);
   if (!pool_) throw std::bad_alloc();
@@ -105,16 +105,15 @@ void ExpertPager::reader() {
   }
 }
 
+// stall_seconds: wall time during which at least one compute thread waits for a read
 bool ExpertPager::wait(Ticket* t) {
-  int st = t->state.load();
-  if (st == 0) {
-    const double t0 = now_s();
+  if (t->state.load() == 0) {
     std::unique_lock<std::mutex> g(mu_);
+    if (waiters_++ == 0) stall_t0_ = now_s();
     done_cv_.wait(g, [&] { return t->state.load() != 0; });
-    stats_.stall_seconds += now_s() - t0;
-    st = t->state.load();
+    if (--waiters_ == 0) stats_.stall_seconds += now_s() - stall_t0_;
   }
-  return st == 1;
+  return t->state.load() == 1;
 }
 
 void ExpertPager::count(bool hit) {

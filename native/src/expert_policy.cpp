@@ -7,6 +7,15 @@
 // flush the hot ones. Every `slots` accesses the quarter of resident keys with the highest counts
 // are pinned: never evicted while an unpinned slot can go. Counts persist for non-resident keys,
 // so a once-hot expert that was evicted comes back with its history.
+//
+// HOTPIN (the default): LRU over unpinned slots, plus up to 3/4 of the slots (leaving at least
+// `unpinned`) pinned for the keys of highest decayed count (half-life 8x the slots in accesses).
+// Pinned slots are not evicted to make room in a wave: a wave ends when the unpinned slots are busy. A key takes the place of the
+// coldest pinned one only when its count exceeds that one's by 25%. The hysteresis is what
+// matters for MoE traffic: a prefill chunk touches nearly every expert of every layer, a cyclic
+// sweep larger than the cache on which LRU (and LRFU, whose counts are then all alike) hits
+// nothing; a stable pinned set hits on every one of its members per sweep, and with skewed routing
+// the pinned set is the hot experts. The unpinned quarter catches short-term reuse (decode steps).
 #include <algorithm>
 #include <cmath>
 #include <stdexcept>
@@ -18,12 +27,13 @@ namespace cairn {
 SlotPolicy::Kind SlotPolicy::parse(const std::string& name) {
   if (name == "lru") return LRU;
   if (name == "lrfu") return LRFU;
-  throw std::invalid_argument("expert cache policy '" + name + "' is unknown (allowed: 'lru', 'lrfu')");
+  if (name == "hotpin") return HOTPIN;
+  throw std::invalid_argument("expert cache policy '" + name + "' is unknown (allowed: 'lru', 'lrfu', 'hotpin')");
 }
 
-SlotPolicy::SlotPolicy(int slots, Kind kind)
+SlotPolicy::SlotPolicy(int slots, Kind kind, int unpinned)
     : kind_(kind), n_(slots), key_(slots, -1), tick_(slots, 0), busy_(slots, 0), pin_(slots, 0), free_(slots),
-      half_life_(2.0 * std::max(slots, 1)) {
+      half_life_((kind == HOTPIN ? 8.0 : 2.0) * std::max(slots, 1)), pin_max_(kind == HOTPIN ? std::min(slots * 7 / 8, slots - unpinned) : 0) {
   if (slots < 1) throw std::invalid_argument("expert cache needs at least one slot");
 }
 
@@ -46,10 +56,11 @@ void SlotPolicy::repin() {
 int SlotPolicy::victim() const {
   int best = -1;
   double bs = 0;
-  for (int pass = 0; pass < 2 && best < 0; ++pass)  // unpinned first; pinned only if nothing else can go
+  // unpinned first; pinned ones only if nothing else can go (never for HOTPIN: the wave ends)
+  for (int pass = 0; pass < (kind_ == HOTPIN ? 1 : 2) && best < 0; ++pass)
     for (int s = 0; s < n_; ++s) {
       if (busy_[s] || (pass == 0 && pin_[s])) continue;
-      const double v = kind_ == LRFU ? decayed(score_.at(key_[s])) : 0.0;
+      const double v = kind_ == LRFU ? decayed(score_.at(key_[s])) : 0.0;  // HOTPIN: LRU among unpinned
       if (best < 0 || v < bs || (v == bs && tick_[s] < tick_[best])) best = s, bs = v;
     }
   return best;
@@ -86,8 +97,33 @@ int SlotPolicy::acquire(int64_t key, bool* hit) {
     sc.crf = decayed(sc) + 1.0;
     sc.at = now_;
     if (now_ % (uint64_t)n_ == 0) repin();
+  } else if (kind_ == HOTPIN) {
+    Score& sc = score_[key];
+    sc.crf = decayed(sc) + 1.0;
+    sc.at = now_;
+    if (!pin_[s]) promote(s);
   }
   return s;
+}
+
+void SlotPolicy::promote(int s) {
+  if (pin_max_ <= 0) return;
+  int pinned = 0, coldest = -1;
+  double cv = 0;
+  for (int t = 0; t < n_; ++t) {
+    if (!pin_[t]) continue;
+    ++pinned;
+    const double v = decayed(score_.at(key_[t]));
+    if (coldest < 0 || v < cv) coldest = t, cv = v;
+  }
+  if (pinned < pin_max_) {
+    pin_[s] = 1;
+    return;
+  }
+  if (decayed(score_.at(key_[s])) > cv + 1.0) {
+    pin_[coldest] = 0;  // back to the LRU part, as recent as its last use
+    pin_[s] = 1;
+  }
 }
 
 void SlotPolicy::drop(int64_t key) {

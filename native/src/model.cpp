@@ -64,14 +64,6 @@ void init_rope(Model& m) {
 namespace cairn {
 
 namespace {
-struct PackJob {
-  Linear* dst;
-  std::vector<const float*> rows;  // logical rows (nullptr = zero padding)
-  bool bf16;                       // store BF16 panels (every source row holds BF16 values)
-  QFmt qf = QFmt::None;            // else: quantized panels of the stored codes from qrows
-  std::vector<QRow> qrows;
-};
-
 std::vector<QRow> qrows_of(const Linear& L, int r0 = 0, int n = -1) {
   if (n < 0) n = L.out;
   std::vector<QRow> rows(n);
@@ -108,6 +100,21 @@ std::vector<const float*> fused_rows(const Linear& g, const Linear& u) {
     }
   return rows;
 }
+
+// One packed matrix: rows r0..r0+n of src, or (up set) src's and up's rows interleaved per panel.
+// The row lists are built only when the job is packed (they are ~16 bytes per row: ~1.4 GB for
+// all of V4-Flash's experts at once, and nothing at all when the panels come from the cache file).
+struct PackJob {
+  Linear* dst;
+  const Linear* src;
+  const Linear* up;     // fused gate/up: src is the gate
+  int r0, n;
+  bool bf16;            // store BF16 panels (every source row holds BF16 values)
+  QFmt qf;              // else: quantized panels of the stored codes
+  int nrows() const { return up ? 2 * ((src->out + kPanel - 1) / kPanel) * kPanel : n; }
+  std::vector<const float*> rows() const { return up ? fused_rows(*src, *up) : rows_of(*src, r0, n); }
+  std::vector<QRow> qrows() const { return up ? fused_qrows(*src, *up) : qrows_of(*src, r0, n); }
+};
 }  // namespace
 
 namespace {
@@ -227,8 +234,8 @@ void pack_weights(Model& m, int threads, const std::string& cache_path, const st
   std::vector<Linear*> sources;  // every Linear whose row-major source is dropped afterwards
   auto bf16 = [&](const Linear& L) { return kBf16Panels && !m.widen_bf16 && m.bf16_sources.count(L.w) > 0; };
   auto plain = [&](Linear& L) {
-    if (L.q) jobs.push_back({&L, {}, false, L.qf, qrows_of(L)});
-    else if (L.w) jobs.push_back({&L, rows_of(L), bf16(L), QFmt::None, {}});
+    if (L.q) jobs.push_back({&L, &L, nullptr, 0, L.out, false, L.qf});
+    else if (L.w) jobs.push_back({&L, &L, nullptr, 0, L.out, bf16(L), QFmt::None});
     else return;
     sources.push_back(&L);
   };
@@ -236,9 +243,9 @@ void pack_weights(Model& m, int threads, const std::string& cache_path, const st
   auto fused = [&](Linear& dst, const Linear& g, const Linear& u) {
     if (g.q || u.q) {
       if (g.qf != u.qf) throw std::runtime_error("gate and up projections of one expert must share a format");
-      jobs.push_back({&dst, {}, false, g.qf, fused_qrows(g, u)});
+      jobs.push_back({&dst, &g, &u, 0, 0, false, g.qf});
     } else {
-      jobs.push_back({&dst, fused_rows(g, u), bf16(g) && bf16(u), QFmt::None, {}});
+      jobs.push_back({&dst, &g, &u, 0, 0, bf16(g) && bf16(u), QFmt::None});
     }
   };
   auto tag = [&](int64_t key, int part) {
@@ -258,8 +265,8 @@ void pack_weights(Model& m, int threads, const std::string& cache_path, const st
     L.wo_a_g.assign(c.G, Linear{});
     for (int g = 0; g < c.G; ++g) {
       L.wo_a_g[g] = Linear{nullptr, nullptr, c.Ro, gin};
-      if (L.wo_a.q) jobs.push_back({&L.wo_a_g[g], {}, false, L.wo_a.qf, qrows_of(L.wo_a, g * c.Ro, c.Ro)});
-      else jobs.push_back({&L.wo_a_g[g], rows_of(L.wo_a, g * c.Ro, c.Ro), bf16(L.wo_a), QFmt::None, {}});
+      if (L.wo_a.q) jobs.push_back({&L.wo_a_g[g], &L.wo_a, nullptr, g * c.Ro, c.Ro, false, L.wo_a.qf});
+      else jobs.push_back({&L.wo_a_g[g], &L.wo_a, nullptr, g * c.Ro, c.Ro, bf16(L.wo_a), QFmt::None});
     }
     sources.push_back(&L.wo_a);
     L.w13.assign(L.w1.size(), Linear{});
@@ -288,11 +295,11 @@ void pack_weights(Model& m, int threads, const std::string& cache_path, const st
   for (size_t j = 0; j < jobs.size(); ++j) {
     const PackJob& J = jobs[j];
     if (J.qf != QFmt::None) {
-      const int n = (int)J.qrows.size();
+      const int n = J.nrows();
       code_bytes[j] = (qpanel_code_bytes(J.qf, n, J.dst->in) + 63) / 64 * 64;
       bytes[j] = code_bytes[j] + qpanel_scale_bytes(J.qf, n, J.dst->in);
     } else {
-      bytes[j] = packed_floats((int)J.rows.size(), J.dst->in) * (J.bf16 ? sizeof(uint16_t) : sizeof(float));
+      bytes[j] = packed_floats(J.nrows(), J.dst->in) * (J.bf16 ? sizeof(uint16_t) : sizeof(float));
     }
   }
   // dense section, then the expert slots
@@ -324,7 +331,7 @@ void pack_weights(Model& m, int threads, const std::string& cache_path, const st
   layout = fnv(fnv(fnv(layout, 2 /* expert-slot layout */), dense), slot);
   for (size_t j = 0; j < jobs.size(); ++j) {
     const PackJob& J = jobs[j];
-    for (uint64_t v : {(uint64_t)J.qf, (uint64_t)J.bf16, (uint64_t)(J.qf != QFmt::None ? J.qrows.size() : J.rows.size()),
+    for (uint64_t v : {(uint64_t)J.qf, (uint64_t)J.bf16, (uint64_t)J.nrows(),
                        (uint64_t)J.dst->in, (uint64_t)offsets[j]})
       layout = fnv(layout, v);
   }
@@ -348,13 +355,14 @@ void pack_weights(Model& m, int threads, const std::string& cache_path, const st
                                   std::to_string(need) + " bytes (num_experts_per_tok=" + std::to_string(c.k) +
                                   " expert slots of " + std::to_string(slot) + " bytes)");
     slots = (int)std::min<size_t>(opt.budget / slot, (size_t)nkeys);
+    m.expert_budget = opt.budget;
   }
   auto pack_job = [&](size_t j, void* buf) {
     const PackJob& J = jobs[j];
     std::memset(buf, 0, span[j]);  // padding is zero: the file's bytes depend on the weights only
-    if (J.qf != QFmt::None) pack_panels_q(J.qf, J.qrows, J.dst->in, (uint8_t*)buf, (uint8_t*)buf + code_bytes[j]);
-    else if (J.bf16) pack_panels_bf16(J.rows, J.dst->in, (uint16_t*)buf);
-    else pack_panels(J.rows, J.dst->in, (float*)buf);
+    if (J.qf != QFmt::None) pack_panels_q(J.qf, J.qrows(), J.dst->in, (uint8_t*)buf, (uint8_t*)buf + code_bytes[j]);
+    else if (J.bf16) pack_panels_bf16(J.rows(), J.dst->in, (uint16_t*)buf);
+    else pack_panels(J.rows(), J.dst->in, (float*)buf);
   };
   // One arena in 2 MiB pages where the kernel allows (transparent huge pages on madvise): 1/512 of
   // the page faults while packing and of the TLB misses while computing.
@@ -438,7 +446,7 @@ void pack_weights(Model& m, int threads, const std::string& cache_path, const st
     }
   }
   if (paging)
-    m.pager = std::make_shared<ExpertPager>(cache_path, nkeys, slot, kPackHeader + dense, slots, kind, dense);
+    m.pager = std::make_shared<ExpertPager>(cache_path, nkeys, slot, kPackHeader + dense, slots, kind, c.k, dense);
   for (size_t j = 0; j < jobs.size(); ++j) {
     Linear& D = *jobs[j].dst;
     if (jobs[j].qf != QFmt::None) D.qf = jobs[j].qf;

@@ -74,7 +74,8 @@ def test_layout_sizes(tiny):
 def test_paged_prefill_decode_snapshot_are_bit_identical(tiny, chunk, slots):
     n = tiny.k if slots == "min" else tiny.info["experts_total"] // 2
     paged = tiny.paged(n)
-    assert paged.expert_cache_info()["slots"] == n and paged.expert_cache_info()["paging"]
+    info = paged.expert_cache_info()
+    assert info["slots"] == n and info["paging"] and info["budget_bytes"] == n * tiny.slot
     want = run(tiny.resident, tiny.prompt, chunk)
     got = run(paged, tiny.prompt, chunk)
     assert same(want, got)
@@ -141,18 +142,19 @@ def test_bad_budgets_and_missing_packed_path_raise(tiny):
         tiny.model(expert_cache_bytes=minimum)
     with pytest.raises(ValueError, match="expert_cache_bytes must be >= 0"):
         tiny.model(expert_cache_bytes=-1)
-    with pytest.raises(ValueError, match="policy 'mru' is unknown"):
+    with pytest.raises(ValueError, match="policy 'mru' is unknown \\(allowed: 'lru', 'lrfu', 'hotpin'\\)"):
         tiny.model(expert_cache_bytes=minimum, packed_cache=tiny.packed, expert_policy="mru")
 
 
 def test_load_model_passes_the_budget(tiny):
-    model = load_model(tiny.md, 2, packed_cache=tiny.root / "dir", expert_cache_bytes=tiny.k * tiny.slot)
-    assert model.expert_cache_info()["paging"] and model.expert_cache_info()["slots"] == tiny.k
+    model = load_model(tiny.md, 2, packed_cache=tiny.root / "dir", expert_cache_bytes=tiny.k * tiny.slot + 100)
+    info = model.expert_cache_info()
+    assert info["paging"] and info["slots"] == tiny.k and info["budget_bytes"] == tiny.k * tiny.slot + 100
     assert load_model(tiny.md, 2).expert_cache_info()["budget_bytes"] == 0
 
 
-def replay(keys, steps, slots, policy):
-    return K.replay_expert_policy(np.array(keys, np.int64), np.array(steps, np.int64), slots, policy)
+def replay(keys, steps, slots, policy, k=1):
+    return K.replay_expert_policy(np.array(keys, np.int64), np.array(steps, np.int64), slots, policy, k=k)
 
 
 def test_policy_replay_hand_computed():
@@ -168,6 +170,19 @@ def test_policy_replay_hand_computed():
     assert r == {"hits": 0, "misses": 4, "evictions": 2, "waves": 3}
 
 
+def test_hotpin_keeps_its_pinned_set_through_a_sweep():
+    # 4 slots, k=1: hotpin pins the first 3 keys (at most 7/8 of the slots, leaving k unpinned);
+    # 5 and 4 then take turns in the one unpinned slot, and 1, 2, 3 hit.
+    # LRU: 1-4 miss, 5 evicts 1, 1 evicts 2, 4 hits, 2 evicts 3, 3 evicts 5 -> 1 hit.
+    keys = [1, 2, 3, 4, 5, 1, 4, 2, 3]
+    steps = list(range(len(keys)))
+    assert replay(keys, steps, 4, "lru") == {"hits": 1, "misses": 8, "evictions": 4, "waves": 9}
+    assert replay(keys, steps, 4, "hotpin") == {"hits": 3, "misses": 6, "evictions": 2, "waves": 9}
+    # a call of 3 keys with 2 slots of which 1 is pinned: waves only use the unpinned slot
+    r = replay([7, 8, 9, 7], [0, 1, 1, 2], 2, "hotpin")
+    assert r == {"hits": 1, "misses": 3, "evictions": 1, "waves": 4}
+
+
 def test_replay_rejects_bad_input():
     with pytest.raises(ValueError, match="same length"):
         replay([1, 2], [0], 2, "lru")
@@ -175,9 +190,11 @@ def test_replay_rejects_bad_input():
         replay([1, 2], [1, 0], 2, "lru")
     with pytest.raises(ValueError, match="slots must be >= 1"):
         replay([1], [0], 0, "lru")
+    with pytest.raises(ValueError, match="k must be in 1..slots"):
+        replay([1], [0], 2, "lru", k=3)
 
 
-@pytest.mark.parametrize("policy", ["lru", "lrfu"])
+@pytest.mark.parametrize("policy", ["lru", "lrfu", "hotpin"])
 def test_counters_match_the_route_trace_and_its_replay(tiny, policy):
     slots = tiny.info["experts_total"] // 2
     model = tiny.paged(slots, expert_policy=policy)
@@ -195,9 +212,15 @@ def test_counters_match_the_route_trace_and_its_replay(tiny, policy):
     assert stats["hits"] + stats["misses"] == len(trace)
     assert stats["bytes_read"] == stats["misses"] * tiny.slot
     keys = trace[:, 1].astype(np.int64) * E + trace[:, 2]
-    r = replay(keys, trace[:, 0], slots, policy)
+    r = replay(keys, trace[:, 0], slots, policy, k=tiny.k)
     assert (r["hits"], r["misses"], r["evictions"]) == (stats["hits"], stats["misses"], stats["evictions"])
     assert model.take_route_trace().shape == (0, 3)
+    assert stats["read_seconds"] > 0
+    pinned = model.expert_cache_info()["pinned"]
+    if policy == "hotpin":  # up to 7/8 of the slots, leaving k unpinned
+        assert 0 < pinned <= min(slots * 7 // 8, slots - tiny.k)
+    else:
+        assert pinned == 0 if policy == "lru" else pinned <= slots // 4
 
 
 def test_resident_counters_stay_zero(tiny):

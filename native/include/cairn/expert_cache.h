@@ -25,9 +25,10 @@ namespace cairn {
 
 class SlotPolicy {
  public:
-  enum Kind { LRU = 0, LRFU = 1 };
-  static Kind parse(const std::string& name);  // "lru" | "lrfu"; std::invalid_argument otherwise
-  SlotPolicy(int slots, Kind kind);
+  enum Kind { LRU = 0, LRFU = 1, HOTPIN = 2 };
+  static Kind parse(const std::string& name);  // "lru" | "lrfu" | "hotpin"; std::invalid_argument otherwise
+  // unpinned: slots HOTPIN never pins (one decode step's experts, k, fit in one wave)
+  SlotPolicy(int slots, Kind kind, int unpinned = 1);
   void begin_call();  // a new MoE call (wave boundaries come from acquire returning -1)
   // The slot holding key (hit) or a slot to load it into (miss, possibly evicting), now busy.
   // -1: every slot is busy (end the wave: compute, release_all, acquire again).
@@ -45,6 +46,7 @@ class SlotPolicy {
   };
   double decayed(const Score& s) const;
   void repin();
+  void promote(int s);  // HOTPIN: pin slot s if its key is hot enough
   int victim() const;
   Kind kind_;
   int n_;
@@ -58,6 +60,7 @@ class SlotPolicy {
   int free_ = 0;
   int64_t evictions_ = 0;
   double half_life_;  // LRFU decay, in accesses
+  int pin_max_;       // HOTPIN: at most this many pinned slots
 };
 
 // Where one of an expert's two matrices (fused w1/w3, w2) sits inside its slot.
@@ -74,7 +77,7 @@ class ExpertPager {
     std::atomic<int> state{0};  // 0 pending, 1 loaded, -1 failed
   };
   ExpertPager(const std::string& path, int64_t nkeys, size_t slot_bytes, uint64_t expert_base, int slots,
-              SlotPolicy::Kind kind, size_t dense_bytes, int readers = 2);
+              SlotPolicy::Kind kind, int k, size_t dense_bytes, int readers = 2);
   ~ExpertPager();
   ExpertPager(const ExpertPager&) = delete;
   ExpertPager& operator=(const ExpertPager&) = delete;
@@ -117,6 +120,8 @@ class ExpertPager {
   bool stop_ = false;
   std::vector<std::thread> threads_;
   Stats stats_;
+  int waiters_ = 0;  // compute threads in wait()
+  double stall_t0_ = 0;
 };
 
 // A copy of tmpl (a paged expert matrix: shape and format) reading its panels from a slot.

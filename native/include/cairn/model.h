@@ -141,6 +141,7 @@ struct Model {
   size_t packed_bytes = 0;
   // Packed layout: the dense section, then one 4 KiB-aligned slot per routed expert (key = layer*E+e).
   size_t dense_bytes = 0, expert_slot_bytes = 0, expert_bytes_total = 0;
+  size_t expert_budget = 0;  // expert_cache_bytes when paging, else 0
   // Routed experts paged from the packed cache file (null: every expert resident or mapped).
   std::shared_ptr<ExpertPager> pager;
   std::shared_ptr<RouteTrace> trace;  // always set (pack_weights)
@@ -149,7 +150,7 @@ struct Model {
 // Routed experts under a byte budget (0, or at least every expert's bytes: all resident).
 struct PagingOptions {
   size_t budget = 0;
-  std::string policy = "lrfu";
+  std::string policy = "hotpin";
 };
 
 void init_rope(Model& m);
