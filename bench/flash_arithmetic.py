@@ -71,7 +71,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("bench_json", type=Path)
     ap.add_argument("--stream", default="agent")
-    ap.add_argument("--policy", default="lrfu")
+    ap.add_argument("--policy", default="hotpin")
+    ap.add_argument("--decode-tok-s", type=float, default=None,
+                    help="the resident slice's decode rate to scale from (default: the bench run's)")
+    ap.add_argument("--prefill-tok-s", type=float, default=None,
+                    help="the resident slice's prefill rate (chunk 128) to scale from (default: the bench run's)")
     a = ap.parse_args()
     res = json.loads(a.bench_json.read_text())
     from cairn.daemon.expert_budget import ExpertCacheSetting, ModelBytes, plan_memory
@@ -79,7 +83,11 @@ def main() -> None:
     f = flash_sizes()
     L, k, E, xb = f["layers"], f["k"], f["E"], f["expert_bytes"]
     dense = sum(f["dense_layers"]) + f["embed"] + f["head"]
-    res_run = res["runs"][a.stream]["resident"]
+    res_run = dict(res["runs"][a.stream]["resident"])
+    if a.decode_tok_s:
+        res_run["decode_tok_s"] = a.decode_tok_s
+    if a.prefill_tok_s:
+        res_run["prefill_tok_s"] = a.prefill_tok_s
     # the 2-layer slice: bytes read per decoded token, and the RAM bandwidth its decode achieved
     slice_tok_bytes = sum(f["dense_layers"][:2]) + f["head"] + 2 * k * xb
     ram_bw = slice_tok_bytes * res_run["decode_tok_s"]

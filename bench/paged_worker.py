@@ -35,6 +35,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--trace", default=None, help="write the route trace ([n,3] int32 .npy) here")
     ap.add_argument("--nothing", action="store_true")
+    ap.add_argument("--warm", type=int, default=0, help="prefill this many tokens first, untimed (a warm cache)")
     a = ap.parse_args()
 
     import numpy as np
@@ -65,6 +66,9 @@ def main() -> None:
         model.set_route_trace(True)
     st = _kernel.State(model)
     digest = hashlib.sha256()
+    if a.warm:             # the cache as a conversation's earlier turns left it; the rest is measured
+        _kernel.prefill(st, ids[:a.warm], chunk=a.chunk)
+        ids = ids[a.warm:]
     stats0 = model.expert_cache_stats() if hasattr(model, "expert_cache_stats") else {}
     t0 = time.perf_counter()
     _, logits = _kernel.prefill(st, ids, chunk=a.chunk)
