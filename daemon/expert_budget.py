@@ -104,11 +104,14 @@ def _gib(n: int) -> str:
 
 def plan_memory(setting: ExpertCacheSetting, model: ModelBytes, *, avail: int | None,
                 state_bytes: int | None, checkpoint_bytes: int, slots_setting: int | None,
-                avail_source: str = "MemAvailable") -> MemoryPlan:
+                avail_source: str = "MemAvailable", min_budget: int = 0) -> MemoryPlan:
     """The expert-cache budget (bytes; 0 = all resident) and, when paging, the slot count.
 
     `state_bytes`: one live state at min(STATE_PLAN_TOKENS, context) tokens (None: unknown, 0 is
-    reserved); `avail`: None when unknown (then only an explicit size pages)."""
+    reserved); `avail`: None when unknown (then only an explicit size pages); `min_budget`: the
+    kernel's least budget (num_experts_per_tok experts), estimated from the config. An explicit size
+    below it is passed on (the kernel's error names the minimum); `auto` never asks for less: with
+    less room than that it keeps every expert resident, as before paging existed, and says why."""
     if setting.mode == "all":
         return MemoryPlan(0, None, "set by the expert_cache setting: every routed expert resident")
     if setting.mode == "bytes":
@@ -141,10 +144,10 @@ def plan_memory(setting: ExpertCacheSetting, model: ModelBytes, *, avail: int | 
     why = (f"{avail_source} {_gib(avail)} - dense {_gib(model.dense)} - checkpoints {_gib(checkpoint_bytes)} - "
            f"{slots} state(s) at {STATE_PLAN_TOKENS} tokens {_gib(states)} - margin {_gib(margin)} = "
            f"{_gib(max(budget, 0))} for {_gib(model.experts)} of routed experts")
-    if budget <= 0:
-        # The kernel refuses a budget below its minimum with the minimum in the message; a budget
-        # of 1 byte asks for exactly that error rather than silently over-committing memory.
-        return MemoryPlan(1, slots, why + ": memory is too small to page experts")
+    if budget < max(1, min_budget):
+        return MemoryPlan(0, None, why + ": less than the kernel's least budget "
+                                         f"({_gib(min_budget)}), so every routed expert stays resident; lower "
+                                         "checkpoint_memory_mb or set expert_cache")
     return MemoryPlan(budget, slots, why + f" ({100 * budget / model.experts:.0f}% of them): paged")
 
 

@@ -96,9 +96,15 @@ def plan_expert_cache(settings: Settings, md, room=None):
         per_state = state_bytes(md.config, plan_state_tokens(int(md.config["max_position_embeddings"])))
     except (KeyError, TypeError, ValueError):
         per_state = None
+    cfg = md.config
+    try:   # the kernel's least budget: one decode step's experts (k slots of one expert each)
+        n_keys = len(cfg["layer_types"]) * int(cfg["n_routed_experts"])
+        min_budget = int(cfg["num_experts_per_tok"]) * -(-weights.experts // max(1, n_keys))
+    except (KeyError, TypeError, ValueError):
+        min_budget = 0
     return plan_memory(setting, weights, avail=room.bytes, avail_source=room.source, state_bytes=per_state,
                        checkpoint_bytes=(settings.checkpoint_memory_mb << 20) if settings.checkpoints else 0,
-                       slots_setting=settings.slots)
+                       slots_setting=settings.slots, min_budget=min_budget)
 
 
 def expert_cache_info(model) -> dict | None:

@@ -56,3 +56,14 @@ async def test_paged_daemon_answers_as_the_resident_one_and_reports_the_cache(ex
     _, events_r, status_r, _ = out["resident"]
     assert status_r["expert_cache"]["paged"] is False
     assert not any("experts" in e for e in events_r if e["event"] in ("prefill_segment", "request"))
+
+
+def test_a_budget_below_the_kernels_minimum_is_a_start_error_naming_the_setting(experts_dir, tmp_path):
+    import pytest
+
+    from cairn.daemon.config import ConfigError
+
+    with pytest.raises(ConfigError) as e:
+        _load(experts_dir, tmp_path, "4K")
+    msg = str(e.value)
+    assert msg.startswith("setting 'expert_cache' (4K)") and "minimum" in msg

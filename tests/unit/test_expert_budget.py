@@ -79,9 +79,14 @@ def test_auto_pages_with_what_is_left_after_dense_checkpoints_state_and_margin()
     assert _plan(avail, ck=0).expert_cache_bytes == p.expert_cache_bytes + 2 * GIB
 
 
-def test_auto_with_too_little_memory_asks_the_kernel_for_its_minimum_error():
-    p = _plan(7 * GIB)
-    assert p.expert_cache_bytes == 1 and "too small" in p.reason
+def test_auto_with_less_room_than_the_kernels_minimum_keeps_everything_resident():
+    p = _plan(7 * GIB)                                            # nothing left after dense + checkpoints
+    assert (p.expert_cache_bytes, p.slots) == (0, None) and "least budget" in p.reason
+    room = 6 * GIB + 2 * GIB + GIB // 4 + MARGIN_MIN + 100 * MIB   # 100 MiB left for experts
+    assert plan_memory(AUTO, MODEL, avail=room, state_bytes=GIB // 4, checkpoint_bytes=2 * GIB,
+                       slots_setting=None, min_budget=200 * MIB).expert_cache_bytes == 0
+    assert plan_memory(AUTO, MODEL, avail=room, state_bytes=GIB // 4, checkpoint_bytes=2 * GIB,
+                       slots_setting=None, min_budget=50 * MIB).expert_cache_bytes == 100 * MIB
 
 
 def test_explicit_forms():
