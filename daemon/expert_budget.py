@@ -99,6 +99,8 @@ def margin_bytes(avail: int) -> int:
 
 
 def _gib(n: int) -> str:
+    if abs(n) < (1 << 30):
+        return f"{n / (1 << 20):.1f} MiB"
     return f"{n / (1 << 30):.2f} GiB"
 
 
