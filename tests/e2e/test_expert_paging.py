@@ -10,6 +10,10 @@ the experts-fp4 preset (FP4 routed experts ~90 % of its ~115 MB) in fresh proces
    to the end, identical, with no OOM kill.
 
 The cgroup needs root and a writable /sys/fs/cgroup/memory: without them the test fails and says so.
+A cgroup is charged for page-cache pages it reads first; the packed file's pages cached by the earlier
+runs stay charged to this process's group, so the peak-RSS check (VmHWM, every resident page of the
+process) is the budget check, and the cgroup run checks that a hard cap below the model does not
+OOM-kill a paged run.
 """
 
 from __future__ import annotations
