@@ -80,7 +80,7 @@ async def run_decode(engine: Engine, pre: Prefilled, stream_decoder, stats: dict
             break
         if n == budget:
             break
-        logits = await engine.decode_step(tok)
+        logits = await engine.decode_step(tok, tally=sub.trace.decode_experts)
     tail = ""
     if not by_stop_string:
         tail, stopped = stops.push(stream_decoder.flush())

@@ -37,7 +37,9 @@ class Engine:
             self.metrics.live_state_tokens.set(sum(int(st.n_tokens) for st in states if st is not None))
 
     def __post_init__(self) -> None:
-        self.runner = KernelRunner(self.kernel.AbortFlag)
+        from .expert_io import ExpertMeter
+
+        self.runner = KernelRunner(self.kernel.AbortFlag, ExpertMeter(self.model, self.metrics))
         if self.checkpoints is None:
             from .checkpoints import Checkpoints
 
@@ -52,9 +54,10 @@ class Engine:
             for phase in ("idle", "prefill", "decode"):
                 self.metrics.slots.set(sum(1 for s in self.slots if s.phase == phase), phase=phase)
 
-    async def decode_step(self, token: int):
-        """Feed one token to the live state; its next-token logits (slots.Slot batches this)."""
-        return await self.runner.run(self.kernel.decode, self.live, token)
+    async def decode_step(self, token: int, tally: Any = None):
+        """Feed one token to the live state; its next-token logits (slots.Slot batches this).
+        `tally`: gets the step's expert-cache work (paged experts)."""
+        return await self.runner.run(self.kernel.decode, self.live, token, tally=tally)
 
     def discard_live(self) -> None:
         """After a kernel error the state may be inconsistent: never reuse it."""

@@ -8,6 +8,10 @@ only then does `Cancelled` propagate. So when this function raises `Cancelled`, 
 stopped and the state is consistent (it holds every completed chunk). The watcher's nursery never
 lets a group out: callers see the kernel's own exception (`ValueError`, `RuntimeError`, ...) or
 `Cancelled`, which is what lifecycle.py's `except` clauses match.
+
+With paged experts (`meter`, actors/expert_io.py) the thread samples the expert cache's counters
+before and after each call: the delta is that call's disk work (calls never overlap). It goes to
+the engine-wide totals and, when the caller passes a `tally`, to the caller's sum.
 """
 
 from __future__ import annotations
@@ -18,13 +22,45 @@ from typing import Any, Callable
 import trio
 
 
+def _metered(meter, fn: Callable[..., Any]) -> Callable[[], tuple[Any, Any]]:
+    def call() -> tuple[Any, Any]:
+        before = meter.sample()
+        try:
+            result = fn()
+        finally:
+            delta = meter.sample() - before   # an aborted or failed call read bytes too
+            meter.record(delta)
+        return result, delta
+    return call
+
+
 class KernelRunner:
-    def __init__(self, abort_flag_factory: Callable[[], Any]) -> None:
+    def __init__(self, abort_flag_factory: Callable[[], Any], meter: Any = None) -> None:
         self._limiter = trio.CapacityLimiter(1)
         self._new_flag = abort_flag_factory
+        self.meter = meter            # actors/expert_io.ExpertMeter, or None (no expert cache)
 
-    async def run(self, fn: Callable[..., Any], *args: Any, abortable: bool = False, **kwargs: Any) -> Any:
-        """`fn(*args, **kwargs)` in the kernel thread. With `abortable`, `abort=<AbortFlag>` is passed."""
+    async def run(self, fn: Callable[..., Any], *args: Any, abortable: bool = False, tally: Any = None,
+                  **kwargs: Any) -> Any:
+        """`fn(*args, **kwargs)` in the kernel thread. With `abortable`, `abort=<AbortFlag>` is passed.
+        `tally` (expert_io.ExpertTally): gets the call's expert-cache delta when experts are paged."""
+        meter = self.meter if self.meter is not None and self.meter.paged else None
+        if meter is None:
+            return await self._run(fn, args, kwargs, abortable)
+        out: list = []
+
+        def bound(*a: Any, **kw: Any) -> Any:
+            result, delta = _metered(meter, partial(fn, *a, **kw))()
+            out.append(delta)
+            return result
+
+        try:
+            return await self._run(bound, args, kwargs, abortable)
+        finally:
+            if tally is not None and out:      # on the Trio thread, once the kernel has let go
+                tally.add(out[0])
+
+    async def _run(self, fn: Callable[..., Any], args: tuple, kwargs: dict, abortable: bool) -> Any:
         if not abortable:
             return await trio.to_thread.run_sync(partial(fn, *args, **kwargs), limiter=self._limiter)
         flag = self._new_flag()

@@ -33,4 +33,5 @@ def log_request(log, submit, *, outcome: str, arrived_at: float, reused: int,
         finish_reason=finish_reason,
         **({"error": error} if error else {}),
         **({"slot": slot} if slot is not None else {}),   # slot mode: which live state served it
+        **({"experts": experts} if (experts := submit.trace.experts()) is not None else {}),
     )

@@ -18,6 +18,7 @@ import numpy as np
 import trio
 
 from .engine import Engine
+from .expert_io import ExpertIO, ExpertTally
 from .lifecycle import attached, end_cancelled, end_failed
 from .messages import Admitted, Prefilled, PromptLogprobs
 from .outcome import log_request
@@ -37,6 +38,14 @@ def segment_length(segment: int, chunk: int, vocab_size: int, all_logits: bool) 
 
 class PrefillError(RuntimeError):
     pass
+
+
+def _segment_experts(io: ExpertIO, seconds: float) -> dict:
+    """The expert-cache fields of a segment's log line (none when no expert was paged): the
+    stall fraction is the share of the segment's time the compute waited for reads."""
+    if io.lookups == 0:
+        return {}
+    return {"experts": {**io.as_log(), "stall_frac": round(io.stall_s / max(seconds, 1e-9), 4)}}
 
 
 def _prefill_with_logprobs(kernel, state, tokens, prev_row, k, *, chunk, abort):
@@ -146,16 +155,20 @@ async def run_prefill(engine: Engine, submit, log, progress: dict | None = None
     for a, b in pieces(plan.start, n, seg_len, cut_kind):  # one kernel call (and log line) each
         seg = ids[a:b]
         t0 = trio.current_time()
-        if submit.prompt_logprobs:
-            n_done, logits, seg_lps, seg_tops = await engine.runner.run(
-                _prefill_with_logprobs, engine.kernel, state, seg, prev_row, k, chunk=engine.chunk,
-                abortable=True)
-            lps += seg_lps
-            tops += seg_tops
-            prev_row = logits
-        else:
-            n_done, logits = await engine.runner.run(engine.kernel.prefill, state, seg, chunk=engine.chunk,
-                                                     abortable=True)
+        seg_io = ExpertTally()     # this segment's expert-cache work (paged experts; actors/expert_io.py)
+        try:
+            if submit.prompt_logprobs:
+                n_done, logits, seg_lps, seg_tops = await engine.runner.run(
+                    _prefill_with_logprobs, engine.kernel, state, seg, prev_row, k, chunk=engine.chunk,
+                    abortable=True, tally=seg_io)
+                lps += seg_lps
+                tops += seg_tops
+                prev_row = logits
+            else:
+                n_done, logits = await engine.runner.run(engine.kernel.prefill, state, seg, chunk=engine.chunk,
+                                                         abortable=True, tally=seg_io)
+        finally:
+            trace.prefill_experts.add(seg_io.io)
         now = trio.current_time()
         trace.kernel_s += now - t0
         trace.kernel_calls += 1
@@ -165,7 +178,8 @@ async def run_prefill(engine: Engine, submit, log, progress: dict | None = None
         rate = done / max(now - t_begin, 1e-9)
         log.info("prefill_segment", request_id=submit.request_id, tokens_done=a + n_done,
                  tokens_total=n, tok_s=round(n_done / max(now - t0, 1e-9), 1),
-                 eta_s=round((n - a - n_done) / rate, 2) if rate > 0 else None)
+                 eta_s=round((n - a - n_done) / rate, 2) if rate > 0 else None,
+                 **_segment_experts(seg_io.io, now - t0))
         reporter.segment_done(a + n_done)
         engine.announce(f"prefill {submit.request_id}: {a + n_done}/{n} tokens"
                         + (f", ETA {(n - a - n_done) / rate:.0f} s" if rate > 0 and a + n_done < n else ""))

@@ -27,6 +27,7 @@ from typing import Any, Callable
 import numpy as np
 import trio
 
+from .expert_io import ExpertTally
 from .kernel_gate import DECODE, KernelGate, prefill_priority
 from .slot_policy import SlotView
 
@@ -75,8 +76,8 @@ class Slot:
     def note_live_tokens(self) -> None:
         self._engine.note_live_tokens()
 
-    async def decode_step(self, token: int):
-        return await self._batcher.step(self.live, token)
+    async def decode_step(self, token: int, tally: Any = None):
+        return await self._batcher.step(self.live, token, tally)
 
     def set_phase(self, phase: str) -> None:
         self.phase = phase
@@ -114,6 +115,7 @@ class _Step:
     done: trio.Event = field(default_factory=trio.Event)
     logits: Any = None
     error: BaseException | None = None
+    tally: Any = None          # expert_io.ExpertTally of the request (None: not counted)
 
 
 class DecodeBatcher:
@@ -125,9 +127,10 @@ class DecodeBatcher:
         self.steps = 0                          # batched kernel calls made (metrics, tests)
         self.rows = 0                           # sequence-steps they advanced
 
-    async def step(self, state, token: int):
-        """Feed `token` to `state` in the next batched step; its logits [V]."""
-        entry = _Step(state, int(token))
+    async def step(self, state, token: int, tally: Any = None):
+        """Feed `token` to `state` in the next batched step; its logits [V]. `tally` gets the whole
+        step's expert-cache work: the experts a step reads serve every sequence in it (shared)."""
+        entry = _Step(state, int(token), tally=tally)
         self._pending.append(entry)
         self._arrived.set()
         try:
@@ -158,9 +161,13 @@ class DecodeBatcher:
                 continue
             try:
                 kernel = self._engine.kernel
+                step_io = ExpertTally()
                 async with self._gate.hold(DECODE):
                     out = await self._engine.runner.run(kernel.decode_batch, [e.state for e in batch],
-                                                        [e.token for e in batch])
+                                                        [e.token for e in batch], tally=step_io)
+                for e in batch:
+                    if e.tally is not None:
+                        e.tally.add(step_io.io)
                 self.steps += 1
                 self.rows += len(batch)
                 metrics = self._engine.metrics

@@ -9,10 +9,12 @@ worker when the first token is chosen. All times are `trio.current_time()`. The 
 
 from __future__ import annotations
 
+from .expert_io import ExpertTally
+
 
 class RequestTrace:
     __slots__ = ("received_at", "submitted_at", "prefill_at", "planned_at", "prefilled_at",
-                 "kernel_s", "kernel_calls", "snapshot_s", "snapshots")
+                 "kernel_s", "kernel_calls", "snapshot_s", "snapshots", "prefill_experts", "decode_experts")
 
     def __init__(self, received_at: float | None = None) -> None:
         self.received_at = received_at      # the HTTP handler started (before the body is read)
@@ -24,6 +26,17 @@ class RequestTrace:
         self.kernel_calls = 0
         self.snapshot_s = 0.0                    # snapshots + storing them
         self.snapshots = 0
+        # Paged experts (actors/expert_io.py): the expert-cache work of this request's kernel calls;
+        # decode steps batched with other requests (slot mode) count the whole step for each of them.
+        self.prefill_experts = ExpertTally()
+        self.decode_experts = ExpertTally()
+
+    def experts(self) -> dict | None:
+        """The request's expert-cache work for its log line; None when no expert was paged."""
+        pre, dec = self.prefill_experts.io, self.decode_experts.io
+        if pre.lookups == 0 and dec.lookups == 0:
+            return None
+        return {"prefill": pre.as_log(), "decode": dec.as_log()}
 
     def ms(self, arrived_at: float, first_token_at: float | None) -> dict:
         """Milliseconds per stage (stages not reached are left out); `arrived_at`: admission's time."""

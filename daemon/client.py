@@ -332,6 +332,18 @@ def format_status(s: dict) -> str:
     if ck.get("enabled") is False:
         tiers += " (checkpoints off)"
     lines.append(f"checkpoints  {tiers or 'none'}")
+    ex = s.get("expert_cache") or {}
+    if ex.get("paged"):
+        hr = ex.get("hit_rate")
+        lines.append(f"experts      paged: cache {human_bytes(ex.get('budget_bytes'))} of "
+                     f"{human_bytes(ex.get('expert_bytes_total'))} ({ex.get('slots', '?')} slots); hit rate "
+                     f"{'-' if hr is None else f'{100 * hr:.1f}%'} ({ex.get('hits', 0)} hits, {ex.get('misses', 0)} "
+                     f"misses), read {human_bytes(ex.get('bytes_read', 0))} in {ex.get('read_s', 0)} s, "
+                     f"stalled {ex.get('stall_s', 0)} s")
+    elif ex:
+        lines.append("experts      all resident")
+    if ex.get("reason"):
+        lines.append(f"             {ex['reason']}")
     mem = s.get("memory") or {}
     lines.append(f"memory       RSS {human_bytes(mem.get('rss_bytes'))} (peak {human_bytes(mem.get('peak_rss_bytes'))})")
     return "\n".join(lines)

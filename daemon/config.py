@@ -107,6 +107,12 @@ def _octal_mode(v: str) -> str | None:
     return None
 
 
+def _expert_cache(v: str) -> str | None:
+    from .expert_budget import check_expert_cache
+
+    return check_expert_cache(v)
+
+
 FIELDS: tuple[Field, ...] = (
     Field("model", str, None, "model directory to serve", optional=True),
     Field("socket", str, default_socket_path, "Unix socket path to listen on"),
@@ -143,6 +149,10 @@ FIELDS: tuple[Field, ...] = (
     Field("checkpoint_min_tokens", int, 512, "shortest prefix worth a checkpoint (tokens)", _range(1)),
     Field("packed_cache_dir", str, default_packed_cache_dir,
           "where a large model's packed weight panels are cached between starts (a rebuildable cache)"),
+    Field("expert_cache", str, "auto", "memory for routed experts; the rest is read from the packed cache file on "
+          "disk as tokens need them (larger-than-memory models): auto (from available memory and the cgroup "
+          "limit), all or 0 (every expert resident), a size such as 800M or 12G, or a share such as 25%",
+          _expert_cache),
 )
 
 
@@ -172,6 +182,7 @@ class Settings:
     shared_checkpoint_dir: str | None
     checkpoint_min_tokens: int
     packed_cache_dir: str
+    expert_cache: str          # daemon/expert_budget.py parses it; "auto" sizes it from memory at start
 
     @property
     def socket_mode_int(self) -> int:
@@ -228,6 +239,8 @@ def _convert(f: Field, value: Any, source: str) -> Any:
     if f.kind is str and not isinstance(value, str):
         if f.name == "socket_mode" and isinstance(value, int):
             return oct(value)[2:].rjust(4, "0")
+        if f.name == "expert_cache" and isinstance(value, int) and not isinstance(value, bool):
+            return str(value)          # a TOML integer: bytes
         raise ConfigError(f"{where}: {value!r} is not a string")
     return value
 

@@ -40,6 +40,7 @@ class Loaded:
     context_length: int
     encoding: str = ""          # which chat encoding serves this model, and why (logged at start)
     config: dict | None = None  # resolved model config (sizes the default --slots; None: one slot)
+    memory_plan: Any = None     # expert_budget.MemoryPlan: the expert-cache budget and why (None: all resident)
 
 
 def load(settings: Settings, kernel=None) -> Loaded:
@@ -55,16 +56,66 @@ def load(settings: Settings, kernel=None) -> Loaded:
     # The weight-digest cache lives in the checkpoint directory: the place the daemon may write.
     md = open_model_dir(settings.model, digest_cache=Path(settings.checkpoint_dir) / CACHE_NAME, log=log)
     choice = choose_renderer(md)
+    plan = plan_expert_cache(settings, md)
+    log.info("expert_cache_budget", budget_bytes=plan.expert_cache_bytes, paged=plan.paged, slots=plan.slots,
+             reason=plan.reason)
     log.info("loading_model", model=md.name)
     t = time.monotonic()
-    model = load_model(md, settings.threads, packed_cache=Path(settings.packed_cache_dir))
+    # Only a paged load names the budget: 0 is the kernel's "every expert resident".
+    extra = {"expert_cache_bytes": plan.expert_cache_bytes} if plan.paged else {}
+    try:
+        model = load_model(md, settings.threads, packed_cache=Path(settings.packed_cache_dir), **extra)
+    except ValueError as e:
+        if not plan.paged:
+            raise
+        raise ConfigError(f"setting 'expert_cache' ({settings.expert_cache}): the kernel refused a budget of "
+                          f"{plan.expert_cache_bytes} bytes ({plan.reason}): {e}") from None
     log.info("model_loaded", model=md.name, seconds=round(time.monotonic() - t, 2),
              packed_bytes=int(model.packed_bytes), packed_from_cache=bool(model.packed_from_cache),
              packed_cache_written=bool(model.packed_cache_written))
+    info = expert_cache_info(model)
+    if info is not None:
+        log.info("expert_cache", **info)
     return Loaded(kernel=kernel, model=model, tokenizer=TextTokenizer.from_model_dir(md),
                   renderer=choice.renderer, name=md.name, fingerprint=md.fingerprint,
                   context_length=int(md.config["max_position_embeddings"]),
-                  encoding=f"{choice.encoding}: {choice.reason}", config=dict(md.config))
+                  encoding=f"{choice.encoding}: {choice.reason}", config=dict(md.config), memory_plan=plan)
+
+
+def plan_expert_cache(settings: Settings, md, room=None):
+    """The expert-cache budget for this model on this machine (daemon/expert_budget.py), from the
+    memory measured now, before the load (`room`: memory_probe.MemoryRoom, for tests)."""
+    from .expert_budget import parse_expert_cache, plan_memory, plan_state_tokens, split_weight_bytes
+    from .memory_probe import memory_room
+    from .slot_budget import state_bytes
+
+    setting = parse_expert_cache(settings.expert_cache)
+    room = memory_room() if room is None else room
+    weights = split_weight_bytes((name, t.end - t.start) for name, t in md.tensors.items())
+    try:
+        per_state = state_bytes(md.config, plan_state_tokens(int(md.config["max_position_embeddings"])))
+    except (KeyError, TypeError, ValueError):
+        per_state = None
+    cfg = md.config
+    try:   # the kernel's least budget: one decode step's experts (k slots of one expert each)
+        n_keys = len(cfg["layer_types"]) * int(cfg["n_routed_experts"])
+        min_budget = int(cfg["num_experts_per_tok"]) * -(-weights.experts // max(1, n_keys))
+    except (KeyError, TypeError, ValueError):
+        min_budget = 0
+    return plan_memory(setting, weights, avail=room.bytes, avail_source=room.source, state_bytes=per_state,
+                       checkpoint_bytes=(settings.checkpoint_memory_mb << 20) if settings.checkpoints else 0,
+                       slots_setting=settings.slots, min_budget=min_budget)
+
+
+def expert_cache_info(model) -> dict | None:
+    """The kernel's description of its expert cache (None: a kernel or model without one)."""
+    fn = getattr(model, "expert_cache_info", None)
+    if fn is None:
+        return None
+    try:
+        return {k: (v if isinstance(v, (bool, str)) else int(v)) for k, v in dict(fn()).items()}
+    except Exception:      # a description only: never a reason not to serve
+        return None
 
 
 def choose_slots(settings: Settings, loaded: Loaded, meminfo_path: str = "/proc/meminfo"):
@@ -74,6 +125,10 @@ def choose_slots(settings: Settings, loaded: Loaded, meminfo_path: str = "/proc/
 
     if settings.slots is not None:
         return SlotsDefault(settings.slots, "set by the slots setting")
+    plan = loaded.memory_plan
+    if plan is not None and plan.slots is not None:   # paged experts: the memory plan chose (expert_budget.py)
+        return SlotsDefault(plan.slots, f"experts paged: one slot, further states would shrink the expert cache "
+                                        f"({plan.reason})")
     try:
         with open(meminfo_path) as fh:
             available = available_memory(fh.read())
@@ -167,7 +222,8 @@ async def _serve_all(settings, loaded, engine, model_id, sockets, log, handle_si
                   reasoning=settings.reasoning,
                   api_key=settings.api_key, metrics=engine.metrics, checkpoints=engine.checkpoints,
                   status=StatusBoard(engine, queue_size=settings.queue_size, fingerprint=loaded.fingerprint,
-                                     context_length=loaded.context_length, slots_reason=slots.reason))
+                                     context_length=loaded.context_length, slots_reason=slots.reason,
+                                     expert_reason=loaded.memory_plan.reason if loaded.memory_plan else ""))
         log.info("chat_encoding", encoding=getattr(loaded.renderer, "name", "?"), detail=loaded.encoding,
                  reasoning_default=settings.reasoning)
         binds = await nursery.start(serve_http, api, sockets)
@@ -231,7 +287,7 @@ def serve(settings: Settings, load_model=load) -> int:
     try:
         with systemd.pinging(f"loading model {settings.model}", systemd.watchdog_interval()):
             loaded = load_model(settings)
-    except ModelDirError as e:
+    except (ModelDirError, ConfigError) as e:
         print(f"cairn serve: {e}", file=sys.stderr)
         return 2
     try:

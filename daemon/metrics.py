@@ -250,6 +250,20 @@ class Metrics:
         self.decode_step_rows = r.counter("cairn_decode_step_rows_total",
                                           "Sequence tokens advanced by batched decode steps (rows / steps: "
                                           "the mean batch).")
+        # paged routed experts (--expert-cache; actors/expert_io.py): the kernel's counters, summed over calls
+        self.expert_budget = r.gauge("cairn_expert_cache_budget_bytes",
+                                     "Memory for routed experts (0: every expert resident, nothing paged).")
+        self.expert_hits = r.counter("cairn_expert_cache_hits_total", "Routed-expert lookups served from memory.")
+        self.expert_misses = r.counter("cairn_expert_cache_misses_total",
+                                       "Routed-expert lookups that read the expert from disk.")
+        self.expert_bytes_read = r.counter("cairn_expert_cache_read_bytes_total",
+                                           "Bytes of routed experts read from disk.")
+        self.expert_read_seconds = r.counter("cairn_expert_cache_read_seconds_total",
+                                             "Time spent reading routed experts (overlaps compute).")
+        self.expert_stall_seconds = r.counter("cairn_expert_cache_stall_seconds_total",
+                                              "Time the compute waited for routed-expert reads.")
+        self.expert_evictions = r.counter("cairn_expert_cache_evictions_total",
+                                          "Routed experts evicted from the cache to make room.")
         for tier in tiers:
             for metric in (self.checkpoint_hits, self.checkpoint_evictions, self.checkpoint_bytes):
                 metric.touch(tier=tier)

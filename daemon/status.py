@@ -69,6 +69,24 @@ def checkpoint_tiers(engine) -> dict:
     return out
 
 
+def expert_cache(engine, reason: str = "") -> dict:
+    """The routed-expert cache: budget and layout (the kernel's `expert_cache_info()`, read once
+    at start: it does not change) and the work since start (the runner's totals of per-call deltas,
+    actors/expert_io.py — never a kernel call from here, which may be running one)."""
+    runner = getattr(engine, "runner", None)
+    meter = getattr(runner, "meter", None)
+    out: dict = {"paged": bool(getattr(meter, "paged", False)), "reason": reason}
+    info = getattr(meter, "info", None)
+    if info:
+        out |= info
+    else:
+        out["budget_bytes"] = int(getattr(meter, "budget_bytes", 0) or 0)
+    total = getattr(meter, "total", None)
+    if total is not None:
+        out |= total.as_log()
+    return out
+
+
 @dataclass
 class Tracked:
     request_id: str
@@ -96,6 +114,7 @@ class StatusBoard:
     fingerprint: str = ""
     context_length: int | None = None
     slots_reason: str = ""           # why the engine has this many slots (the setting, or the memory budget)
+    expert_reason: str = ""          # why the expert cache has its budget (daemon/expert_budget.py)
     started_at: float = field(default_factory=time.monotonic)
     requests: dict = field(default_factory=dict)
 
@@ -193,5 +212,6 @@ class StatusBoard:
             "slots": [s.describe() for s in (getattr(engine, "slots", None) or ())],
             "live_state_tokens": live,
             "checkpoints": checkpoint_tiers(engine),
+            "expert_cache": expert_cache(engine, self.expert_reason),
             "memory": process_memory(),
         }

@@ -30,10 +30,60 @@ class AbortFlag:
         return self._e.is_set()
 
 
+class ExpertCache:
+    """A stand-in for the kernel's routed-expert cache: each token routes to `top_k` of `experts`
+    experts per layer (from its history hash); a chunk or decode step looks each needed expert up
+    once; `slots` of them stay in memory (LRU); a miss "reads" `expert_bytes` in `read_s` seconds,
+    of which `stall_share` stalls the compute. Counters are cumulative, as the kernel's."""
+
+    def __init__(self, experts: int = 16, layers: int = 2, top_k: int = 2, slots: int = 8,
+                 expert_bytes: int = 1 << 20, read_s: float = 0.001, stall_share: float = 0.5) -> None:
+        from collections import OrderedDict
+
+        self.experts, self.layers, self.top_k, self.slots = experts, layers, top_k, slots
+        self.expert_bytes, self.read_s, self.stall_share = expert_bytes, read_s, stall_share
+        self._lru: "OrderedDict[tuple[int, int], None]" = OrderedDict()
+        self.stats = dict(hits=0, misses=0, bytes_read=0, read_seconds=0.0, stall_seconds=0.0, evictions=0)
+        self.trace_on = False
+        self.trace: list[tuple[int, int, int]] = []
+        self.call_seq = 0
+
+    def route(self, h: int) -> set[tuple[int, int]]:
+        rng = np.random.default_rng(h)
+        return {(layer, int(e)) for layer in range(self.layers)
+                for e in rng.choice(self.experts, self.top_k, replace=False)}
+
+    def run(self, hashes: list[int]) -> None:
+        """One kernel call unit (a chunk, a decode step) over tokens with these history hashes."""
+        need = set().union(*(self.route(h) for h in hashes)) if hashes else set()
+        for key in sorted(need):
+            if self.trace_on:
+                self.trace.append((self.call_seq, key[0], key[1]))
+            if key in self._lru:
+                self._lru.move_to_end(key)
+                self.stats["hits"] += 1
+                continue
+            self.stats["misses"] += 1
+            self.stats["bytes_read"] += self.expert_bytes
+            self.stats["read_seconds"] += self.read_s
+            self.stats["stall_seconds"] += self.read_s * self.stall_share
+            self._lru[key] = None
+            if len(self._lru) > self.slots:
+                self._lru.popitem(last=False)
+                self.stats["evictions"] += 1
+        self.call_seq += 1
+
+    def info(self) -> dict:
+        total = self.experts * self.layers * self.expert_bytes
+        return dict(budget_bytes=self.slots * self.expert_bytes, slot_bytes=self.expert_bytes, slots=self.slots,
+                    expert_bytes_total=total, dense_bytes=total // 4, experts_total=self.experts * self.layers,
+                    pinned=0, direct_io=False)
+
+
 class Model:
     def __init__(self, vocab_size: int = 64, fingerprint: str = "fake", chunk_delay: float = 0.0,
                  decode_delay: float = 0.0, eos_id: int | None = None, script: list[int] | None = None,
-                 script_after: int = 0) -> None:
+                 script_after: int = 0, expert_cache: dict | None = None) -> None:
         self.vocab_size = vocab_size
         self.fingerprint = fingerprint
         self.chunk_delay = chunk_delay
@@ -43,6 +93,33 @@ class Model:
         self.script_after = script_after
         self.calls: list[tuple[str, int]] = []     # ("prefill_chunk", n) / ("decode", 1)
         self.chunk_started = threading.Event()
+        # paged experts (the kernel's expert_cache_bytes > 0): ExpertCache(**expert_cache)
+        self.experts = ExpertCache(**expert_cache) if expert_cache is not None else None
+
+    def expert_cache_info(self) -> dict:
+        if self.experts is None:
+            return dict(budget_bytes=0, slot_bytes=0, slots=0, expert_bytes_total=0, dense_bytes=0,
+                        experts_total=0, pinned=0, direct_io=False)
+        return self.experts.info()
+
+    def expert_cache_stats(self) -> dict:
+        st = self.experts.stats if self.experts is not None else {}
+        return dict(hits=0, misses=0, bytes_read=0, read_seconds=0.0, stall_seconds=0.0, evictions=0) | st
+
+    def set_route_trace(self, on: bool) -> None:
+        if self.experts is not None:
+            self.experts.trace_on = bool(on)
+
+    def take_route_trace(self) -> np.ndarray:
+        rows = self.experts.trace if self.experts is not None else []
+        if self.experts is not None:
+            self.experts.trace = []
+        return np.asarray(rows, dtype=np.int32).reshape(-1, 3)
+
+
+def _experts_run(model: "Model", hashes: list[int]) -> None:
+    if model.experts is not None:
+        model.experts.run(hashes)
 
 
 def _logits(model: Model, h: int, n: int = 0) -> np.ndarray:
@@ -103,10 +180,13 @@ def prefill(state: State, tokens, *, chunk: int = 128, abort: AbortFlag | None =
         model.chunk_started.set()
         if model.chunk_delay:
             time.sleep(model.chunk_delay)
+        hashes = []
         for t in part:
             state._feed(int(t))
+            hashes.append(state._h)
             if all_logits:
                 rows.append(_logits(model, state._h, state.n_tokens))
+        _experts_run(model, hashes)
         done += len(part)
         model.calls.append(("prefill_chunk", len(part)))
         state.last_logits = _logits(model, state._h, state.n_tokens)
@@ -119,6 +199,7 @@ def decode(state: State, token: int) -> np.ndarray:
     if state.model.decode_delay:
         time.sleep(state.model.decode_delay)
     state._feed(int(token))
+    _experts_run(state.model, [state._h])
     state.model.calls.append(("decode", 1))
     state.last_logits = _logits(state.model, state._h, state.n_tokens)
     return state.last_logits
@@ -140,5 +221,29 @@ def decode_batch(states, tokens, *, abort: AbortFlag | None = None) -> np.ndarra
         st._feed(int(t))
         st.last_logits = _logits(st.model, st._h, st.n_tokens)
         rows.append(st.last_logits)
+    _experts_run(model, [st._h for st in states])
     model.calls.append(("decode_batch", len(states)))
     return np.stack(rows)
+
+
+def replay_expert_policy(keys, steps, slots: int, policy: str = "lru", *, k: int = 1) -> dict:
+    """As the kernel's: replay keys (layer * E + expert, access order) with the MoE call of each
+    (steps) through a cache of `slots` experts; the fake knows LRU only."""
+    from collections import OrderedDict
+
+    if policy != "lru":
+        raise ValueError(f"policy {policy!r}: the fake knows 'lru'")
+    lru: OrderedDict = OrderedDict()
+    hits = misses = evictions = 0
+    for k in np.asarray(keys).ravel():
+        k = int(k)
+        if k in lru:
+            lru.move_to_end(k)
+            hits += 1
+        else:
+            misses += 1
+            lru[k] = None
+            if len(lru) > slots:
+                lru.popitem(last=False)
+                evictions += 1
+    return {"hits": hits, "misses": misses, "evictions": evictions}

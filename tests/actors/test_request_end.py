@@ -33,7 +33,7 @@ from cairn.daemon.tokenizer import StreamDecoder
 class InlineRunner:
     """Kernel calls inline (the fake kernel is instant): no threads, so the mock clock is exact."""
 
-    async def run(self, fn, *args, abortable=False, **kwargs):
+    async def run(self, fn, *args, abortable=False, tally=None, **kwargs):
         await trio.lowlevel.checkpoint()
         if abortable:
             kwargs["abort"] = fake_kernel.AbortFlag()
