@@ -1,4 +1,4 @@
-"""Train cairn's default model, `models/cairn-code`: a ~12 M-parameter DeepSeek-V4 on Python source.
+"""Train cairn's default model, `models/cairn-code`: a 16.6 M-parameter DeepSeek-V4 on Python source.
 
 Reproducible end to end (docs/default-model.md): a fixed corpus (the .py files of pinned PyPI source
 distributions, checked by sha256), a byte-level BPE tokenizer trained on it with the same special
@@ -8,11 +8,12 @@ hash-routed and top-k experts, hyper-connections (hc_mult 4). Training is HF tra
 DeepseekV4ForCausalLM in float32 on the CPU (the `oracle` extra); the directory is written in the
 layout make-model writes (HF file spelling, BF16 safetensors), so the daemon and HF both load it.
 
-    .venv/bin/python scripts/train_default_model.py --out models/cairn-code        # full run
+    .venv/bin/pip install -e '.[plots]'
+    .venv/bin/python scripts/train_default_model.py --threads 1                     # full run (31 min here)
     .venv/bin/python scripts/train_default_model.py --steps 5 --out /tmp/smoke      # smoke run
 
-Work files (downloads, token arrays, checkpoints) go to --work (default build/default-model/); a run
-interrupted there resumes from its last checkpoint with --resume.
+Work files (downloads, checkpoints, summary.json, history.json) go to --work (default
+build/default-model/); a run interrupted there resumes from its last checkpoint with --resume.
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ from __future__ import annotations
 import argparse
 import ast
 import hashlib
-import io
 import json
 import math
 import os
@@ -29,7 +29,6 @@ import tarfile
 import textwrap
 import time
 import urllib.request
-from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch                                     # the oracle: missing is an error, never a skip
 import trio
@@ -81,6 +82,13 @@ async def test_greedy_code_continuation_is_hfs(loaded, hf, tmp_path):
         assert choice["finish_reason"] == "stop"
     assert choice["logprobs"]["tokens"] == token_strings(loaded, want)     # token for token
     assert choice["text"] == loaded.tokenizer.decode(want)
+    # and the log-probabilities: HF's full no-cache forward over prompt + answer
+    ids = loaded.tokenizer.encode(PROMPT)
+    with torch.no_grad():
+        logits = hf(input_ids=torch.tensor([ids + want]), use_cache=False).logits[0, len(ids) - 1:-1]
+    rows = torch.log_softmax(logits.double(), dim=-1).numpy()
+    ref = rows[np.arange(len(want)), want]
+    assert np.abs(np.asarray(choice["logprobs"]["token_logprobs"]) - ref).max() <= 1e-4   # docs/validation.md
     assert listing(MODEL) == before                      # serving wrote nothing into the model directory
 
 
