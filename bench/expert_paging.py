@@ -57,6 +57,18 @@ def agent_stream(model: Path, n: int) -> np.ndarray:
     return np.asarray(ids[:n], dtype=np.int32)
 
 
+def code_stream(model: Path, n: int) -> np.ndarray:
+    """Python source as an agent sends it: this repository's own daemon/ and actors/ modules (not in
+    the default model's training corpus), as token ids, cut to n."""
+    from cairn.daemon.model_dir import open_model_dir
+    from cairn.daemon.tokenizer import TextTokenizer
+
+    tok = TextTokenizer.from_model_dir(open_model_dir(model))
+    root = HERE.parent
+    text = "\n\n".join(p.read_text() for d in ("daemon", "actors") for p in sorted((root / d).glob("*.py")))
+    return np.asarray(tok.encode(text)[:n], dtype=np.int32)
+
+
 def random_stream(vocab: int, n: int, seed: int = 0) -> np.ndarray:
     return np.random.default_rng(seed).integers(2, vocab, size=n).astype(np.int32)
 
@@ -127,6 +139,21 @@ def plot(curves: dict, shares, path: Path, title: str) -> None:
     fig.savefig(path, dpi=110)
 
 
+def paged_vs_resident(a, info: dict, f: Path, probe_bw, shares, runs: dict, name: str) -> None:
+    """The stream resident, then paged at each share of the experts (a fresh process each)."""
+    r = worker(a.model, a.packed, f, "--decode", a.decode, "--threads", a.threads)
+    runs["resident"] = {**summarize(r, probe_bw), "digest": r["digest"]}
+    print(f"{name:7s} resident   {runs['resident']}", flush=True)
+    for s in shares:
+        budget = int(info["expert_bytes_total"] * s)
+        r = worker(a.model, a.packed, f, "--decode", a.decode, "--threads", a.threads, "--budget", budget)
+        row = {**summarize(r, probe_bw), "budget_bytes": r["info"]["budget_bytes"], "slots": r["info"]["slots"],
+               "identical": r["digest"] == runs["resident"]["digest"], "direct_io": r["info"]["direct_io"],
+               "loadavg": open("/proc/loadavg").read().split()[:3]}
+        runs[f"paged {int(100 * s)}%"] = row
+        print(f"{name:7s} paged {int(100 * s):3d}% {row}", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("model", type=Path)
@@ -137,7 +164,9 @@ def main() -> None:
     ap.add_argument("--trace-tokens", type=int, default=768, help="tokens fed one per call for the hit-rate curve")
     ap.add_argument("--shares", default="0.25,0.5")
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--streams", default="agent,random")
+    ap.add_argument("--streams", default="agent,random", help="of agent, code (this repository's Python), random")
+    ap.add_argument("--curves-only", action="store_true",
+                    help="only the hit rate against budget (route trace + replay), no paged runs")
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--plot", type=Path, default=None)
     a = ap.parse_args()
@@ -158,7 +187,8 @@ def main() -> None:
     streams = {}
     for name in a.streams.split(","):
         n = max(a.prompt, a.trace_tokens)
-        ids = agent_stream(a.model, n) if name == "agent" else random_stream(int(md.config["vocab_size"]), n)
+        ids = (agent_stream(a.model, n) if name == "agent" else code_stream(a.model, n) if name == "code"
+               else random_stream(int(md.config["vocab_size"]), n))
         f = tmp / f"{name}.npy"
         np.save(f, ids[:a.prompt])
         ft = tmp / f"{name}-trace.npy"
@@ -175,17 +205,8 @@ def main() -> None:
           flush=True)
     for name, (f, ft) in streams.items():
         runs = res["runs"].setdefault(name, {})
-        r = worker(a.model, a.packed, f, "--decode", a.decode, "--threads", a.threads)
-        runs["resident"] = {**summarize(r, probe_bw), "digest": r["digest"]}
-        print(f"{name:7s} resident   {runs['resident']}", flush=True)
-        for s in shares:
-            budget = int(info["expert_bytes_total"] * s)
-            r = worker(a.model, a.packed, f, "--decode", a.decode, "--threads", a.threads, "--budget", budget)
-            row = {**summarize(r, probe_bw), "budget_bytes": r["info"]["budget_bytes"], "slots": r["info"]["slots"],
-                   "identical": r["digest"] == runs["resident"]["digest"], "direct_io": r["info"]["direct_io"],
-                   "loadavg": open("/proc/loadavg").read().split()[:3]}
-            runs[f"paged {int(100 * s)}%"] = row
-            print(f"{name:7s} paged {int(100 * s):3d}% {row}", flush=True)
+        if not a.curves_only:
+            paged_vs_resident(a, info, f, probe_bw, shares, runs, name)
         # decode-like access: one token per kernel call, resident, route trace on
         trace_file = tmp / f"{name}-route.npy"
         worker(a.model, a.packed, ft, "--decode", 0, "--threads", a.threads, "--chunk", 1, "--trace", trace_file)
