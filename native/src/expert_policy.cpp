@@ -135,6 +135,12 @@ void SlotPolicy::drop(int64_t key) {
   ++free_;
 }
 
+void SlotPolicy::release(int s) {
+  if (s < 0 || s >= n_ || !busy_[s]) return;
+  busy_[s] = 0;
+  busy_list_.erase(std::find(busy_list_.begin(), busy_list_.end(), s));
+}
+
 void SlotPolicy::release_all() {
   for (int s : busy_list_) busy_[s] = 0;
   busy_list_.clear();
