@@ -30,7 +30,7 @@ class SlotPolicy {
  public:
   enum Kind { LRU = 0, LRFU = 1, HOTPIN = 2 };
   static Kind parse(const std::string& name);  // "lru" | "lrfu" | "hotpin"; std::invalid_argument otherwise
-  // unpinned: slots HOTPIN never pins (one decode step's experts, k, fit in one wave)
+  // unpinned: slots HOTPIN never pins (one decode step's experts, k, are acquired without a release)
   SlotPolicy(int slots, Kind kind, int unpinned = 1);
   void begin_call();  // a new MoE call (releases whatever the last one held)
   // The slot holding key (hit) or a slot to load it into (miss, possibly evicting), now busy.
