@@ -5,7 +5,8 @@
 // into its slot. The file is opened O_DIRECT (no page-cache copy of what the pool already holds);
 // where the filesystem refuses (EINVAL, e.g. tmpfs) or CAIRN_EXPERT_DIRECT_IO=0, reads are
 // buffered and each range is dropped from the page cache after the copy (POSIX_FADV_DONTNEED).
-// Reader threads mostly block in pread, so two of them do not compete with OpenMP for cores.
+// Reader threads (expert_readers, default 4) mostly block in pread, so they do not compete with
+// OpenMP for cores; more than one keeps several reads in flight (the disk gains from queue depth).
 #include <fcntl.h>
 #include <unistd.h>
 
