@@ -58,7 +58,8 @@ class Model:
         dense_bytes, experts_total, pinned, direct_io, readers (0 when resident), paging."""
     def expert_cache_stats(self) -> dict[str, int | float]:
         """Cumulative: hits, misses, bytes_read (= misses * slot_bytes), read_seconds (sum over
-        reads), stall_seconds (compute waiting for reads), evictions. All 0 when resident."""
+        reads), stall_seconds (compute waiting for reads), read_busy_seconds (wall time with at least
+        one read in flight), evictions. All 0 when resident."""
     def set_route_trace(self, on: bool) -> None:
         """Record each MoE call's distinct experts."""
     def take_route_trace(self) -> npt.NDArray[np.int32]:

@@ -52,6 +52,7 @@ py::dict stats(BoundModel& m) {
   d["bytes_read"] = s.bytes_read;
   d["read_seconds"] = s.read_seconds;
   d["stall_seconds"] = s.stall_seconds;
+  d["read_busy_seconds"] = s.busy_seconds;
   d["evictions"] = s.evictions;
   return d;
 }
@@ -131,7 +132,7 @@ void register_experts(py::module_& m) {
           "dense_bytes, experts_total, pinned, direct_io, readers (reader threads; 0 when resident), paging.")
       .def("expert_cache_stats", &stats,
            "Cumulative counters: hits, misses, bytes_read, read_seconds (sum over reads), stall_seconds (compute "
-           "waiting for reads), evictions. All 0 when every expert is resident.")
+           "waiting for reads), read_busy_seconds (wall time with at least one read in flight), evictions. All 0 when every expert is resident.")
       .def("set_route_trace", [](BoundModel& b, bool on) {
              std::lock_guard<std::mutex> g(b.trace->mu);
              b.trace->on = on;

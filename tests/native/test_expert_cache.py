@@ -131,7 +131,7 @@ def test_budget_of_every_expert_is_resident(tiny):
     assert info["budget_bytes"] == 0 and not info["paging"]
     run(model, tiny.prompt[:10], 10)
     assert model.expert_cache_stats() == {"hits": 0, "misses": 0, "bytes_read": 0, "read_seconds": 0.0,
-                                          "stall_seconds": 0.0, "evictions": 0}
+                                          "stall_seconds": 0.0, "read_busy_seconds": 0.0, "evictions": 0}
 
 
 def test_bad_budgets_and_missing_packed_path_raise(tiny):
@@ -241,6 +241,9 @@ def test_counters_match_the_route_trace_and_its_replay(tiny, policy, share):
     assert (r["hits"], r["misses"], r["evictions"]) == (stats["hits"], stats["misses"], stats["evictions"])
     assert model.take_route_trace().shape == (0, 3)
     assert stats["read_seconds"] > 0
+    # wall time with a read in flight: positive, and at most the reads' summed durations (plus the
+    # reader threads' lock hand-offs, microseconds each)
+    assert 0 < stats["read_busy_seconds"] <= stats["read_seconds"] + 1e-3 * stats["misses"]
     pinned = model.expert_cache_info()["pinned"]
     if policy == "hotpin":  # up to 7/8 of the slots, leaving k unpinned
         assert 0 < pinned <= min(slots * 7 // 8, slots - tiny.k)

@@ -103,6 +103,7 @@ class ExpertPager {
   struct Stats {
     int64_t hits = 0, misses = 0, bytes_read = 0, evictions = 0;
     double read_seconds = 0, stall_seconds = 0;
+    double busy_seconds = 0;  // wall time with at least one read in flight (the disk kept busy)
   };
   Stats stats();
 
@@ -126,6 +127,8 @@ class ExpertPager {
   std::vector<std::thread> threads_;
   Stats stats_;
   int waiters_ = 0;  // compute threads in wait()
+  int inflight_ = 0;  // reads being performed
+  double busy_t0_ = 0;
   double stall_t0_ = 0;
 };
 
