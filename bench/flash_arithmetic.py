@@ -15,7 +15,7 @@ Model: V4-Flash's tensors as the flash-slice preset writes them (43 layers), siz
  * prefill, per 128-token chunk: compute at the slice's measured rate, scaled by active parameters
    per token (43 layers against the slice's 2); the experts a chunk needs (with random routing,
    1 - (1 - 6/256)^128 = 95 % of each layer's) minus the cached share read from disk, overlapped with
-   compute (the pager reads ahead of the waves): time = max(compute, disk).
+   compute (the pager streams reads while experts compute): time = max(compute, disk).
 """
 
 from __future__ import annotations

@@ -29,6 +29,7 @@ def main() -> None:
     ap.add_argument("packed")
     ap.add_argument("--budget", type=int, default=0, help="expert_cache_bytes (0: every expert resident)")
     ap.add_argument("--policy", default=None)
+    ap.add_argument("--readers", type=int, default=None, help="expert_readers (the kernel's default when omitted)")
     ap.add_argument("--prompt-file", default=None, help=".npy int32 token ids")
     ap.add_argument("--decode", type=int, default=8)
     ap.add_argument("--chunk", type=int, default=128)
@@ -57,6 +58,8 @@ def main() -> None:
     kw = {"expert_cache_bytes": a.budget}
     if a.policy:
         kw["expert_policy"] = a.policy
+    if a.readers is not None:
+        kw["expert_readers"] = a.readers
     t0 = time.perf_counter()
     model = _kernel.Model(md.config, map_weights(md), md.fingerprint, a.threads,
                           packed_cache=str(packed_cache_file(md, a.packed)), **kw)

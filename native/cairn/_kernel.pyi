@@ -36,8 +36,9 @@ class Model:
     expert_cache_bytes // slot_bytes slots, read on demand (O_DIRECT, else buffered reads dropped
     from the page cache; CAIRN_EXPERT_DIRECT_IO=0 forces the latter) and never mapped; the dense
     part stays resident. expert_policy: 'hotpin' (LRU plus a pinned set of the most frequent
-    experts, with hysteresis), 'lrfu' (decayed counts) or 'lru'. Outputs are bit-identical to the resident model. A budget below num_experts_per_tok
-    slots raises ValueError naming the minimum."""
+    experts, with hysteresis), 'lrfu' (decayed counts) or 'lru'. expert_readers (1..16, default
+    4): reader threads, i.e. expert reads in flight. Outputs are bit-identical to the resident
+    model. A budget below num_experts_per_tok slots raises ValueError naming the minimum."""
     def __init__(
         self,
         config: dict,
@@ -50,13 +51,15 @@ class Model:
         packed_cache: str = "",
         expert_cache_bytes: int = 0,
         expert_policy: str = "hotpin",
+        expert_readers: int = 4,
     ) -> None: ...
     def expert_cache_info(self) -> dict[str, int | bool]:
         """budget_bytes (0: every expert resident), slot_bytes, slots, expert_bytes_total,
-        dense_bytes, experts_total, pinned, direct_io, paging."""
+        dense_bytes, experts_total, pinned, direct_io, readers (0 when resident), paging."""
     def expert_cache_stats(self) -> dict[str, int | float]:
         """Cumulative: hits, misses, bytes_read (= misses * slot_bytes), read_seconds (sum over
-        reads), stall_seconds (compute waiting for reads), evictions. All 0 when resident."""
+        reads), stall_seconds (compute waiting for reads), read_busy_seconds (wall time with at least
+        one read in flight), evictions. All 0 when resident."""
     def set_route_trace(self, on: bool) -> None:
         """Record each MoE call's distinct experts."""
     def take_route_trace(self) -> npt.NDArray[np.int32]:
@@ -121,8 +124,9 @@ def replay_expert_policy(
 ) -> dict[str, int]:
     """The kernel's expert slot policy ('lru' | 'lrfu' | 'hotpin') replayed on keys (layer * E +
     expert, in access order) with steps (each key's MoE call, non-decreasing), as moe_block
-    acquires them in a model with `slots` slots and num_experts_per_tok = k:
-    dict(hits, misses, evictions, waves)."""
+    acquires them in a model with `slots` slots and num_experts_per_tok = k (a call that finds no
+    slot releases its oldest held one and retries): dict(hits, misses, evictions, releases), releases
+    = how many times that happened."""
 
 # benchmark / test hooks (not API)
 def _packed_matmul(

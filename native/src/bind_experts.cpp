@@ -4,6 +4,8 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <deque>
+#include <stdexcept>
 #include <unordered_set>
 
 #include "bind.h"
@@ -32,6 +34,7 @@ py::dict info(BoundModel& m) {
   }
   d["pinned"] = pinned;
   d["direct_io"] = P ? P->direct_io() : false;
+  d["readers"] = P ? P->readers() : 0;
   d["paging"] = P != nullptr;
   return d;
 }
@@ -49,6 +52,7 @@ py::dict stats(BoundModel& m) {
   d["bytes_read"] = s.bytes_read;
   d["read_seconds"] = s.read_seconds;
   d["stall_seconds"] = s.stall_seconds;
+  d["read_busy_seconds"] = s.busy_seconds;
   d["evictions"] = s.evictions;
   return d;
 }
@@ -65,8 +69,9 @@ py::array_t<int32_t> take_trace(BoundModel& m) {
 }
 
 // Replays keys (in access order; steps: the MoE call of each key, non-decreasing) through the
-// policy exactly as moe_block does: one call's distinct keys acquired in order, in waves when
-// they outnumber the slots.
+// policy exactly as moe_paged does: one call's distinct keys acquired in order; when acquire finds
+// no slot, the call's oldest held slot is released and the acquire retried (the model releases
+// the same slot at the same point of the sequence, after that expert's compute).
 py::dict replay(py::array_t<int64_t, py::array::c_style | py::array::forcecast> keys,
                 py::array_t<int64_t, py::array::c_style | py::array::forcecast> steps, int slots,
                 const std::string& policy, int per_tok) {
@@ -84,25 +89,28 @@ py::dict replay(py::array_t<int64_t, py::array::c_style | py::array::forcecast> 
     if (k[i] < 0) throw py::value_error("keys[" + std::to_string(i) + "] is negative");
     if (i && s[i] < s[i - 1]) throw py::value_error("steps must be non-decreasing (at index " + std::to_string(i) + ")");
   }
-  int64_t hits = 0, misses = 0, waves = 0;
+  int64_t hits = 0, misses = 0, releases = 0;
   SlotPolicy P(slots, kind, per_tok);
   {
     py::gil_scoped_release rel;
     std::unordered_set<int64_t> seen;  // this call's keys (a repeat within a call is no access)
+    std::deque<int> held;              // this call's busy slots, oldest first
     for (py::ssize_t i = 0; i < n; ++i) {
       if (i == 0 || s[i] != s[i - 1]) {
         P.begin_call();
         seen.clear();
-        ++waves;
+        held.clear();
       }
       if (!seen.insert(k[i]).second) continue;
       bool hit = false;
-      int slot = P.acquire(k[i], &hit);
-      if (slot < 0) {
-        P.release_all();
-        ++waves;
-        slot = P.acquire(k[i], &hit);
+      int slot;
+      while ((slot = P.acquire(k[i], &hit)) < 0) {
+        if (held.empty()) throw std::logic_error("expert cache replay: no slot for a key");
+        P.release(held.front());
+        held.pop_front();
+        ++releases;
       }
+      held.push_back(slot);
       (hit ? hits : misses) += 1;
     }
   }
@@ -110,7 +118,7 @@ py::dict replay(py::array_t<int64_t, py::array::c_style | py::array::forcecast> 
   d["hits"] = hits;
   d["misses"] = misses;
   d["evictions"] = P.evictions();
-  d["waves"] = waves;
+  d["releases"] = releases;
   return d;
 }
 
@@ -121,10 +129,10 @@ void register_experts(py::module_& m) {
       py::reinterpret_borrow<py::class_<BoundModel, std::shared_ptr<BoundModel>>>(m.attr("Model"));
   cls.def("expert_cache_info", &info,
           "Expert cache shape: budget_bytes (0 = every expert resident), slot_bytes, slots, expert_bytes_total, "
-          "dense_bytes, experts_total, pinned, direct_io, paging.")
+          "dense_bytes, experts_total, pinned, direct_io, readers (reader threads; 0 when resident), paging.")
       .def("expert_cache_stats", &stats,
            "Cumulative counters: hits, misses, bytes_read, read_seconds (sum over reads), stall_seconds (compute "
-           "waiting for reads), evictions. All 0 when every expert is resident.")
+           "waiting for reads), read_busy_seconds (wall time with at least one read in flight), evictions. All 0 when every expert is resident.")
       .def("set_route_trace", [](BoundModel& b, bool on) {
              std::lock_guard<std::mutex> g(b.trace->mu);
              b.trace->on = on;
@@ -135,5 +143,6 @@ void register_experts(py::module_& m) {
         py::arg("policy") = "hotpin", py::kw_only(), py::arg("k") = 1,
         "Hit counts of the kernel's expert slot policy ('lru' | 'lrfu' | 'hotpin') on keys (int64 layer*E+expert, "
         "access order) with steps (the MoE call of each key), k = num_experts_per_tok (slots hotpin never pins), "
-        "as the model with that many slots runs them: dict(hits, misses, evictions, waves).");
+        "as the model with that many slots runs them: dict(hits, misses, evictions, releases); releases counts "
+        "the times a call released its oldest expert's slot to go on (0 when every call's experts fit).");
 }

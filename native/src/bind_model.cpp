@@ -291,8 +291,12 @@ Config parse_config(const py::dict& d) {
 }  // namespace
 
 BoundModel::BoundModel(py::dict config, py::dict weights, std::string fp, int nthreads, bool batched,
-                       bool widen, std::string packed_cache, int64_t expert_cache_bytes, std::string expert_policy) {
+                       bool widen, std::string packed_cache, int64_t expert_cache_bytes, std::string expert_policy,
+                       int expert_readers) {
   if (expert_cache_bytes < 0) throw py::value_error("expert_cache_bytes must be >= 0 (0 = every expert resident)");
+  if (expert_readers < 1 || expert_readers > 16)
+    throw py::value_error("expert_readers must be in 1..16 (reader threads for paged experts), got " +
+                          std::to_string(expert_readers));
   SlotPolicy::parse(expert_policy);  // a bad name fails before any packing
   cfg = parse_config(config);
   fingerprint = std::move(fp);
@@ -370,7 +374,7 @@ BoundModel::BoundModel(py::dict config, py::dict weights, std::string fp, int nt
     pack_weights(*this, threads, packed_cache, [&] {
       for (auto& check : ld.checks) check();
       ld.run_jobs(threads, true);
-    }, PagingOptions{(size_t)expert_cache_bytes, expert_policy});
+    }, PagingOptions{(size_t)expert_cache_bytes, expert_policy, expert_readers});
   }
   ld.transient.clear();
   init_rope(*this);
@@ -393,13 +397,14 @@ read when first used); otherwise the panels are packed and written there atomica
 expert_cache_bytes: a byte budget for routed experts (0 = all resident, as is a budget of at least
 every expert's bytes): the dense part stays resident, routed experts are read on demand from the
 packed_cache file (required; written by a streaming pack if missing) into budget // slot_bytes slots,
-never mapped; expert_policy ('hotpin', 'lrfu' or 'lru') chooses what to evict. Outputs are bit-identical.
+never mapped; expert_policy ('hotpin', 'lrfu' or 'lru') chooses what to evict; expert_readers (1..16,
+default 4) reader threads keep that many expert reads in flight. Outputs are bit-identical.
 threads=0 uses all cores.
 batched_indexer=False scores the CSA indexer with the scalar per-query reference loop (same results).)doc")
-      .def(py::init<py::dict, py::dict, std::string, int, bool, bool, std::string, int64_t, std::string>(),
+      .def(py::init<py::dict, py::dict, std::string, int, bool, bool, std::string, int64_t, std::string, int>(),
            py::arg("config"), py::arg("weights"), py::arg("fingerprint"), py::arg("threads") = 0, py::kw_only(),
            py::arg("batched_indexer") = true, py::arg("widen_bf16") = false, py::arg("packed_cache") = "",
-           py::arg("expert_cache_bytes") = 0, py::arg("expert_policy") = "hotpin")
+           py::arg("expert_cache_bytes") = 0, py::arg("expert_policy") = "hotpin", py::arg("expert_readers") = 4)
       .def_property_readonly("packed_from_cache", [](const BoundModel& m) { return m.packed_from_cache; })
       .def_property_readonly("packed_cache_written", [](const BoundModel& m) { return m.packed_cache_written; })
       .def_property_readonly("packed_bytes", [](const BoundModel& m) { return m.packed_bytes; })

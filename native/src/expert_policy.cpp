@@ -10,7 +10,8 @@
 //
 // HOTPIN (the default): LRU over unpinned slots, plus up to 3/4 of the slots (leaving at least
 // `unpinned`) pinned for the keys of highest decayed count (half-life 8x the slots in accesses).
-// Pinned slots are not evicted to make room in a wave: a wave ends when the unpinned slots are busy. A key takes the place of the
+// Pinned slots are not evicted to make room in a call: when the unpinned slots are busy the call
+// releases its oldest held slot and retries. A key takes the place of the
 // coldest pinned one only when its count exceeds that one's by 25%. The hysteresis is what
 // matters for MoE traffic: a prefill chunk touches nearly every expert of every layer, a cyclic
 // sweep larger than the cache on which LRU (and LRFU, whose counts are then all alike) hits
@@ -56,7 +57,7 @@ void SlotPolicy::repin() {
 int SlotPolicy::victim() const {
   int best = -1;
   double bs = 0;
-  // unpinned first; pinned ones only if nothing else can go (never for HOTPIN: the wave ends)
+  // unpinned first; pinned ones only if nothing else can go (never for HOTPIN: the call releases a slot)
   for (int pass = 0; pass < (kind_ == HOTPIN ? 1 : 2) && best < 0; ++pass)
     for (int s = 0; s < n_; ++s) {
       if (busy_[s] || (pass == 0 && pin_[s])) continue;
@@ -133,6 +134,12 @@ void SlotPolicy::drop(int64_t key) {
   pin_[it->second] = 0;
   where_.erase(it);
   ++free_;
+}
+
+void SlotPolicy::release(int s) {
+  if (s < 0 || s >= n_ || !busy_[s]) return;
+  busy_[s] = 0;
+  busy_list_.erase(std::find(busy_list_.begin(), busy_list_.end(), s));
 }
 
 void SlotPolicy::release_all() {

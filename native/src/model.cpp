@@ -446,7 +446,8 @@ void pack_weights(Model& m, int threads, const std::string& cache_path, const st
     }
   }
   if (paging)
-    m.pager = std::make_shared<ExpertPager>(cache_path, nkeys, slot, kPackHeader + dense, slots, kind, c.k, dense);
+    m.pager = std::make_shared<ExpertPager>(cache_path, nkeys, slot, kPackHeader + dense, slots, kind, c.k, dense,
+                                            opt.readers);
   for (size_t j = 0; j < jobs.size(); ++j) {
     Linear& D = *jobs[j].dst;
     if (jobs[j].qf != QFmt::None) D.qf = jobs[j].qf;

@@ -13,6 +13,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstring>
+#include <deque>
 #include <memory>
 #include <numeric>
 #include <stdexcept>
@@ -195,12 +196,15 @@ void moe_block(const Model& m, int layer, const float* x, const int32_t* tokens,
 }
 
 // ---- paged experts ----------------------------------------------------------------------------
-// The same arithmetic as above, in waves of at most `slots` routed experts (index order). Within
-// a wave the router's choices are known, so every missing expert's read is issued at once; the
-// experts already present and the shared expert compute while the rest arrive. Each job's w2
-// product goes to its own buffer; y then accumulates the routed jobs in expert-index order (wave
-// after wave) and the shared expert last, with the same expressions as the resident phase 2:
-// every y element sees the same operations in the same order, so the bits are identical.
+// The same arithmetic as above, pipelined over a sliding window of slots: the call acquires the
+// chunk's routed experts in index order and issues each missing one's read as soon as a slot is
+// found; it computes (shared expert first) whatever is present, a few experts per parallel round,
+// and releases a computed expert's slot (oldest first) when the next acquire needs one, so reads
+// stream while compute proceeds and the disk does not idle at wave boundaries. Slots of experts
+// still being read or computed are busy, never evicted. Each job's w2 product goes to its own
+// buffer; y then accumulates the routed jobs in expert-index order and the shared expert last,
+// with the same expressions as the resident phase 2: every y element sees the same operations in
+// the same order, so the bits are identical whatever the budget and timing.
 namespace {
 struct PJob {
   int M = 0;
@@ -353,38 +357,83 @@ static void moe_paged(const Model& m, int layer, const float* x, int S, const st
   std::lock_guard<std::mutex> g(P.call_mu);
   P.policy.begin_call();
   std::fill(y, y + (size_t)S * D, 0.f);
-  size_t next = 0;
+  const size_t n = routed.size();
+  std::vector<int> slot_of(n, -1);
+  std::vector<char> done(n, 0);
+  std::deque<size_t> held;  // routed jobs holding a slot, in acquisition order (released FIFO)
+  size_t next = 0, ndone = 0;
   bool shared_done = false;
-  while (next < routed.size() || !shared_done) {
-    std::vector<PJob*> wave, present, missing;
-    for (; next < routed.size(); ++next) {
+  auto present = [&](size_t i) { return !routed[i]->loading || routed[i]->ticket.state.load() == 1; };
+  auto failed = [&](size_t i) { return routed[i]->loading && routed[i]->ticket.state.load() == -1; };
+  // a read failed: let every issued read finish (tickets and slots belong to this call), forget
+  // the slots that hold no valid expert, and report
+  auto fail = [&]() {
+    for (size_t i : held)
+      if (routed[i]->loading) P.wait(&routed[i]->ticket);
+    for (size_t i : held)
+      if (failed(i)) P.policy.drop(routed[i]->key);
+    P.policy.release_all();
+    throw std::runtime_error("expert cache: reading a routed expert from the packed cache file failed");
+  };
+  // a round computes at most this many routed experts, so freed slots get new reads soon
+  const size_t round_max = (size_t)std::max(2, m.threads);
+  while (ndone < n || !shared_done) {
+    // 1. acquire the next experts while the policy finds slots, issuing the reads of the missing
+    //    ones; a full window releases its oldest expert once that one is computed (the policy
+    //    sees releases only on a failed acquire: its operations depend on the keys alone)
+    while (next < n) {
       PJob& j = *routed[next];
       bool hit = false;
       const int s = P.policy.acquire(j.key, &hit);
-      if (s < 0) break;  // every slot busy: compute this wave, then the rest
+      if (s < 0) {
+        if (held.empty()) throw std::logic_error("expert cache: no slot for an expert");
+        if (!done[held.front()]) break;
+        P.policy.release(slot_of[held.front()]);
+        held.pop_front();
+        continue;
+      }
       P.count(hit);
       const int e = (int)(j.key % E);
       j.w13 = paged_linear(L.w13[e], P.w13[j.key], P.slot(s));
       j.w2 = paged_linear(L.w2[e], P.w2[j.key], P.slot(s));
       j.loading = !hit;
       if (!hit) P.submit(s, j.key, &j.ticket);
-      (hit ? present : missing).push_back(&j);
-      wave.push_back(&j);
+      slot_of[next] = s;
+      held.push_back(next++);
     }
-    if (wave.empty() && next < routed.size()) throw std::logic_error("expert cache: no slot for a wave");
-    std::vector<PJob*> order = present;
-    if (!shared_done) order.push_back(&shared);
-    order.insert(order.end(), missing.begin(), missing.end());
-    if (!run_jobs(m, P, order, work)) {
-      for (PJob* j : missing) P.policy.drop(j->key);  // the slot holds no valid expert
-      P.policy.release_all();
-      throw std::runtime_error("expert cache: reading a routed expert from the packed cache file failed");
+    // 2. compute: the shared expert first, then held experts whose data is present (window order)
+    std::vector<PJob*> round;
+    std::vector<size_t> ids;
+    if (!shared_done) round.push_back(&shared);
+    for (size_t i : held) {
+      if (failed(i)) fail();
+      if (!done[i] && present(i)) {
+        ids.push_back(i);
+        round.push_back(routed[i].get());
+        if (ids.size() == round_max) break;
+      }
     }
-    reduce_jobs(m, wave, y, work);
+    if (round.empty()) {
+      // nothing to compute: block (condition variable, counted as stall) on the oldest pending read
+      for (size_t i : held)
+        if (!done[i]) {
+          if (!P.wait(&routed[i]->ticket)) fail();
+          break;
+        }
+      continue;
+    }
+    if (!run_jobs(m, P, round, work)) fail();
+    for (size_t i : ids) done[i] = 1;
+    ndone += ids.size();
     shared_done = true;
-    P.policy.release_all();
   }
-  reduce_jobs(m, {&shared}, y, work);
+  P.policy.release_all();
+  // y accumulates the routed experts in expert-index order, then the shared expert
+  std::vector<PJob*> all;
+  all.reserve(n + 1);
+  for (auto& j : routed) all.push_back(j.get());
+  all.push_back(&shared);
+  reduce_jobs(m, all, y, work);
 }
 
 }  // namespace cairn

@@ -1,7 +1,7 @@
 """Routed experts paged from the packed cache file under a byte budget (expert_cache_bytes):
 
 - logits, decode, decode_batch and snapshots are bit-identical to the resident model, for any
-  chunking, at the minimum budget (waves + evictions) and at half the experts, with O_DIRECT reads
+  chunking, at the minimum budget (a sliding window of slots + evictions) and at half the experts, with O_DIRECT reads
   and with the buffered + POSIX_FADV_DONTNEED fallback;
 - a streaming pack writes the same packed file, byte for byte, as a resident pack;
 - bad budgets / a missing packed path raise errors that name the argument;
@@ -131,7 +131,7 @@ def test_budget_of_every_expert_is_resident(tiny):
     assert info["budget_bytes"] == 0 and not info["paging"]
     run(model, tiny.prompt[:10], 10)
     assert model.expert_cache_stats() == {"hits": 0, "misses": 0, "bytes_read": 0, "read_seconds": 0.0,
-                                          "stall_seconds": 0.0, "evictions": 0}
+                                          "stall_seconds": 0.0, "read_busy_seconds": 0.0, "evictions": 0}
 
 
 def test_bad_budgets_and_missing_packed_path_raise(tiny):
@@ -144,6 +144,17 @@ def test_bad_budgets_and_missing_packed_path_raise(tiny):
         tiny.model(expert_cache_bytes=-1)
     with pytest.raises(ValueError, match="policy 'mru' is unknown \\(allowed: 'lru', 'lrfu', 'hotpin'\\)"):
         tiny.model(expert_cache_bytes=minimum, packed_cache=tiny.packed, expert_policy="mru")
+    for bad in (0, 17, -2):
+        with pytest.raises(ValueError, match=f"expert_readers must be in 1..16 .*got {bad}"):
+            tiny.model(expert_cache_bytes=minimum, packed_cache=tiny.packed, expert_readers=bad)
+
+
+@pytest.mark.parametrize("readers", [1, 16])
+def test_reader_count_changes_no_bits(tiny, readers):
+    model = tiny.paged(tiny.k, expert_readers=readers)
+    assert model.expert_cache_info()["readers"] == readers
+    assert tiny.paged(tiny.k).expert_cache_info()["readers"] == 4  # the default
+    assert same(run(tiny.resident, tiny.prompt, 32), run(model, tiny.prompt, 32))
 
 
 def test_load_model_passes_the_budget(tiny):
@@ -162,12 +173,22 @@ def test_policy_replay_hand_computed():
     # LRU: 1 miss, hit, hit; 2 miss; 3 miss evicts 1 (least recent); 1 miss -> 2 hits, 4 misses.
     # LRFU: 3 evicts 2 (count 1) instead of 1 (count ~2.1 after decay) -> 1 hits again: 3 hits.
     keys, steps = [1, 1, 1, 2, 3, 1], [0, 1, 2, 3, 4, 5]
-    assert replay(keys, steps, 2, "lru") == {"hits": 2, "misses": 4, "evictions": 2, "waves": 6}
-    assert replay(keys, steps, 2, "lrfu") == {"hits": 3, "misses": 3, "evictions": 1, "waves": 6}
-    # one call of 3 distinct keys on 2 slots runs in 2 waves; the second evicts the first wave's
-    # least recent (1); a repeat within a call is no access
+    assert replay(keys, steps, 2, "lru") == {"hits": 2, "misses": 4, "evictions": 2, "releases": 0}
+    assert replay(keys, steps, 2, "lrfu") == {"hits": 3, "misses": 3, "evictions": 1, "releases": 0}
+    # one call of 3 distinct keys on 2 slots: 3 finds both slots busy, so the call releases its
+    # oldest (1, once computed) and 3 takes that slot; a repeat within a call is no access
     r = replay([1, 2, 2, 3, 1], [0, 0, 0, 0, 1], 2, "lru")
-    assert r == {"hits": 0, "misses": 4, "evictions": 2, "waves": 3}
+    assert r == {"hits": 0, "misses": 4, "evictions": 2, "releases": 1}
+
+
+def test_a_full_window_releases_its_oldest_slot_first():
+    # LRFU, 2 slots: 1 is accessed in 4 calls (count ~3.9), 2 once. In the call (1, 2, 3), 3 finds
+    # both slots busy; the pipelined call releases its oldest slot (1's: FIFO, so that the policy's
+    # operations never depend on compute timing) and 3 evicts 1, although 2 has the lower count.
+    # The last call's 1 then misses and evicts 2 (count 1, older than 3's). With the earlier waves
+    # (release every slot of the call, then acquire) 3 evicted 2 and 1 hit: 4 hits, 3 misses.
+    r = replay([1, 1, 1, 1, 2, 3, 1], [0, 1, 2, 3, 3, 3, 4], 2, "lrfu")
+    assert r == {"hits": 3, "misses": 4, "evictions": 2, "releases": 1}
 
 
 def test_hotpin_keeps_its_pinned_set_through_a_sweep():
@@ -176,11 +197,12 @@ def test_hotpin_keeps_its_pinned_set_through_a_sweep():
     # LRU: 1-4 miss, 5 evicts 1, 1 evicts 2, 4 hits, 2 evicts 3, 3 evicts 5 -> 1 hit.
     keys = [1, 2, 3, 4, 5, 1, 4, 2, 3]
     steps = list(range(len(keys)))
-    assert replay(keys, steps, 4, "lru") == {"hits": 1, "misses": 8, "evictions": 4, "waves": 9}
-    assert replay(keys, steps, 4, "hotpin") == {"hits": 3, "misses": 6, "evictions": 2, "waves": 9}
-    # a call of 3 keys with 2 slots of which 1 is pinned: waves only use the unpinned slot
+    assert replay(keys, steps, 4, "lru") == {"hits": 1, "misses": 8, "evictions": 4, "releases": 0}
+    assert replay(keys, steps, 4, "hotpin") == {"hits": 3, "misses": 6, "evictions": 2, "releases": 0}
+    # a call of 3 keys with 2 slots of which 1 (7's) is pinned: 9 finds the unpinned slot busy
+    # (8's), the call releases 8's slot and 9 takes it; the pinned slot is never a victim
     r = replay([7, 8, 9, 7], [0, 1, 1, 2], 2, "hotpin")
-    assert r == {"hits": 1, "misses": 3, "evictions": 1, "waves": 4}
+    assert r == {"hits": 1, "misses": 3, "evictions": 1, "releases": 1}
 
 
 def test_replay_rejects_bad_input():
@@ -195,8 +217,11 @@ def test_replay_rejects_bad_input():
 
 
 @pytest.mark.parametrize("policy", ["lru", "lrfu", "hotpin"])
-def test_counters_match_the_route_trace_and_its_replay(tiny, policy):
-    slots = tiny.info["experts_total"] // 2
+@pytest.mark.parametrize("share", ["min", "half"])
+def test_counters_match_the_route_trace_and_its_replay(tiny, policy, share):
+    # "min" (k + 1 slots): a 16-token chunk needs nearly every expert, so calls slide their window
+    # (release the oldest, acquire the next) many times; the replay must still match exactly
+    slots = tiny.k + 1 if share == "min" else tiny.info["experts_total"] // 2
     model = tiny.paged(slots, expert_policy=policy)
     model.set_route_trace(True)
     run(model, tiny.prompt, 16)
@@ -216,6 +241,9 @@ def test_counters_match_the_route_trace_and_its_replay(tiny, policy):
     assert (r["hits"], r["misses"], r["evictions"]) == (stats["hits"], stats["misses"], stats["evictions"])
     assert model.take_route_trace().shape == (0, 3)
     assert stats["read_seconds"] > 0
+    # wall time with a read in flight: positive, and at most the reads' summed durations (plus the
+    # reader threads' lock hand-offs, microseconds each)
+    assert 0 < stats["read_busy_seconds"] <= stats["read_seconds"] + 1e-3 * stats["misses"]
     pinned = model.expert_cache_info()["pinned"]
     if policy == "hotpin":  # up to 7/8 of the slots, leaving k unpinned
         assert 0 < pinned <= min(slots * 7 // 8, slots - tiny.k)

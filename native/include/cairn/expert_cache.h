@@ -3,9 +3,12 @@
 // Design notes
 //  * SlotPolicy (expert_policy.cpp) is the whole replacement policy: synchronous, no I/O, shared
 //    by the kernel and by replay_expert_policy (benches measure hit rates with the same code).
-//    Keys are layer * E + expert. A MoE call acquires its distinct experts in index order; the
-//    slots it holds are busy (never evicted) until release_all, so a call needing more experts
-//    than there are slots runs in waves.
+//    Keys are layer * E + expert. A MoE call acquires its distinct experts in index order; a
+//    slot it holds is busy (never evicted) until released. When acquire finds every evictable
+//    slot busy, the call releases its oldest held slot (FIFO, once that expert's compute is done)
+//    and retries: a sliding window of in-flight experts. Releases happen only on a failed acquire,
+//    so the sequence of policy operations depends on the keys alone, never on timing, and
+//    replay_expert_policy reproduces the model's counters exactly.
 //  * ExpertPager (expert_pager.cpp) owns the slot pool (one 4 KiB-aligned allocation), the file
 //    (O_DIRECT, else buffered reads + POSIX_FADV_DONTNEED), a few reader threads and the counters.
 #pragma once
@@ -27,12 +30,13 @@ class SlotPolicy {
  public:
   enum Kind { LRU = 0, LRFU = 1, HOTPIN = 2 };
   static Kind parse(const std::string& name);  // "lru" | "lrfu" | "hotpin"; std::invalid_argument otherwise
-  // unpinned: slots HOTPIN never pins (one decode step's experts, k, fit in one wave)
+  // unpinned: slots HOTPIN never pins (one decode step's experts, k, are acquired without a release)
   SlotPolicy(int slots, Kind kind, int unpinned = 1);
-  void begin_call();  // a new MoE call (wave boundaries come from acquire returning -1)
+  void begin_call();  // a new MoE call (releases whatever the last one held)
   // The slot holding key (hit) or a slot to load it into (miss, possibly evicting), now busy.
-  // -1: every slot is busy (end the wave: compute, release_all, acquire again).
+  // -1: every evictable slot is busy (nothing changed: release the call's oldest slot, retry).
   int acquire(int64_t key, bool* hit);
+  void release(int s);  // slot s is no longer busy (its expert's compute is done)
   void release_all();
   void drop(int64_t key);  // forget a resident key (its slot's contents are invalid)
   int slots() const { return n_; }
@@ -77,7 +81,7 @@ class ExpertPager {
     std::atomic<int> state{0};  // 0 pending, 1 loaded, -1 failed
   };
   ExpertPager(const std::string& path, int64_t nkeys, size_t slot_bytes, uint64_t expert_base, int slots,
-              SlotPolicy::Kind kind, int k, size_t dense_bytes, int readers = 2);
+              SlotPolicy::Kind kind, int k, size_t dense_bytes, int readers = 4);
   ~ExpertPager();
   ExpertPager(const ExpertPager&) = delete;
   ExpertPager& operator=(const ExpertPager&) = delete;
@@ -91,6 +95,7 @@ class ExpertPager {
   bool wait(Ticket* t);                        // blocks until loaded; false on a read error
   void count(bool hit);
 
+  int readers() const { return (int)threads_.size(); }
   size_t slot_bytes() const { return slot_bytes_; }
   size_t dense_bytes() const { return dense_bytes_; }
   int64_t nkeys() const { return nkeys_; }
@@ -98,6 +103,7 @@ class ExpertPager {
   struct Stats {
     int64_t hits = 0, misses = 0, bytes_read = 0, evictions = 0;
     double read_seconds = 0, stall_seconds = 0;
+    double busy_seconds = 0;  // wall time with at least one read in flight (the disk kept busy)
   };
   Stats stats();
 
@@ -121,6 +127,8 @@ class ExpertPager {
   std::vector<std::thread> threads_;
   Stats stats_;
   int waiters_ = 0;  // compute threads in wait()
+  int inflight_ = 0;  // reads being performed
+  double busy_t0_ = 0;
   double stall_t0_ = 0;
 };
 

@@ -151,6 +151,7 @@ struct Model {
 struct PagingOptions {
   size_t budget = 0;
   std::string policy = "hotpin";
+  int readers = 4;  // reader threads (1..16); they block in pread, so more than cores is fine
 };
 
 void init_rope(Model& m);
