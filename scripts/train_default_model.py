@@ -9,7 +9,7 @@ DeepseekV4ForCausalLM in float32 on the CPU (the `oracle` extra); the directory 
 layout make-model writes (HF file spelling, BF16 safetensors), so the daemon and HF both load it.
 
     .venv/bin/pip install -e '.[plots]'
-    .venv/bin/python scripts/train_default_model.py --threads 1                     # full run (31 min here)
+    .venv/bin/python scripts/train_default_model.py --threads 1                     # full run (49 min here)
     .venv/bin/python scripts/train_default_model.py --steps 5 --out /tmp/smoke      # smoke run
 
 Work files (downloads, checkpoints, summary.json, history.json) go to --work (default
@@ -70,11 +70,11 @@ MAX_FILE_BYTES = 200_000  # skip generated tables and vendored blobs
 VOCAB = 8192
 SEQ = 512                # >= 2 HCA blocks (rate 128) and 128 CSA blocks (rate 4) per window
 BATCH = 4
-STEPS = 600              # fixed, so the run is reproducible (~1.2 M tokens; see docs/default-model.md for the time)
+STEPS = 1000             # fixed, so the run is reproducible (~2.0 M tokens; see docs/default-model.md for the time)
 LR, LR_MIN, WARMUP = 3e-3, 3e-4, 60
 WEIGHT_DECAY, CLIP = 0.1, 1.0
 BIAS_RATE = 1e-2         # aux-loss-free expert balancing (DeepSeek-V3/V4): router bias step per update; 1e-3 (V3's)
-                         # is too slow for a 600-step run: the top-k routers collapsed onto 2 of 8 experts
+                         # is too slow for a run this short: the top-k routers collapsed onto 2 of 8 experts
 EVAL_EVERY, EVAL_WINDOWS = 50, 16
 CKPT_EVERY = 50
 
