@@ -29,6 +29,27 @@ namespace cairn {
 
 static inline float softplus(float v) { return v > 20.f ? v : std::log1p(std::exp(v)); }
 
+// act[:, p0/2 panels ..] = silu(min(g, lim)) * clamp(u, -lim, lim) for one fused gate/up tile:
+// buf [M, ld] holds np panels (gate and up alternating, kPanel columns each); act is [M, Ip].
+static void swiglu_tile(const float* buf, int M, int ld, int np, int p0, float lim, float* act, int Ip) {
+  for (int i = 0; i < M; ++i) {
+    const float* ri = &buf[(size_t)i * ld];
+    float* dst = &act[(size_t)i * Ip + (size_t)(p0 / 2) * kPanel];
+    for (int q = 0; q < np / 2; ++q) {
+      float ga[kPanel], en[kPanel];
+      for (int l = 0; l < kPanel; ++l) {
+        ga[l] = std::min(ri[(2 * q) * kPanel + l], lim);
+        en[l] = -ga[l];
+      }
+      vexp(en, en, kPanel);
+      for (int l = 0; l < kPanel; ++l) {
+        const float ub = std::min(std::max(ri[(2 * q + 1) * kPanel + l], -lim), lim);
+        dst[q * kPanel + l] = (ga[l] / (1.f + en[l])) * ub;
+      }
+    }
+  }
+}
+
 static void moe_paged(const Model& m, int layer, const float* x, int S, const std::vector<int>& idx,
                       const std::vector<float>& wt, float* y);
 
@@ -155,22 +176,7 @@ void moe_block(const Model& m, int layer, const float* x, const int32_t* tokens,
       const int Ip = j.w13->out / 2;
       buf.resize((size_t)j.M * ld);
       packed_panels(j.xs.data(), j.M, *j.w13, p0, np, buf.data());
-      for (int i = 0; i < j.M; ++i) {
-        const float* ri = &buf[(size_t)i * ld];
-        float* dst = &j.act[(size_t)i * Ip + (size_t)(p0 / 2) * kPanel];
-        for (int q = 0; q < np / 2; ++q) {
-          float ga[kPanel], en[kPanel];
-          for (int l = 0; l < kPanel; ++l) {
-            ga[l] = std::min(ri[(2 * q) * kPanel + l], lim);
-            en[l] = -ga[l];
-          }
-          vexp(en, en, kPanel);
-          for (int l = 0; l < kPanel; ++l) {
-            const float ub = std::min(std::max(ri[(2 * q + 1) * kPanel + l], -lim), lim);
-            dst[q * kPanel + l] = (ga[l] / (1.f + en[l])) * ub;
-          }
-        }
-      }
+      swiglu_tile(buf.data(), j.M, ld, np, p0, lim, j.act.data(), Ip);
     }
 #pragma omp for schedule(dynamic, 1)
     for (int t = 0; t < nt2; ++t) {
@@ -253,22 +259,7 @@ bool run_jobs(const Model& m, ExpertPager& P, const std::vector<PJob*>& order, i
           const int np = std::min(kPackN, j.w13.out / kPanel - p0), ld = np * kPanel, Ip = j.w13.out / 2;
           buf.resize((size_t)j.M * ld);
           packed_panels(j.xs.data(), j.M, j.w13, p0, np, buf.data());
-          for (int i = 0; i < j.M; ++i) {
-            const float* ri = &buf[(size_t)i * ld];
-            float* dst = &j.act[(size_t)i * Ip + (size_t)(p0 / 2) * kPanel];
-            for (int q = 0; q < np / 2; ++q) {
-              float ga[kPanel], en[kPanel];
-              for (int l = 0; l < kPanel; ++l) {
-                ga[l] = std::min(ri[(2 * q) * kPanel + l], lim);
-                en[l] = -ga[l];
-              }
-              vexp(en, en, kPanel);
-              for (int l = 0; l < kPanel; ++l) {
-                const float ub = std::min(std::max(ri[(2 * q + 1) * kPanel + l], -lim), lim);
-                dst[q * kPanel + l] = (ga[l] / (1.f + en[l])) * ub;
-              }
-            }
-          }
+          swiglu_tile(buf.data(), j.M, ld, np, p0, lim, j.act.data(), Ip);
         }
         j.p1_left.fetch_sub(1, std::memory_order_release);
       } else {
