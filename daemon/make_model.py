@@ -365,7 +365,9 @@ def _corpus(size_words: int) -> list[str]:
     return lines
 
 
-def make_tokenizer(vocab_size: int):
+def make_tokenizer(vocab_size: int, texts=None, min_frequency: int = 1):
+    """Byte-level BPE with V4's special tokens (ids 0..), trained on `texts` (default: the synthetic
+    corpus); scripts/train_default_model.py trains the default model's on Python source."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
@@ -373,9 +375,10 @@ def make_tokenizer(vocab_size: int):
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS, show_progress=False,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), min_frequency=1)
-    text = _corpus(200_000 if vocab_size > 1024 else 20_000)
-    tok.train_from_iterator(text, trainer=trainer)
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), min_frequency=min_frequency)
+    if texts is None:
+        texts = _corpus(200_000 if vocab_size > 1024 else 20_000)
+    tok.train_from_iterator(texts, trainer=trainer)
     if tok.get_vocab_size() != vocab_size:
         # Should the synthetic text run out of merges, pad with unreachable filler tokens so the
         # tokenizer and the embedding table agree on the vocabulary size.

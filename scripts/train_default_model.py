@@ -184,22 +184,11 @@ def documents(files: list[tuple[str, str]]) -> tuple[list[str], list[str]]:
 
 
 def train_tokenizer(train_docs: list[str]):
-    """Byte-level BPE exactly as make_model.make_tokenizer builds it (same pre-tokenizer, decoder,
-    alphabet and special tokens, which take ids 0..8), trained on the training documents."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    """make_model's byte-level BPE (same pre-tokenizer, decoder, alphabet and special tokens at ids
+    0..8), trained on the training documents."""
+    from cairn.daemon.make_model import make_tokenizer
 
-    from cairn.daemon.make_model import SPECIAL_TOKENS
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=VOCAB, special_tokens=SPECIAL_TOKENS, show_progress=False,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), min_frequency=2)
-    tok.train_from_iterator(train_docs, trainer=trainer)
-    if tok.get_vocab_size() != VOCAB:
-        raise SystemExit(f"tokenizer has {tok.get_vocab_size()} tokens, expected {VOCAB}")
-    return tok
+    return make_tokenizer(VOCAB, train_docs, min_frequency=2)
 
 
 def tokenize(tok, docs: list[str]) -> np.ndarray:
