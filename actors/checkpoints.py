@@ -43,7 +43,7 @@ from .messages import FlushRecency, WriteCheckpoint
 from .plan import PrefillPlan, plan_prefill
 from .store import CheckpointStore, Entry, Eviction
 
-METRIC_TIER = {"memory": "ram", "disk": "disk"}   # the metric label values (daemon/metrics.py)
+METRIC_TIER = {"memory": "ram", "disk": "disk"}   # the metric label values (daemon/service/metrics.py)
 RESTORE_COST_MEMORY = 64     # prefill tokens a restore from memory is charged
 RESTORE_COST_DISK = 128      # a disk-only entry must be read first
 RELIST_EVERY_S = 10.0        # shared tier: list the directory at least this often, whatever its mtime says

@@ -25,7 +25,7 @@ class Engine:
     live: Any = None                  # kernel.State or None; remembers its tokens (state.tokens)
     runner: KernelRunner = field(init=False)
     checkpoints: Any = None           # actors.checkpoints.Checkpoints (None: built off in __post_init__)
-    metrics: Any = None               # cairn.daemon.metrics.Metrics, or None (actor tests)
+    metrics: Any = None               # cairn.daemon.service.metrics.Metrics, or None (actor tests)
     slots: list = field(default_factory=list)   # slots.Slot each, when the engine has more than one
     batcher: Any = None               # slots.DecodeBatcher (slot mode)
     # One-line service status for the supervisor (systemd STATUS=); a no-op unless the daemon sets it.

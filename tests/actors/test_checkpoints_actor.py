@@ -16,8 +16,8 @@ from cairn.actors import disk_format, disk_io
 from cairn.actors.checkpoint_writer import checkpoint_writer
 from cairn.actors.checkpoints import Checkpoints
 from cairn.actors.disk_format import file_name, prefix_hash
-from cairn.daemon.logs import get_logger
-from cairn.daemon.metrics import Metrics
+from cairn.daemon.service.logs import get_logger
+from cairn.daemon.service.metrics import Metrics
 
 
 def toks(seed: int, n: int = 600) -> np.ndarray:

@@ -18,8 +18,8 @@ from cairn.actors.checkpoints import Checkpoints
 from cairn.actors.disk_format import file_name, prefix_hash
 from cairn.actors.messages import WriteCheckpoint
 from cairn.actors.shared_evict import FileStat, abandoned_temps, choose_victims
-from cairn.daemon.logs import get_logger
-from cairn.daemon.metrics import Metrics
+from cairn.daemon.service.logs import get_logger
+from cairn.daemon.service.metrics import Metrics
 
 HERE = Path(__file__).parent
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 import trio
 from structlog.testing import capture_logs
 
-from cairn.daemon.config import load_settings
-from cairn.daemon.main import load
+from cairn.daemon.service.config import load_settings
+from cairn.daemon.service.main import load
 from daemon_harness import daemon, request
 
 
@@ -61,7 +61,7 @@ async def test_paged_daemon_answers_as_the_resident_one_and_reports_the_cache(ex
 def test_a_budget_below_the_kernels_minimum_is_a_start_error_naming_the_setting(experts_dir, tmp_path):
     import pytest
 
-    from cairn.daemon.config import ConfigError
+    from cairn.daemon.service.config import ConfigError
 
     with pytest.raises(ConfigError) as e:
         _load(experts_dir, tmp_path, "4K")

@@ -23,7 +23,7 @@ import pytest
 DEADLINE_S = 25.0
 WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi rho sigma tau".split()
 # one slot: the default (from the machine's memory) would vary by host
-CAIRN = [sys.executable, "-m", "cairn.daemon.cli", "serve", "--slots", "1"]
+CAIRN = [sys.executable, "-m", "cairn.daemon.cli.main", "serve", "--slots", "1"]
 
 
 def smg_binary() -> str:

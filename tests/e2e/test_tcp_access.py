@@ -11,7 +11,7 @@ import pytest
 import trio
 from structlog.testing import capture_logs
 
-from cairn.daemon.access import api_key_matches, loopback_host
+from cairn.daemon.api.access import api_key_matches, loopback_host
 from daemon_harness import daemon, fake_loaded
 
 
@@ -74,7 +74,7 @@ async def test_api_key_with_non_ascii_characters_is_accepted(tiny_model_dir, tmp
 def test_api_key_compared_on_bytes_in_constant_time(monkeypatch):
     import hmac
 
-    from cairn.daemon import access
+    from cairn.daemon.api import access
 
     calls, real = [], hmac.compare_digest
     monkeypatch.setattr(access.hmac, "compare_digest", lambda a, b: calls.append((a, b)) or real(a, b))

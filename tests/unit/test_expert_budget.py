@@ -1,15 +1,15 @@
-"""`--expert-cache`: the setting's forms, the sizing policy (daemon/expert_budget.py), the memory
-room of this process from /proc and its cgroup v1/v2 (daemon/memory_probe.py), and how the daemon
-applies the plan (daemon/main.py)."""
+"""`--expert-cache`: the setting's forms, the sizing policy (daemon/service/expert_budget.py), the memory
+room of this process from /proc and its cgroup v1/v2 (daemon/service/memory_probe.py), and how the daemon
+applies the plan (daemon/service/main.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from cairn.daemon.config import ConfigError, load_settings
-from cairn.daemon.expert_budget import (MARGIN_MIN, STATE_PLAN_TOKENS, BudgetError, ExpertCacheSetting,
+from cairn.daemon.service.config import ConfigError, load_settings
+from cairn.daemon.service.expert_budget import (MARGIN_MIN, STATE_PLAN_TOKENS, BudgetError, ExpertCacheSetting,
                                         ModelBytes, parse_expert_cache, plan_memory, split_weight_bytes)
-from cairn.daemon.memory_probe import CgroupRoom, MemoryRoom, cgroup_room, memory_room, own_cgroups
+from cairn.daemon.service.memory_probe import CgroupRoom, MemoryRoom, cgroup_room, memory_room, own_cgroups
 
 GIB, MIB = 1 << 30, 1 << 20
 
@@ -148,8 +148,8 @@ def test_memory_room_is_the_smaller_of_memavailable_and_the_cgroup(tmp_path):
 
 
 def test_daemon_plans_from_the_model_directory(tiny_model_dir):
-    from cairn.daemon.main import Loaded, choose_slots, plan_expert_cache
-    from cairn.daemon.model_dir import open_model_dir
+    from cairn.daemon.service.main import Loaded, choose_slots, plan_expert_cache
+    from cairn.daemon.weights.model_dir import open_model_dir
 
     md = open_model_dir(tiny_model_dir)
     weights = split_weight_bytes((n, t.end - t.start) for n, t in md.tensors.items())

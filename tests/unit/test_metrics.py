@@ -1,4 +1,4 @@
-"""cairn.daemon.metrics: values, label checks, and output that a real Prometheus parser accepts."""
+"""cairn.daemon.service.metrics: values, label checks, and output that a real Prometheus parser accepts."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import threading
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from cairn.daemon.metrics import CONTENT_TYPE, Metrics, Registry
+from cairn.daemon.service.metrics import CONTENT_TYPE, Metrics, Registry
 
 
 def parse(text: str) -> dict:

@@ -10,9 +10,9 @@ import trio.testing
 
 from cairn.actors.messages import Progress, RequestControl, Sampling, Started, Submit, TokenOut
 from cairn.actors.progress import ProgressReporter
-from cairn.daemon.client import (ClientError, ProgressDisplay, format_checkpoints, format_status, iter_sse,
+from cairn.daemon.cli.client import (ClientError, ProgressDisplay, format_checkpoints, format_status, iter_sse,
                                  progress_line)
-from cairn.daemon.status import StatusBoard, checkpoint_tiers
+from cairn.daemon.api.status import StatusBoard, checkpoint_tiers
 
 
 def _submit(buffer: int = 64):

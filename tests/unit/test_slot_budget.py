@@ -1,13 +1,13 @@
-"""The default --slots from the memory budget (daemon/slot_budget.py), and how the daemon applies it."""
+"""The default --slots from the memory budget (daemon/service/slot_budget.py), and how the daemon applies it."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from cairn.daemon.config import load_settings
-from cairn.daemon.main import Loaded, choose_slots
-from cairn.daemon.slot_budget import SLOTS_CAP, available_memory, default_slots, state_bytes
+from cairn.daemon.service.config import load_settings
+from cairn.daemon.service.main import Loaded, choose_slots
+from cairn.daemon.service.slot_budget import SLOTS_CAP, available_memory, default_slots, state_bytes
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -53,7 +53,7 @@ def test_state_bytes_match_the_kernels_state_nbytes(tiny_model_dir):
     """The formula agrees with the real kernel's State.nbytes (payload) on either side of the window
     and of the compression rates."""
     from cairn import _kernel
-    from cairn.daemon.model_dir import load_model, open_model_dir
+    from cairn.daemon.weights.model_dir import load_model, open_model_dir
 
     md = open_model_dir(tiny_model_dir)
     model = load_model(md, 1)
@@ -67,7 +67,7 @@ def test_state_bytes_match_the_kernels_state_nbytes(tiny_model_dir):
 
 
 def test_state_bytes_grow_with_tokens(tiny_model_dir):
-    from cairn.daemon.model_dir import open_model_dir
+    from cairn.daemon.weights.model_dir import open_model_dir
 
     cfg = open_model_dir(tiny_model_dir).config
     assert state_bytes(cfg, 100_000) > state_bytes(cfg, 10_000) > state_bytes(cfg, 1)
@@ -79,7 +79,7 @@ def _loaded(config, context_length=4096) -> Loaded:
 
 
 def test_explicit_slots_setting_wins_over_the_memory_budget(tmp_path, tiny_model_dir):
-    from cairn.daemon.model_dir import open_model_dir
+    from cairn.daemon.weights.model_dir import open_model_dir
 
     meminfo = tmp_path / "meminfo"
     meminfo.write_text("MemAvailable: 64000000 kB\n")

@@ -1,4 +1,4 @@
-"""cairn.daemon.systemd against fakes: a datagram socket as $NOTIFY_SOCKET, fds passed to a child
+"""cairn.daemon.service.systemd against fakes: a datagram socket as $NOTIFY_SOCKET, fds passed to a child
 process as systemd would, and (when installed) the real systemd-socket-activate and systemd-analyze.
 
 Rules: no sleeps for timing (the watchdog runs on trio's autojump clock); every wait on a child or a
@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from cairn.daemon import systemd
+from cairn.daemon.service import systemd
 
 REPO = Path(__file__).resolve().parents[2]
 UNITS = REPO / "systemd"
@@ -142,8 +142,8 @@ def test_watchdog_pings_while_a_slow_model_load_runs_before_ready(notify_socket,
 
     from daemon_harness import fake_loaded
 
-    from cairn.daemon.config import load_settings
-    from cairn.daemon.main import serve
+    from cairn.daemon.service.config import load_settings
+    from cairn.daemon.service.main import serve
 
     monkeypatch.setenv("WATCHDOG_USEC", "20000")             # a ping every 10 ms
     monkeypatch.delenv("WATCHDOG_PID", raising=False)
@@ -208,7 +208,7 @@ async def test_watchdog_task_without_interval_returns(notify_socket):
 # Prints what listen_fds() returned, then serves one connection on the socket named "api".
 CHILD = textwrap.dedent("""
     import fcntl, json, os, socket, sys
-    from cairn.daemon import systemd
+    from cairn.daemon.service import systemd
     got = systemd.listen_fds()
     report = {
         "names": [name for name, _ in got],
@@ -390,7 +390,7 @@ def test_unit_settings_the_daemon_relies_on():
 
 
 def test_example_config_loads():
-    from cairn.daemon.config import load_settings
+    from cairn.daemon.service.config import load_settings
 
     s = load_settings({"config": str(UNITS / "cairn.toml.example")}, env={})
     assert s.socket == "/run/cairn/cairn.sock" and s.checkpoint_dir == "/var/lib/cairn/checkpoints" and s.tcp is None
@@ -412,12 +412,12 @@ PROBE = textwrap.dedent("""
     except OSError:
         print("AF_INET refused")
     import numpy as np, threadpoolctl, trio, hypercorn.trio, structlog, tokenizers, jinja2
-    import cairn.daemon.cli
+    import cairn.daemon.cli.main
     try:
         import cairn._kernel  # loads libgomp too; an ImportError (kernel not built) is not ours
     except ImportError:
         pass
-    from cairn.daemon import systemd
+    from cairn.daemon.service import systemd
     a = np.ones((256, 256), dtype=np.float32)
     with threadpoolctl.threadpool_limits(1):
         assert trio.run(trio.to_thread.run_sync, lambda: float((a @ a).sum())) == 256.0 ** 3

@@ -23,7 +23,7 @@ from cairn.actors.engine import Engine
 from cairn.actors.wiring import start_engine
 
 from . import systemd
-from .api import API
+from cairn.daemon.api.app import API
 from .config import ConfigError, Settings, add_arguments, load_settings
 from .logs import configure_logging, get_logger
 
@@ -44,13 +44,13 @@ class Loaded:
 
 
 def load(settings: Settings, kernel=None) -> Loaded:
-    from .chat_encoding import choose_renderer
-    from .model_dir import load_model, open_model_dir
-    from .tokenizer import TextTokenizer
+    from cairn.daemon.protocol.chat_encoding import choose_renderer
+    from cairn.daemon.weights.model_dir import load_model, open_model_dir
+    from cairn.daemon.protocol.tokenizer import TextTokenizer
 
     if kernel is None:
         from cairn import _kernel as kernel
-    from .weight_digest import CACHE_NAME
+    from cairn.daemon.weights.weight_digest import CACHE_NAME
 
     log = get_logger()
     # The weight-digest cache lives in the checkpoint directory: the place the daemon may write.
@@ -83,7 +83,7 @@ def load(settings: Settings, kernel=None) -> Loaded:
 
 
 def plan_expert_cache(settings: Settings, md, room=None):
-    """The expert-cache budget for this model on this machine (daemon/expert_budget.py), from the
+    """The expert-cache budget for this model on this machine (daemon/service/expert_budget.py), from the
     memory measured now, before the load (`room`: memory_probe.MemoryRoom, for tests)."""
     from .expert_budget import parse_expert_cache, plan_memory, plan_state_tokens, split_weight_bytes
     from .memory_probe import memory_room
@@ -174,7 +174,7 @@ async def _on_signal(cancel_scope: trio.CancelScope, log) -> None:
 
 async def run_daemon(settings: Settings, loaded: Loaded, *, handle_signals: bool = True,
                      task_status=trio.TASK_STATUS_IGNORED) -> None:
-    from .server import check_inherited, make_sockets
+    from cairn.daemon.api.server import check_inherited, make_sockets
 
     log = get_logger()
     from .metrics import Metrics
@@ -205,9 +205,9 @@ async def run_daemon(settings: Settings, loaded: Loaded, *, handle_signals: bool
 
 async def _serve_all(settings, loaded, engine, model_id, sockets, log, handle_signals, task_status,
                      slots) -> None:
-    from .server import serve_http
-    from .status import StatusBoard
-    from .tokenizer import StreamDecoder
+    from cairn.daemon.api.server import serve_http
+    from cairn.daemon.api.status import StatusBoard
+    from cairn.daemon.protocol.tokenizer import StreamDecoder
 
     async with trio.open_nursery() as nursery:
         if handle_signals:
@@ -272,8 +272,8 @@ def _serve(args: argparse.Namespace) -> int:
 
 def serve(settings: Settings, load_model=load) -> int:
     """Load the model, then serve it until SIGTERM / SIGINT. Exit status: 0, 1 (sockets), 2 (model)."""
-    from .model_dir import ModelDirError
-    from .server import prepare_socket_dir
+    from cairn.daemon.weights.model_dir import ModelDirError
+    from cairn.daemon.api.server import prepare_socket_dir
 
     if not os.environ.get("LISTEN_FDS"):      # else systemd owns the socket (checked again at bind)
         try:

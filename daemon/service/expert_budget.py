@@ -1,7 +1,7 @@
 """Pure sizing of the routed-expert cache (`--expert-cache`) and the default `--slots`: one policy
 for how the machine's memory is split between weights, live states, checkpoints and paged experts.
 
-The daemon reads the numbers (daemon/memory_probe.py) and passes them in; nothing here touches the
+The daemon reads the numbers (daemon/service/memory_probe.py) and passes them in; nothing here touches the
 system. The split, in this order:
 
     avail    = min(MemAvailable, the cgroup's limit - its unreclaimable usage)   measured before the load

@@ -24,10 +24,10 @@ from cairn.actors.turns import turn_boundaries
 
 from . import worker_info
 from .access import api_key_matches, loopback_host
-from .agent_protocol import AgentProtocol
-from .chat import ChatTemplateError
-from .encoding_dsv4 import DSML
-from .http import read_body, send_error, send_json
+from cairn.daemon.protocol.agent_protocol import AgentProtocol
+from cairn.daemon.protocol.chat import ChatTemplateError
+from cairn.daemon.protocol.encoding_dsv4 import DSML
+from .asgi import read_body, send_error, send_json
 from .responders import ChatJSON, ChatStream, CompletionOut
 from .schemas import APIError, CommonParams, parse_chat, parse_completion, parse_json_body
 
@@ -63,7 +63,7 @@ class API:
         if status is None:
             from .status import StatusBoard
             status = StatusBoard(fingerprint=fingerprint, context_length=context_length)
-        self.status = status       # daemon/status.py: GET /v1/status, fed by _drive
+        self.status = status       # daemon/api/status.py: GET /v1/status, fed by _drive
         self.reasoning = reasoning   # the server's default mode (--reasoning)
         self.agent = AgentProtocol(tokenizer, vocab_size, log)
         self.created = int(time.time())
@@ -127,7 +127,7 @@ class API:
             ("GET", "/metrics"): self._metrics,
             ("GET", "/v1/checkpoints"): self._checkpoints,
             ("GET", "/v1/status"): self._status,
-            ("GET", "/server_info"): self._server_info,     # for a gateway: daemon/worker_info.py
+            ("GET", "/server_info"): self._server_info,     # for a gateway: daemon/api/worker_info.py
             ("GET", "/model_info"): self._model_info,
             ("GET", "/v1/loads"): self._loads,
             ("POST", "/v1/chat/completions"): self._chat,
@@ -168,7 +168,7 @@ class API:
         await send_json(send, 200, {"status": "ok", "model": self.model_id})
 
     async def _metrics(self, scope, receive, send) -> None:
-        from .metrics import CONTENT_TYPE
+        from cairn.daemon.service.metrics import CONTENT_TYPE
 
         body = (self.metrics.render() if self.metrics is not None else "").encode()
         await send({"type": "http.response.start", "status": 200,

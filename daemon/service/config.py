@@ -167,7 +167,7 @@ class Settings:
     segment: int
     chunk: int
     progress_interval_ms: int
-    slots: int | None          # None: chosen at start from the memory budget (daemon/slot_budget.py)
+    slots: int | None          # None: chosen at start from the memory budget (daemon/service/slot_budget.py)
     queue_size: int
     threads: int
     log_level: str
@@ -182,7 +182,7 @@ class Settings:
     shared_checkpoint_dir: str | None
     checkpoint_min_tokens: int
     packed_cache_dir: str
-    expert_cache: str          # daemon/expert_budget.py parses it; "auto" sizes it from memory at start
+    expert_cache: str          # daemon/service/expert_budget.py parses it; "auto" sizes it from memory at start
 
     @property
     def socket_mode_int(self) -> int:

@@ -114,7 +114,7 @@ class StatusBoard:
     fingerprint: str = ""
     context_length: int | None = None
     slots_reason: str = ""           # why the engine has this many slots (the setting, or the memory budget)
-    expert_reason: str = ""          # why the expert cache has its budget (daemon/expert_budget.py)
+    expert_reason: str = ""          # why the expert cache has its budget (daemon/service/expert_budget.py)
     started_at: float = field(default_factory=time.monotonic)
     requests: dict = field(default_factory=dict)
 
@@ -168,7 +168,7 @@ class StatusBoard:
                 "elapsed_s": round(now - t.submitted_at, 3)}
 
     def load(self) -> dict:
-        """The load figure a gateway balances on (GET /v1/loads, daemon/worker_info.py): requests the
+        """The load figure a gateway balances on (GET /v1/loads, daemon/api/worker_info.py): requests the
         engine is running and holding in its queue, and the prompt tokens still to prefill (the
         running prefill's rest plus every queued prompt). Ended requests do not count."""
         running = waiting = pending = queued_tokens = 0

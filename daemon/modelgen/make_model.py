@@ -22,9 +22,9 @@ import numpy as np
 
 from .flash_slice import flash_slice_preset, write_flash_slice
 from .quantize import QUANTIZATION_CONFIG, official_f32, quantize_fp4, quantize_fp8, quantized_format
-from .safetensors_io import to_bf16_bits, write_file
+from cairn.daemon.weights.safetensors_io import to_bf16_bits, write_file
 
-# DeepSeek-V4's special tokens (daemon/encoding_dsv4.py), then padding.
+# DeepSeek-V4's special tokens (daemon/protocol/encoding_dsv4.py), then padding.
 SPECIAL_TOKENS = [
     "<｜begin▁of▁sentence｜>",
     "<｜end▁of▁sentence｜>",
@@ -47,11 +47,11 @@ def _lit(text: str) -> str:
 def v4_chat_template() -> str:
     """The V4 encoding as a jinja template, for Hugging Face's apply_chat_template (the oracle) and
     any other consumer of the directory. cairn itself serves these directories with the native encoder
-    (daemon/encoding_dsv4.py): this template renders the probe conversations identically
-    (daemon/chat_encoding.py), which is how cairn recognises it. What a template cannot do and the
+    (daemon/protocol/encoding_dsv4.py): this template renders the probe conversations identically
+    (daemon/protocol/chat_encoding.py), which is how cairn recognises it. What a template cannot do and the
     native encoder does: parse JSON-string tool arguments (here a string becomes one `arguments`
     parameter), sort tool results by call order, the response-format block, the 0731 effort levels."""
-    from . import encoding_dsv4 as e
+    from cairn.daemon.protocol import encoding_dsv4 as e
 
     d = e.DSML
     nl, nl2 = _lit("\n"), _lit("\n\n")

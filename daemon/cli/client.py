@@ -17,8 +17,8 @@ from collections.abc import Iterator
 
 import httpx
 
-from .config import default_socket_path
-from .socket_dir import SocketDirError, check_socket_dir
+from cairn.daemon.service.config import default_socket_path
+from cairn.daemon.service.socket_dir import SocketDirError, check_socket_dir
 
 UNREACHABLE = "cannot reach cairn at {path}: is the daemon running? (systemctl status cairn / cairn serve)"
 
@@ -29,7 +29,7 @@ class ClientError(Exception):
 
 def socket_path(args: argparse.Namespace | None = None) -> str:
     """The socket to use. A path the user gave is theirs to vouch for; the default path is only used
-    when its directory is safe (daemon/socket_dir.py): a /tmp/cairn-$UID made by another user would
+    when its directory is safe (daemon/service/socket_dir.py): a /tmp/cairn-$UID made by another user would
     let them stand in for the daemon and read the prompts."""
     given = getattr(args, "socket", None) or os.environ.get("CAIRN_SOCKET")
     if given:
