@@ -150,7 +150,8 @@ class API:
     def _check_tcp_access(self, scope) -> None:
         headers = dict(scope.get("headers") or [])
         if self.api_key is not None:
-            self._check_key(scope)
+            if scope["path"].rstrip("/") != "/health":   # liveness stays open: a gateway probes it without the key
+                self._check_key(scope)
         elif b"host" in headers and not loopback_host(headers[b"host"]):
             host = headers[b"host"].decode("latin-1")
             raise APIError(403, f"Host {host!r} is not allowed: without an API key the TCP listener only answers "

@@ -150,3 +150,15 @@ async def test_without_an_api_key_the_operator_endpoints_stay_open_on_the_unix_s
                 assert (await anon.get("/v1/status")).status_code == 200
                 [row] = (await anon.get("/v1/checkpoints")).json()["data"]
                 assert (await anon.delete(f"/v1/checkpoints/{row['id']}")).status_code == 200
+
+
+async def test_with_an_api_key_tcp_answers_only_health_without_it(tiny_model_dir, tmp_path):
+    """A gateway probes /health before it sends any key (smg does): liveness stays open, nothing else."""
+    loaded = fake_loaded(tiny_model_dir)
+    sock, port = tmp_path / "c.sock", _free_port()
+    with trio.fail_after(30), capture_logs():
+        async with daemon(loaded, sock, tcp=f"127.0.0.1:{port}", api_key="sekrit"):
+            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as c:
+                assert (await c.get("/health")).json()["status"] == "ok"
+                for path in ("/v1/models", "/v1/status", "/v1/checkpoints", "/v1/loads", "/server_info"):
+                    assert (await c.get(path)).status_code == 401, path
