@@ -19,7 +19,8 @@ Design notes
    the request falls back to a fresh prefill (or a shorter checkpoint).
  * Shared disk tier (``shared=True``, ``--shared-checkpoint-dir``): the model's subdirectory is used
    by several daemons at once (shared_dir.py): no lock for the daemon's lifetime, new files of other
-   daemons indexed by ``refresh`` (run before each request is planned, when the directory changed),
+   daemons indexed by ``refresh`` (in ``refresh_loop``, asked for before each plan, which waits for
+   it at most PLAN_LISTING_WAIT_S; every call on the mount under a deadline, ``_on_shared``),
    the byte budget kept by eviction passes under a lease after each write (the store itself never
    evicts disk entries then), and a file that vanished (evicted by another daemon) is a quiet miss.
  * Memory: a blob queued for the writer is held in the store's memory budget until written
@@ -54,6 +55,8 @@ RELIST_EVERY_S = 10.0        # shared tier: list the directory at least this oft
                              # (a network file system may cache a directory's attributes for seconds)
 SHARED_LIST_TIMEOUT_S = 30.0 # shared tier: a stat + listing that takes longer is given up (a hung mount)
 SHARED_LOAD_TIMEOUT_S = 20.0 # shared tier: a request waits this long for a file, then prefills cold
+PLAN_LISTING_WAIT_S = 0.25   # shared tier: planning waits at most this for the listing it asked for (a
+                             # healthy mount answers in milliseconds), then plans with the last one
 
 
 class SharedUnresponsive(Exception):
@@ -117,6 +120,9 @@ class Checkpoints:
         self.shared_load_timeout_s = SHARED_LOAD_TIMEOUT_S if shared_load_timeout_s is None else shared_load_timeout_s
         self._hung: threading.Event | None = None   # set when the shared call that ran past its deadline returns
         self._refresh_wanted = trio.Event()         # poked before each plan; refresh_loop lists in the background
+        self._refresh_done = trio.Event()           # set (and replaced) each time refresh_loop finishes one
+        self._refreshes = 0                         # refreshes refresh_loop has finished
+        self._loop_running = False
         self.disk_enabled = False          # set by open_disk() when the directory is usable
         self.store = CheckpointStore(max_slots=max_slots if enabled else 0, max_bytes=max_bytes,
                                      disk_max_bytes=0, clock=_MonotonicWallClock())
@@ -396,19 +402,38 @@ class Checkpoints:
             self.log.info("checkpoint_disk_index", dir=str(self.disk_dir), entries=st.disk_entries,
                           bytes=st.disk_bytes, shared=True)
 
-    def request_refresh(self) -> None:
-        """Before a plan: ask ``refresh_loop`` for a listing and return at once. Planning uses the
-        index as the last listing left it; it never waits on the shared mount."""
+    async def refresh_before_plan(self, wait_s: float = PLAN_LISTING_WAIT_S) -> None:
+        """Before a plan: ask ``refresh_loop`` for a listing that starts now and wait for it at most
+        ``wait_s`` (none at all while the mount is known to hang), so a peer's file published just
+        before is usually found. Past that the plan uses the index as the last listing left it: a
+        slow or hung mount never holds a request for longer."""
+        if not (self.shared and self.disk_enabled and self._loop_running):
+            return
+        target = self._refreshes + (2 if self._refreshing else 1)   # a listing already running may predate the file
         self._refresh_wanted.set()
+        if self._shared_hung():
+            return
+        with trio.move_on_after(wait_s):
+            while self._refreshes < target:
+                await self._refresh_done.wait()
 
     async def refresh_loop(self) -> None:
-        """Shared tier, in the checkpoint writer's nursery: refresh when asked (``request_refresh``)
-        or every RELIST_EVERY_S, each listing under its deadline."""
-        while True:
-            with trio.move_on_after(RELIST_EVERY_S):
-                await self._refresh_wanted.wait()
-            self._refresh_wanted = trio.Event()
-            await self.refresh()
+        """Shared tier, in the checkpoint writer's nursery: refresh when asked
+        (``refresh_before_plan``) or every RELIST_EVERY_S, each listing under its deadline."""
+        self._loop_running = True
+        try:
+            while True:
+                with trio.move_on_after(RELIST_EVERY_S):
+                    await self._refresh_wanted.wait()
+                self._refresh_wanted = trio.Event()
+                try:
+                    await self.refresh()
+                finally:
+                    self._refreshes += 1
+                    self._refresh_done.set()
+                    self._refresh_done = trio.Event()
+        finally:
+            self._loop_running = False
 
     def _shared_hung(self) -> bool:
         """True while a shared call that ran past its deadline has not returned. The first call

@@ -76,7 +76,7 @@ async def _prepare(engine: Engine, submit, ids: np.ndarray, log):
     a disk-only one first) or make a fresh one. A checkpoint that turns out bad is dropped with a
     warning and the request is planned again (a shorter checkpoint, the live state, or fresh)."""
     ck = engine.checkpoints
-    ck.request_refresh()   # a shared disk tier: list it in the background; plan with the last listing
+    await ck.refresh_before_plan()   # a shared disk tier: a fresh listing if the mount answers at once
     for _ in range(4):
         live = engine.live
         live_tokens = None

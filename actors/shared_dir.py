@@ -11,8 +11,9 @@ Design notes
  * Published atomically: temp file in the same directory, fsync, rename (disk_io.atomic_write). A
    reader sees no file or the complete one.
  * Discovered while running: ``changes`` lists the directory and reads the headers of names not
-   seen before, and reports names that vanished; the caller runs it when the directory's mtime
-   changed (one ``stat``), so a daemon finds its peers' checkpoints before it plans a request.
+   seen before, and reports names that vanished; the caller runs it in the background when the
+   directory's mtime changed (one ``stat``), under a deadline, so a daemon finds its peers'
+   checkpoints and a hung mount never holds a request (Checkpoints.refresh_loop).
  * Read safely while another daemon evicts: a reader opens the file and reads it whole
    (disk_io.load); an unlink after the open does not touch the open file. A file gone before the
    open is a miss, never an error; a damaged file fails its CRC and is skipped (and removed).

@@ -384,3 +384,26 @@ async def test_a_planted_file_whose_state_holds_other_tokens_never_changes_the_a
     assert [p["action"] for p in plans] == ["fresh"] and plans[0]["reused_tokens"] == 0
     assert forged.status == 200 and forged.json()["choices"][0]["text"] == want
     assert not (d / file_name(a_t)).exists() or disk_io.load(d / file_name(a_t), fp)[1] != b_blob
+
+
+async def test_before_a_plan_a_healthy_mount_gives_a_fresh_listing_and_a_hung_one_only_a_bounded_wait(tmp_path,
+                                                                                                    monkeypatch):
+    a, b = await shared_ck(tmp_path), await shared_ck(tmp_path)
+    async with trio.open_nursery() as n:
+        n.start_soon(b.refresh_loop)
+        await trio.sleep(0.05)
+        eid = await write(a, 1, b"x" * 1000)           # published a moment before b plans
+        await b.refresh_before_plan()
+        assert b.store.get(eid) is not None            # found by the listing it asked for
+        calls, release = [], threading.Event()
+        monkeypatch.setattr(shared_dir, "dir_mtime", blocking(calls, release))
+        try:
+            with trio.fail_after(5):
+                for _ in range(3):
+                    t0 = trio.current_time()
+                    await b.refresh_before_plan(wait_s=0.2)
+                    assert trio.current_time() - t0 < 1.0   # bounded, though the listing never returns
+            assert len(calls) == 1                     # one listing stuck in the mount, not one per plan
+        finally:
+            release.set()
+            n.cancel_scope.cancel()
