@@ -102,7 +102,8 @@ class Checkpoints:
     def __init__(self, *, enabled: bool = True, max_slots: int = 4, max_bytes: int = 1 << 30,
                  min_tokens: int = 512, tail_guard: int = 8, fingerprint: str = "",
                  disk_dir: str | Path | None = None, disk_max_bytes: int = 0, shared: bool = False,
-                 shared_list_timeout_s: float | None = None, shared_load_timeout_s: float | None = None, log=None, metrics=None) -> None:
+                 shared_list_timeout_s: float | None = None, shared_load_timeout_s: float | None = None,
+                 log=None, metrics=None) -> None:
         self.enabled = enabled
         self.min_tokens = min_tokens
         self.tail_guard = tail_guard
