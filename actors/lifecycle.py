@@ -22,6 +22,7 @@ from typing import Any, Awaitable, Callable
 import trio
 
 from .engine import Engine
+from .errors import single
 from .messages import CancelAck, Failed, Finished
 from .replies import finish
 
@@ -42,27 +43,6 @@ class ClientGone(Exception):
     def __init__(self, stalled: bool = False) -> None:
         super().__init__("the client stopped reading" if stalled else "the client has gone")
         self.stalled = stalled
-
-
-def single(exc: BaseException) -> BaseException:
-    """A group with one leaf (however nested) -> that leaf; a group of only `Cancelled` -> its first
-    `Cancelled`; anything else unchanged."""
-    if not isinstance(exc, BaseExceptionGroup):
-        return exc
-    leaves: list[BaseException] = []
-    stack = [exc]
-    while stack:
-        e = stack.pop()
-        if isinstance(e, BaseExceptionGroup):
-            stack.extend(reversed(e.exceptions))
-        else:
-            leaves.append(e)
-    real = [e for e in leaves if not isinstance(e, trio.Cancelled)]
-    if len(real) == 1:
-        return real[0]
-    if not real and leaves:
-        return leaves[0]
-    return exc
 
 
 async def attached(sub, work: Callable[[], Awaitable[Any]], *, engine: Engine, log, stage: str,

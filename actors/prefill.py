@@ -76,7 +76,7 @@ async def _prepare(engine: Engine, submit, ids: np.ndarray, log):
     a disk-only one first) or make a fresh one. A checkpoint that turns out bad is dropped with a
     warning and the request is planned again (a shorter checkpoint, the live state, or fresh)."""
     ck = engine.checkpoints
-    await ck.refresh()   # a shared disk tier: index the files other daemons published (else a no-op)
+    await ck.refresh_before_plan()   # a shared disk tier: a fresh listing if the mount answers at once
     for _ in range(4):
         live = engine.live
         live_tokens = None
@@ -100,6 +100,8 @@ async def _prepare(engine: Engine, submit, ids: np.ndarray, log):
             if entry is not None:
                 await ck.drop_bad(entry, f"kernel refused the snapshot: {e}", submit.request_id)
             continue
+        if not await ck.check_restored(plan.restore_id, state.tokens, ids[:plan.start], submit.request_id):
+            continue   # a planted or stale file: never let it change the answer
         engine.live = state
         ck.note_plan(plan, ids, submit.request_id)
         ck.hit(plan.restore_id, tier, submit.request_id, len(ids))

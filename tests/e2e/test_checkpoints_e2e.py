@@ -497,7 +497,7 @@ async def test_full_disk_rlimit_fsize_one_warning_requests_succeed(loaded, tiny_
     finally:
         d.stop()
     assert d.p.returncode == 0
-    warn = [e for e in d.lines if e.get("event") == "checkpoint_disk_unavailable"]
+    warn = [e for e in d.lines if e.get("event") == "checkpoint_disk_writes_paused"]
     assert len(warn) == 1 and warn[0]["level"] == "warning" and "too large" in warn[0]["error"].lower()
     assert {r["tier"] for r in rows} == {"memory"} and not list(ckdir.glob("**/*.ckpt"))
     assert not list(ckdir.glob("**/.*.ckpt.*.tmp"))

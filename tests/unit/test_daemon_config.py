@@ -134,3 +134,19 @@ def test_systemd_passed_tcp_socket_off_loopback_needs_an_api_key():
         check_inherited([public], "secret")
         with pytest.raises(OSError, match="not loopback; set api_key"):
             check_inherited([local, public], None)
+
+
+def test_api_key_file_is_read_stripped_and_an_unusable_one_is_a_clear_error(tmp_path):
+    key = tmp_path / "api_key"
+    key.write_text("  s3cret \n")
+    s = load_settings({"api_key_file": str(key), "tcp": "0.0.0.0:8000"}, {})
+    assert s.api_key == "s3cret"                     # and it satisfies the non-loopback check
+    assert load_settings({}, {"CAIRN_API_KEY_FILE": str(key)}).api_key == "s3cret"
+    (tmp_path / "empty").write_text("\n")
+    for flags, env, words in [({"api_key_file": str(tmp_path / "empty")}, {}, ["api_key_file", "empty"]),
+                              ({"api_key_file": str(tmp_path / "nope")}, {}, ["api_key_file", "cannot read",
+                                                                            "No such file"]),
+                              ({"api_key_file": str(key)}, {"CAIRN_API_KEY": "k"}, ["both set", "one of them"])]:
+        with pytest.raises(ConfigError) as e:
+            load_settings(flags, env)
+        assert all(w in str(e.value) for w in words), str(e.value)

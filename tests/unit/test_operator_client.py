@@ -160,3 +160,25 @@ def test_status_lists_every_running_request_in_slot_mode():
     assert "running      a: prefill 64/100" in text and "running      b: decode 0/8" in text
     board.finished("a")
     assert [r["id"] for r in board.snapshot("tiny")["active"]] == ["b"]
+
+
+def test_the_cli_key_comes_from_the_flag_file_then_the_environment_and_is_sent(tmp_path):
+    import argparse
+
+    import pytest
+
+    from cairn.daemon.cli.client import Client, ClientError, api_key
+
+    f = tmp_path / "key"
+    f.write_text("from-file\n")
+    none = argparse.Namespace(api_key_file=None)
+    assert api_key(none, {}) is None
+    assert api_key(none, {"CAIRN_API_KEY": "from-env"}) == "from-env"
+    assert api_key(none, {"CAIRN_API_KEY_FILE": str(f)}) == "from-file"
+    assert api_key(argparse.Namespace(api_key_file=str(f)), {"CAIRN_API_KEY": "from-env"}) == "from-file"
+    with pytest.raises(ClientError, match="API key file.*cannot read"):
+        api_key(argparse.Namespace(api_key_file=str(tmp_path / "nope")), {})
+    with Client(str(tmp_path / "s.sock"), api_key="k") as c:
+        assert c.http.headers["authorization"] == "Bearer k"
+    with Client(str(tmp_path / "s.sock")) as c:
+        assert "authorization" not in c.http.headers

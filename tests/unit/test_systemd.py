@@ -487,6 +487,9 @@ def test_scale_out_instances_share_one_user_and_listen_on_tcp_for_the_gateway():
                  "MemoryDenyWriteExecute=yes"]:
         assert line in template
     assert not any(line.startswith("DynamicUser=") for line in template)   # per-instance ids could not share files
+    # the key: instances require it (no "-": a missing key file stops the start), the gateway sends it
+    assert "EnvironmentFile=/etc/cairn/api_key.env" in template
+    assert "EnvironmentFile=/etc/cairn/api_key.env" in (UNITS / "cairn-gateway.service").read_text().splitlines()
     sysusers = (UNITS / "cairn.sysusers.conf").read_text().splitlines()
     assert any(line.split()[:2] == ["u", "cairn-shared"] for line in sysusers)
 
@@ -503,6 +506,7 @@ def test_gateway_unit_command_parses_with_the_installed_smg():
     args = parse_router_args(command[1:])
     assert args.policy == "cache_aware" and args.worker_urls == ["http://127.0.0.1:8001", "http://127.0.0.1:8002"]
     assert args.host == "127.0.0.1" and args.prometheus_host == "127.0.0.1"
+    assert args.api_key == "${CAIRN_API_KEY}"        # systemd expands it from the EnvironmentFile=
     with pytest.raises(SystemExit) as e:
         parse_router_args(command[1:] + ["--no-such-flag"])
     assert e.value.code == 2
