@@ -134,13 +134,13 @@ class SlotsChoice:
 
 
 def choose_slots(settings: Settings, loaded: Loaded) -> SlotsChoice:
-    """The number of slots and why: the memory plan's (which honours the slots setting); without a
-    plan (tests' fake models) the setting, else one."""
+    """The number of slots and why: the slots setting, else the memory plan's; without a plan (tests'
+    fake models) one."""
     plan = loaded.memory_plan
+    if settings.slots is not None:     # the plan was made with the same setting (tests may load once, serve twice)
+        return SlotsChoice(settings.slots, "set by the slots setting")
     if plan is not None:
         return SlotsChoice(plan.slots, plan.slots_reason)
-    if settings.slots is not None:
-        return SlotsChoice(settings.slots, "set by the slots setting")
     return SlotsChoice(1, "no memory plan: one slot")
 
 
