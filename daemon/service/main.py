@@ -160,7 +160,8 @@ def make_checkpoints(settings: Settings, loaded: Loaded, log, metrics):
                                                               else None)
     plan = loaded.memory_plan      # its checkpoint budget is the setting, cut to what the limit leaves
     return Checkpoints(enabled=settings.checkpoints, max_slots=settings.checkpoint_slots,
-                       max_bytes=plan.checkpoint_bytes if plan is not None else settings.checkpoint_memory_mb << 20, min_tokens=settings.checkpoint_min_tokens,
+                       max_bytes=min(settings.checkpoint_memory_mb << 20,
+                                     plan.checkpoint_bytes if plan is not None else 1 << 62), min_tokens=settings.checkpoint_min_tokens,
                        fingerprint=checkpoint_fingerprint(loaded),
                        disk_dir=disk_dir if settings.checkpoints else None, shared=shared,
                        disk_max_bytes=settings.checkpoint_disk_mb << 20, log=log, metrics=metrics)
