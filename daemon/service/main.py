@@ -60,6 +60,9 @@ def load(settings: Settings, kernel=None) -> Loaded:
     log.info("memory_plan", limit_bytes=plan.limit_bytes, room_bytes=plan.room_bytes, source=plan.limit_source,
              slots=plan.slots, expert_cache_bytes=plan.expert_cache_bytes, paged=plan.paged,
              checkpoint_bytes=plan.checkpoint_bytes, state_bytes=plan.state_bytes, reason=plan.reason)
+    if plan.pool_bytes is not None and plan.pool_bytes <= 0:
+        log.warning("memory_plan_empty", room_bytes=plan.room_bytes, source=plan.limit_source,
+                    reason="the limit leaves nothing for live states: every request will get HTTP 507")
     log.info("loading_model", model=md.name)
     t = time.monotonic()
     # Only a paged load names the budget: 0 is the kernel's "every expert resident".

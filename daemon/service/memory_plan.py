@@ -366,7 +366,9 @@ def plan_memory(*, limit: LimitSource | None, weights: ModelBytes, state: StateC
     reason = (f"limit {where} = {_size(room)}: dense {_size(weights.dense)} + experts {_size(in_memory_experts)} + "
               f"margin {_size(margin)} + requests {_size(requests)} + transients {_size(transient)} + checkpoints "
               f"{_size(ckpt)}{ckpt_note} + states {_size(states)}; {slots} slot(s) ({slots_why}); {expert_note}")
-    if states < share:
+    if states + ckpt <= 0:
+        reason += "; nothing is left for live states: every request will end with a memory error, raise the limit"
+    elif states < share:
         reason += f"; a state may reach {max(0, states + ckpt) // max(1, int(per_token * STATE_SLACK))} tokens"
     return MemoryPlan(limit.limit, room, where, weights.dense, in_memory_experts, budget, margin, requests, transient, ckpt,
                       states, share, share_tokens, per_token, slots, slots_why, reason, expert_note, state)

@@ -121,6 +121,11 @@ def test_slots_are_the_shares_that_fit_capped_and_at_least_one():
     assert _plan(64 * GIB, slots=2).slots == 2 and _plan(64 * GIB, slots=2).slots_reason == "set by the slots setting"
 
 
+def test_a_room_smaller_than_the_weights_and_margin_leaves_no_pool_and_says_so():
+    p = _plan(SMALL.dense + SMALL.experts + MARGIN_MIN // 2, source=V2)
+    assert p.pool_bytes == 0 and p.slots == 1 and "nothing is left for live states" in p.reason
+
+
 def test_the_checkpoint_budget_is_cut_to_its_share_under_a_small_limit():
     roomy = _plan(64 * GIB)
     assert roomy.checkpoint_bytes == 2 * GIB and "cut from" not in roomy.reason
