@@ -136,6 +136,7 @@ class Checkpoints:
         self._no_write: set[str] = set()   # deleted through the API while its write was queued (held)
         self._recency: dict[str, float] = {}   # file name -> last use not yet saved as its mtime
         self._flush_queued = False
+        self.captures_skipped = 0          # captures not taken: the blob could not have been kept
 
     # ---- planning -----------------------------------------------------------------------------
 
@@ -293,6 +294,37 @@ class Checkpoints:
         if (self.disk_enabled and self.out is not None and not (e is not None and e.on_disk)
                 and self.write_backoff.allows(trio.current_time())):   # paused after a failed write: memory only
             self._queue_write(eid, tokens, kind, blob)
+
+    def capture_refusal(self, nbytes: int) -> str | None:
+        """Why a snapshot of ``nbytes`` would not be kept by the store (None: it could be): checked
+        before the snapshot is taken, so a capture that could not be kept is never copied."""
+        if not self.enabled or self.store.max_slots == 0:
+            return "checkpoints off"
+        if nbytes > self.store.max_bytes:
+            return (f"snapshot of {nbytes} bytes is larger than the checkpoint memory budget "
+                    f"({self.store.max_bytes} bytes)")
+        return None
+
+    def skip_capture(self, tokens: np.ndarray, kind: str, nbytes: int, reason: str, request_id: str) -> None:
+        self.captures_skipped += 1
+        if self.log is not None:
+            self.log.info("checkpoint_capture_skipped", request_id=request_id, kind=kind,
+                          tokens=int(tokens.shape[0]), bytes=nbytes, reason=reason)
+        if self.metrics is not None:
+            self.metrics.checkpoint_captures_skipped.inc(
+                reason="transient_room" if "capture's copy" in reason else "budget")
+
+    def make_room(self, nbytes: int, request_id: str = "") -> int:
+        """Evict checkpoints from memory until ``nbytes`` are freed or none is left to evict (the
+        memory guard, for a growing live state). Disk copies stay. Returns the bytes freed."""
+        before = self.store.memory_usage()
+        evictions = self._apply(self.store.evict_memory(nbytes))
+        freed = before - self.store.memory_usage()
+        if evictions and self.log is not None:
+            self.log.info("checkpoint_evict_for_state", request_id=request_id, evicted=len(evictions),
+                          bytes_freed=freed, bytes_wanted=nbytes)
+        self._update_bytes()
+        return freed
 
     def _queue_write(self, eid: str, tokens: np.ndarray, kind: str, blob: bytes) -> None:
         if self.store.is_held(eid):       # already queued: the same tokens give the same snapshot

@@ -23,6 +23,7 @@ import trio
 
 from .engine import Engine
 from .errors import single
+from .memory_guard import MemoryExceeded
 from .messages import CancelAck, Failed, Finished
 from .replies import finish
 
@@ -35,6 +36,7 @@ class Turn:
     error: str | None = None
     cancelled: bool = False
     cancel_reason: str = "client"      # CancelAck.reason when `cancelled`
+    error_kind: str = "engine"         # Failed.kind when `error`: "memory" for MemoryExceeded
 
 
 class ClientGone(Exception):
@@ -62,6 +64,9 @@ async def attached(sub, work: Callable[[], Awaitable[Any]], *, engine: Engine, l
         except ClientGone as e:
             turn.cancelled = True
             turn.cancel_reason = "stalled" if e.stalled else "client"
+        except MemoryExceeded as e:      # raised before the kernel call; the state goes to free its memory
+            turn.error, turn.error_kind = str(e), "memory"
+            engine.discard_live()
         except EXPECTED_ERRORS as e:
             turn.error = f"{type(e).__name__}: {e}"
             engine.discard_live()
@@ -87,9 +92,9 @@ async def end_cancelled(sub, to_admission: trio.MemorySendChannel, engine: Engin
 
 
 async def end_failed(sub, error: str, to_admission: trio.MemorySendChannel, engine: Engine, log, stage: str,
-                     log_outcome: Callable[[], None]) -> None:
-    log.error(f"{stage}_failed", request_id=sub.request_id, error=error)
+                     log_outcome: Callable[[], None], kind: str = "engine") -> None:
+    log.error(f"{stage}_failed", request_id=sub.request_id, error=error, kind=kind)
     log_outcome()
-    finish(sub, Failed(error))
+    finish(sub, Failed(error, kind))
     await to_admission.send(Finished(sub.request_id, "error"))
     engine.announce(f"idle; {sub.request_id} failed")

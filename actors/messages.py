@@ -184,6 +184,7 @@ class Done:
 @dataclass(frozen=True, slots=True)
 class Failed:
     message: str
+    kind: Literal["engine", "memory"] = "engine"   # memory: the memory plan had no room (HTTP 507)
 
 
 @dataclass(frozen=True, slots=True)

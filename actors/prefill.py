@@ -111,7 +111,12 @@ async def _prepare(engine: Engine, submit, ids: np.ndarray, log):
 
 
 async def _capture(engine: Engine, state, ids: np.ndarray, kind: str, submit) -> None:
-    """Snapshot the state where it is now (in the kernel thread; it releases the GIL) and store it."""
+    """Snapshot the state where it is now (in the kernel thread; it releases the GIL) and store it;
+    not at all when the store could not keep the blob or the memory plan has no room for the copy."""
+    nbytes, why = engine.capture_refusal(state)
+    if why is not None:
+        engine.checkpoints.skip_capture(ids, kind, nbytes, why, submit.request_id)
+        return
     t0 = trio.current_time()
     blob = await engine.runner.run(state.snapshot)
     engine.checkpoints.capture(ids, kind, blob, submit.request_id)
@@ -158,6 +163,7 @@ async def run_prefill(engine: Engine, submit, log, progress: dict | None = None
         seg = ids[a:b]
         t0 = trio.current_time()
         seg_io = ExpertTally()     # this segment's expert-cache work (paged experts; actors/expert_io.py)
+        engine.room_for(state, b - a, submit.request_id)   # memory: room for b - a more tokens, or a 507
         try:
             if submit.prompt_logprobs:
                 n_done, logits, seg_lps, seg_tops = await engine.runner.run(
@@ -222,7 +228,7 @@ async def prefill_turn(adm: Admitted, to_admission, *, engine: Engine, log) -> P
         return None
     if turn.error is not None:
         await end_failed(sub, turn.error, to_admission, engine, log, "prefill",
-                         lambda: log_outcome("error", turn.error))
+                         lambda: log_outcome("error", turn.error), kind=turn.error_kind)
         return None
     logits, reused, prompt_lp = turn.result
     return Prefilled(sub, logits, reused, prompt_lp, adm.arrived_at)

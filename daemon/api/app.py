@@ -383,6 +383,10 @@ class API:
                 await send_error(send, APIError(
                     429, "the engine is busy and its queue is full; retry later", code="queue_full",
                     headers={"Retry-After": str(terminal.retry_after_s)}))
+            elif isinstance(terminal, Failed) and terminal.kind == "memory":
+                # the memory plan had no room for this conversation's state (actors/memory_guard.py)
+                await out.failed(send, APIError(507, terminal.message, code="insufficient_memory",
+                                                type="insufficient_memory"))
             elif isinstance(terminal, Failed):
                 await out.failed(send, APIError(500, terminal.message, code="engine_error"))
             elif isinstance(terminal, CancelAck):

@@ -368,6 +368,20 @@ def format_status(s: dict) -> str:
         lines.append(f"             {ex['reason']}")
     mem = s.get("memory") or {}
     lines.append(f"memory       RSS {human_bytes(mem.get('rss_bytes'))} (peak {human_bytes(mem.get('peak_rss_bytes'))})")
+    plan = mem.get("plan")
+    if plan:
+        if plan.get("room_bytes") is None:
+            lines.append(f"memory plan  no limit known ({plan.get('limit_source')}): no guard")
+        else:
+            parts = plan.get("parts") or {}
+            lines.append(f"memory plan  room {human_bytes(plan.get('room_bytes'))} from {plan.get('limit_source')}")
+            lines.append("             " + ", ".join(f"{k} {human_bytes(v)}" for k, v in parts.items()))
+            use = mem.get("in_use") or {}
+            if use:
+                lines.append(f"             in use: states {human_bytes(use.get('states_bytes'))} + checkpoints "
+                             f"{human_bytes(use.get('checkpoint_bytes'))} of {human_bytes(use.get('pool_bytes'))}; "
+                             f"{use.get('refused', 0)} request(s) ended for memory, {use.get('captures_skipped', 0)} "
+                             "capture(s) skipped")
     return "\n".join(lines)
 
 

@@ -204,6 +204,14 @@ PRESETS["experts-fp4"] = Preset(
     n_routed_experts=64, num_experts_per_tok=6, moe_intermediate_size=512, max_position_embeddings=65536,
     quant="fp4",
 )
+# For memory-limit tests (issue 20): a tiny model whose live state grows fast (~3.3 KiB per token:
+# one wide head, compression rate 2), so a few thousand tokens fill tens of MB under a cgroup limit.
+PRESETS["tiny-wide-state"] = Preset(
+    vocab_size=512, hidden_size=64, layer_types=(S,) + (C,) * 6, mlp_layer_types=("hash_moe",) + ("moe",) * 6,
+    num_attention_heads=1, head_dim=256, qk_rope_head_dim=16, q_lora_rank=32, o_groups=1, o_lora_rank=16,
+    sliding_window=16, csa_rate=2, hca_rate=16, index_n_heads=1, index_head_dim=16, index_topk=8,
+    n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+)
 DIRECT_CODES = ("flash-slice", "experts-fp4")   # written by flash_slice.write_flash_slice
 
 

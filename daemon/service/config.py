@@ -108,7 +108,7 @@ def _octal_mode(v: str) -> str | None:
 
 
 def _expert_cache(v: str) -> str | None:
-    from .expert_budget import check_expert_cache
+    from .memory_plan import check_expert_cache
 
     return check_expert_cache(v)
 
@@ -130,7 +130,7 @@ FIELDS: tuple[Field, ...] = (
     Field("progress_interval_ms", int, 250, "least time between two prefill progress messages of a request "
           "(SSE comments, /v1/status); 0: one per segment", _range(0, 60_000)),
     Field("slots", int, None, "conversations the engine holds and runs at once (one live state each; decode "
-          "steps batched across them); 1: one request at a time; unset: from the memory budget (1..4)",
+          "steps batched across them); 1: one request at a time; unset: from the memory plan (1..4)",
           _range(1, 64), optional=True),
     Field("queue_size", int, 8, "requests that may wait for the engine; more get HTTP 429", _range(0, 10_000)),
     Field("threads", int, 0, "kernel threads (0: all cores)", _range(0, 1024)),
@@ -171,7 +171,7 @@ class Settings:
     segment: int
     chunk: int
     progress_interval_ms: int
-    slots: int | None          # None: chosen at start from the memory budget (daemon/service/slot_budget.py)
+    slots: int | None          # None: chosen at start by the memory plan (daemon/service/memory_plan.py)
     queue_size: int
     threads: int
     log_level: str
@@ -186,7 +186,7 @@ class Settings:
     shared_checkpoint_dir: str | None
     checkpoint_min_tokens: int
     packed_cache_dir: str
-    expert_cache: str          # daemon/service/expert_budget.py parses it; "auto" sizes it from memory at start
+    expert_cache: str          # daemon/service/memory_plan.py parses it; "auto" sizes it from memory at start
 
     @property
     def socket_mode_int(self) -> int:

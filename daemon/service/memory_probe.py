@@ -1,49 +1,22 @@
-"""How much memory this process may use: MemAvailable and the memory limit of its own cgroup.
+"""How much memory this process may use: MemAvailable and the memory limits of its own cgroups.
 
 A service started by systemd with MemoryMax= (cgroup v2 `memory.max`) or a container with a v1
-`memory.limit_in_bytes` can be OOM-killed long before the machine runs out: the room is the
-smaller of the two. Within a cgroup the room is its limit minus what it already holds that cannot
-be reclaimed (usage minus inactive file pages), taken at the tightest group from ours up to the
-root. Paths are parameters so tests feed fake /proc and /sys trees; parsing is pure.
+`memory.limit_in_bytes` can be OOM-killed long before the machine runs out. Every limited group from
+ours up to the mount root is a candidate, as its limit minus what it already holds that cannot be
+reclaimed (usage minus inactive file pages); the memory plan (memory_plan.pick_limit) takes the
+smallest room among them and MemAvailable. Paths are parameters so tests feed fake /proc and /sys
+trees; parsing is pure.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
-from .slot_budget import available_memory
+from .memory_plan import LimitSource, available_memory, pick_limit
 
 UNLIMITED = 1 << 60          # v1 reports "no limit" as a page-rounded 2^63-1
-
-
-@dataclass(frozen=True, slots=True)
-class CgroupRoom:
-    version: int             # 1 or 2
-    path: str                # the cgroup whose limit binds
-    limit: int
-    usage: int               # unreclaimable: usage - inactive file pages
-
-    @property
-    def room(self) -> int:
-        return max(0, self.limit - self.usage)
-
-
-@dataclass(frozen=True, slots=True)
-class MemoryRoom:
-    mem_available: int | None
-    cgroup: CgroupRoom | None
-
-    @property
-    def bytes(self) -> int | None:
-        vals = [v for v in (self.mem_available, self.cgroup.room if self.cgroup else None) if v is not None]
-        return min(vals) if vals else None
-
-    @property
-    def source(self) -> str:
-        if self.cgroup is not None and (self.mem_available is None or self.cgroup.room < self.mem_available):
-            return f"cgroup v{self.cgroup.version} {self.cgroup.path} room (limit - usage)"
-        return "MemAvailable"
+V1 = "cgroup v1 memory.limit_in_bytes"
+V2 = "cgroup v2 memory.max"
 
 
 def own_cgroups(proc_cgroup: str) -> tuple[str | None, str | None]:
@@ -94,41 +67,47 @@ def _walk(root: Path, rel: str):
             yield d
 
 
-def cgroup_room(proc_cgroup: str, sys_cgroup: str | Path = "/sys/fs/cgroup") -> CgroupRoom | None:
-    """The binding (smallest room) memory limit of our cgroup and its ancestors, v1 or v2; None: no limit."""
+def cgroup_limits(proc_cgroup: str, sys_cgroup: str | Path = "/sys/fs/cgroup") -> list[LimitSource]:
+    """Every memory limit of our cgroup and its ancestors, v1 and v2 (none: no limit)."""
     sys_cgroup = Path(sys_cgroup)
     v1, v2 = own_cgroups(proc_cgroup)
-    best: CgroupRoom | None = None
     candidates = []
     if v1 is not None:
-        candidates.append((1, sys_cgroup / "memory", v1, "memory.limit_in_bytes", "memory.usage_in_bytes",
+        candidates.append((V1, sys_cgroup / "memory", v1, "memory.limit_in_bytes", "memory.usage_in_bytes",
                            "total_inactive_file"))
     if v2 is not None:
         # The unified hierarchy is mounted at /sys/fs/cgroup (pure v2) or /sys/fs/cgroup/unified (hybrid).
         for root in (sys_cgroup, sys_cgroup / "unified"):
             if (root / "cgroup.controllers").exists():
-                candidates.append((2, root, v2, "memory.max", "memory.current", "inactive_file"))
+                candidates.append((V2, root, v2, "memory.max", "memory.current", "inactive_file"))
                 break
-    for version, root, rel, limit_f, usage_f, inactive in candidates:
+    out: list[LimitSource] = []
+    for kind, root, rel, limit_f, usage_f, inactive in candidates:
         for d in _walk(root, rel):
             limit = _read_int(d / limit_f)
             if limit is None or limit >= UNLIMITED:
                 continue
-            usage = max(0, (_read_int(d / usage_f) or 0) - _stat(d / "memory.stat", inactive))
-            room = CgroupRoom(version, "/" + str(d.relative_to(root)).strip("."), limit, usage)
-            if best is None or room.room < best.room:
-                best = room
-    return best
+            used = max(0, (_read_int(d / usage_f) or 0) - _stat(d / "memory.stat", inactive))
+            out.append(LimitSource(kind, limit, used, "/" + str(d.relative_to(root)).strip(".")))
+    return out
 
 
-def memory_room(proc: str | Path = "/proc", sys_cgroup: str | Path = "/sys/fs/cgroup") -> MemoryRoom:
+def memory_limits(proc: str | Path = "/proc", sys_cgroup: str | Path = "/sys/fs/cgroup") -> list[LimitSource]:
+    """MemAvailable (when known) and every cgroup limit that applies to this process."""
     proc = Path(proc)
+    out: list[LimitSource] = []
     try:
         avail = available_memory((proc / "meminfo").read_text())
     except OSError:
         avail = None
+    if avail is not None:
+        out.append(LimitSource("MemAvailable", avail))
     try:
-        cg = cgroup_room((proc / "self" / "cgroup").read_text(), sys_cgroup)
+        out += cgroup_limits((proc / "self" / "cgroup").read_text(), sys_cgroup)
     except OSError:
-        cg = None
-    return MemoryRoom(avail, cg)
+        pass
+    return out
+
+
+def binding_limit(proc: str | Path = "/proc", sys_cgroup: str | Path = "/sys/fs/cgroup") -> LimitSource | None:
+    return pick_limit(memory_limits(proc, sys_cgroup))

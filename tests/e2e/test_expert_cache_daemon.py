@@ -28,7 +28,7 @@ async def test_paged_daemon_answers_as_the_resident_one_and_reports_the_cache(ex
     resident = _load(experts_dir, tmp_path, "all")
     info = paged.model.expert_cache_info()
     assert info["budget_bytes"] > 0 and resident.model.expert_cache_info()["budget_bytes"] == 0
-    plan = [e for e in load_events if e["event"] == "expert_cache_budget"][0]
+    plan = [e for e in load_events if e["event"] == "memory_plan"][0]
     assert plan["paged"] and "25% of" in plan["reason"]
     out = {}
     for name, loaded in (("resident", resident), ("paged", paged)):

@@ -182,3 +182,20 @@ def test_the_cli_key_comes_from_the_flag_file_then_the_environment_and_is_sent(t
         assert c.http.headers["authorization"] == "Bearer k"
     with Client(str(tmp_path / "s.sock")) as c:
         assert "authorization" not in c.http.headers
+
+
+def test_status_shows_the_memory_plan_and_where_its_limit_came_from():
+    from cairn.daemon.service.memory_plan import LimitSource, ModelBytes, StateCost, plan_memory
+
+    cost = StateCost(("compressed_sparse_attention",), 16, 256, 16, 2, 16, 512)
+    plan = plan_memory(limit=LimitSource("cgroup v2 memory.max", 160 << 20, 40 << 20, "/system.slice/cairn.service"),
+                       weights=ModelBytes(4 << 20, 1 << 20), state=cost, context_length=65536,
+                       checkpoint_setting=2048 << 20)
+    s = StatusBoard(queue_size=8, memory_plan=plan).snapshot("tiny")
+    got = s["memory"]["plan"]
+    assert got["limit_bytes"] == 160 << 20 and got["room_bytes"] == 120 << 20 and got["slots"] == plan.slots
+    assert got["parts"]["checkpoints"] == plan.checkpoint_bytes and got["reason"] == plan.reason
+    text = format_status(s)
+    assert "memory plan  room 120.0 MiB from cgroup v2 memory.max of /system.slice/cairn.service 160.0 MiB" in text
+    assert "checkpoints " in text and "states " in text
+    assert "memory plan" not in format_status(StatusBoard(queue_size=8).snapshot("tiny"))
