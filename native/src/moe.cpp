@@ -91,14 +91,19 @@ void moe_block(const Model& m, int layer, const float* x, const int32_t* tokens,
   prof_lap(P_ROUTER, t0);
   if (m.trace) {  // the distinct experts of this call, for benches to replay
     RouteTrace& tr = *m.trace;
-    std::lock_guard<std::mutex> g(tr.mu);
-    if (tr.on) {
-      std::vector<char> used(E, 0);
-      for (int i = 0; i < S * k; ++i) used[idx[i]] = 1;
-      for (int e = 0; e < E; ++e)
-        if (used[e]) tr.rows.insert(tr.rows.end(), {(int32_t)tr.calls, (int32_t)layer, (int32_t)e});
+    if (!tr.on.load(std::memory_order_acquire)) {
+      tr.calls.fetch_add(1, std::memory_order_relaxed);  // no lock: tracing is off
+    } else {
+      // numbered under the lock, so rows stay in call order when several threads trace
+      std::lock_guard<std::mutex> g(tr.mu);
+      const int64_t call = tr.calls.fetch_add(1, std::memory_order_relaxed);
+      if (tr.on.load(std::memory_order_relaxed)) {
+        std::vector<char> used(E, 0);
+        for (int i = 0; i < S * k; ++i) used[idx[i]] = 1;
+        for (int e = 0; e < E; ++e)
+          if (used[e]) tr.rows.insert(tr.rows.end(), {(int32_t)call, (int32_t)layer, (int32_t)e});
+      }
     }
-    ++tr.calls;
   }
   if (m.pager) {
     moe_paged(m, layer, x, S, idx, wt, y);
