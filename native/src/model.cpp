@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <stdexcept>
 
 #include "cairn/expert_cache.h"
@@ -48,7 +49,7 @@ void pack_streaming(Model& m, const PackPlan& plan, int threads, const std::stri
     }
 #pragma omp parallel for num_threads(std::max(1, threads)) schedule(dynamic, 1)
   for (size_t i = 0; i < dj.size(); ++i) pack_job(plan, dj[i], bufs[dj[i]]);
-  const std::string tmp = cache_path + ".tmp." + std::to_string(getpid());
+  const std::string tmp = tmp_name(cache_path);
   const int fd = open_tmp(tmp, header);
   if (fd < 0) throw std::runtime_error("cannot write the packed cache file '" + tmp + "': " + std::strerror(errno));
   bool ok = write_at(fd, base, dense, kPackHeader);
@@ -87,15 +88,15 @@ void pack_streaming(Model& m, const PackPlan& plan, int threads, const std::stri
 // Every panel into one arena, then (with a path) the arena written as the cache file.
 void pack_resident(Model& m, const PackPlan& plan, int threads, const std::string& cache_path,
                    const PackHeader& header, std::vector<void*>& bufs) {
+  // the temporary file exists (and is locked) for the whole pack: a crash at any point leaves it
+  // for sweep_stale_tmps to recognise
+  const std::string tmp = cache_path.empty() ? "" : tmp_name(cache_path);
+  const int fd = tmp.empty() ? -1 : open_tmp(tmp, header);
   char* base = new_arena(m, plan.total);
   for (size_t j = 0; j < plan.jobs.size(); ++j) bufs[j] = base + plan.offset[j];
 #pragma omp parallel for num_threads(std::max(1, threads)) schedule(dynamic, 1)
   for (size_t j = 0; j < plan.jobs.size(); ++j) pack_job(plan, j, bufs[j]);
-  if (!cache_path.empty()) {
-    const std::string tmp = cache_path + ".tmp." + std::to_string(getpid());
-    const int fd = open_tmp(tmp, header);
-    m.packed_cache_written = fd >= 0 && finish_tmp(fd, write_at(fd, base, plan.total, kPackHeader), tmp, cache_path);
-  }
+  if (fd >= 0) m.packed_cache_written = finish_tmp(fd, write_at(fd, base, plan.total, kPackHeader), tmp, cache_path);
 }
 }  // namespace
 
@@ -105,6 +106,7 @@ void pack_weights(Model& m, int threads, const std::string& cache_path, const st
   PackPlan plan = plan_packing(m);
   const PackHeader header = make_header(m.fingerprint, plan.layout, plan.total, plan.dense, plan.slot);
   m.packed_bytes = plan.total;
+  m.packed_layout = plan.layout;
   m.dense_bytes = plan.dense;
   m.expert_slot_bytes = plan.slot;
   m.expert_bytes_total = plan.experts;
@@ -113,7 +115,20 @@ void pack_weights(Model& m, int threads, const std::string& cache_path, const st
 
   std::vector<void*> bufs(plan.jobs.size(), nullptr);
   const size_t map_len = kPackHeader + (paging ? plan.dense : plan.total);  // paging never maps the experts
-  void* cached = cache_path.empty() ? nullptr : map_cache(cache_path, header, map_len);
+  auto map_held = [&]() -> void* {  // held before it is checked: trimming cannot remove it meanwhile
+    m.cache_hold = hold_cache(cache_path);
+    void* p = m.cache_hold ? map_cache(cache_path, header, map_len) : nullptr;
+    if (!p) m.cache_hold.reset();
+    return p;
+  };
+  void* cached = cache_path.empty() ? nullptr : map_held();
+  std::unique_ptr<PackLock> lock;
+  if (!cached && !cache_path.empty()) {
+    // one packer per file: wait for whoever packs it now, then look again (it may be done)
+    lock = std::make_unique<PackLock>(cache_path);
+    cached = map_held();
+    if (!cached) sweep_stale_tmps(cache_path);
+  }
   if (cached) {
     m.packed_map = std::shared_ptr<void>(cached, [map_len](void* p) { munmap(p, map_len); });
     m.packed_from_cache = true;
@@ -123,7 +138,9 @@ void pack_weights(Model& m, int threads, const std::string& cache_path, const st
     if (prepare_sources) prepare_sources();
     if (paging) pack_streaming(m, plan, threads, cache_path, header, bufs);
     else pack_resident(m, plan, threads, cache_path, header, bufs);
+    if (m.packed_cache_written) m.cache_hold = hold_cache(cache_path);
   }
+  lock.reset();
   if (paging) setup_pager(m, plan, bufs, cache_path, slots, opt);
   bind_panels(plan, bufs);
   drop_sources(m, plan);

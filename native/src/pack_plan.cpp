@@ -180,8 +180,8 @@ PackPlan plan_packing(Model& m) {
   P.slot = slot;
   P.experts = (size_t)P.nkeys * slot;
   P.total = dense + P.experts;
-  uint64_t layout = fnv(14695981039346656037ull, kPanel);
-  layout = fnv(fnv(fnv(layout, 2 /* expert-slot layout */), dense), slot);
+  // the format's own key (its layout description), then this model's sections and matrices
+  uint64_t layout = fnv(fnv(pack_layout_key(pack_layout()), dense), slot);
   for (size_t j = 0; j < nj; ++j) {
     const PackJob& J = jobs[j];
     for (uint64_t v : {(uint64_t)J.qf, (uint64_t)J.bf16, (uint64_t)J.nrows(), (uint64_t)J.dst->in, (uint64_t)P.offset[j]})
