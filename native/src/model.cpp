@@ -58,7 +58,10 @@ void pack_streaming(Model& m, const PackPlan& plan, int threads, const std::stri
     if (plan.key[j] >= 0) (plan.part[j] ? kj[plan.key[j]].second : kj[plan.key[j]].first) = j;
   const int64_t batch = std::max(2 * std::max(1, threads), (int)std::min<size_t>(64, (256u << 20) / slot + 1));
   void* scratch = std::aligned_alloc(kPage, (size_t)batch * slot);
-  if (!scratch) throw std::bad_alloc();
+  if (!scratch) {
+    finish_tmp(fd, false, tmp, cache_path);  // closes and removes it
+    throw std::bad_alloc();
+  }
   for (int64_t k0 = 0; ok && k0 < nkeys; k0 += batch) {
     const int64_t nb = std::min<int64_t>(batch, nkeys - k0);
 #pragma omp parallel for num_threads(std::max(1, threads)) schedule(dynamic, 1)
@@ -92,7 +95,13 @@ void pack_resident(Model& m, const PackPlan& plan, int threads, const std::strin
   // for sweep_stale_tmps to recognise
   const std::string tmp = cache_path.empty() ? "" : tmp_name(cache_path);
   const int fd = tmp.empty() ? -1 : open_tmp(tmp, header);
-  char* base = new_arena(m, plan.total);
+  char* base;
+  try {
+    base = new_arena(m, plan.total);
+  } catch (...) {
+    if (fd >= 0) finish_tmp(fd, false, tmp, cache_path);  // closes and removes it
+    throw;
+  }
   for (size_t j = 0; j < plan.jobs.size(); ++j) bufs[j] = base + plan.offset[j];
 #pragma omp parallel for num_threads(std::max(1, threads)) schedule(dynamic, 1)
   for (size_t j = 0; j < plan.jobs.size(); ++j) pack_job(plan, j, bufs[j]);
