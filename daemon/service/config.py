@@ -152,6 +152,9 @@ FIELDS: tuple[Field, ...] = (
     Field("checkpoint_min_tokens", int, 512, "shortest prefix worth a checkpoint (tokens)", _range(1)),
     Field("packed_cache_dir", str, default_packed_cache_dir,
           "where a large model's packed weight panels are cached between starts (a rebuildable cache)"),
+    Field("packed_cache_budget_mb", int, 0, "disk budget for packed_cache_dir (MiB): after a load, packed files "
+          "of other models (or older fingerprints) that no running daemon uses are removed, least recently used "
+          "first, down to it; 0 keeps only the files in use", _range(0)),
     Field("expert_cache", str, "auto", "memory for routed experts; the rest is read from the packed cache file on "
           "disk as tokens need them (larger-than-memory models): auto (from available memory and the cgroup "
           "limit), all or 0 (every expert resident), a size such as 800M or 12G, or a share such as 25%",
@@ -186,6 +189,7 @@ class Settings:
     shared_checkpoint_dir: str | None
     checkpoint_min_tokens: int
     packed_cache_dir: str
+    packed_cache_budget_mb: int
     expert_cache: str          # daemon/service/memory_plan.py parses it; "auto" sizes it from memory at start
 
     @property

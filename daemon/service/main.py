@@ -68,7 +68,8 @@ def load(settings: Settings, kernel=None) -> Loaded:
     # Only a paged load names the budget: 0 is the kernel's "every expert resident".
     extra = {"expert_cache_bytes": plan.expert_cache_bytes} if plan.paged else {}
     try:
-        model = load_model(md, settings.threads, packed_cache=Path(settings.packed_cache_dir), **extra)
+        model = load_model(md, settings.threads, packed_cache=Path(settings.packed_cache_dir),
+                           packed_cache_budget=settings.packed_cache_budget_mb << 20, **extra)
     except ValueError as e:
         if not plan.paged:
             raise

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -468,13 +469,16 @@ def packed_cache_file(md: ModelDir, cache_dir: str | Path, widen_bf16: bool = Fa
 
 def load_model(path: str | Path | ModelDir, threads: int = 0, *, widen_bf16: bool = False,
                packed_cache: str | Path | None = None, packed_cache_min_bytes: int = PACKED_CACHE_MIN_BYTES,
-               expert_cache_bytes: int | None = None):
+               expert_cache_bytes: int | None = None, packed_cache_budget: int | None = None):
     """Open a model directory and build the kernel's immutable Model from it. packed_cache: a
     directory for the packed panels of models of at least packed_cache_min_bytes of weights: the
     first start packs and writes them there (atomically), later starts map them instead of packing
     (no weight matrix is read until used). An unusable directory only costs the cache.
     expert_cache_bytes: a byte budget for routed experts paged from the packed file (None: all
-    resident); it needs packed_cache (any model size), and the kernel says so when it is missing."""
+    resident); it needs packed_cache (any model size), and the kernel says so when it is missing.
+    packed_cache_budget: bytes the packed_cache directory may hold; after the load, other packed
+    files not in use are removed, least recently used first, down to it (packed_cache.py; None:
+    no trimming)."""
     from cairn import _kernel
 
     md = path if isinstance(path, ModelDir) else open_model_dir(path)
@@ -487,5 +491,15 @@ def load_model(path: str | Path | ModelDir, threads: int = 0, *, widen_bf16: boo
             cache = str(packed_cache_file(md, packed_cache, widen_bf16))
         except OSError:
             cache = ""
-    return _kernel.Model(md.config, map_weights(md), md.fingerprint, threads, widen_bf16=widen_bf16,
-                         packed_cache=cache, expert_cache_bytes=expert_cache_bytes or 0)
+    model = _kernel.Model(md.config, map_weights(md), md.fingerprint, threads, widen_bf16=widen_bf16,
+                          packed_cache=cache, expert_cache_bytes=expert_cache_bytes or 0)
+    if cache:
+        from .packed_cache import trim_packed_cache
+
+        try:
+            os.utime(cache)  # its last use: trimming removes the least recently used files first
+        except OSError:
+            pass
+        if packed_cache_budget is not None:
+            trim_packed_cache(packed_cache, cache, packed_cache_budget)
+    return model

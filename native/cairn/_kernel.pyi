@@ -73,6 +73,10 @@ class Model:
     @property
     def packed_bytes(self) -> int: ...
     @property
+    def packed_layout_key(self) -> int:
+        """The packed cache file header's layout key for these panels (packed_layout_key(), then
+        every matrix's format, shape and offset): a file with another key is re-packed."""
+    @property
     def fingerprint(self) -> str: ...
     @property
     def vocab_size(self) -> int: ...
@@ -127,6 +131,13 @@ def replay_expert_policy(
     acquires them in a model with `slots` slots and num_experts_per_tok = k (a call that finds no
     slot releases its oldest held one and retries): dict(hits, misses, evictions, releases), releases
     = how many times that happened."""
+
+def packed_layout() -> dict[str, str]:
+    """The packed cache file's layout description (field -> value, in hashing order)."""
+
+def packed_layout_key(overrides: dict[str, str] = ...) -> int:
+    """Key of the layout description, some fields' values replaced: what a build whose layout
+    differs in them would compute. ValueError for a field that does not exist."""
 
 # benchmark / test hooks (not API)
 def _packed_matmul(

@@ -135,7 +135,7 @@ void register_experts(py::module_& m) {
            "waiting for reads), read_busy_seconds (wall time with at least one read in flight), evictions. All 0 when every expert is resident.")
       .def("set_route_trace", [](BoundModel& b, bool on) {
              std::lock_guard<std::mutex> g(b.trace->mu);
-             b.trace->on = on;
+             b.trace->on.store(on, std::memory_order_release);
            }, py::arg("on"), "Record each MoE call's distinct experts (take_route_trace returns them).")
       .def("take_route_trace", &take_trace,
            "The recorded rows (call_seq, layer, expert) as int32 [n, 3], and clears them.");

@@ -15,4 +15,5 @@ PYBIND11_MODULE(_kernel, m) {
   register_state(m);
   register_bench(m);
   register_experts(m);
+  register_packed(m);
 }

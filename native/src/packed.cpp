@@ -74,8 +74,7 @@ void pack_panels_kn(const float* const* rows, int K, int N, float* P) {
 // table of halves), so the lane scale is stored as exponent + bias: w = widened * 2^(e + bias - 127)
 // = q * 2^(e - 127) exactly, in one multiply. That w is the dequantized weight, and the same FMA
 // chain as fp32 panels follows -- the bits of the fp32 path on the dequantized weights.
-static constexpr int qbias(QFmt f) { return f == QFmt::E2M1 ? 1 : 8; }
-static constexpr int qstride(QFmt f) { return f == QFmt::E2M1 ? kPanel / 2 : kPanel; }  // code bytes per k
+// (qbias and qstride: kernels.h, where the packed file's layout description reads them too)
 
 static size_t qpanels(int N) { return (size_t)((N + kPanel - 1) / kPanel); }
 size_t qpanel_code_bytes(QFmt f, int N, int K) { return qpanels(N) * K * qstride(f); }

@@ -255,3 +255,20 @@ def test_resident_counters_stay_zero(tiny):
     run(tiny.resident, tiny.prompt[:20], 8)
     assert tiny.resident.expert_cache_stats()["misses"] == 0
     assert tiny.resident.expert_cache_stats()["bytes_read"] == 0
+
+
+def test_route_trace_started_midway_numbers_every_call(tiny):
+    # calls are counted with tracing off too (an atomic, no lock), so a trace started later keeps
+    # its place in the layer cycle; turned off, nothing more is recorded
+    model = tiny.model()
+    layers = tiny.md.config["num_hidden_layers"]
+    run(model, tiny.prompt[:10], 10)  # one prefill chunk and three decode steps: 4 forwards
+    assert model.take_route_trace().shape == (0, 3)
+    model.set_route_trace(True)
+    run(model, tiny.prompt[:10], 10)
+    model.set_route_trace(False)
+    trace = model.take_route_trace()
+    assert trace[:, 0].min() == 4 * layers and trace[:, 0].max() == 8 * layers - 1
+    assert np.array_equal(trace[:, 1], trace[:, 0] % layers)
+    run(model, tiny.prompt[:10], 10)
+    assert model.take_route_trace().shape == (0, 3)

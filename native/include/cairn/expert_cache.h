@@ -136,11 +136,14 @@ class ExpertPager {
 Linear paged_linear(const Linear& tmpl, const ExpertPart& P, const uint8_t* slot);
 
 // MoE calls' distinct experts, for benches to replay real routing: rows (call, layer, expert).
+// Bench-only: a MoE call reads `on` without the lock and takes `mu` only while tracing is on.
+// Every call counts in `calls` (tracing on or off), so a trace's call numbers keep their place in
+// the layer cycle (call % n_layers == layer) whenever tracing starts.
 struct RouteTrace {
-  std::mutex mu;
-  bool on = false;
-  int64_t calls = 0;
-  std::vector<int32_t> rows;  // [n, 3]
+  std::mutex mu;                     // guards rows; set_route_trace stores `on` under it
+  std::atomic<bool> on{false};
+  std::atomic<int64_t> calls{0};
+  std::vector<int32_t> rows;         // [n, 3]
 };
 
 }  // namespace cairn

@@ -37,6 +37,9 @@ struct QRow {
   const Linear* src;
   int r;
 };
+// Stored lane scale = ue8m0 exponent + qbias (the widened code carries 2^-qbias); code bytes per k.
+constexpr int qbias(QFmt f) { return f == QFmt::E2M1 ? 1 : 8; }
+constexpr int qstride(QFmt f) { return f == QFmt::E2M1 ? kPanel / 2 : kPanel; }
 size_t qpanel_code_bytes(QFmt f, int N, int K);
 size_t qpanel_scale_bytes(QFmt f, int N, int K);
 void pack_panels_q(QFmt f, const std::vector<QRow>& rows, int K, uint8_t* codes, uint8_t* scales);

@@ -139,6 +139,10 @@ struct Model {
   std::shared_ptr<void> packed_map;  // instead: the panels mapped from a packed cache file
   bool packed_from_cache = false, packed_cache_written = false;
   size_t packed_bytes = 0;
+  uint64_t packed_layout = 0;  // the packed file header's layout key for these panels
+  // a shared flock on the packed cache file while this Model lives (null: none): the daemon's
+  // cache trimming never removes a file in use
+  std::shared_ptr<void> cache_hold;
   // Packed layout: the dense section, then one 4 KiB-aligned slot per routed expert (key = layer*E+e).
   size_t dense_bytes = 0, expert_slot_bytes = 0, expert_bytes_total = 0;
   size_t expert_budget = 0;  // expert_cache_bytes when paging, else 0
