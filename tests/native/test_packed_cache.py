@@ -97,10 +97,11 @@ def test_a_stale_temporary_file_is_removed_by_the_next_pack(tiny, tmp_path):
 
 
 _PACK = """
-import resource, sys
+import resource, signal, sys
 from cairn.daemon.weights.model_dir import load_model
-# The pack dies mid-write, deterministically: past 1 MiB the kernel kills the process (SIGXFSZ),
-# as a crash or a kill -9 would, with the temporary file half written.
+# The pack dies mid-write, deterministically: past 1 MiB the kernel kills the process (SIGXFSZ,
+# which Python ignores unless told otherwise), as a crash or a kill -9 would, the temp file half written.
+signal.signal(signal.SIGXFSZ, signal.SIG_DFL)
 resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, resource.RLIM_INFINITY))
 load_model(sys.argv[1], threads=1, packed_cache=sys.argv[2], packed_cache_min_bytes=0)
 """
