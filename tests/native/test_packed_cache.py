@@ -17,7 +17,6 @@ import struct
 import subprocess
 import sys
 import threading
-import time
 
 import numpy as np
 import pytest
