@@ -32,7 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
     mk.add_argument("--preset", default="tiny",
                     help="tiny (tests), small (benchmarks, demo), tiny-fp4 / tiny-fp8 (the official quantized format), "
                          "flash-slice (V4-Flash's dimensions and format, with --layers N), experts-fp4 (FP4, routed experts "
-                         "~95 % of the weights: paged-expert tests)")
+                         "~95 %% of the weights: paged-expert tests)")
     mk.add_argument("--names", choices=["official", "hf"], default=None,
                     help="tensor spelling: official DeepSeek (scales W.scale) or HF's (model.…, W.weight_scale_inv); "
                          "default official for quantized presets, hf otherwise")
