@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .safetensors_io import SafetensorsError, TensorInfo, map_tensor, read_header
+from .safetensors_io import FileMaps, SafetensorsError, TensorInfo, read_header
 from .weight_digest import DigestCache
 
 SLIDING, CSA, HCA = "sliding_attention", "compressed_sparse_attention", "heavily_compressed_attention"
@@ -450,11 +450,15 @@ def open_model_dir(path: str | Path, *, digest_cache: str | Path | None = None, 
                     bos_token=bos, eos_token=eos)
 
 
-def map_weights(md: ModelDir) -> dict[str, tuple[np.ndarray, str]]:
-    """Memory-map every tensor: canonical name -> (array, dtype tag). BF16 arrives as uint16 bits,
-    FP8 and ue8m0 scales as uint8 bytes, FP4 as int8 pairs of nibbles: the kernel reads the
-    stored bytes (no widening here)."""
-    return {name: (map_tensor(info), info.dtype) for name, info in md.tensors.items()}
+def map_weights(md: ModelDir, maps: FileMaps | None = None) -> dict[str, tuple[np.ndarray, str]]:
+    """Every tensor as a view of its file's one memory map (FileMaps): canonical name -> (array,
+    dtype tag). BF16 arrives as uint16 bits, FP8 and ue8m0 scales as uint8 bytes, FP4 as int8 pairs
+    of nibbles: the kernel reads the stored bytes (no widening here)."""
+    maps = maps if maps is not None else FileMaps()
+    try:
+        return {name: (maps.tensor(info), info.dtype) for name, info in md.tensors.items()}
+    except SafetensorsError as e:
+        raise ModelDirError(str(e)) from None
 
 
 PACKED_CACHE_MIN_BYTES = 256 << 20  # smaller models pack in well under a second: not worth a file
@@ -487,5 +491,11 @@ def load_model(path: str | Path | ModelDir, threads: int = 0, *, widen_bf16: boo
             cache = str(packed_cache_file(md, packed_cache, widen_bf16))
         except OSError:
             cache = ""
-    return _kernel.Model(md.config, map_weights(md), md.fingerprint, threads, widen_bf16=widen_bf16,
-                         packed_cache=cache, expert_cache_bytes=expert_cache_bytes or 0)
+    maps = FileMaps()
+    model = _kernel.Model(md.config, map_weights(md, maps), md.fingerprint, threads, widen_bf16=widen_bf16,
+                          packed_cache=cache, expert_cache_bytes=expert_cache_bytes or 0)
+    # The kernel has packed (or mapped from the cache) every matrix and released their sources; what
+    # it keeps in place (norms, biases, the BF16 embedding) pins its file's map: drop the pages packing
+    # touched from the resident set (the maps of files no kept tensor uses close with `maps`).
+    maps.drop_resident()
+    return model
