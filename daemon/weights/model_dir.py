@@ -328,7 +328,10 @@ def _weight_files(path: Path) -> list[Path]:
             weight_map = json.loads(index.read_text())["weight_map"]
         except (json.JSONDecodeError, KeyError, TypeError) as e:
             raise ModelDirError(f"{index}: not a valid safetensors index ({e})") from None
-        files = sorted({path / f for f in weight_map.values()})
+        if not isinstance(weight_map, dict) or not all(isinstance(f, str) for f in weight_map.values()):
+            raise ModelDirError(f"{index}: weight_map must map tensor names to shard file names")
+        # one Path per shard, not per tensor (the release lists ~70,000 tensors in 48 shards)
+        files = sorted(path / f for f in set(weight_map.values()))
         missing = [f.name for f in files if not f.exists()]
         if missing:
             raise ModelDirError(f"{index}: lists shard(s) that do not exist: {', '.join(missing)}")
