@@ -115,7 +115,7 @@ class FileMaps:
         return m
 
     def tensor(self, info: TensorInfo) -> np.ndarray:
-        count = int(np.prod(info.shape, dtype=np.int64))
+        count = math.prod(info.shape)
         if count == 0:
             return np.zeros(info.shape, DTYPES[info.dtype])
         m = self._map(info.file)
