@@ -33,7 +33,6 @@ def start_once(model: Path, state: Path, packed: Path, threads: int, nofile: int
     work = Path(tempfile.mkdtemp(prefix="cairn-startup-"))
     notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     notify.bind(str(work / "notify.sock"))
-    notify.settimeout(300)
     hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
     env = {**os.environ, "NOTIFY_SOCKET": str(work / "notify.sock")}
     cmd = [sys.executable, "-m", "cairn.daemon.cli.main", "serve", "--slots", "1", "--threads", str(threads),
@@ -44,8 +43,16 @@ def start_once(model: Path, state: Path, packed: Path, threads: int, nofile: int
     proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
                             preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, hard)))
     try:
-        while (msg := notify.recv(4096)) != b"READY=1":
-            pass
+        notify.settimeout(0.2)
+        while True:
+            try:
+                if notify.recv(4096) == b"READY=1":
+                    break
+            except TimeoutError:
+                if proc.poll() is not None or time.monotonic() - t0 > 300:
+                    log.flush()
+                    tail = (work / "serve.log").read_text()[-1500:]
+                    raise SystemExit(f"cairn serve did not get ready (exit {proc.poll()}):\n{tail}")
         ready = time.monotonic() - t0
         proc.terminate()
         _, status, usage = os.wait4(proc.pid, 0)
