@@ -124,9 +124,6 @@ class FileMaps:
                                    f"({info.end} > {len(m)} bytes): was it rewritten while loading?")
         return np.frombuffer(m, dtype=DTYPES[info.dtype], count=count, offset=info.start).reshape(info.shape)
 
-    def files(self) -> int:
-        return len(self._maps)
-
     def drop_resident(self) -> None:
         """Drop the maps' pages from this process's resident set (they stay in the page cache and fault
         back in if read again): after the kernel has packed its matrices, their source pages are not
