@@ -43,6 +43,15 @@ def experts_dir(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def flash_shape_dir(tmp_path_factory) -> Path:
+    """V4-Flash-0731's structure at toy width (~70,000 tensors, 48 shards with the drafter, ~55 MB;
+    a few seconds to write): the loader at the real checkpoint's tensor count."""
+    from cairn.daemon.modelgen.make_model import make_model
+
+    return make_model("flash-shape", 0, tmp_path_factory.mktemp("models_fs") / "flash-shape")
+
+
+@pytest.fixture(scope="session")
 def tiny_model_dir_b(tmp_path_factory) -> Path:
     """A second tiny model: same shapes, other weights (seed 1), so another fingerprint."""
     from cairn.daemon.modelgen.make_model import make_model

@@ -199,10 +199,8 @@ class StatusBoard:
                 running += 1
                 if t.phase == "prefill":
                     pending += max(0, t.prompt_tokens - t.done)
-        metrics = getattr(self.engine, "metrics", None)
-        live = int(metrics.live_state_tokens.value()) if metrics is not None else 0
         return {"running": running, "waiting": waiting, "pending_prefill_tokens": pending,
-                "queued_prompt_tokens": queued_tokens, "live_tokens": live}
+                "queued_prompt_tokens": queued_tokens, "live_tokens": live_tokens(self.engine)}
 
     def snapshot(self, model_id: str) -> dict:
         engine = self.engine
@@ -231,3 +229,12 @@ class StatusBoard:
             "expert_cache": expert_cache(engine, self.expert_reason),
             "memory": memory(engine, self.memory_plan),
         }
+
+
+def live_tokens(engine) -> int:
+    """Tokens in the live states now, every slot's (the live-state gauge is only set when a turn ends,
+    so mid-request it lags: a gateway balancing on it would see a stale figure)."""
+    if engine is None:
+        return 0
+    states = [s.live for s in getattr(engine, "slots", None) or ()] or [getattr(engine, "live", None)]
+    return sum(int(st.n_tokens) for st in states if st is not None)

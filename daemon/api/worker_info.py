@@ -13,8 +13,10 @@ Design notes
    as an SGLang-compatible HTTP worker, reads the model id, context length and concurrency from
    here, and asks ``/v1/loads`` for load before anything runtime-specific.
  * Load. ``GET /v1/loads`` answers in SGLang's load schema: one data-parallel rank whose running /
-   waiting request counts come from the status board, ``num_used_tokens`` is the live state's length
-   and ``token_usage`` that length over the context (cairn keeps one state, not a paged KV pool).
+   waiting request counts come from the status board (summed over the slots), ``num_used_tokens`` is
+   the live states' length (every slot's) and ``token_usage`` that length over the context times the
+   slot count (each slot keeps one state of up to the context, not a paged KV pool);
+   ``utilization`` is the share of slots running a request.
    ``num_waiting_uncached_tokens`` is the queued prompts' length (what of them is cached is only known
    once planned). ``pending_prefill_tokens`` (prompt tokens not yet prefilled: the running request's rest and
    every queued prompt) is cairn's own field: the figure that says how long a new request waits.
@@ -35,7 +37,7 @@ def server_info(*, model_id: str, context_length: int, fingerprint: str, version
         "model_path": model_id,
         "served_model_name": model_id,
         "context_length": context_length,
-        "max_total_tokens": context_length,
+        "max_total_tokens": context_length * max(1, max_running_requests),   # one state per slot
         "max_running_requests": max_running_requests,
         "tp_size": 1,
         "dp_size": 1,
@@ -67,7 +69,8 @@ def loads(*, running: int, waiting: int, pending_prefill_tokens: int, queued_pro
           now: _dt.datetime | None = None) -> dict:
     """``GET /v1/loads``: one rank (SGLang's ``WorkerLoadResponse``)."""
     now = now or _dt.datetime.now(_dt.timezone.utc)
-    ctx = max(1, context_length)
+    slots = max(1, max_running_requests)
+    capacity = context_length * slots     # every slot holds a state of up to the context
     rank = {
         "dp_rank": 0,
         "num_running_reqs": running,
@@ -75,11 +78,11 @@ def loads(*, running: int, waiting: int, pending_prefill_tokens: int, queued_pro
         "num_waiting_uncached_tokens": queued_prompt_tokens,   # an upper bound: cached parts are known once planned
         "num_total_reqs": running + waiting,
         "num_used_tokens": live_tokens,
-        "max_total_num_tokens": context_length,
-        "token_usage": round(min(1.0, live_tokens / ctx), 6),
+        "max_total_num_tokens": capacity,
+        "token_usage": round(min(1.0, live_tokens / max(1, capacity)), 6),
         "gen_throughput": 0.0,
         "cache_hit_rate": 0.0,
-        "utilization": 1.0 if running else 0.0,
+        "utilization": round(min(1.0, running / slots), 6),
         "max_running_requests": max_running_requests,
         "pending_prefill_tokens": pending_prefill_tokens,
     }

@@ -31,8 +31,10 @@ def build_parser() -> argparse.ArgumentParser:
     mk = sub.add_parser("make-model", help="write a deterministic random-weight model directory")
     mk.add_argument("--preset", default="tiny",
                     help="tiny (tests), small (benchmarks, demo), tiny-fp4 / tiny-fp8 (the official quantized format), "
-                         "flash-slice (V4-Flash's dimensions and format, with --layers N), experts-fp4 (FP4, routed experts "
-                         "~95 % of the weights: paged-expert tests)")
+                         "flash-slice (V4-Flash's dimensions and format, with --layers N), flash-shape (V4-Flash-0731's "
+                         "structure at toy width: 43 layers, 256 experts, 48 shards with the drafter, ~70k tensors, "
+                         "~40 MB: loader tests), experts-fp4 (FP4, routed experts "
+                         "~95 %% of the weights: paged-expert tests)")
     mk.add_argument("--names", choices=["official", "hf"], default=None,
                     help="tensor spelling: official DeepSeek (scales W.scale) or HF's (model.…, W.weight_scale_inv); "
                          "default official for quantized presets, hf otherwise")

@@ -2,7 +2,8 @@
 byte layout with the first N layers and random weights, for benchmarks and load tests.
 
 The directory is what the official release holds, cut to N layers: official tensor names, shard 1
-the embedding, shard L+2 layer L, the last shard head/norm/hc_head, an index json; FP8 e4m3
+the embedding, shard L+2 layer L, then head/norm/hc_head, an index json (the flash-shape preset, all 43
+layers at toy width, adds V4-Flash-0731's DSpark drafter: three `mtp.{i}.` blocks, a shard each, last); FP8 e4m3
 projections with ue8m0 128x128 block scales, FP4 e2m1 routed experts (I8 pairs, one scale per row
 per 32), BF16 embedding/head/norms/router/compressors, F32 hyper-connection parameters, sinks,
 position biases and router biases. At 43 layers it would be the size of the release (~160 GB).
@@ -96,13 +97,16 @@ def _vec(entries: dict, name: str, shape, mean: float, std: float, tag: str, see
     entries[name] = (tuple(shape), tag, make)
 
 
-def _layer(p, i: int, seed: int) -> dict:
+def _layer(p, i: int, seed: int, prefix: str | None = None, kind: str | None = None,
+           mlp: str | None = None) -> dict:
+    """Layer i's tensors; prefix/kind/mlp given: a drafter block (mtp.{i}., its own layer kind)."""
     from .make_model import C, S
 
     D, N, E, I = p.hidden_size, p.hc_mult, p.n_routed_experts, p.moe_intermediate_size
     H, Dh, Rq = p.num_attention_heads, p.head_dim, p.q_lora_rank
     e: dict = {}
-    L, kind = f"layers.{i}.", p.layer_types[i]
+    L, kind = prefix or f"layers.{i}.", kind or p.layer_types[i]
+    mlp = mlp or p.mlp_layer_types[i]
     A, F = L + "attn.", L + "ffn."
     _vec(e, L + "attn_norm.weight", (D,), 1.0, 0.1, "BF16", seed)
     _vec(e, L + "ffn_norm.weight", (D,), 1.0, 0.1, "BF16", seed)
@@ -133,7 +137,7 @@ def _layer(p, i: int, seed: int) -> dict:
         _fp8(e, A + "indexer.wq_b.weight", nI * Di, Rq, seed)
         _matrix_bf16(e, A + "indexer.weights_proj.weight", nI, D, seed)
     _matrix_bf16(e, F + "gate.weight", E, D, seed)
-    if p.mlp_layer_types[i] == "hash_moe":
+    if mlp == "hash_moe":
         k, V = p.num_experts_per_tok, p.vocab_size
         e[F + "gate.tid2eid"] = ((V, k), "I64", lambda: np.argsort(
             _rng(seed, F + "gate.tid2eid").random((V, E), dtype=np.float32), axis=1)[:, :k].astype(np.int64))
@@ -161,6 +165,7 @@ def write_flash_slice(p, seed: int, out: Path, progress=None) -> None:
     _vec(last, "hc_head_base", (N,), 0.0, 0.5, "F32", seed)
     _vec(last, "hc_head_scale", (1,), 1.0, 0.2, "F32", seed)
     shards = [first] + [_layer(p, i, seed) for i in range(len(p.layer_types))] + [last]
+    shards += [_drafter_block(p, b, seed) for b in range(p.drafter_blocks)]
     for stale in out.glob("model*.safetensors*"):
         stale.unlink()
     weight_map, total = {}, 0
@@ -174,6 +179,23 @@ def write_flash_slice(p, seed: int, out: Path, progress=None) -> None:
             total += int(np.prod(shape, dtype=np.int64)) * DTYPES[tag].itemsize
     index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
     (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
+
+
+def _drafter_block(p, b: int, seed: int) -> dict:
+    """DSpark drafter block b as V4-Flash-0731 stores it, in the last shards: a V4 layer under `mtp.{b}.`
+    with sliding-window attention (no compressor or indexer) and a routed MoE, the last block also
+    carrying the Markov head (`markov_head.markov_w1/w2`) and the confidence head
+    (`confidence_head.proj.weight`). Names from the release's index (4,705 `mtp.*` tensors in three
+    blocks); shapes here are stand-ins of this preset's width: nothing reads them."""
+    from .make_model import S
+
+    e = _layer(p, b, seed, prefix=f"mtp.{b}.", kind=S, mlp="moe")
+    if b == p.drafter_blocks - 1:
+        D, rank = p.hidden_size, 16
+        _matrix_bf16(e, f"mtp.{b}.markov_head.markov_w1", rank, D, seed)
+        _matrix_bf16(e, f"mtp.{b}.markov_head.markov_w2", p.vocab_size, rank, seed)
+        _matrix_bf16(e, f"mtp.{b}.confidence_head.proj.weight", 1, 2 * D, seed)
+    return e
 
 
 def _embed_maker(V: int, D: int, seed: int):

@@ -150,6 +150,9 @@ class Preset:
     # The official DeepSeek-V4 quantization: None (float weights), or the routed experts' format
     # ("fp4" as V4-Flash, "fp8" as V4-Flash-Base) with every other projection FP8 (quantize.py).
     quant: str | None = None
+    # DSpark drafter blocks written under `mtp.{i}.` in shards of their own, as V4-Flash-0731 ships
+    # them (flash_slice.py); cairn ignores them (daemon/weights/model_dir.py canonical_name).
+    drafter_blocks: int = 0
 
 
 S, C, H = "sliding_attention", "compressed_sparse_attention", "heavily_compressed_attention"
@@ -212,7 +215,15 @@ PRESETS["tiny-wide-state"] = Preset(
     sliding_window=16, csa_rate=2, hca_rate=16, index_n_heads=1, index_head_dim=16, index_topk=8,
     n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
 )
-DIRECT_CODES = ("flash-slice", "experts-fp4")   # written by flash_slice.write_flash_slice
+# V4-Flash-0731's structure at toy width (loader and start-up tests, issue 20): all 43 layers, 256
+# experts top-6, the first three hash-routed, official names, FP8/FP4 layout, 48 shards (embedding,
+# one per layer, head, three DSpark drafter blocks) and an index: ~70,000 tensors in ~40 MB.
+PRESETS["flash-shape"] = replace(
+    PRESETS["flash-slice"], vocab_size=512, hidden_size=64, num_attention_heads=2, head_dim=32,
+    qk_rope_head_dim=8, q_lora_rank=32, o_groups=2, o_lora_rank=16, sliding_window=16, hca_rate=16,
+    index_n_heads=4, index_head_dim=16, index_topk=8, moe_intermediate_size=32,
+    max_position_embeddings=65536, drafter_blocks=3, extra={"dspark_block_size": 5})
+DIRECT_CODES = ("flash-slice", "experts-fp4", "flash-shape")   # written by flash_slice.write_flash_slice
 
 
 def hf_config(p: Preset) -> dict:

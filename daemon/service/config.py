@@ -214,16 +214,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """One flag per setting; absent flags stay None so lower layers show through."""
     parser.add_argument("--config", default=None, help="TOML file with settings (keys as below, snake_case)")
     for f in FIELDS:
+        text = f.help.replace("%", "%%")  # argparse %-formats help strings (a literal % crashes --help)
         if f.kind is bool:
             if f.flag_only_negative:
                 parser.add_argument(f.flag, dest=f.name, action="store_const", const=False, default=None,
-                                    help=f"turn off: {f.help} ({f.env})")
+                                    help=f"turn off: {text} ({f.env})")
             else:
                 parser.add_argument(f.flag, dest=f.name, action="store_const", const=True, default=None,
-                                    help=f"{f.help} ({f.env})")
+                                    help=f"{text} ({f.env})")
         else:
             parser.add_argument(f.flag, dest=f.name, default=None, metavar=f.name.upper(),
-                                help=f"{f.help} ({f.env})")
+                                help=f"{text} ({f.env})")
 
 
 def _convert(f: Field, value: Any, source: str) -> Any:

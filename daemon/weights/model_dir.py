@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .safetensors_io import SafetensorsError, TensorInfo, map_tensor, read_header
+from .safetensors_io import FileMaps, SafetensorsError, TensorInfo, read_header
 from .weight_digest import DigestCache
 
 SLIDING, CSA, HCA = "sliding_attention", "compressed_sparse_attention", "heavily_compressed_attention"
@@ -329,7 +329,10 @@ def _weight_files(path: Path) -> list[Path]:
             weight_map = json.loads(index.read_text())["weight_map"]
         except (json.JSONDecodeError, KeyError, TypeError) as e:
             raise ModelDirError(f"{index}: not a valid safetensors index ({e})") from None
-        files = sorted({path / f for f in weight_map.values()})
+        if not isinstance(weight_map, dict) or not all(isinstance(f, str) for f in weight_map.values()):
+            raise ModelDirError(f"{index}: weight_map must map tensor names to shard file names")
+        # one Path per shard, not per tensor (the release lists ~70,000 tensors in 48 shards)
+        files = sorted(path / f for f in set(weight_map.values()))
         missing = [f.name for f in files if not f.exists()]
         if missing:
             raise ModelDirError(f"{index}: lists shard(s) that do not exist: {', '.join(missing)}")
@@ -451,11 +454,15 @@ def open_model_dir(path: str | Path, *, digest_cache: str | Path | None = None, 
                     bos_token=bos, eos_token=eos)
 
 
-def map_weights(md: ModelDir) -> dict[str, tuple[np.ndarray, str]]:
-    """Memory-map every tensor: canonical name -> (array, dtype tag). BF16 arrives as uint16 bits,
-    FP8 and ue8m0 scales as uint8 bytes, FP4 as int8 pairs of nibbles: the kernel reads the
-    stored bytes (no widening here)."""
-    return {name: (map_tensor(info), info.dtype) for name, info in md.tensors.items()}
+def map_weights(md: ModelDir, maps: FileMaps | None = None) -> dict[str, tuple[np.ndarray, str]]:
+    """Every tensor as a view of its file's one memory map (FileMaps): canonical name -> (array,
+    dtype tag). BF16 arrives as uint16 bits, FP8 and ue8m0 scales as uint8 bytes, FP4 as int8 pairs
+    of nibbles: the kernel reads the stored bytes (no widening here)."""
+    maps = maps if maps is not None else FileMaps()
+    try:
+        return {name: (maps.tensor(info), info.dtype) for name, info in md.tensors.items()}
+    except SafetensorsError as e:
+        raise ModelDirError(str(e)) from None
 
 
 PACKED_CACHE_MIN_BYTES = 256 << 20  # smaller models pack in well under a second: not worth a file
@@ -491,8 +498,13 @@ def load_model(path: str | Path | ModelDir, threads: int = 0, *, widen_bf16: boo
             cache = str(packed_cache_file(md, packed_cache, widen_bf16))
         except OSError:
             cache = ""
-    model = _kernel.Model(md.config, map_weights(md), md.fingerprint, threads, widen_bf16=widen_bf16,
+    maps = FileMaps()
+    model = _kernel.Model(md.config, map_weights(md, maps), md.fingerprint, threads, widen_bf16=widen_bf16,
                           packed_cache=cache, expert_cache_bytes=expert_cache_bytes or 0)
+    # The kernel has packed (or mapped from the cache) every matrix and released their sources; what
+    # it keeps in place (norms, biases, the BF16 embedding) pins its file's map: drop the pages packing
+    # touched from the resident set (the maps of files no kept tensor uses close with `maps`).
+    maps.drop_resident()
     if cache:
         from .packed_cache import trim_packed_cache
 

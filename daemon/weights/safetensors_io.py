@@ -9,6 +9,8 @@ no timestamps) so a generated model directory is byte-identical for the same inp
 from __future__ import annotations
 
 import json
+import math
+import mmap
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -75,12 +77,14 @@ def read_header(path: Path) -> tuple[bytes, dict[str, TensorInfo]]:
             continue
         try:
             dtype, shape, (a, b) = meta["dtype"], tuple(int(x) for x in meta["shape"]), meta["data_offsets"]
+            if any(x < 0 for x in shape):
+                raise ValueError
         except (KeyError, TypeError, ValueError):
             raise SafetensorsError(f"{path}: tensor {name!r} has a malformed header entry") from None
         if dtype not in DTYPES:
             raise SafetensorsError(
                 f"{path}: tensor {name!r} has dtype {dtype}; supported: {', '.join(DTYPES)}")
-        want = int(np.prod(shape, dtype=np.int64)) * DTYPES[dtype].itemsize
+        want = math.prod(shape) * DTYPES[dtype].itemsize   # math.prod: numpy's costs ~10 us a tensor
         if b - a != want or a < 0 or base + b > size:
             raise SafetensorsError(
                 f"{path}: tensor {name!r} data is truncated or mis-sized "
@@ -89,12 +93,50 @@ def read_header(path: Path) -> tuple[bytes, dict[str, TensorInfo]]:
     return raw, infos
 
 
+class FileMaps:
+    """One read-only memory map per weight file; tensors are numpy views of it (no bytes are read
+    until used). A map per tensor would hold a file descriptor per tensor (mmap keeps a duplicate):
+    V4-Flash's ~66,000 tensors would exceed any usual open-file limit (systemd's soft default is 1024).
+    Here the descriptors are one per file, whatever the tensor count. A view keeps its file's map
+    alive (numpy holds the mmap as the view's base); a map no view uses closes when this object goes."""
+
+    def __init__(self) -> None:
+        self._maps: dict[Path, mmap.mmap] = {}
+
+    def _map(self, file: Path) -> mmap.mmap:
+        m = self._maps.get(file)
+        if m is None:
+            with open(file, "rb") as f:   # the mapping keeps its own descriptor; this one closes now
+                try:
+                    m = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+                except (OSError, ValueError) as e:
+                    raise SafetensorsError(f"{file}: cannot map: {getattr(e, 'strerror', None) or e}") from None
+            self._maps[file] = m
+        return m
+
+    def tensor(self, info: TensorInfo) -> np.ndarray:
+        count = math.prod(info.shape)
+        if count == 0:
+            return np.zeros(info.shape, DTYPES[info.dtype])
+        m = self._map(info.file)
+        if info.end > len(m):   # the file shrank since its header was read
+            raise SafetensorsError(f"{info.file}: tensor {info.name!r} lies past the end of the file "
+                                   f"({info.end} > {len(m)} bytes): was it rewritten while loading?")
+        return np.frombuffer(m, dtype=DTYPES[info.dtype], count=count, offset=info.start).reshape(info.shape)
+
+    def drop_resident(self) -> None:
+        """Drop the maps' pages from this process's resident set (they stay in the page cache and fault
+        back in if read again): after the kernel has packed its matrices, their source pages are not
+        needed, though the small tensors it keeps in place pin each file's map."""
+        for m in self._maps.values():
+            if not m.closed:
+                m.madvise(mmap.MADV_DONTNEED)
+
+
 def map_tensor(info: TensorInfo) -> np.ndarray:
-    """A read-only memory map of one tensor (no bytes are read until used)."""
-    count = int(np.prod(info.shape, dtype=np.int64))
-    if count == 0:
-        return np.zeros(info.shape, DTYPES[info.dtype])
-    return np.memmap(info.file, dtype=DTYPES[info.dtype], mode="r", offset=info.start, shape=info.shape)
+    """A read-only memory-mapped view of one tensor (its file mapped for it alone: for tests and
+    tools; the loader maps each file once, FileMaps)."""
+    return FileMaps().tensor(info)
 
 
 def write_file(path: Path, tensors: dict[str, tuple[np.ndarray, str]]) -> None:

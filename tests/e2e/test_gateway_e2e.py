@@ -22,8 +22,10 @@ import pytest
 
 DEADLINE_S = 25.0
 WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi rho sigma tau".split()
-# one slot: the default (from the machine's memory) would vary by host
-CAIRN = [sys.executable, "-m", "cairn.daemon.cli.main", "serve", "--slots", "1"]
+# two slots, as a daemon behind a gateway serves (with slots > 1 the load routes once answered 500);
+# set here because the default (from the machine's memory) would vary by host
+SLOTS = 2
+CAIRN = [sys.executable, "-m", "cairn.daemon.cli.main", "serve", "--slots", str(SLOTS)]
 
 
 def smg_binary() -> str:
@@ -155,10 +157,12 @@ def test_two_daemons_behind_smg_sticky_conversations_and_failover_from_the_share
 
         x_url = prefix_of[served_by["x"][0]]
         x_proc = urls[x_url]
-        # the gateway polls each daemon's load figure (/v1/loads, every second here)
+        # the gateway polls each daemon's load figure (/v1/loads, every second here): one state per slot
+        infos = {u: http.get(f"{u}/server_info").json() for u in urls}
+        assert all(i["max_running_requests"] == SLOTS for i in infos.values()), infos
         dl.wait_for("the daemons' loads at the gateway", lambda: sorted(
             (r["worker"], r["max_total_num_tokens"]) for r in http.get(f"{gw}/get_loads").json()["loads"])
-            == sorted((u, http.get(f"{u}/server_info").json()["context_length"]) for u in urls))
+            == sorted((u, SLOTS * i["context_length"]) for u, i in infos.items()))
         dl.wait_for("x's checkpoints on the shared disk",
                     lambda: (rows := http.get(f"{x_url}/v1/checkpoints").json()["data"]) and all("disk" in r["tier"] for r in rows))
         other_url = next(u for u in urls if u != x_url)

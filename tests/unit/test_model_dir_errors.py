@@ -176,6 +176,27 @@ def test_missing_shard_listed_in_the_index(tmp_path):
         open_model_dir(d)
 
 
+def test_index_whose_weight_map_is_not_names_to_shards(tmp_path):
+    d = make_model("tiny", 1, tmp_path / "m", shard_bytes=400_000)
+    _edit_json(d / "model.safetensors.index.json", lambda j: j["weight_map"].update({"embed.weight": 3}))
+    with pytest.raises(ModelDirError, match="index.json: weight_map must map tensor names to shard file names"):
+        open_model_dir(d)
+
+
+def test_negative_dimension_in_a_header_is_malformed(model):
+    f = model / "model.safetensors"
+    data = bytearray(f.read_bytes())
+    n = int.from_bytes(data[:8], "little")
+    head = json.loads(data[8:8 + n])
+    name = next(k for k in head if k != "__metadata__")
+    head[name]["shape"] = [-1] + head[name]["shape"][1:] if len(head[name]["shape"]) > 1 else [-1]
+    raw = json.dumps(head, separators=(",", ":")).encode().ljust(n)
+    assert len(raw) == n
+    f.write_bytes(bytes(data[:8]) + raw + bytes(data[8 + n:]))
+    with pytest.raises(ModelDirError, match=f"tensor {re.escape(repr(name))} has a malformed header entry"):
+        open_model_dir(model)
+
+
 def test_no_weights(model):
     (model / "model.safetensors").unlink()
     with pytest.raises(ModelDirError, match="no weights"):

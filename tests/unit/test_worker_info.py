@@ -46,3 +46,14 @@ def test_server_info_names_the_model_for_the_gateway_and_says_it_is_cairn():
     assert info["served_model_name"] == "m" and info["model_path"] == "m"
     assert info["context_length"] == 4096 and info["max_running_requests"] == 1 and info["engine"] == "cairn"
     assert worker_info.model_info(model_id="m")["is_generation"] is True
+
+
+def test_loads_with_slots_measure_capacity_and_utilization_over_every_slot():
+    out = worker_info.loads(running=1, waiting=0, pending_prefill_tokens=0, queued_prompt_tokens=0,
+                            live_tokens=512, context_length=1024, max_running_requests=4, version="0.1.0")
+    (rank,) = out["loads"]
+    assert rank["max_total_num_tokens"] == 4096 and rank["token_usage"] == 0.125
+    assert rank["utilization"] == 0.25 and rank["max_running_requests"] == 4
+    info = worker_info.server_info(model_id="m", context_length=1024, fingerprint="f", version="0.1.0",
+                                   max_running_requests=4, queue_size=8)
+    assert info["max_total_tokens"] == 4096 and info["context_length"] == 1024
