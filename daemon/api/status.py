@@ -143,7 +143,7 @@ class StatusBoard:
     # --- read ------------------------------------------------------------------------------------
 
     def active(self) -> list[dict]:
-        """Every request the engine is running (several in slot mode), the latest started first."""
+        """Every request the engine is running (one per busy slot), the latest started first."""
         now = time.monotonic()
         live = [t for t in self.requests.values() if t.phase != "queued" and not t.ended]
         return [self._describe(t, now) for t in sorted(live, key=lambda r: r.phase_since, reverse=True)]
@@ -208,7 +208,7 @@ class StatusBoard:
             "queue": {"depth": depth, "capacity": self.queue_size},
             "running": self.running(),
             "active": self.active(),   # every running request; `running` is the first of them
-            # slot mode: what each live state holds and does ([] with one slot: see running)
+            # what each sequence slot's live state holds and does (one entry per slot, 1 included)
             "slots": [s.describe() for s in (getattr(engine, "slots", None) or ())],
             "live_state_tokens": live,
             "checkpoints": checkpoint_tiers(engine),
