@@ -85,24 +85,36 @@ class DecodeSteps:
         self.steps = 0                          # kernel steps made (metrics, tests)
         self.rows = 0                           # sequence-steps they advanced
 
-    async def step(self, seq: Sequence, token: int, tally: Any = None):
-        """Feed `token` to `seq`'s state in the next step; its logits [V]. `tally` gets the whole
-        step's expert-cache work: the experts a step reads serve every sequence in it (shared)."""
+    def submit(self, seq: Sequence, token: int, tally: Any = None) -> _Step:
+        """Hand `token` in for `seq`'s next step (it does not wait). `tally` gets the whole step's
+        expert-cache work: the experts a step reads serve every sequence in it (shared)."""
         entry = _Step(seq, int(token), tally=tally)
         self._pending.append(entry)
         self._arrived.set()
+        return entry
+
+    async def wait(self, entry: _Step):
+        """The logits [V] of the step `entry` was in."""
         try:
             await entry.done.wait()
         except trio.Cancelled:
-            if entry in self._pending:          # not taken into a step: withdraw it, nothing ran
-                self._pending.remove(entry)
-                raise
-            with trio.CancelScope(shield=True):  # in the running step: wait until the kernel lets go
-                await entry.done.wait()
+            await self.let_go(entry)
             raise
         if entry.error is not None:
             raise entry.error
         return entry.logits
+
+    async def let_go(self, entry: _Step) -> None:
+        """The request is ending: once this returns the kernel does not touch its state for `entry`."""
+        if entry in self._pending:              # not taken into a step: withdraw it, nothing ran
+            self._pending.remove(entry)
+            return
+        with trio.CancelScope(shield=True):      # in the running step: wait until the kernel lets go
+            await entry.done.wait()
+
+    async def step(self, seq: Sequence, token: int, tally: Any = None):
+        """Feed `token` to `seq`'s state in the next step; its logits [V]."""
+        return await self.wait(self.submit(seq, token, tally))
 
     async def _wait_arrival(self) -> None:
         self._arrived = trio.Event()
@@ -157,10 +169,19 @@ class DecodeSteps:
                 e.done.set()
 
 
-Step = Callable[[int, Any], Awaitable[Any]]   # (token, tally) -> next-token logits
+@dataclass(frozen=True)
+class Feed:
+    """How a request's decode loop feeds its tokens to its sequence (DecodeSteps, or a test's)."""
+    submit: Callable[[int, Any], Any]          # (token, tally) -> a handle; does not wait
+    wait: Callable[[Any], Awaitable[Any]]      # handle -> next-token logits
+    let_go: Callable[[Any], Awaitable[None]]   # handle -> once the kernel no longer uses it
 
 
-async def run_decode(engine: Engine, pre: Prefilled, stream_decoder, stats: dict, step: Step) -> Done:
+def feed_of(steps: DecodeSteps, seq: Sequence) -> Feed:
+    return Feed(lambda tok, tally: steps.submit(seq, tok, tally), steps.wait, steps.let_go)
+
+
+async def run_decode(engine: Engine, pre: Prefilled, stream_decoder, stats: dict, feed: Feed) -> Done:
     sub = pre.submit
     s = sub.sampling
     rng = make_rng(s.seed)
@@ -191,13 +212,20 @@ async def run_decode(engine: Engine, pre: Prefilled, stream_decoder, stats: dict
             finish_reason = "stop"
             break
         text, stopped = stops.push(stream_decoder.push(tok))
-        await _send(sub, TokenOut(tok, text, lp, top))
-        if stopped:
-            finish_reason, by_stop_string = "stop", True
+        if stopped or n == budget:   # the last token is never fed: nothing needs its logits
+            await _send(sub, TokenOut(tok, text, lp, top))
+            if stopped:
+                finish_reason, by_stop_string = "stop", True
             break
-        if n == budget:
-            break
-        logits = await step(tok, sub.trace.decode_experts)
+        # Hand the token in before sending it: the kernel computes the next logits while this token
+        # goes out to the client.
+        fed = feed.submit(tok, sub.trace.decode_experts)
+        try:
+            await _send(sub, TokenOut(tok, text, lp, top))
+        except BaseException:                   # client gone, or cancelled: its step ends first
+            await feed.let_go(fed)
+            raise
+        logits = await feed.wait(fed)
     tail = ""
     if not by_stop_string:
         tail, stopped = stops.push(stream_decoder.flush())
@@ -215,11 +243,9 @@ async def decode_turn(pre: Prefilled, seq: Sequence, to_admission, *, engine: En
     sub = pre.submit
     stats: dict = {"completion_tokens": 0, "first_token_at": None}
 
-    async def step(tok: int, tally: Any):
-        return await steps.step(seq, tok, tally)
-
     turn = await attached(
-        sub, lambda: run_decode(engine, pre, new_stream_decoder(), stats, step), engine=engine, seq=seq, log=log,
+        sub, lambda: run_decode(engine, pre, new_stream_decoder(), stats, feed_of(steps, seq)), engine=engine,
+        seq=seq, log=log,
         stage="decode",
         on_shutdown=lambda: log_request(log, sub, metrics=engine.metrics, outcome="cancelled",
                                         arrived_at=pre.arrived_at, reused=pre.reused_tokens,
