@@ -162,6 +162,7 @@ class DecodeSteps:
         except Exception as exc:                # every sequence of the step fails (its state may be torn)
             for e in batch:
                 e.error = exc
+                engine.discard(e.seq)           # never reused, whatever its request does next
         finally:
             for e in batch:
                 if e.logits is None and e.error is None:
