@@ -180,7 +180,8 @@ class API:
         await send_json(send, 200, self.status.snapshot(self.model_id))
 
     def _max_running(self) -> int:
-        return int(getattr(self.status.engine, "slots", 1) or 1)
+        """One running request per sequence slot (`Engine.slots` is the list of them)."""
+        return max(1, len(getattr(self.status.engine, "slots", None) or ()))
 
     async def _server_info(self, scope, receive, send) -> None:
         from .status import version
