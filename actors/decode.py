@@ -1,21 +1,42 @@
-"""Decode worker actor: sample, stream tokens back, feed them to the live state.
+"""Decode worker actor: sample, stream tokens back, feed them to the live states in batched steps.
 
-What the live state holds after a turn: the prompt plus every generated token but the last (the
-last one is never fed — nothing needs its logits), so `state.tokens` is exactly what the next turn
-can extend. A cancel (client gone, shutdown) stops between tokens; a token being decoded finishes
-first, so the state stays consistent. Text is assembled as UTF-8 across token boundaries
-(StreamDecoder) and held back while it could still start a stop string (StopMatcher).
+Design notes.
+ * Each prefilled request gets a task of this worker (`decode_turn`): it samples, streams the
+   token and hands it to `DecodeSteps` for its sequence's next logits. `DecodeSteps.run` is the
+   worker's one stepping loop: one kernel call per step for every sequence that has handed in a
+   token (`decode_batch`; `decode` when there is one — the same bits), so the kernel reads each
+   weight once for all of them and each sequence's logits and state are bit-identical to a decode
+   of it alone (tests/native/test_decode_batch.py).
+ * The step waits for every decoding sequence to hand in its token, but no longer than `gather_s`
+   after the first (a client slow to read does not hold the others up); then it asks the kernel
+   gate for a turn and forms the batch only once it has it: a sequence that becomes ready while a
+   prefill chunk holds the gate joins this step instead of waiting for the next.
+ * What a live state holds after a turn: the prompt plus every generated token but the last (the
+   last one is never fed — nothing needs its logits), so `state.tokens` is exactly what the next
+   turn can extend.
+ * Cancel is per sequence and between tokens: a token not yet taken into a step is withdrawn at
+   once; one in the running step waits (shielded) for that step to finish, so when the request's
+   cancel is acknowledged the kernel no longer touches its state, and the other states of the step
+   are not affected at all. Text is assembled as UTF-8 across token boundaries (StreamDecoder) and
+   held back while it could still start a stop string (StopMatcher).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any, Awaitable, Callable
+
 import trio
 
 from .engine import Engine
+from .expert_io import ExpertTally
+from .kernel_gate import DECODE
 from .lifecycle import ClientGone, attached, end_cancelled, end_failed
 from .messages import Done, Finished, Prefilled, Started, TokenOut, Usage
 from .outcome import log_request
 from .penalties import Shaper
+from .sequence import Sequence
 from .replies import finish, reply
 from .sampling import choose, log_softmax, make_rng, top_logprobs
 from .stops import StopMatcher
@@ -43,7 +64,125 @@ async def _send(sub, msg) -> None:
         raise ClientGone(stalled=sub.reply.statistics().open_receive_channels > 0)
 
 
-async def run_decode(engine: Engine, pre: Prefilled, stream_decoder, stats: dict) -> Done:
+@dataclass(eq=False)
+class _Step:
+    """One sequence's token handed in for the next step, and what the step gave back."""
+    seq: Sequence
+    token: int
+    done: trio.Event = field(default_factory=trio.Event)
+    logits: Any = None
+    error: BaseException | None = None
+    tally: Any = None          # expert_io.ExpertTally of the request (None: not counted)
+
+
+class DecodeSteps:
+    """The decode worker's batched step: `step` hands a token in, `run` runs the steps."""
+
+    def __init__(self, engine: Engine, *, gather_s: float = 0.005) -> None:
+        self._engine, self.gather_s = engine, gather_s
+        self._pending: list[_Step] = []
+        self._arrived = trio.Event()
+        self.steps = 0                          # kernel steps made (metrics, tests)
+        self.rows = 0                           # sequence-steps they advanced
+
+    def submit(self, seq: Sequence, token: int, tally: Any = None) -> _Step:
+        """Hand `token` in for `seq`'s next step (it does not wait). `tally` gets the whole step's
+        expert-cache work: the experts a step reads serve every sequence in it (shared). The memory
+        plan's check runs here, in the request's own task: a MemoryExceeded ends only this request."""
+        self._engine.room_for(seq, 1)           # the step grows this state by one token
+        entry = _Step(seq, int(token), tally=tally)
+        self._pending.append(entry)
+        self._arrived.set()
+        return entry
+
+    async def wait(self, entry: _Step):
+        """The logits [V] of the step `entry` was in."""
+        try:
+            await entry.done.wait()
+        except trio.Cancelled:
+            await self.let_go(entry)
+            raise
+        if entry.error is not None:
+            raise entry.error
+        return entry.logits
+
+    async def let_go(self, entry: _Step) -> None:
+        """The request is ending: once this returns the kernel does not touch its state for `entry`."""
+        if entry in self._pending:              # not taken into a step: withdraw it, nothing ran
+            self._pending.remove(entry)
+            return
+        with trio.CancelScope(shield=True):      # in the running step: wait until the kernel lets go
+            await entry.done.wait()
+
+    async def step(self, seq: Sequence, token: int, tally: Any = None):
+        """Feed `token` to `seq`'s state in the next step; its logits [V]."""
+        return await self.wait(self.submit(seq, token, tally))
+
+    async def _wait_arrival(self) -> None:
+        self._arrived = trio.Event()
+        await self._arrived.wait()
+
+    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        engine = self._engine
+        task_status.started()
+        while True:
+            while not self._pending:
+                await self._wait_arrival()
+            with trio.move_on_after(self.gather_s):
+                while len(self._pending) < engine.decoding():
+                    await self._wait_arrival()
+            async with engine.gate.hold(DECODE):
+                # The batch is formed now, with the gate held: tokens handed in while a prefill chunk
+                # had the kernel join this step (a batch formed before the wait would leave them out).
+                batch, self._pending = self._pending, []
+                if batch:
+                    await self._run_step(batch)
+
+    async def _run_step(self, batch: list[_Step]) -> None:
+        engine = self._engine
+        kernel = engine.kernel
+        try:
+            step_io = ExpertTally()
+            if len(batch) == 1:                 # one sequence: the kernel's single-state step, the same bits
+                e = batch[0]
+                out = [await engine.runner.run(kernel.decode, e.seq.state, e.token, tally=step_io)]
+            else:
+                out = await engine.runner.run(kernel.decode_batch, [e.seq.state for e in batch],
+                                              [e.token for e in batch], tally=step_io)
+            for e in batch:
+                if e.tally is not None:
+                    e.tally.add(step_io.io)
+            self.steps += 1
+            self.rows += len(batch)
+            if engine.metrics is not None:
+                engine.metrics.decode_steps.inc()
+                engine.metrics.decode_step_rows.inc(len(batch))
+            for i, e in enumerate(batch):
+                e.logits = out[i]
+        except Exception as exc:                # every sequence of the step fails (its state may be torn)
+            for e in batch:
+                e.error = exc
+                engine.discard(e.seq)           # never reused, whatever its request does next
+        finally:
+            for e in batch:
+                if e.logits is None and e.error is None:
+                    e.error = RuntimeError("the engine stopped before this decode step finished")
+                e.done.set()
+
+
+@dataclass(frozen=True)
+class Feed:
+    """How a request's decode loop feeds its tokens to its sequence (DecodeSteps, or a test's)."""
+    submit: Callable[[int, Any], Any]          # (token, tally) -> a handle; does not wait
+    wait: Callable[[Any], Awaitable[Any]]      # handle -> next-token logits
+    let_go: Callable[[Any], Awaitable[None]]   # handle -> once the kernel no longer uses it
+
+
+def feed_of(steps: DecodeSteps, seq: Sequence) -> Feed:
+    return Feed(lambda tok, tally: steps.submit(seq, tok, tally), steps.wait, steps.let_go)
+
+
+async def run_decode(engine: Engine, pre: Prefilled, stream_decoder, stats: dict, feed: Feed) -> Done:
     sub = pre.submit
     s = sub.sampling
     rng = make_rng(s.seed)
@@ -74,14 +213,20 @@ async def run_decode(engine: Engine, pre: Prefilled, stream_decoder, stats: dict
             finish_reason = "stop"
             break
         text, stopped = stops.push(stream_decoder.push(tok))
-        await _send(sub, TokenOut(tok, text, lp, top))
-        if stopped:
-            finish_reason, by_stop_string = "stop", True
+        if stopped or n == budget:   # the last token is never fed: nothing needs its logits
+            await _send(sub, TokenOut(tok, text, lp, top))
+            if stopped:
+                finish_reason, by_stop_string = "stop", True
             break
-        if n == budget:
-            break
-        engine.room_for(engine.live, 1, sub.request_id)     # memory: room for one more token, or a 507
-        logits = await engine.decode_step(tok, tally=sub.trace.decode_experts)
+        # Hand the token in before sending it: the kernel computes the next logits while this token
+        # goes out to the client.
+        fed = feed.submit(tok, sub.trace.decode_experts)
+        try:
+            await _send(sub, TokenOut(tok, text, lp, top))
+        except BaseException:                   # client gone, or cancelled: its step ends first
+            await feed.let_go(fed)
+            raise
+        logits = await feed.wait(fed)
     tail = ""
     if not by_stop_string:
         tail, stopped = stops.push(stream_decoder.flush())
@@ -92,29 +237,32 @@ async def run_decode(engine: Engine, pre: Prefilled, stream_decoder, stats: dict
     return Done(finish_reason, Usage(len(sub.prompt), n, pre.reused_tokens), text_tail=tail)
 
 
-async def decode_turn(pre: Prefilled, to_admission, *, engine: Engine, new_stream_decoder, log) -> None:
-    """Decode one prefilled request to its end (done, cancelled or failed), then `Finished`."""
+async def decode_turn(pre: Prefilled, seq: Sequence, to_admission, *, engine: Engine, steps: DecodeSteps,
+                      new_stream_decoder, log) -> None:
+    """Decode one prefilled request to its end (done, cancelled or failed), then free its slot and
+    send `Finished`."""
     sub = pre.submit
     stats: dict = {"completion_tokens": 0, "first_token_at": None}
 
     turn = await attached(
-        sub, lambda: run_decode(engine, pre, new_stream_decoder(), stats), engine=engine, log=log,
+        sub, lambda: run_decode(engine, pre, new_stream_decoder(), stats, feed_of(steps, seq)), engine=engine,
+        seq=seq, log=log,
         stage="decode",
         on_shutdown=lambda: log_request(log, sub, metrics=engine.metrics, outcome="cancelled",
                                         arrived_at=pre.arrived_at, reused=pre.reused_tokens,
                                         completion_tokens=stats["completion_tokens"],
                                         first_token_at=stats["first_token_at"], error="shutdown",
-                                        slot=_slot(engine)))
+                                        slot=seq.index))
     first = stats["first_token_at"]
     common = dict(arrived_at=pre.arrived_at, reused=pre.reused_tokens, first_token_at=first,
                   completion_tokens=stats["completion_tokens"],
-                  decode_s=(trio.current_time() - first) if first is not None else 0.0, slot=_slot(engine))
+                  decode_s=(trio.current_time() - first) if first is not None else 0.0, slot=seq.index)
     done = turn.result
     if turn.cancelled:
         log_request(log, sub, metrics=engine.metrics, outcome="cancelled", **common)
-        await end_cancelled(sub, to_admission, engine, turn.cancel_reason)
+        await end_cancelled(sub, seq, to_admission, engine, turn.cancel_reason)
     elif turn.error is not None:
-        await end_failed(sub, turn.error, to_admission, engine, log, "decode",
+        await end_failed(sub, seq, turn.error, to_admission, engine, log, "decode",
                          lambda: log_request(log, sub, metrics=engine.metrics, outcome="error",
                                              error=turn.error, **common), kind=turn.error_kind)
     else:
@@ -122,20 +270,21 @@ async def decode_turn(pre: Prefilled, to_admission, *, engine: Engine, new_strea
         # reads it from `control.final` once it has drained the tokens; the channel is closed
         # either way, so a stalled client that resumes still gets its ending.
         finish(sub, done)
+        engine.release(seq)
         await to_admission.send(Finished(sub.request_id, "done"))
         engine.announce(f"idle; {sub.request_id} done")
         log_request(log, sub, metrics=engine.metrics, outcome="done", finish_reason=done.finish_reason,
                     **common)
 
 
-def _slot(engine) -> int | None:
-    """The per-request log line names the slot that served it (slot mode only)."""
-    return getattr(engine, "index", None)
-
-
 async def decode_worker(inbox: trio.MemoryReceiveChannel, to_admission: trio.MemorySendChannel, *,
-                        engine: Engine, new_stream_decoder, log, task_status=trio.TASK_STATUS_IGNORED) -> None:
-    async with inbox, to_admission:
+                        engine: Engine, new_stream_decoder, log, steps: DecodeSteps | None = None,
+                        task_status=trio.TASK_STATUS_IGNORED) -> None:
+    steps = steps if steps is not None else DecodeSteps(engine)
+    async with inbox, to_admission, trio.open_nursery() as nursery:
+        await nursery.start(steps.run)
         task_status.started()
         async for pre in inbox:
-            await decode_turn(pre, to_admission, engine=engine, new_stream_decoder=new_stream_decoder, log=log)
+            nursery.start_soon(partial(decode_turn, pre, engine.slots[pre.slot], to_admission, engine=engine,
+                                       steps=steps, new_stream_decoder=new_stream_decoder, log=log))
+        nursery.cancel_scope.cancel()   # the inbox closed: the engine is stopping

@@ -1,8 +1,10 @@
-"""The engine's dependencies, shared by the workers: kernel module, model, the one live State.
+"""The engine's shared things, held explicitly: kernel module, model, checkpoints, metrics, the kernel
+gate and runner, and the N sequence slots (`slots`, one `Sequence` each; N = 1 is the same engine).
 
-Only one request is in the engine at a time (admission), so the prefill and decode workers take
-turns on `live` without a lock. With slots > 1 each slot (slots.Slot) has its own live state and
-one request at a time; `live` is then unused. `kernel` is injected (the real `cairn._kernel` or a fake).
+The prefill and decode workers take a `Sequence` and this engine: a sequence's own state lives in
+its dataclass (sequence.py), everything shared lives here. Every kernel call goes through `run`:
+the `KernelGate` (decode step first, then the prefill with the fewest tokens left) and then the
+one kernel thread. `kernel` is injected (the real `cairn._kernel` or a fake).
 """
 
 from __future__ import annotations
@@ -10,32 +12,32 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+import numpy as np
+import trio
+
+from .kernel_gate import KernelGate
 from .kernel_thread import KernelRunner
+from .sequence import Sequence
+from .slot_policy import choose_slot
 
 
 @dataclass
 class Engine:
-    kernel: Any                       # module with AbortFlag, State, prefill, decode
+    kernel: Any                       # module with AbortFlag, State, prefill, decode, decode_batch
     model: Any                        # kernel.Model
     tokenizer: Any                    # TextTokenizer (decode worker: text deltas, EOS)
     context_length: int
     segment: int = 4096
     chunk: int = 128
     progress_interval_s: float = 0.25  # least time between two Progress replies of a request (actors/progress.py)
-    live: Any = None                  # kernel.State or None; remembers its tokens (state.tokens)
     runner: KernelRunner = field(init=False)
     checkpoints: Any = None           # actors.checkpoints.Checkpoints (None: built off in __post_init__)
     metrics: Any = None               # cairn.daemon.service.metrics.Metrics, or None (actor tests)
-    slots: list = field(default_factory=list)   # slots.Slot each, when the engine has more than one
-    batcher: Any = None               # slots.DecodeBatcher (slot mode)
+    slots: list = field(default_factory=lambda: [Sequence(0)])   # the sequences (wiring.start_engine sets N)
+    gate: KernelGate = field(default_factory=KernelGate)
     memory: Any = None                # memory_guard.MemoryGuard (None: no memory plan, nothing checked)
     # One-line service status for the supervisor (systemd STATUS=); a no-op unless the daemon sets it.
     announce: Callable[[str], Any] = lambda text: None
-
-    def note_live_tokens(self) -> None:
-        if self.metrics is not None:
-            states = [s.live for s in self.slots] if self.slots else [self.live]
-            self.metrics.live_state_tokens.set(sum(int(st.n_tokens) for st in states if st is not None))
 
     def __post_init__(self) -> None:
         from .expert_io import ExpertMeter
@@ -46,26 +48,25 @@ class Engine:
 
             self.checkpoints = Checkpoints(enabled=False)
 
-    def new_state(self) -> Any:
-        self.live = self.kernel.State(self.model)
-        return self.live
+    # --- kernel calls ------------------------------------------------------------------------------
 
-    def note_slots(self) -> None:
-        if self.metrics is not None and self.slots:
-            for phase in ("idle", "prefill", "decode"):
-                self.metrics.slots.set(sum(1 for s in self.slots if s.phase == phase), phase=phase)
+    async def run(self, priority: tuple[int, int], fn, *args: Any, **kwargs: Any) -> Any:
+        """`fn(*args)` in the kernel thread once the gate grants `priority` (kernel_gate.py)."""
+        async with self.gate.hold(priority):
+            return await self.runner.run(fn, *args, **kwargs)
 
-    async def decode_step(self, token: int, tally: Any = None):
-        """Feed one token to the live state; its next-token logits (slots.Slot batches this).
-        `tally`: gets the step's expert-cache work (paged experts)."""
-        return await self.runner.run(self.kernel.decode, self.live, token, tally=tally)
+    @property
+    def piece_tokens(self) -> int:
+        """Prompt tokens per prefill kernel call: a segment when the engine holds one sequence (it has
+        nobody to wait for it), one chunk otherwise, so another stream waits at most one chunk."""
+        return self.segment if len(self.slots) == 1 else self.chunk
 
-    def room_for(self, state, n_tokens: int, request_id: str = "") -> None:
-        """THE memory hook: call before each kernel call that grows `state` by n_tokens (a prefill call,
-        a decode step). Evicts checkpoints when the state needs their room; raises
+    def room_for(self, seq: Sequence, n_tokens: int) -> None:
+        """The memory hook, called before every kernel call that grows `seq`'s state by `n_tokens` (a
+        prefill piece, a decode step): evicts checkpoints when the state needs their room; raises
         memory_guard.MemoryExceeded when the memory plan has none (the request ends with a memory error)."""
-        if self.memory is not None:
-            self.memory.reserve(state, n_tokens, request_id)
+        if self.memory is not None and seq.state is not None:
+            self.memory.reserve(seq.state, n_tokens, seq.request_id or "")
 
     def capture_refusal(self, state) -> tuple[int, str | None]:
         """The snapshot size of `state` and why it must not be taken (None: take it): the checkpoint
@@ -76,6 +77,45 @@ class Engine:
             why = self.memory.capture_refusal(nbytes)
         return nbytes, why
 
-    def discard_live(self) -> None:
+    # --- the sequences -----------------------------------------------------------------------------
+
+    def assign(self, request_id: str, prompt) -> tuple[Sequence, int]:
+        """The idle slot for a new request (slot_policy.py), now taken; and the live tokens it shares."""
+        choice = choose_slot([s.view() for s in self.slots], np.asarray(prompt, dtype=np.int32))
+        if choice is None:   # pragma: no cover - admission admits at most len(slots)
+            raise RuntimeError("engine: a request was admitted with every slot busy")
+        seq = self.slots[choice.index]
+        seq.request_id, seq.prompt_tokens = request_id, len(prompt)
+        self.set_phase(seq, "prefill")
+        return seq, choice.shared
+
+    def release(self, seq: Sequence) -> None:
+        """The request has ended and the kernel no longer touches its state: the slot is idle again
+        (before `Finished` goes to admission, so the next admitted request finds it free)."""
+        seq.request_id = None
+        seq.last_used = trio.current_time()
+        self.set_phase(seq, "idle")
+
+    def set_phase(self, seq: Sequence, phase: str) -> None:
+        seq.phase = phase
+        self.note_slots()
+
+    def new_state(self, seq: Sequence) -> Any:
+        seq.state = self.kernel.State(self.model)
+        return seq.state
+
+    def discard(self, seq: Sequence) -> None:
         """After a kernel error the state may be inconsistent: never reuse it."""
-        self.live = None
+        seq.state = None
+
+    def decoding(self) -> int:
+        return sum(1 for s in self.slots if s.phase == "decode")
+
+    def note_live_tokens(self) -> None:
+        if self.metrics is not None:
+            self.metrics.live_state_tokens.set(sum(int(s.state.n_tokens) for s in self.slots if s.state is not None))
+
+    def note_slots(self) -> None:
+        if self.metrics is not None:
+            for phase in ("idle", "prefill", "decode"):
+                self.metrics.slots.set(sum(1 for s in self.slots if s.phase == phase), phase=phase)

@@ -1,7 +1,7 @@
 """What the routed-expert cache did during kernel calls: hits, misses, bytes read from disk, time.
 
 The kernel keeps cumulative counters (`model.expert_cache_stats()`); every kernel call runs alone
-in the kernel thread (kernel_thread.py, and the gate in slot mode), so the difference of two
+in the kernel thread (kernel_thread.py, behind the kernel gate), so the difference of two
 samples taken in that thread just before and after a call is that call's work. `ExpertMeter`
 takes the samples and totals them engine-wide (/metrics, /v1/status); an `ExpertTally` sums the
 deltas of the calls made for one purpose (a prefill segment, a request). Plain objects: the

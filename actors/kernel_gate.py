@@ -1,4 +1,4 @@
-"""Who runs the kernel next when several sequences want it (slots > 1).
+"""Who runs the kernel next: the decode worker's step or a prefill chunk (Engine.run).
 
 Policy: a decode step first (it advances every decoding sequence at once, and a stream's next
 token should wait for at most the one kernel call already running); then the prefill with the
@@ -8,8 +8,9 @@ first come, first served. A long prefill can only be starved by an endless strea
 and it still gets every other turn while others decode (a decode step is requested again only
 after its tokens are sampled, when the gate has already passed to the prefill).
 
-Every kernel call holds the gate for its duration; a call is one prefill chunk or one decode step
-in slot mode, which bounds how long anyone waits.
+Every kernel call holds the gate for its duration; with several slots a call is one prefill chunk
+or one decode step, which bounds how long anyone waits (with one slot a prefill call is a segment:
+there is nobody else to wait).
 """
 
 from __future__ import annotations

@@ -42,12 +42,8 @@ class MemoryGuard:
     # ---- what is in use ---------------------------------------------------------------------------
 
     def _states(self) -> list[tuple[Any, Any]]:
-        """(state, slot or None) of every live state; slot None with one slot."""
-        slots = getattr(self.engine, "slots", None) or ()
-        if slots:
-            return [(s.live, s) for s in slots if s.live is not None]
-        live = getattr(self.engine, "live", None)
-        return [] if live is None else [(live, None)]
+        """(state, its sequence.Sequence) of every live state."""
+        return [(s.state, s) for s in self.engine.slots if s.state is not None]
 
     def _resident(self, n_tokens: int) -> int:
         cost = self.plan.state_cost
@@ -85,9 +81,9 @@ class MemoryGuard:
         for st, slot in list(others):
             if over <= 0:
                 break
-            if slot is not None and slot.request_id is None:    # idle: a cache of a finished conversation
+            if slot.request_id is None:    # idle: a cache of a finished conversation
                 size = self._resident(int(st.n_tokens))
-                slot.discard_live()
+                self.engine.discard(slot)
                 others.remove((st, slot))
                 dropped += 1
                 over -= size

@@ -110,6 +110,7 @@ class Prefilled:
     reused_tokens: int                 # tokens not recomputed (usage.prompt_tokens_details.cached_tokens)
     prompt_logprobs: "PromptLogprobs | None"
     arrived_at: float                  # trio.current_time() when admission received the request
+    slot: int = 0                      # the engine's sequence slot that holds the prefilled state
 
 
 # --- checkpoint writer --------------------------------------------------------------------------

@@ -32,6 +32,6 @@ def log_request(log, submit, *, outcome: str, arrived_at: float, reused: int,
         outcome=outcome,
         finish_reason=finish_reason,
         **({"error": error} if error else {}),
-        **({"slot": slot} if slot is not None else {}),   # slot mode: which live state served it
+        **({"slot": slot} if slot is not None else {}),   # which sequence slot's live state served it
         **({"experts": experts} if (experts := submit.trace.experts()) is not None else {}),
     )

@@ -1,15 +1,21 @@
-"""Prefill worker actor: plan (reuse the live state, restore a checkpoint, or start fresh), then run
-the prompt's pieces in the kernel thread, snapshotting at the plan's capture points.
+"""Prefill worker actor: for each admitted request, a slot (slot_policy.py), a plan (reuse the slot's
+live state, restore a checkpoint, or start fresh), then the prompt's pieces in the kernel thread,
+snapshotting at the plan's capture points; then `Prefilled` to the decode worker.
 
 Design notes. The plan (plan.py) and the checkpoint index (store.py) are pure; their effects live in
-checkpoints.py. The prompt runs as segment-sized kernel calls (plan.pieces) that end at every
-capture point, so a capture never recomputes anything; the kernel chunks each call itself, and its
-results do not depend on where calls or chunks start. A request's cancel scope (attached through
-its RequestControl) covers the whole
-prefill; each segment is one abortable kernel call, so a cancel stops the kernel at the next chunk
-boundary and the live state keeps every completed chunk — an identical retry extends it and
-resumes there. `Finished` goes to admission only after the kernel call has returned, which is what
-lets admission hold the engine until the state is consistent. One log line per segment.
+checkpoints.py. The prompt runs as kernel calls (plan.pieces) of at most `Engine.piece_tokens`
+tokens that end at every capture point, so a capture never recomputes anything; the kernel chunks
+each call itself, and its results do not depend on where calls or chunks start. With one slot a
+call is a segment (one log line each); with several it is one chunk, and every prefilling
+sequence asks the kernel gate for its next chunk at the priority of its tokens left, so the
+sequences advance one chunk at a time, shortest remaining first, between decode steps.
+
+Each request runs in its own task under its own cancel scope (attached through its
+RequestControl), which covers its whole prefill; each call is abortable, so a cancel stops the
+kernel at the next chunk boundary and the state keeps every completed chunk — an identical retry
+extends it and resumes there. The request's slot is freed and `Finished` goes to admission only
+after the kernel call has returned, which is what lets admission hold the slot until the state is
+consistent.
 """
 
 from __future__ import annotations
@@ -19,12 +25,14 @@ import trio
 
 from .engine import Engine
 from .expert_io import ExpertIO, ExpertTally
+from .kernel_gate import prefill_priority
 from .lifecycle import attached, end_cancelled, end_failed
 from .messages import Admitted, Prefilled, PromptLogprobs
 from .outcome import log_request
 from .progress import ProgressReporter
 from .sampling import log_softmax, top_logprobs
 from .plan import pieces
+from .sequence import Sequence
 
 ALL_LOGITS_BUDGET = 1 << 26   # floats of [n, V] logits one segment may return (256 MiB) with all_logits
 
@@ -71,14 +79,14 @@ def _prefill_with_logprobs(kernel, state, tokens, prev_row, k, *, chunk, abort):
     return n_done, (rows[n_done - 1].copy() if n_done else prev_row), lps, tops
 
 
-async def _prepare(engine: Engine, submit, ids: np.ndarray, log):
-    """Plan, then bring the live state to the plan's start: reuse it, restore a checkpoint (reading
+async def _prepare(engine: Engine, seq: Sequence, submit, ids: np.ndarray, log):
+    """Plan, then bring the slot's live state to the plan's start: reuse it, restore a checkpoint (reading
     a disk-only one first) or make a fresh one. A checkpoint that turns out bad is dropped with a
     warning and the request is planned again (a shorter checkpoint, the live state, or fresh)."""
     ck = engine.checkpoints
     await ck.refresh_before_plan()   # a shared disk tier: a fresh listing if the mount answers at once
     for _ in range(4):
-        live = engine.live
+        live = seq.state
         live_tokens = None
         if live is not None and live.last_logits is not None:
             live_tokens = np.asarray(live.tokens, dtype=np.int32)
@@ -89,12 +97,13 @@ async def _prepare(engine: Engine, submit, ids: np.ndarray, log):
             return plan, live
         if plan.action == "fresh":
             ck.note_plan(plan, ids, submit.request_id)
-            return plan, engine.new_state()
+            return plan, engine.new_state(seq)
         blob, tier = await ck.blob_for(plan.restore_id, submit.request_id)
         if blob is None:
             continue
         try:
-            state = await engine.runner.run(engine.kernel.State.restore, engine.model, blob)
+            state = await engine.run(prefill_priority(seq.tokens_left()), engine.kernel.State.restore,
+                                     engine.model, blob)
         except ValueError as e:   # KernelError: the kernel refused the blob (version, checksum, model)
             entry = ck.store.get(plan.restore_id)
             if entry is not None:
@@ -102,15 +111,15 @@ async def _prepare(engine: Engine, submit, ids: np.ndarray, log):
             continue
         if not await ck.check_restored(plan.restore_id, state.tokens, ids[:plan.start], submit.request_id):
             continue   # a planted or stale file: never let it change the answer
-        engine.live = state
+        seq.state = state
         ck.note_plan(plan, ids, submit.request_id)
         ck.hit(plan.restore_id, tier, submit.request_id, len(ids))
         return plan, state
-    engine.live = None
+    seq.state = None
     raise PrefillError("could not plan the prefill: checkpoints kept failing")
 
 
-async def _capture(engine: Engine, state, ids: np.ndarray, kind: str, submit) -> None:
+async def _capture(engine: Engine, seq: Sequence, state, ids: np.ndarray, kind: str, submit) -> None:
     """Snapshot the state where it is now (in the kernel thread; it releases the GIL) and store it;
     not at all when the store could not keep the blob or the memory plan has no room for the copy."""
     nbytes, why = engine.capture_refusal(state)
@@ -118,22 +127,22 @@ async def _capture(engine: Engine, state, ids: np.ndarray, kind: str, submit) ->
         engine.checkpoints.skip_capture(ids, kind, nbytes, why, submit.request_id)
         return
     t0 = trio.current_time()
-    blob = await engine.runner.run(state.snapshot)
+    blob = await engine.run(prefill_priority(len(submit.prompt) - len(ids)), state.snapshot)
     engine.checkpoints.capture(ids, kind, blob, submit.request_id)
     submit.trace.snapshot_s += trio.current_time() - t0
     submit.trace.snapshots += 1
 
 
-async def run_prefill(engine: Engine, submit, log, progress: dict | None = None
+async def run_prefill(engine: Engine, seq: Sequence, submit, log, progress: dict | None = None
                       ) -> tuple[np.ndarray, int, PromptLogprobs | None]:
-    """Prefill `submit.prompt` into the live state. Returns (next-token logits [V], reused, prompt logprobs).
+    """Prefill `submit.prompt` into `seq`'s live state. Returns (next-token logits [V], reused, prompt logprobs).
     `reused` counts the prompt tokens not computed: from the live state or from a restored checkpoint.
     `progress["reused"]` is set as soon as it is known (for the log line of a cancelled prefill)."""
     trace = submit.trace
     t_plan = trace.prefill_at = trio.current_time()
     ids = np.asarray(submit.prompt, dtype=np.int32)
     n = int(ids.shape[0])
-    plan, state = await _prepare(engine, submit, ids, log)
+    plan, state = await _prepare(engine, seq, submit, ids, log)
     trace.planned_at = trio.current_time()
     reused = plan.start
     if progress is not None:
@@ -158,23 +167,24 @@ async def run_prefill(engine: Engine, submit, log, progress: dict | None = None
     reporter = ProgressReporter(submit, n, reused, min_interval_s=engine.progress_interval_s)
     if reused < n:
         reporter.begin()
-    seg_len = segment_length(engine.segment, engine.chunk, int(engine.model.vocab_size), submit.prompt_logprobs)
+    seg_len = segment_length(engine.piece_tokens, engine.chunk, int(engine.model.vocab_size), submit.prompt_logprobs)
     for a, b in pieces(plan.start, n, seg_len, cut_kind):  # one kernel call (and log line) each
         seg = ids[a:b]
         t0 = trio.current_time()
         seg_io = ExpertTally()     # this segment's expert-cache work (paged experts; actors/expert_io.py)
-        engine.room_for(state, b - a, submit.request_id)   # memory: room for b - a more tokens, or a 507
+        engine.room_for(seq, len(seg))   # memory: room for len(seg) more tokens, or a 507 (memory_guard.py)
+        priority = prefill_priority(n - a)   # shortest remaining first (kernel_gate.py)
         try:
             if submit.prompt_logprobs:
-                n_done, logits, seg_lps, seg_tops = await engine.runner.run(
-                    _prefill_with_logprobs, engine.kernel, state, seg, prev_row, k, chunk=engine.chunk,
+                n_done, logits, seg_lps, seg_tops = await engine.run(
+                    priority, _prefill_with_logprobs, engine.kernel, state, seg, prev_row, k, chunk=engine.chunk,
                     abortable=True, tally=seg_io)
                 lps += seg_lps
                 tops += seg_tops
                 prev_row = logits
             else:
-                n_done, logits = await engine.runner.run(engine.kernel.prefill, state, seg, chunk=engine.chunk,
-                                                         abortable=True, tally=seg_io)
+                n_done, logits = await engine.run(priority, engine.kernel.prefill, state, seg, chunk=engine.chunk,
+                                                  abortable=True, tally=seg_io)
         finally:
             trace.prefill_experts.add(seg_io.io)
         now = trio.current_time()
@@ -196,9 +206,9 @@ async def run_prefill(engine: Engine, submit, log, progress: dict | None = None
             await trio.lowlevel.checkpoint()
             raise PrefillError(f"kernel stopped after {n_done} of {len(seg)} tokens without a cancel")
         if b in cut_kind:
-            await _capture(engine, state, ids[:b], cut_kind[b], submit)
+            await _capture(engine, seq, state, ids[:b], cut_kind[b], submit)
     if plan.capture_prompt_end:
-        await _capture(engine, state, ids, "prompt_end", submit)
+        await _capture(engine, seq, state, ids, "prompt_end", submit)
     if logits is None:
         logits = state.last_logits
     prompt_lp = PromptLogprobs(tuple(lps), tuple(tops)) if submit.prompt_logprobs else None
@@ -206,40 +216,50 @@ async def run_prefill(engine: Engine, submit, log, progress: dict | None = None
     return np.asarray(logits), reused, prompt_lp
 
 
-async def prefill_turn(adm: Admitted, to_admission, *, engine: Engine, log) -> Prefilled | None:
-    """Prefill one admitted request. Its `Prefilled` for the decode turn, or None when the request
-    has ended here (cancelled or failed; `Finished` sent)."""
+async def prefill_turn(adm: Admitted, seq: Sequence, to_admission, *, engine: Engine, log) -> Prefilled | None:
+    """Prefill one admitted request into `seq`. Its `Prefilled` for the decode worker, or None when
+    the request has ended here (cancelled or failed; slot freed, `Finished` sent)."""
     sub = adm.submit
     progress: dict = {}
-    slot = getattr(engine, "index", None)   # slot mode: the log line names the slot
 
     def log_outcome(outcome: str, error: str | None = None) -> None:
         log_request(log, sub, metrics=engine.metrics, outcome=outcome, arrived_at=adm.arrived_at,
-                    reused=progress.get("reused", 0) if outcome == "cancelled" else 0, error=error, slot=slot)
+                    reused=progress.get("reused", 0) if outcome == "cancelled" else 0, error=error, slot=seq.index)
 
-    turn = await attached(sub, lambda: run_prefill(engine, sub, log, progress), engine=engine, log=log,
-                          stage="prefill", on_shutdown=lambda: log_outcome("cancelled", "shutdown"))
+    turn = await attached(sub, lambda: run_prefill(engine, seq, sub, log, progress), engine=engine, seq=seq,
+                          log=log, stage="prefill", on_shutdown=lambda: log_outcome("cancelled", "shutdown"))
     if turn.cancelled:
-        live = engine.live
+        live = seq.state
         log_outcome("cancelled")
         log.info("prefill_cancelled", request_id=sub.request_id,
                  state_tokens=0 if live is None else int(live.n_tokens))
-        await end_cancelled(sub, to_admission, engine, turn.cancel_reason)
+        await end_cancelled(sub, seq, to_admission, engine, turn.cancel_reason)
         return None
     if turn.error is not None:
-        await end_failed(sub, turn.error, to_admission, engine, log, "prefill",
+        await end_failed(sub, seq, turn.error, to_admission, engine, log, "prefill",
                          lambda: log_outcome("error", turn.error), kind=turn.error_kind)
         return None
     logits, reused, prompt_lp = turn.result
-    return Prefilled(sub, logits, reused, prompt_lp, adm.arrived_at)
+    return Prefilled(sub, logits, reused, prompt_lp, adm.arrived_at, slot=seq.index)
 
 
 async def prefill_worker(inbox: trio.MemoryReceiveChannel, to_decode: trio.MemorySendChannel,
                          to_admission: trio.MemorySendChannel, *, engine: Engine, log,
                          task_status=trio.TASK_STATUS_IGNORED) -> None:
-    async with inbox, to_decode, to_admission:
+    """Admission admits at most one request per slot, so a slot is always free here; each request's
+    prefill is a task of this worker (its own cancel scope), and its sequence enters the decode
+    phase before `Prefilled` goes out (so the next decode step counts it)."""
+
+    async def serve(adm: Admitted, seq: Sequence) -> None:
+        pre = await prefill_turn(adm, seq, to_admission, engine=engine, log=log)
+        if pre is not None:
+            engine.set_phase(seq, "decode")
+            to_decode.send_nowait(pre)   # room for one per slot: never waits, never lost
+
+    async with inbox, to_decode, to_admission, trio.open_nursery() as nursery:
         task_status.started()
         async for adm in inbox:
-            pre = await prefill_turn(adm, to_admission, engine=engine, log=log)
-            if pre is not None:
-                await to_decode.send(pre)
+            seq, shared = engine.assign(adm.submit.request_id, adm.submit.prompt)
+            log.info("slot_assigned", request_id=adm.submit.request_id, slot=seq.index, shared_tokens=shared)
+            nursery.start_soon(serve, adm, seq)
+        nursery.cancel_scope.cancel()   # the inbox closed: the engine is stopping

@@ -27,7 +27,7 @@ class RequestTrace:
         self.snapshot_s = 0.0                    # snapshots + storing them
         self.snapshots = 0
         # Paged experts (actors/expert_io.py): the expert-cache work of this request's kernel calls;
-        # decode steps batched with other requests (slot mode) count the whole step for each of them.
+        # decode steps batched with other requests (several slots) count the whole step for each of them.
         self.prefill_experts = ExpertTally()
         self.decode_experts = ExpertTally()
 

@@ -181,7 +181,7 @@ class API:
         await send_json(send, 200, self.status.snapshot(self.model_id))
 
     def _max_running(self) -> int:
-        # engine.slots is the list of slots (empty with one slot: the engine's own live state)
+        """One running request per sequence slot (`Engine.slots` is the list of them)."""
         return max(1, len(getattr(self.status.engine, "slots", None) or ()))
 
     async def _server_info(self, scope, receive, send) -> None:

@@ -159,7 +159,7 @@ class StatusBoard:
     # --- read ------------------------------------------------------------------------------------
 
     def active(self) -> list[dict]:
-        """Every request the engine is running (several in slot mode), the latest started first."""
+        """Every request the engine is running (one per busy slot), the latest started first."""
         now = time.monotonic()
         live = [t for t in self.requests.values() if t.phase != "queued" and not t.ended]
         return [self._describe(t, now) for t in sorted(live, key=lambda r: r.phase_since, reverse=True)]
@@ -222,7 +222,7 @@ class StatusBoard:
             "queue": {"depth": depth, "capacity": self.queue_size},
             "running": self.running(),
             "active": self.active(),   # every running request; `running` is the first of them
-            # slot mode: what each live state holds and does ([] with one slot: see running)
+            # what each sequence slot's live state holds and does (one entry per slot, 1 included)
             "slots": [s.describe() for s in (getattr(engine, "slots", None) or ())],
             "live_state_tokens": live,
             "checkpoints": checkpoint_tiers(engine),
@@ -236,5 +236,4 @@ def live_tokens(engine) -> int:
     so mid-request it lags: a gateway balancing on it would see a stale figure)."""
     if engine is None:
         return 0
-    states = [s.live for s in getattr(engine, "slots", None) or ()] or [getattr(engine, "live", None)]
-    return sum(int(st.n_tokens) for st in states if st is not None)
+    return sum(int(s.state.n_tokens) for s in engine.slots if s.state is not None)

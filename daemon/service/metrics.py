@@ -243,10 +243,10 @@ class Metrics:
         self.decode_tps = r.histogram("cairn_decode_tokens_per_second", "Decode speed of each finished request.",
                                       DECODE_TPS_BUCKETS)
         self.live_state_tokens = r.gauge("cairn_live_state_tokens", "Tokens held in the live model state.")
-        # slot mode (--slots > 1): what the slots do, and how full the batched decode steps are
-        self.slots = r.gauge("cairn_slots", "Sequence slots by what they do (slot mode).", ["phase"],
+        # what the sequence slots do (one or more), and how full the batched decode steps are
+        self.slots = r.gauge("cairn_slots", "Sequence slots by what they do.", ["phase"],
                              allowed={"phase": SLOT_PHASES})
-        self.decode_steps = r.counter("cairn_decode_steps_total", "Batched decode kernel steps (slot mode).")
+        self.decode_steps = r.counter("cairn_decode_steps_total", "Decode kernel steps (one per step, whatever its batch size).")
         self.decode_step_rows = r.counter("cairn_decode_step_rows_total",
                                           "Sequence tokens advanced by batched decode steps (rows / steps: "
                                           "the mean batch).")

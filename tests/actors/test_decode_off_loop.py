@@ -38,14 +38,20 @@ async def _decode_threads(vocab: int, monkeypatch) -> set:
     logits = np.random.default_rng(0).standard_normal(vocab).astype(np.float32)
     engine = types.SimpleNamespace(
         model=types.SimpleNamespace(vocab_size=vocab), tokenizer=types.SimpleNamespace(eos_id=None),
-        context_length=1024, runner=_InlineRunner(), live=None,
+        context_length=1024, runner=_InlineRunner(),
         kernel=types.SimpleNamespace(decode=lambda state, tok: logits))
-    engine.decode_step = lambda tok, tally=None: engine.runner.run(engine.kernel.decode, engine.live, tok)
-    engine.room_for = lambda state, n, request_id="": None      # no memory plan here
+
+    async def wait(tok):    # the decode worker's batched step, reduced to one state
+        return await engine.runner.run(engine.kernel.decode, None, tok)
+
+    async def let_go(tok):
+        return None
+
+    feed = decode.Feed(lambda tok, tally: tok, wait, let_go)
     send, recv = trio.open_memory_channel(64)
     sub = Submit("r", (1, 2), None, Sampling(max_tokens=3, temperature=0.8, top_p=0.9, seed=1), False, send,
                  RequestControl())
-    done = await decode.run_decode(engine, Prefilled(sub, logits, 0, None, 0.0), _Text(), {})
+    done = await decode.run_decode(engine, Prefilled(sub, logits, 0, None, 0.0), _Text(), {}, feed)
     assert done.usage.completion_tokens == 3
     return threads
 

@@ -136,30 +136,27 @@ async def test_a_capture_without_transient_room_in_the_plan_is_not_taken(tiny_mo
 
 
 def test_slot_mode_drops_an_idle_slots_state_after_the_checkpoints_and_never_a_busy_one():
-    from cairn.actors.kernel_gate import KernelGate
-    from cairn.actors.slots import DecodeBatcher, Slot
+    from cairn.actors.sequence import Sequence
 
     model = fake_kernel.Model(vocab_size=VOCAB)
     ck = Checkpoints(max_slots=4, max_bytes=1 << 20)
     ck.capture(np.full(600, 1, dtype=np.int32), "prompt_end", b"x" * 10_000, "r0")
     engine = Engine(fake_kernel, model, None, 65536, checkpoints=ck)
-    gate = KernelGate()
-    batcher = DecodeBatcher(engine, gate)
-    engine.slots = [Slot(engine, i, gate, batcher) for i in range(3)]
+    engine.slots = [Sequence(i) for i in range(3)]
     engine.memory = MemoryGuard(fake_plan(states=200_000, checkpoints=10_000), engine)
     idle, busy, growing = engine.slots
     for slot, n in ((idle, 800), (busy, 800), (growing, 200)):
-        fake_kernel.prefill(slot.new_state(), np.ones(n, dtype=np.int32))
+        fake_kernel.prefill(engine.new_state(slot), np.ones(n, dtype=np.int32))
     busy.request_id, growing.request_id = "busy", "grow"
     # growing to 800: three states of 1.25 x (68 x 800 + 2048) = 70.6 kB + 10 kB of checkpoints > 210 kB,
     # and still over without the checkpoints
-    growing.room_for(growing.live, 600, "grow")
-    assert ck.store.memory_usage() == 0 and idle.live is None and busy.live is not None
+    engine.room_for(growing, 600)
+    assert ck.store.memory_usage() == 0 and idle.state is None and busy.state is not None
     # growing to 1700 (147 kB): with the busy state's 70.6 kB over the pool; the busy one is never touched
     try:
-        growing.room_for(growing.live, 1500, "grow")
+        engine.room_for(growing, 1500)
     except MemoryExceeded:
         pass
     else:
         raise AssertionError("no MemoryExceeded")
-    assert busy.live is not None and growing.live is not None
+    assert busy.state is not None and growing.state is not None

@@ -172,7 +172,7 @@ async def test_kernel_value_error_mid_prefill_fails_the_request_as_value_error(t
     assert isinstance(final, Failed) and sub.control.final == final
     assert final.message == "ValueError: prefill: bad chunk (fake)"
     assert not any(e["event"] == "prefill_bug" for e in logs)
-    assert engine.live is None                      # the state after a kernel error is never reused
+    assert engine.slots[0].state is None            # the state after a kernel error is never reused
 
 
 async def test_shutdown_during_a_kernel_call_logs_the_cancelled_request_and_counts_it(tiny_model_dir):

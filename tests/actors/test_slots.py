@@ -1,4 +1,4 @@
-"""Slot mode (--slots > 1): several requests in the engine at once, decode steps batched, prefill
+"""Several slots (--slots > 1): several requests in the engine at once, decode steps batched, prefill
 chunk by chunk in between (fake kernel through the permit gate: the test sets the kernel's pace)."""
 
 from __future__ import annotations
@@ -122,7 +122,8 @@ async def test_side_request_completes_while_a_long_prefill_runs(tiny_model_dir, 
             side_calls = gate.calls[calls_before:]
             await long.aclose()
             gate.allow(None)
-    assert side_calls.count(("decode_batch", 1)) == 1
+    # one decode step of one row (a one-row step is the kernel's `decode`: the same bits)
+    assert side_calls.count(("decode", 1)) == 1 and not any(k == "decode_batch" for k, _ in side_calls)
     assert sum(1 for k, n in side_calls if k == "prefill_chunk") <= 7     # 5 of its own + at most 2 of the long one
 
 
@@ -174,3 +175,46 @@ async def test_a_kernel_error_in_a_batched_step_fails_its_requests_and_the_engin
     outcomes = [e["outcome"] for e in events if e["event"] == "request"]
     assert outcomes.count("error") == len(failed) and outcomes[-1] == "done"
     assert after.status == 200 and [s["phase"] for s in status["slots"]] == ["idle", "idle"]
+
+
+async def test_a_sequence_ready_while_a_prefill_chunk_holds_the_kernel_joins_the_next_decode_step(
+        tiny_model_dir, tmp_path):
+    """The decode step forms its batch once it has the kernel gate: C hands in its token while B's
+    prefill chunk holds the kernel, D hands in its token after C; the step that follows B's chunk
+    advances both. (A batch frozen before the gate was taken would run C alone, then D.)"""
+    loaded = fake_loaded(tiny_model_dir)
+    gate = Gate()
+    sock = tmp_path / "c.sock"
+    pc, pd = [60 + i for i in range(8)], [90 + i for i in range(8)]
+    with trio.fail_after(30), capture_logs() as events:
+        async with daemon(gated(loaded, gate), sock, slots=3, chunk=4, segment=4, checkpoints=False):
+            for p in (pc, pd):   # slots 0 and 1 hold exactly these prompts (max_tokens 1: nothing fed)
+                assert (await request(sock, "POST", "/v1/completions", _body(p, 1))).status == 200
+            gate.hold()
+            long = await open_request(sock, "POST", "/v1/completions", _body([3] * 400, 1))
+            await gate.wait_blocked()                           # B's prefill chunk holds the kernel
+            held_at = len(gate.calls)
+            res = {}
+            async with trio.open_nursery() as n:
+                async def go(key, prompt):
+                    res[key] = _text(await request(sock, "POST", "/v1/completions", _body(prompt, 3)))
+                # C and D extend their slots' states without a kernel call: straight to decode
+                n.start_soon(go, "c", pc)
+                await _reuse_plans(events, 1)
+                await trio.testing.wait_all_tasks_blocked()     # C's token waits for the kernel
+                n.start_soon(go, "d", pd)
+                await _reuse_plans(events, 2)
+                await trio.testing.wait_all_tasks_blocked()     # D's too
+                assert len(gate.calls) == held_at               # the kernel is still in B's chunk
+                gate.allow(None)
+            await long.aclose()
+    steps = [c for c in gate.calls[held_at:] if c[0] in ("decode", "decode_batch")]
+    assert steps[0] == ("decode_batch", 2), steps
+    assert res["c"] and res["d"]
+
+
+async def _reuse_plans(events: list, n: int) -> None:
+    """Until `n` prefills have been planned as extensions of their slot's live state."""
+    with trio.fail_after(10):
+        while sum(1 for e in events if e["event"] == "prefill_plan" and e["action"] == "reuse_live") < n:
+            await trio.sleep(0.002)

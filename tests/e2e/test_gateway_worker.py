@@ -31,6 +31,17 @@ async def test_gateway_probes_answer_server_info_model_info_loads_and_no_version
     assert version.status == 404
 
 
+async def test_server_info_and_loads_report_one_running_request_per_slot(tiny_model_dir, tmp_path):
+    loaded = fake_loaded(tiny_model_dir)
+    sock = tmp_path / "w.sock"
+    with trio.fail_after(30), capture_logs():
+        async with daemon(loaded, sock, served_model_name="tiny", slots=3):
+            info = await request(sock, "GET", "/server_info")
+            loads = await request(sock, "GET", "/v1/loads?include=core")
+    assert info.status == 200 and info.json()["max_running_requests"] == 3
+    assert loads.status == 200 and loads.json()["loads"][0]["max_running_requests"] == 3
+
+
 async def test_request_fields_a_gateway_forwards_are_accepted(tiny_model_dir, tmp_path):
     loaded = fake_loaded(tiny_model_dir)
     sock = tmp_path / "w.sock"
