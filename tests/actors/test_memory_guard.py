@@ -48,14 +48,16 @@ def test_guard_evicts_checkpoints_first_then_refuses_naming_memory():
     engine = Engine(fake_kernel, model, None, 65536, checkpoints=ck, metrics=Metrics())
     plan = fake_plan(states=100_000, checkpoints=60_000)
     guard = engine.memory = MemoryGuard(plan, engine, metrics=engine.metrics)
-    st = engine.new_state()
+    seq = engine.slots[0]
+    st = engine.new_state(seq)
+    seq.request_id = "big"
     fake_kernel.prefill(st, np.ones(1000, dtype=np.int32))
     # 1000 + 500 tokens: 1.25 x (68 x 1500 + 2048) = 130 kB; with 60 kB of checkpoints over the 160 kB pool
-    engine.room_for(st, 500, "big")
+    engine.room_for(seq, 500)
     assert ck.store.memory_usage() == 20_000 and ck.store.stats().memory_entries == 1   # two evicted, one kept
     # 1000 + 1100 tokens: 181 kB alone is over the pool: every checkpoint goes, then the request ends
     try:
-        engine.room_for(st, 1100, "big")
+        engine.room_for(seq, 1100)
     except MemoryExceeded as e:
         msg = str(e)
     else:
@@ -63,7 +65,7 @@ def test_guard_evicts_checkpoints_first_then_refuses_naming_memory():
     assert msg.startswith("memory:") and "2100 tokens" in msg and "cgroup v1 memory.limit_in_bytes" in msg
     assert ck.store.memory_usage() == 0 and guard.refused == 1
     assert guard.usage()["refused"] == 1 and engine.metrics.memory_refused.value() == 1
-    engine.room_for(st, 100, "big")                       # a smaller step still fits: nothing raised
+    engine.room_for(seq, 100)                       # a smaller step still fits: nothing raised
 
 
 async def test_memory_error_is_a_507_naming_memory_and_the_next_request_is_served(tiny_model_dir, tmp_path):
