@@ -14,9 +14,11 @@ missing=""
 for tool in systemd-socket-activate systemd-analyze; do
     command -v "$tool" >/dev/null 2>&1 || missing="$missing $tool"
 done
-if ! ls /usr/lib/*/libseccomp.so.2 /lib/*/libseccomp.so.2 /usr/lib64/libseccomp.so.2 >/dev/null 2>&1; then
-    missing="$missing libseccomp.so.2"
-fi
+seccomp=""
+for lib in /usr/lib/*/libseccomp.so.2 /lib/*/libseccomp.so.2 /usr/lib64/libseccomp.so.2; do
+    [ -e "$lib" ] && seccomp=$lib
+done
+[ -n "$seccomp" ] || missing="$missing libseccomp.so.2"
 [ -z "$missing" ] && exit 0
 
 echo "ensure-systemd-tools: missing:$missing" >&2
