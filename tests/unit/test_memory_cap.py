@@ -81,3 +81,42 @@ def test_a_long_running_process_is_killed_and_the_group_removed_on_exit(cap_host
         path = cap.path
     assert proc.wait(timeout=10) == -9
     assert not path.exists()
+
+
+def test_v2_readings_are_parsed_from_the_groups_files(tmp_path):
+    """The v2 backend's files on a directory standing in for a v2 group (this host may be v1)."""
+    base = memory_cap.Base(tmp_path, 2, "test")
+    cap = memory_cap.MemoryCap(base, 100 * MIB, "fake")
+    try:
+        assert (cap.path / "memory.max").read_text() == str(100 * MIB)
+        (cap.path / "memory.events").write_text("low 0\nhigh 0\nmax 7\noom 2\noom_kill 1\noom_group_kill 0\n")
+        (cap.path / "memory.peak").write_text(f"{90 * MIB}\n")
+        (cap.path / "memory.current").write_text(f"{5 * MIB}\n")
+        assert (cap.oom_kills(), cap.limit_hits(), cap.peak_bytes(), cap.usage_bytes()) == (1, 7, 90 * MIB, 5 * MIB)
+        assert cap.under_oom() is False and cap.limit_bytes() == 100 * MIB
+        (cap.path / "memory.max").write_text("max\n")
+        assert cap.limit_bytes() == (1 << 63) - 1
+        (cap.path / "memory.peak").unlink()
+        with pytest.raises(MemoryCapUnavailable, match="memory.peak needs 5.19"):
+            cap.peak_bytes()
+    finally:
+        for f in cap.path.iterdir():
+            f.unlink()
+        cap.close()
+    assert not cap.path.exists()
+
+
+def test_v2_processes_in_the_base_are_moved_to_a_leaf_before_memory_is_enabled(tmp_path):
+    """No internal processes: the base's own processes go to cairn-leaf, then +memory (stand-in files)."""
+    (tmp_path / "cgroup.procs").write_text("")
+    (tmp_path / "cgroup.subtree_control").write_text("")
+    memory_cap._prepare_v2(tmp_path)
+    assert (tmp_path / "cgroup.subtree_control").read_text() == "+memory"
+    assert not (tmp_path / "cairn-leaf").exists()           # nothing to move
+    (tmp_path / "cgroup.subtree_control").write_text("")
+    (tmp_path / "cgroup.procs").write_text("4242\n")
+    (tmp_path / "cairn-leaf").mkdir()
+    (tmp_path / "cairn-leaf" / "cgroup.procs").write_text("")
+    memory_cap._prepare_v2(tmp_path)
+    assert (tmp_path / "cairn-leaf" / "cgroup.procs").read_text() == "4242"
+    assert (tmp_path / "cgroup.subtree_control").read_text() == "+memory"
