@@ -11,13 +11,16 @@ Design notes
    serves from memory only. The index is rebuilt from file headers at start-up (``open_disk``,
    before the writer runs), in the recency order saved as file mtimes; payloads are read on first
    use. Writes happen in the checkpoint writer actor, off the request path (``write``; the header
-   and its payload CRC are computed in the worker thread too). An unusable directory (read-only,
-   full, over a file-size limit) gives ONE warning and the daemon keeps serving from memory only.
+   and its payload CRC are computed in the worker thread too). A directory unusable at start-up
+   gives ONE warning and the daemon serves from memory only. A failed write (full, read-only, over a
+   file-size limit) pauses writes with ONE warning and retries after a back-off (1 s doubling to
+   5 min, write_backoff.py); the first write that succeeds ends the pause (one info line).
    Bad files (corrupt, truncated, other version) are removed with a warning and never restored:
    the request falls back to a fresh prefill (or a shorter checkpoint).
  * Shared disk tier (``shared=True``, ``--shared-checkpoint-dir``): the model's subdirectory is used
    by several daemons at once (shared_dir.py): no lock for the daemon's lifetime, new files of other
-   daemons indexed by ``refresh`` (run before each request is planned, when the directory changed),
+   daemons indexed by ``refresh`` (in ``refresh_loop``, asked for before each plan, which waits for
+   it at most PLAN_LISTING_WAIT_S; every call on the mount under a deadline, ``_on_shared``),
    the byte budget kept by eviction passes under a lease after each write (the store itself never
    evicts disk entries then), and a file that vanished (evicted by another daemon) is a quiet miss.
  * Memory: a blob queued for the writer is held in the store's memory budget until written
@@ -29,6 +32,7 @@ Design notes
 
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,14 +44,23 @@ import trio
 from . import disk_io, shared_dir
 from .disk_format import SUFFIX, CheckpointFileError, file_name, header_size, prefix_hash
 from .messages import FlushRecency, WriteCheckpoint
-from .plan import PrefillPlan, plan_prefill
+from .plan import PrefillPlan, common_prefix_len, plan_prefill
 from .store import CheckpointStore, Entry, Eviction
+from .write_backoff import WriteBackoff
 
-METRIC_TIER = {"memory": "ram", "disk": "disk"}   # the metric label values (daemon/metrics.py)
+METRIC_TIER = {"memory": "ram", "disk": "disk"}   # the metric label values (daemon/service/metrics.py)
 RESTORE_COST_MEMORY = 64     # prefill tokens a restore from memory is charged
 RESTORE_COST_DISK = 128      # a disk-only entry must be read first
 RELIST_EVERY_S = 10.0        # shared tier: list the directory at least this often, whatever its mtime says
                              # (a network file system may cache a directory's attributes for seconds)
+SHARED_LIST_TIMEOUT_S = 30.0 # shared tier: a stat + listing that takes longer is given up (a hung mount)
+SHARED_LOAD_TIMEOUT_S = 20.0 # shared tier: a request waits this long for a file, then prefills cold
+PLAN_LISTING_WAIT_S = 0.25   # shared tier: planning waits at most this for the listing it asked for (a
+                             # healthy mount answers in milliseconds), then plans with the last one
+
+
+class SharedUnresponsive(Exception):
+    """A call on the shared directory ran past its deadline, or an earlier one still has not returned."""
 
 
 def miss_reason(detail: str | None) -> str:
@@ -89,6 +102,7 @@ class Checkpoints:
     def __init__(self, *, enabled: bool = True, max_slots: int = 4, max_bytes: int = 1 << 30,
                  min_tokens: int = 512, tail_guard: int = 8, fingerprint: str = "",
                  disk_dir: str | Path | None = None, disk_max_bytes: int = 0, shared: bool = False,
+                 shared_list_timeout_s: float | None = None, shared_load_timeout_s: float | None = None,
                  log=None, metrics=None) -> None:
         self.enabled = enabled
         self.min_tokens = min_tokens
@@ -103,6 +117,13 @@ class Checkpoints:
         self._listed_at = float("-inf")    # trio time of the last listing
         self._left_alone: set[str] = set() # shared files refused but not removed (foreign, unreadable): warned once
         self._refreshing = False
+        self.shared_list_timeout_s = SHARED_LIST_TIMEOUT_S if shared_list_timeout_s is None else shared_list_timeout_s
+        self.shared_load_timeout_s = SHARED_LOAD_TIMEOUT_S if shared_load_timeout_s is None else shared_load_timeout_s
+        self._hung: threading.Event | None = None   # set when the shared call that ran past its deadline returns
+        self._refresh_wanted = trio.Event()         # poked before each plan; refresh_loop lists in the background
+        self._refresh_done = trio.Event()           # set (and replaced) each time refresh_loop finishes one
+        self._refreshes = 0                         # refreshes refresh_loop has finished
+        self._loop_running = False
         self.disk_enabled = False          # set by open_disk() when the directory is usable
         self.store = CheckpointStore(max_slots=max_slots if enabled else 0, max_bytes=max_bytes,
                                      disk_max_bytes=0, clock=_MonotonicWallClock())
@@ -111,9 +132,11 @@ class Checkpoints:
         self.metrics = metrics
         self.out: trio.MemorySendChannel | None = None      # to the checkpoint writer (wiring.py)
         self._disk_warned = False
+        self.write_backoff = WriteBackoff()   # a failed write pauses disk writes for a while (write_backoff.py)
         self._no_write: set[str] = set()   # deleted through the API while its write was queued (held)
         self._recency: dict[str, float] = {}   # file name -> last use not yet saved as its mtime
         self._flush_queued = False
+        self.captures_skipped = 0          # captures not taken: the blob could not have been kept
 
     # ---- planning -----------------------------------------------------------------------------
 
@@ -132,9 +155,12 @@ class Checkpoints:
                             tail_guard=self.tail_guard, restore_cost_tokens=self._restore_cost,
                             turn_end_tokens=turn_end_tokens)
 
-    @staticmethod
-    def _restore_cost(entry: Entry) -> int:
-        return RESTORE_COST_MEMORY if entry.in_memory else RESTORE_COST_DISK
+    def _restore_cost(self, entry: Entry) -> int:
+        if entry.in_memory:
+            return RESTORE_COST_MEMORY
+        if self.shared and self._shared_hung():
+            return entry.n_tokens     # the mount does not answer: a disk-only entry saves nothing now
+        return RESTORE_COST_DISK
 
     def note_plan(self, plan: PrefillPlan, prompt: np.ndarray, request_id: str) -> None:
         """After the plan is final: shares, recency, the rule-2 memory, and the miss line."""
@@ -168,9 +194,18 @@ class Checkpoints:
             return None, "disk"
         path = self.disk_dir / file_name(e.tokens)
         try:
-            header, blob = await trio.to_thread.run_sync(disk_io.load, path, self.fingerprint)
+            if self.shared:
+                header, blob = await self._on_shared(self.shared_load_timeout_s, disk_io.load, path, self.fingerprint)
+            else:
+                header, blob = await trio.to_thread.run_sync(disk_io.load, path, self.fingerprint)
             if not np.array_equal(header.tokens, e.tokens):
                 raise CheckpointFileError("token ids differ from the index")
+        except SharedUnresponsive:
+            if self.log is not None:
+                self.log.warning("checkpoint_load_timeout", request_id=request_id, id=e.id, tokens=e.n_tokens,
+                                 timeout_s=self.shared_load_timeout_s, action="prefill instead")
+            self._forget_file(e.id, "shared directory did not answer in time", request_id, "shared_timeout")
+            return None, "disk"
         except (CheckpointFileError, OSError) as err:
             if self.shared and isinstance(err, FileNotFoundError):
                 self._forget_file(e.id, "evicted by another daemon", request_id)   # a miss, not an error
@@ -183,15 +218,17 @@ class Checkpoints:
             self._update_bytes()
         return blob, "disk"
 
-    def _forget_file(self, entry_id: str, reason: str, request_id: str | None = None) -> None:
-        """A shared file that is gone: the entry leaves the disk tier (keeps a loaded blob)."""
+    def _forget_file(self, entry_id: str, reason: str, request_id: str | None = None,
+                     miss_label: str = "evicted_elsewhere") -> None:
+        """A shared file that is gone (or out of reach): the entry leaves the disk tier (keeps a
+        loaded blob); a later listing indexes the file again if it is still there."""
         e = self.store.remove(entry_id, "disk")
         if e is None:
             return
         if self.log is not None:
             self.log.info("checkpoint_gone", request_id=request_id, id=entry_id, tokens=e.n_tokens, reason=reason)
         if request_id is not None:
-            self.miss(request_id, "evicted_elsewhere", reason)
+            self.miss(request_id, miss_label, reason)
         self._update_bytes()
 
     async def drop_bad(self, e: Entry, reason: str, request_id: str | None = None) -> None:
@@ -203,8 +240,30 @@ class Checkpoints:
         self.store.remove(e.id)
         if was_on_disk and self.disk_dir is not None:
             await self._unlink(file_name(e.tokens))
-        self.miss(request_id or "", "fingerprint_mismatch" if "fingerprint" in reason else "bad_file", reason)
+        label = ("fingerprint_mismatch" if "fingerprint" in reason else
+                 "tokens_mismatch" if "tokens differ" in reason else "bad_file")
+        self.miss(request_id or "", label, reason)
         self._update_bytes()
+
+    async def check_restored(self, entry_id: str, state_tokens, expected: np.ndarray, request_id: str) -> bool:
+        """After a restore: the state must hold exactly ``expected`` (the prompt's first tokens, as
+        planned). A file's header tokens are only a claim: whoever can write the directory can
+        write a matching header and CRC; the kernel state's own tokens decide the answer. On a
+        mismatch the entry and its file are dropped (a warning) and the caller plans again."""
+        got = np.asarray(state_tokens, dtype=np.int64)
+        want = np.asarray(expected, dtype=np.int64)
+        if got.shape == want.shape and np.array_equal(got, want):
+            return True
+        k = common_prefix_len(got, want)
+        reason = (f"restored state's tokens differ from the prompt at token {k} "
+                  f"(state holds {got.shape[0]}, the plan expects {want.shape[0]})")
+        e = self.store.get(entry_id)
+        if e is not None:
+            await self.drop_bad(e, reason, request_id)
+        elif self.log is not None:   # deleted while it was restored: its file is already gone
+            self.log.warning("checkpoint_bad", request_id=request_id, id=entry_id, reason=reason,
+                             action="prefill instead")
+        return False
 
     def hit(self, entry_id: str, tier: str, request_id: str, prompt_tokens: int) -> None:
         if self.store.get(entry_id) is None:  # deleted (API, disk eviction) while it was being restored
@@ -232,8 +291,40 @@ class Checkpoints:
                           kept=kept)
         self._apply(evictions)
         self._update_bytes()
-        if self.disk_enabled and self.out is not None and not (e is not None and e.on_disk):
+        if (self.disk_enabled and self.out is not None and not (e is not None and e.on_disk)
+                and self.write_backoff.allows(trio.current_time())):   # paused after a failed write: memory only
             self._queue_write(eid, tokens, kind, blob)
+
+    def capture_refusal(self, nbytes: int) -> str | None:
+        """Why a snapshot of ``nbytes`` would not be kept by the store (None: it could be): checked
+        before the snapshot is taken, so a capture that could not be kept is never copied."""
+        if not self.enabled or self.store.max_slots == 0:
+            return "checkpoints off"
+        if nbytes > self.store.max_bytes:
+            return (f"snapshot of {nbytes} bytes is larger than the checkpoint memory budget "
+                    f"({self.store.max_bytes} bytes)")
+        return None
+
+    def skip_capture(self, tokens: np.ndarray, kind: str, nbytes: int, reason: str, request_id: str) -> None:
+        self.captures_skipped += 1
+        if self.log is not None:
+            self.log.info("checkpoint_capture_skipped", request_id=request_id, kind=kind,
+                          tokens=int(tokens.shape[0]), bytes=nbytes, reason=reason)
+        if self.metrics is not None:
+            self.metrics.checkpoint_captures_skipped.inc(
+                reason="transient_room" if "capture's copy" in reason else "budget")
+
+    def make_room(self, nbytes: int, request_id: str = "") -> int:
+        """Evict checkpoints from memory until ``nbytes`` are freed or none is left to evict (the
+        memory guard, for a growing live state). Disk copies stay. Returns the bytes freed."""
+        before = self.store.memory_usage()
+        evictions = self._apply(self.store.evict_memory(nbytes))
+        freed = before - self.store.memory_usage()
+        if evictions and self.log is not None:
+            self.log.info("checkpoint_evict_for_state", request_id=request_id, evicted=len(evictions),
+                          bytes_freed=freed, bytes_wanted=nbytes)
+        self._update_bytes()
+        return freed
 
     def _queue_write(self, eid: str, tokens: np.ndarray, kind: str, blob: bytes) -> None:
         if self.store.is_held(eid):       # already queued: the same tokens give the same snapshot
@@ -344,21 +435,95 @@ class Checkpoints:
             self.log.info("checkpoint_disk_index", dir=str(self.disk_dir), entries=st.disk_entries,
                           bytes=st.disk_bytes, shared=True)
 
+    async def refresh_before_plan(self, wait_s: float = PLAN_LISTING_WAIT_S) -> None:
+        """Before a plan: ask ``refresh_loop`` for a listing that starts now and wait for it at most
+        ``wait_s`` (none at all while the mount is known to hang), so a peer's file published just
+        before is usually found. Past that the plan uses the index as the last listing left it: a
+        slow or hung mount never holds a request for longer."""
+        if not (self.shared and self.disk_enabled and self._loop_running):
+            return
+        target = self._refreshes + (2 if self._refreshing else 1)   # a listing already running may predate the file
+        self._refresh_wanted.set()
+        if self._shared_hung():
+            return
+        with trio.move_on_after(wait_s):
+            while self._refreshes < target:
+                await self._refresh_done.wait()
+
+    async def refresh_loop(self) -> None:
+        """Shared tier, in the checkpoint writer's nursery: refresh when asked
+        (``refresh_before_plan``) or every RELIST_EVERY_S, each listing under its deadline."""
+        self._loop_running = True
+        try:
+            while True:
+                with trio.move_on_after(RELIST_EVERY_S):
+                    await self._refresh_wanted.wait()
+                self._refresh_wanted = trio.Event()
+                try:
+                    await self.refresh()
+                finally:
+                    self._refreshes += 1
+                    self._refresh_done.set()
+                    self._refresh_done = trio.Event()
+        finally:
+            self._loop_running = False
+
+    def _shared_hung(self) -> bool:
+        """True while a shared call that ran past its deadline has not returned. The first call
+        after it returns logs the recovery (once)."""
+        if self._hung is None:
+            return False
+        if not self._hung.is_set():
+            return True
+        self._hung = None
+        if self.log is not None:
+            self.log.info("checkpoint_shared_responsive", dir=str(self.disk_dir),
+                          action="shared checkpoints are listed and loaded again")
+        return False
+
+    async def _on_shared(self, timeout_s: float, fn, *args):
+        """``fn(*args)`` in a thread, given up after ``timeout_s``: a hung mount blocks the thread,
+        never the caller. The thread is abandoned, not killed (it cannot be); until it returns no
+        other call goes to the mount (raises SharedUnresponsive at once), so threads do not pile up
+        on a dead server. The state change is logged once each way."""
+        if self._shared_hung():
+            raise SharedUnresponsive()
+        returned = threading.Event()
+
+        def call():
+            try:
+                return fn(*args)
+            finally:
+                returned.set()
+
+        with trio.move_on_after(timeout_s):
+            return await trio.to_thread.run_sync(call, abandon_on_cancel=True)
+        self._hung = returned
+        if self.log is not None:
+            self.log.warning("checkpoint_shared_unresponsive", dir=str(self.disk_dir), call=fn.__name__,
+                             timeout_s=timeout_s, action="planning without new listings; shared loads are misses "
+                             "until the call returns")
+        raise SharedUnresponsive()
+
     async def refresh(self, force: bool = False) -> None:
         """Shared tier: index files other daemons published, forget files they evicted. Cheap when
-        nothing changed (one stat of the directory); one refresh at a time."""
+        nothing changed (one stat of the directory); one refresh at a time, and the stat and the
+        listing each get ``shared_list_timeout_s`` (a hung mount: this refresh is given up)."""
         if not (self.shared and self.disk_enabled and self.disk_dir is not None) or self._refreshing:
             return
         self._refreshing = True
         try:
             try:
-                mtime = await trio.to_thread.run_sync(shared_dir.dir_mtime, self.disk_dir)
+                t = self.shared_list_timeout_s
+                mtime = await self._on_shared(t, shared_dir.dir_mtime, self.disk_dir)
                 stale = trio.current_time() - self._listed_at >= RELIST_EVERY_S
                 if mtime == self._dir_mtime and not (force or stale):
                     return
                 self._listed_at = trio.current_time()
                 known = {file_name(e.tokens) for e in self.store.entries() if e.on_disk} | self._left_alone
-                ch = await trio.to_thread.run_sync(shared_dir.changes, self.disk_dir, self.fingerprint, known)
+                ch = await self._on_shared(t, shared_dir.changes, self.disk_dir, self.fingerprint, known)
+            except SharedUnresponsive:
+                return
             except OSError as err:
                 if self.log is not None:
                     self.log.warning("checkpoint_refresh_failed", dir=str(self.disk_dir),
@@ -421,6 +586,17 @@ class Checkpoints:
                              error=f"{type(err).__name__}: {err.strerror or err}", action=action)
         self._disk_warned = True
 
+    def _write_failed(self, err: OSError, msg: WriteCheckpoint) -> None:
+        """A write failed (full disk, read-only, quota): pause disk writes, retry after the back-off.
+        One warning when the pause starts; a failed retry only lengthens it (write_backoff.py)."""
+        starts = self.write_backoff.failed(trio.current_time())
+        if starts and self.log is not None:
+            self.log.warning("checkpoint_disk_writes_paused", dir=str(self.disk_dir), id=msg.id,
+                             error=f"{type(err).__name__}: {err.strerror or err}",
+                             retry_in_s=self.write_backoff.delay_s,
+                             action="serving with memory checkpoints; a later capture retries the write "
+                                    f"(back-off doubling up to {self.write_backoff.max_s:g} s)")
+
     async def handle(self, msg: WriteCheckpoint | FlushRecency) -> None:
         """The checkpoint writer's job for one message."""
         if isinstance(msg, FlushRecency):
@@ -452,6 +628,8 @@ class Checkpoints:
     async def _write(self, msg: WriteCheckpoint) -> None:
         if not self.disk_enabled or self.disk_dir is None or msg.id in self._no_write:
             return
+        if not self.write_backoff.allows(trio.current_time()):
+            return   # queued before a write failed: dropped, the retry is the first capture after the pause
         e = self.store.get(msg.id)
         if e is not None and e.on_disk:
             return
@@ -471,8 +649,10 @@ class Checkpoints:
                 await trio.to_thread.run_sync(disk_io.write_checkpoint, self.disk_dir, self.fingerprint, msg.kind,
                                               msg.tokens, msg.blob, last_used)
         except OSError as err:
-            self._disk_unavailable(err, "write")
+            self._write_failed(err, msg)
             return
+        if self.write_backoff.succeeded() and self.log is not None:
+            self.log.info("checkpoint_disk_writes_resumed", dir=str(self.disk_dir), id=msg.id)
         if msg.id in self._no_write:            # deleted through the API while it was being written
             await self._unlink(file_name(msg.tokens))
             return
@@ -531,7 +711,8 @@ class Checkpoints:
             "disk": {"enabled": self.disk_enabled, "dir": str(self.disk_dir or self.disk_root) if self.disk_root else None,
                      "entries": st.disk_entries, "bytes": st.disk_bytes,
                      "max_bytes": self._disk_max_bytes if self.shared else self.store.disk_max_bytes,
-                     "shared": self.shared},
+                     "shared": self.shared,
+                     "writes_paused_s": self.write_backoff.delay_s},
             "by_kind": dict(st.entries_by_kind),
             "hits": st.hits,
             "protected_id": st.protected_id,

@@ -80,6 +80,7 @@ async def run_decode(engine: Engine, pre: Prefilled, stream_decoder, stats: dict
             break
         if n == budget:
             break
+        engine.room_for(engine.live, 1, sub.request_id)     # memory: room for one more token, or a 507
         logits = await engine.decode_step(tok, tally=sub.trace.decode_experts)
     tail = ""
     if not by_stop_string:
@@ -115,7 +116,7 @@ async def decode_turn(pre: Prefilled, to_admission, *, engine: Engine, new_strea
     elif turn.error is not None:
         await end_failed(sub, turn.error, to_admission, engine, log, "decode",
                          lambda: log_request(log, sub, metrics=engine.metrics, outcome="error",
-                                             error=turn.error, **common))
+                                             error=turn.error, **common), kind=turn.error_kind)
     else:
         # `finish` never waits: Done goes into the buffer if there is room, else the handler
         # reads it from `control.final` once it has drained the tokens; the channel is closed

@@ -245,37 +245,37 @@ def scan(directory: str | os.PathLike, fingerprint: str) -> tuple[list[Found], l
     version, or misnamed. A file of another fingerprint is reported and left in place (it is not
     ours to delete). A missing directory is empty."""
     d = Path(directory)
-    good: list[Found] = []
-    problems: list[Problem] = []
     try:
         names = sorted(os.listdir(d))
     except FileNotFoundError:
-        return good, problems
+        return [], []
+    temps = [_reject(d / n, "leftover temp file (interrupted write)")
+             for n in names if n.startswith(".") and n.endswith(TMP_SUFFIX)]
+    good, problems = examine(d, [n for n in names if n.endswith(SUFFIX) and not n.startswith(".")], fingerprint)
+    return good, temps + problems
 
-    def reject(path: Path, reason: str) -> None:
-        try:
-            os.unlink(path)
-            removed = True
-        except FileNotFoundError:
-            removed = True
-        except OSError as e:
-            removed = False
-            reason = f"{reason}; not removed: {e.strerror or e}"
-        problems.append(Problem(path, reason, removed))
 
+def examine(directory: str | os.PathLike, names: Iterable[str], fingerprint: str) -> tuple[list[Found], list[Problem]]:
+    """Read and check the headers of the ``*.ckpt`` files ``names`` (scan, and the shared tier's
+    listings). Usable ones come back least recently used first. Damaged ones (corrupt, truncated,
+    other version, misnamed) are removed: bad for every reader. One of another fingerprint, or one
+    that cannot be read, is reported and left in place. A name gone before it is opened (evicted by
+    another daemon) or that is not a regular file is skipped."""
+    d = Path(directory)
+    good: list[Found] = []
+    problems: list[Problem] = []
     for name in names:
         path = d / name
-        if name.startswith(".") and name.endswith(TMP_SUFFIX):
-            reject(path, "leftover temp file (interrupted write)")
-            continue
-        if not name.endswith(SUFFIX) or not path.is_file():
-            continue
         try:
+            if not path.is_file():       # before the open: opening a FIFO would block
+                continue
             with open(path, "rb") as f:
                 header = read_header(f)
                 st = os.fstat(f.fileno())
+        except FileNotFoundError:
+            continue
         except CheckpointFileError as e:
-            reject(path, e.reason)
+            problems.append(_reject(path, e.reason))
             continue
         except OSError as e:
             problems.append(Problem(path, f"unreadable: {e.strerror or e}", False))
@@ -283,12 +283,23 @@ def scan(directory: str | os.PathLike, fingerprint: str) -> tuple[list[Found], l
         if header.fingerprint != fingerprint:
             problems.append(Problem(path, "foreign fingerprint; left in place", False))
         elif st.st_size < header.file_len:
-            reject(path, "truncated")
+            problems.append(_reject(path, "truncated"))
         elif st.st_size > header.file_len:
-            reject(path, "trailing bytes")
+            problems.append(_reject(path, "trailing bytes"))
         elif header.name != name:
-            reject(path, "file name does not match its token ids")
+            problems.append(_reject(path, "file name does not match its token ids"))
         else:
             good.append(Found(path, header, st.st_mtime))
     good.sort(key=lambda f: (f.last_used, f.path.name))
     return good, problems
+
+
+def _reject(path: Path, reason: str) -> Problem:
+    """Remove a bad file; the Problem says whether it is gone."""
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    except OSError as e:
+        return Problem(path, f"{reason}; not removed: {e.strerror or e}", False)
+    return Problem(path, reason, True)

@@ -25,9 +25,10 @@ class Engine:
     live: Any = None                  # kernel.State or None; remembers its tokens (state.tokens)
     runner: KernelRunner = field(init=False)
     checkpoints: Any = None           # actors.checkpoints.Checkpoints (None: built off in __post_init__)
-    metrics: Any = None               # cairn.daemon.metrics.Metrics, or None (actor tests)
+    metrics: Any = None               # cairn.daemon.service.metrics.Metrics, or None (actor tests)
     slots: list = field(default_factory=list)   # slots.Slot each, when the engine has more than one
     batcher: Any = None               # slots.DecodeBatcher (slot mode)
+    memory: Any = None                # memory_guard.MemoryGuard (None: no memory plan, nothing checked)
     # One-line service status for the supervisor (systemd STATUS=); a no-op unless the daemon sets it.
     announce: Callable[[str], Any] = lambda text: None
 
@@ -58,6 +59,22 @@ class Engine:
         """Feed one token to the live state; its next-token logits (slots.Slot batches this).
         `tally`: gets the step's expert-cache work (paged experts)."""
         return await self.runner.run(self.kernel.decode, self.live, token, tally=tally)
+
+    def room_for(self, state, n_tokens: int, request_id: str = "") -> None:
+        """THE memory hook: call before each kernel call that grows `state` by n_tokens (a prefill call,
+        a decode step). Evicts checkpoints when the state needs their room; raises
+        memory_guard.MemoryExceeded when the memory plan has none (the request ends with a memory error)."""
+        if self.memory is not None:
+            self.memory.reserve(state, n_tokens, request_id)
+
+    def capture_refusal(self, state) -> tuple[int, str | None]:
+        """The snapshot size of `state` and why it must not be taken (None: take it): the checkpoint
+        store could not keep it, or the memory plan has no room for the copy."""
+        nbytes = int(state.nbytes) + 4 * int(state.n_tokens) + 4 * int(self.model.vocab_size)
+        why = self.checkpoints.capture_refusal(nbytes)
+        if why is None and self.memory is not None:
+            why = self.memory.capture_refusal(nbytes)
+        return nbytes, why
 
     def discard_live(self) -> None:
         """After a kernel error the state may be inconsistent: never reuse it."""

@@ -21,6 +21,8 @@ from typing import Any, Callable
 
 import trio
 
+from .errors import single
+
 
 def _metered(meter, fn: Callable[..., Any]) -> Callable[[], tuple[Any, Any]]:
     def call() -> tuple[Any, Any]:
@@ -86,14 +88,8 @@ class KernelRunner:
         except BaseExceptionGroup as eg:     # only `Cancelled` can be left here: the watcher's or ours
             # A kernel error wins over a cancel that raced it: the state may be inconsistent and the
             # caller must know (cancels are level-triggered, so the next checkpoint raises again).
-            raise (error if error is not None else _first_leaf(eg)) from None
+            raise (error if error is not None else single(eg)) from None
         if error is not None:
             raise error
         return result
 
-
-def _first_leaf(eg: BaseExceptionGroup) -> BaseException:
-    e: BaseException = eg
-    while isinstance(e, BaseExceptionGroup):
-        e = e.exceptions[0]
-    return e

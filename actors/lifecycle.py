@@ -22,6 +22,8 @@ from typing import Any, Awaitable, Callable
 import trio
 
 from .engine import Engine
+from .errors import single
+from .memory_guard import MemoryExceeded
 from .messages import CancelAck, Failed, Finished
 from .replies import finish
 
@@ -34,6 +36,7 @@ class Turn:
     error: str | None = None
     cancelled: bool = False
     cancel_reason: str = "client"      # CancelAck.reason when `cancelled`
+    error_kind: str = "engine"         # Failed.kind when `error`: "memory" for MemoryExceeded
 
 
 class ClientGone(Exception):
@@ -42,27 +45,6 @@ class ClientGone(Exception):
     def __init__(self, stalled: bool = False) -> None:
         super().__init__("the client stopped reading" if stalled else "the client has gone")
         self.stalled = stalled
-
-
-def single(exc: BaseException) -> BaseException:
-    """A group with one leaf (however nested) -> that leaf; a group of only `Cancelled` -> its first
-    `Cancelled`; anything else unchanged."""
-    if not isinstance(exc, BaseExceptionGroup):
-        return exc
-    leaves: list[BaseException] = []
-    stack = [exc]
-    while stack:
-        e = stack.pop()
-        if isinstance(e, BaseExceptionGroup):
-            stack.extend(reversed(e.exceptions))
-        else:
-            leaves.append(e)
-    real = [e for e in leaves if not isinstance(e, trio.Cancelled)]
-    if len(real) == 1:
-        return real[0]
-    if not real and leaves:
-        return leaves[0]
-    return exc
 
 
 async def attached(sub, work: Callable[[], Awaitable[Any]], *, engine: Engine, log, stage: str,
@@ -82,6 +64,9 @@ async def attached(sub, work: Callable[[], Awaitable[Any]], *, engine: Engine, l
         except ClientGone as e:
             turn.cancelled = True
             turn.cancel_reason = "stalled" if e.stalled else "client"
+        except MemoryExceeded as e:      # raised before the kernel call; the state goes to free its memory
+            turn.error, turn.error_kind = str(e), "memory"
+            engine.discard_live()
         except EXPECTED_ERRORS as e:
             turn.error = f"{type(e).__name__}: {e}"
             engine.discard_live()
@@ -107,9 +92,9 @@ async def end_cancelled(sub, to_admission: trio.MemorySendChannel, engine: Engin
 
 
 async def end_failed(sub, error: str, to_admission: trio.MemorySendChannel, engine: Engine, log, stage: str,
-                     log_outcome: Callable[[], None]) -> None:
-    log.error(f"{stage}_failed", request_id=sub.request_id, error=error)
+                     log_outcome: Callable[[], None], kind: str = "engine") -> None:
+    log.error(f"{stage}_failed", request_id=sub.request_id, error=error, kind=kind)
     log_outcome()
-    finish(sub, Failed(error))
+    finish(sub, Failed(error, kind))
     await to_admission.send(Finished(sub.request_id, "error"))
     engine.announce(f"idle; {sub.request_id} failed")

@@ -62,7 +62,7 @@ class Sampling:
     frequency_penalty: float = 0.0
     logit_bias: tuple[tuple[int, float], ...] = ()
     banned: tuple[int, ...] = ()       # token ids never chosen, whatever the bias (tool_choice "none")
-    constraint: object = field(default=None, compare=False)   # a grammar (daemon/constrain.py) or None
+    constraint: object = field(default=None, compare=False)   # a grammar (daemon/protocol/constrain.py) or None
 
 
 # --- edge -> admission --------------------------------------------------------------------------
@@ -184,6 +184,7 @@ class Done:
 @dataclass(frozen=True, slots=True)
 class Failed:
     message: str
+    kind: Literal["engine", "memory"] = "engine"   # memory: the memory plan had no room (HTTP 507)
 
 
 @dataclass(frozen=True, slots=True)

@@ -45,7 +45,7 @@ class Penalties:
 
 class Shaper:
     """What decode applies to the model's logits before choosing: penalties, biases, a grammar mask.
-    The mask comes from the request's constraint (daemon/constrain.py), computed by the caller in a
+    The mask comes from the request's constraint (daemon/protocol/constrain.py), computed by the caller in a
     worker thread; this class stays pure."""
 
     def __init__(self, s: Sampling, vocab_size: int) -> None:

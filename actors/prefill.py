@@ -76,7 +76,7 @@ async def _prepare(engine: Engine, submit, ids: np.ndarray, log):
     a disk-only one first) or make a fresh one. A checkpoint that turns out bad is dropped with a
     warning and the request is planned again (a shorter checkpoint, the live state, or fresh)."""
     ck = engine.checkpoints
-    await ck.refresh()   # a shared disk tier: index the files other daemons published (else a no-op)
+    await ck.refresh_before_plan()   # a shared disk tier: a fresh listing if the mount answers at once
     for _ in range(4):
         live = engine.live
         live_tokens = None
@@ -100,6 +100,8 @@ async def _prepare(engine: Engine, submit, ids: np.ndarray, log):
             if entry is not None:
                 await ck.drop_bad(entry, f"kernel refused the snapshot: {e}", submit.request_id)
             continue
+        if not await ck.check_restored(plan.restore_id, state.tokens, ids[:plan.start], submit.request_id):
+            continue   # a planted or stale file: never let it change the answer
         engine.live = state
         ck.note_plan(plan, ids, submit.request_id)
         ck.hit(plan.restore_id, tier, submit.request_id, len(ids))
@@ -109,7 +111,12 @@ async def _prepare(engine: Engine, submit, ids: np.ndarray, log):
 
 
 async def _capture(engine: Engine, state, ids: np.ndarray, kind: str, submit) -> None:
-    """Snapshot the state where it is now (in the kernel thread; it releases the GIL) and store it."""
+    """Snapshot the state where it is now (in the kernel thread; it releases the GIL) and store it;
+    not at all when the store could not keep the blob or the memory plan has no room for the copy."""
+    nbytes, why = engine.capture_refusal(state)
+    if why is not None:
+        engine.checkpoints.skip_capture(ids, kind, nbytes, why, submit.request_id)
+        return
     t0 = trio.current_time()
     blob = await engine.runner.run(state.snapshot)
     engine.checkpoints.capture(ids, kind, blob, submit.request_id)
@@ -156,6 +163,7 @@ async def run_prefill(engine: Engine, submit, log, progress: dict | None = None
         seg = ids[a:b]
         t0 = trio.current_time()
         seg_io = ExpertTally()     # this segment's expert-cache work (paged experts; actors/expert_io.py)
+        engine.room_for(state, b - a, submit.request_id)   # memory: room for b - a more tokens, or a 507
         try:
             if submit.prompt_logprobs:
                 n_done, logits, seg_lps, seg_tops = await engine.runner.run(
@@ -220,7 +228,7 @@ async def prefill_turn(adm: Admitted, to_admission, *, engine: Engine, log) -> P
         return None
     if turn.error is not None:
         await end_failed(sub, turn.error, to_admission, engine, log, "prefill",
-                         lambda: log_outcome("error", turn.error))
+                         lambda: log_outcome("error", turn.error), kind=turn.error_kind)
         return None
     logits, reused, prompt_lp = turn.result
     return Prefilled(sub, logits, reused, prompt_lp, adm.arrived_at)

@@ -11,8 +11,9 @@ Design notes
  * Published atomically: temp file in the same directory, fsync, rename (disk_io.atomic_write). A
    reader sees no file or the complete one.
  * Discovered while running: ``changes`` lists the directory and reads the headers of names not
-   seen before, and reports names that vanished; the caller runs it when the directory's mtime
-   changed (one ``stat``), so a daemon finds its peers' checkpoints before it plans a request.
+   seen before, and reports names that vanished; the caller runs it in the background when the
+   directory's mtime changed (one ``stat``), under a deadline, so a daemon finds its peers'
+   checkpoints and a hung mount never holds a request (Checkpoints.refresh_loop).
  * Read safely while another daemon evicts: a reader opens the file and reads it whole
    (disk_io.load); an unlink after the open does not touch the open file. A file gone before the
    open is a miss, never an error; a damaged file fails its CRC and is skipped (and removed).
@@ -35,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import disk_io
-from .disk_format import SUFFIX, CheckpointFileError, read_header
+from .disk_format import SUFFIX
 from .shared_evict import FileStat, abandoned_temps, choose_victims
 
 LEASE_NAME = "evict.lock"
@@ -78,36 +79,11 @@ def dir_mtime(sub: str | os.PathLike) -> int:
 
 
 def changes(sub: str | os.PathLike, fingerprint: str, known: set[str]) -> Changes:
-    """New usable ``*.ckpt`` files (their headers read) and names in ``known`` that are gone. A new
-    file that is damaged is removed (it is bad for every daemon); one of another fingerprint is
-    left alone."""
-    d = Path(sub)
-    names = {n for n in os.listdir(d) if n.endswith(SUFFIX) and not n.startswith(".")}
-    found: list[disk_io.Found] = []
-    problems: list[disk_io.Problem] = []
-    for name in sorted(names - known):
-        path = d / name
-        try:
-            with open(path, "rb") as f:
-                header = read_header(f)
-                st = os.fstat(f.fileno())
-        except FileNotFoundError:
-            continue                      # evicted between the listing and the open
-        except CheckpointFileError as e:
-            problems.append(disk_io.Problem(path, e.reason, disk_io.remove(d, name)))
-            continue
-        except OSError as e:
-            problems.append(disk_io.Problem(path, f"unreadable: {e.strerror or e}", False))
-            continue
-        if header.fingerprint != fingerprint:
-            problems.append(disk_io.Problem(path, "foreign fingerprint; left in place", False))
-        elif st.st_size != header.file_len or header.name != name:
-            reason = "truncated" if st.st_size < header.file_len else (
-                "trailing bytes" if st.st_size > header.file_len else "file name does not match its token ids")
-            problems.append(disk_io.Problem(path, reason, disk_io.remove(d, name)))
-        else:
-            found.append(disk_io.Found(path, header, st.st_mtime))
-    found.sort(key=lambda f: (f.last_used, f.path.name))
+    """New usable ``*.ckpt`` files (their headers read, disk_io.examine) and names in ``known`` that
+    are gone. A new file that is damaged is removed (it is bad for every daemon); one of another
+    fingerprint is left alone."""
+    names = {n for n in os.listdir(sub) if n.endswith(SUFFIX) and not n.startswith(".")}
+    found, problems = disk_io.examine(sub, sorted(names - known), fingerprint)
     return Changes(found, sorted(known - names), problems)
 
 

@@ -262,6 +262,26 @@ class CheckpointStore:
             del self._by_id[entry_id]
         return e
 
+    def evict_memory(self, nbytes: int) -> list[Eviction]:
+        """Free at least ``nbytes`` of the memory tier if it can (a growing live state needs them; the
+        memory guard): blobs leave in the eviction order above, the protected entry last. Blobs queued
+        for the writer free nothing until written, so they stay. Returns what was evicted."""
+        members = [e for e in self._by_id.values() if e.in_memory]
+        protected = self._protected(members)
+        ordinary = sorted((e for e in members if e is not protected),
+                          key=lambda e: (e.kind != "prompt_end", e.last_used, e.created, e.id))
+        evicted: list[Eviction] = []
+        freed = 0
+        for victim in ordinary + ([protected] if protected is not None else []):
+            if freed >= nbytes:
+                break
+            if victim.id in self._held:
+                continue
+            freed += victim.nbytes
+            self.remove(victim.id, "memory")
+            evicted.append(Eviction(victim, "memory", victim.id not in self._by_id))
+        return evicted
+
     # ---- internals ----------------------------------------------------------------------------
 
     def _upsert(self, tokens: Sequence[int] | np.ndarray, kind: Kind, nbytes: int,

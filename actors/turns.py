@@ -26,7 +26,7 @@ import numpy as np
 
 from .disk_format import as_tokens
 
-# DeepSeek-V4's chat template (daemon/make_model.py writes the same one for generated models).
+# DeepSeek-V4's chat template (daemon/modelgen/make_model.py writes the same one for generated models).
 USER_MARKER = "<｜User｜>"
 MESSAGE_START_MARKERS = (USER_MARKER, "<｜Assistant｜>", "<｜tool▁outputs▁begin｜>")
 

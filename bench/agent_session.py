@@ -131,8 +131,8 @@ def main() -> int:
     ap.add_argument("--json", help="also write the results here")
     args = ap.parse_args()
 
-    from cairn.daemon.model_dir import open_model_dir
-    from cairn.daemon.tokenizer import TextTokenizer
+    from cairn.daemon.weights.model_dir import open_model_dir
+    from cairn.daemon.protocol.tokenizer import TextTokenizer
 
     model = Path(args.model).resolve()
     tok = TextTokenizer.from_model_dir(open_model_dir(model))

@@ -36,7 +36,7 @@ def main() -> int:
     from cairn import _kernel as K
     from cairn.actors import disk_format, disk_io
     from cairn.actors.plan import pieces
-    from cairn.daemon.model_dir import load_model, open_model_dir
+    from cairn.daemon.weights.model_dir import load_model, open_model_dir
 
     model = load_model(open_model_dir(args.model), args.threads)
     vocab = int(model.vocab_size)

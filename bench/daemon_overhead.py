@@ -100,8 +100,8 @@ def request_lines(log_path: Path) -> list[dict]:
 def shared_system_run(sock: str, model_id: str, model_dir: Path, tokens: int, prompt) -> dict:
     """Conversation A then conversation B, as raw ids: BOS + the same system part, then their own
     user message. B's first request should restore A's system capture (docs/prefill.md, rule 1b)."""
-    from cairn.daemon.model_dir import open_model_dir
-    from cairn.daemon.tokenizer import TextTokenizer
+    from cairn.daemon.weights.model_dir import open_model_dir
+    from cairn.daemon.protocol.tokenizer import TextTokenizer
 
     tok = TextTokenizer.from_model_dir(open_model_dir(model_dir))
     usr, asst = tok.token_to_id("<｜User｜>"), tok.token_to_id("<｜Assistant｜>")
@@ -146,7 +146,7 @@ def main() -> int:
     args = ap.parse_args()
 
     from cairn import _kernel as K
-    from cairn.daemon.model_dir import load_model, open_model_dir
+    from cairn.daemon.weights.model_dir import load_model, open_model_dir
 
     model = load_model(open_model_dir(args.model), args.threads)
     vocab = int(model.vocab_size)
@@ -173,7 +173,7 @@ def main() -> int:
     tmp = Path(tempfile.mkdtemp(prefix="cairn-overhead-"))
     sock = str(tmp / "d.sock")
     log_path = tmp / "daemon.log"
-    cmd = [sys.executable, "-m", "cairn.daemon.cli", "serve", "--model", str(args.model), "--socket", sock,
+    cmd = [sys.executable, "-m", "cairn.daemon.cli.main", "serve", "--model", str(args.model), "--socket", sock,
            "--threads", str(args.threads), "--chunk", str(args.chunk)]
     with open(log_path, "w") as log_file:
         proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, env={**os.environ, "NO_COLOR": "1"})

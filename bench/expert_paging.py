@@ -42,8 +42,8 @@ def agent_stream(model: Path, n: int) -> np.ndarray:
     short assistant replies, re-rendered as clients do) as token ids, cut to n."""
     from agent_session import session_turns, system_prompt
 
-    from cairn.daemon.model_dir import open_model_dir
-    from cairn.daemon.tokenizer import TextTokenizer
+    from cairn.daemon.weights.model_dir import open_model_dir
+    from cairn.daemon.protocol.tokenizer import TextTokenizer
 
     tok = TextTokenizer.from_model_dir(open_model_dir(model))
     system = system_prompt(max(256, n // 2), tok)
@@ -60,8 +60,8 @@ def agent_stream(model: Path, n: int) -> np.ndarray:
 def code_stream(model: Path, n: int) -> np.ndarray:
     """Python source as an agent sends it: this repository's own daemon/ and actors/ modules (not in
     the default model's training corpus), as token ids, cut to n."""
-    from cairn.daemon.model_dir import open_model_dir
-    from cairn.daemon.tokenizer import TextTokenizer
+    from cairn.daemon.weights.model_dir import open_model_dir
+    from cairn.daemon.protocol.tokenizer import TextTokenizer
 
     tok = TextTokenizer.from_model_dir(open_model_dir(model))
     root = HERE.parent
@@ -172,7 +172,7 @@ def main() -> None:
     a = ap.parse_args()
 
     from cairn import _kernel
-    from cairn.daemon.model_dir import open_model_dir
+    from cairn.daemon.weights.model_dir import open_model_dir
 
     md = open_model_dir(a.model)
     E = int(md.config["n_routed_experts"])

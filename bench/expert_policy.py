@@ -18,7 +18,7 @@ import json
 import numpy as np
 
 import cairn._kernel as K
-from cairn.daemon.model_dir import load_model, open_model_dir
+from cairn.daemon.weights.model_dir import load_model, open_model_dir
 
 
 def session_trace(model: K.Model, vocab: int, system: int, turns: int, user: int, reply: int,

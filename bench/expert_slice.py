@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 import cairn._kernel as K
-from cairn.daemon.model_dir import load_model, open_model_dir
+from cairn.daemon.weights.model_dir import load_model, open_model_dir
 
 
 def workload(model: K.Model, prompt: np.ndarray, chunk: int, decode: int) -> dict:

@@ -5,7 +5,7 @@
     .venv/bin/python bench/flash_arithmetic.py /tmp/expert_paging.json
 
 Model: V4-Flash's tensors as the flash-slice preset writes them (43 layers), sized without writing.
- * budget: daemon/expert_budget.py's auto rule with MemAvailable = AVAIL_SHARE of the RAM, the
+ * budget: daemon/service/expert_budget.py's auto rule with MemAvailable = AVAIL_SHARE of the RAM, the
    default 2 GiB checkpoint budget and one state at 32k tokens;
  * hit rate h: the measured LRFU curve (agent stream, one token per call) at the budget's share;
  * decode, per token: every dense byte but the embedding, and 6 x 43 experts (12.75 MiB each), read
@@ -31,16 +31,17 @@ GB = 1e9
 
 
 def flash_sizes() -> dict:
-    from cairn.daemon.flash_slice import _layer
-    from cairn.daemon.make_model import PRESETS, hf_config
-    from cairn.daemon.model_dir import resolve_config
-    from cairn.daemon.safetensors_io import DTYPES
-    from cairn.daemon.slot_budget import state_bytes
+    from cairn.daemon.modelgen.flash_slice import _layer
+    from cairn.daemon.modelgen.make_model import PRESETS, hf_config
+    from cairn.daemon.weights.model_dir import resolve_config
+    from cairn.daemon.weights.safetensors_io import DTYPES
+    from cairn.daemon.service.memory_plan import StateCost, state_bytes
 
     p = PRESETS["flash-slice"]
     cfg = resolve_config(hf_config(p))
     V, D, k, E = p.vocab_size, p.hidden_size, p.num_experts_per_tok, p.n_routed_experts
-    out = {"layers": len(p.layer_types), "embed": V * D * 2, "head": V * D * 2, "state_32k": state_bytes(cfg, 32768)}
+    out = {"layers": len(p.layer_types), "embed": V * D * 2, "head": V * D * 2, "state_32k": state_bytes(cfg, 32768),
+           "state_cost": StateCost.from_config(cfg)}
     dense_layers, experts, params_layers = [], 0, []
     for i in range(len(p.layer_types)):
         d = e = par = 0
@@ -78,7 +79,7 @@ def main() -> None:
                     help="the resident slice's prefill rate (chunk 128) to scale from (default: the bench run's)")
     a = ap.parse_args()
     res = json.loads(a.bench_json.read_text())
-    from cairn.daemon.expert_budget import ExpertCacheSetting, ModelBytes, plan_memory
+    from cairn.daemon.service.memory_plan import LimitSource, ModelBytes, plan_memory
 
     f = flash_sizes()
     L, k, E, xb = f["layers"], f["k"], f["E"], f["expert_bytes"]
@@ -109,8 +110,9 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|---|")
     rows = []
     for ram in (32, 64, 128, 192):
-        plan = plan_memory(ExpertCacheSetting("auto"), ModelBytes(dense, f["experts"]), avail=int(ram * GB * AVAIL_SHARE),
-                           state_bytes=f["state_32k"], checkpoint_bytes=2 << 30, slots_setting=None)
+        plan = plan_memory(limit=LimitSource("MemAvailable", int(ram * GB * AVAIL_SHARE)),
+                           weights=ModelBytes(dense, f["experts"]), state=f["state_cost"], context_length=1 << 20,
+                           checkpoint_setting=2 << 30)
         budget = plan.expert_cache_bytes if plan.paged else f["experts"]
         share = min(1.0, budget / f["experts"])
         h = interp(curve, shares, share) if plan.paged else 1.0

@@ -1,4 +1,4 @@
-"""The per-token cost of constrained output (daemon/constrain.py): llguidance's mask, as decode uses it.
+"""The per-token cost of constrained output (daemon/protocol/constrain.py): llguidance's mask, as decode uses it.
 
     python bench/grammar_mask.py models/small [--steps 2000] [--json out.json]
     python bench/grammar_mask.py --vocab 8192          # a make-model tokenizer of that size, no model
@@ -36,14 +36,14 @@ TOOLS = [{"type": "function", "function": {"name": "edit_file", "parameters": {"
 
 
 def _tokenizer(args):
-    from cairn.daemon.tokenizer import TextTokenizer
+    from cairn.daemon.protocol.tokenizer import TextTokenizer
 
     if args.model is not None:
-        from cairn.daemon.model_dir import open_model_dir
+        from cairn.daemon.weights.model_dir import open_model_dir
 
         md = open_model_dir(args.model)
         return TextTokenizer.from_model_dir(md), int(md.config["vocab_size"])
-    from cairn.daemon.make_model import BOS, EOS, make_tokenizer
+    from cairn.daemon.modelgen.make_model import BOS, EOS, make_tokenizer
 
     return TextTokenizer(make_tokenizer(args.vocab), BOS, EOS), args.vocab
 
@@ -83,7 +83,7 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=2000)
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
-    from cairn.daemon.constrain import Grammars
+    from cairn.daemon.protocol.constrain import Grammars
 
     tok, vocab = _tokenizer(args)
     grammars = Grammars(tok.to_json(), vocab, tok.eos_id, tok)

@@ -67,7 +67,7 @@ def ensure_llama_peer(path: str) -> str:
     from pathlib import Path
 
     if not (Path(path) / "config.json").exists():
-        from cairn.daemon.make_model import make_model, preset_with
+        from cairn.daemon.modelgen.make_model import make_model, preset_with
 
         make_model(preset_with("small", **TINY_ANCHOR_SHAPE), 0, path)
     return path
@@ -244,7 +244,7 @@ def bound_row(label: str, tok_s: float, wb: dict, gbs: float) -> str:
 
 
 def run_hf_mode(args, res: dict) -> None:
-    from cairn.daemon.model_dir import load_model
+    from cairn.daemon.weights.model_dir import load_model
 
     t = _now()
     model = load_model(args.model_dir, threads=args.threads, widen_bf16=args.widen_bf16)
@@ -299,7 +299,7 @@ def print_limits(res: dict, wb: dict, gbs: float, decode: dict[str, float]) -> N
 
 def run_peer_mode(args, res: dict) -> None:
     import llama_peer as lp
-    from cairn.daemon.model_dir import load_model
+    from cairn.daemon.weights.model_dir import load_model
 
     try:
         tools = lp.tools_dir(args.peer_tools)

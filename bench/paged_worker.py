@@ -42,7 +42,7 @@ def main() -> None:
     import numpy as np
 
     from cairn import _kernel
-    from cairn.daemon.model_dir import open_model_dir
+    from cairn.daemon.weights.model_dir import open_model_dir
 
     md = open_model_dir(a.model)
     if a.nothing:
@@ -52,7 +52,7 @@ def main() -> None:
     # for paging (and written by the first run).
     from pathlib import Path
 
-    from cairn.daemon.model_dir import map_weights, packed_cache_file
+    from cairn.daemon.weights.model_dir import map_weights, packed_cache_file
 
     Path(a.packed).mkdir(parents=True, exist_ok=True)
     kw = {"expert_cache_bytes": a.budget}

@@ -23,7 +23,7 @@ import time
 import numpy as np
 
 import cairn._kernel as K
-from cairn.daemon.model_dir import load_model, open_model_dir
+from cairn.daemon.weights.model_dir import load_model, open_model_dir
 
 
 def rss() -> int:

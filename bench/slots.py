@@ -48,7 +48,7 @@ def kernel_part(model_dir: str, threads: int, context: int, steps: int, rounds: 
     """Per-step times of B = 1, 2, 4, in `rounds` interleaved rounds (the machine is shared: the
     median and the best step time are both reported)."""
     import cairn._kernel as K
-    from cairn.daemon.model_dir import load_model
+    from cairn.daemon.weights.model_dir import load_model
 
     model = load_model(model_dir, threads=threads)
     rng = np.random.default_rng(0)
@@ -84,7 +84,7 @@ class Daemon:
         self.tmp = tempfile.TemporaryDirectory()
         self.sock = os.path.join(self.tmp.name, "c.sock")
         log = open(os.path.join(self.tmp.name, "log"), "w")
-        cmd = [sys.executable, "-m", "cairn.daemon.cli", "serve", "--model", model_dir, "--socket", self.sock,
+        cmd = [sys.executable, "-m", "cairn.daemon.cli.main", "serve", "--model", model_dir, "--socket", self.sock,
                "--threads", str(threads), "--chunk", str(chunk), "--slots", str(slots), "--no-checkpoints"]
         self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "NO_COLOR": "1"})
         wait_socket(self.sock, self.proc)

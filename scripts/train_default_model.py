@@ -2,7 +2,7 @@
 
 Reproducible end to end (docs/default-model.md): a fixed corpus (the .py files of pinned PyPI source
 distributions, checked by sha256), a byte-level BPE tokenizer trained on it with the same special
-tokens and conventions as `cairn make-model` (daemon/make_model.py), a fixed seed, a fixed step count.
+tokens and conventions as `cairn make-model` (daemon/modelgen/make_model.py), a fixed seed, a fixed step count.
 The architecture keeps every DeepSeek-V4 feature the kernel implements: sliding, CSA and HCA layers,
 hash-routed and top-k experts, hyper-connections (hc_mult 4). Training is HF transformers'
 DeepseekV4ForCausalLM in float32 on the CPU (the `oracle` extra); the directory is written in the
@@ -80,7 +80,7 @@ CKPT_EVERY = 50
 
 
 def preset():
-    from cairn.daemon.make_model import C, H, S, Preset
+    from cairn.daemon.modelgen.make_model import C, H, S, Preset
 
     return Preset(
         vocab_size=VOCAB, hidden_size=256, layer_types=(S, S, C, H, C, H),
@@ -138,9 +138,9 @@ def is_val(path: str) -> bool:
 
 def chat_examples(path: str, text: str, rng: np.random.Generator) -> list[str]:
     """Chat-format documents made from the file's documented functions, in the V4 encoding the daemon
-    renders (daemon/encoding_dsv4.py, thinking off): ask for a function by its summary and get its
+    renders (daemon/protocol/encoding_dsv4.py, thinking off): ask for a function by its summary and get its
     source; ask what a function does and get its docstring. This teaches the model the chat markers."""
-    from cairn.daemon import encoding_dsv4 as e
+    from cairn.daemon.protocol import encoding_dsv4 as e
 
     try:
         tree = ast.parse(text)
@@ -171,7 +171,7 @@ def chat_examples(path: str, text: str, rng: np.random.Generator) -> list[str]:
 def documents(files: list[tuple[str, str]]) -> tuple[list[str], list[str]]:
     """(train, validation) documents: each file (framed by its path, ending in EOS) and its chat
     examples, shuffled with the fixed seed."""
-    from cairn.daemon.make_model import EOS
+    from cairn.daemon.modelgen.make_model import EOS
 
     rng = np.random.default_rng(SEED)
     train, val = [], []
@@ -186,7 +186,7 @@ def documents(files: list[tuple[str, str]]) -> tuple[list[str], list[str]]:
 def train_tokenizer(train_docs: list[str]):
     """make_model's byte-level BPE (same pre-tokenizer, decoder, alphabet and special tokens at ids
     0..8), trained on the training documents."""
-    from cairn.daemon.make_model import make_tokenizer
+    from cairn.daemon.modelgen.make_model import make_tokenizer
 
     return make_tokenizer(VOCAB, train_docs, min_frequency=2)
 
@@ -320,8 +320,8 @@ def hf_file_weights(model) -> dict[str, np.ndarray]:
 
 
 def write_model_dir(model, cfg: dict, tok, out: Path) -> None:
-    from cairn.daemon.make_model import tokenizer_config
-    from cairn.daemon.safetensors_io import to_bf16_bits, write_file
+    from cairn.daemon.modelgen.make_model import tokenizer_config
+    from cairn.daemon.weights.safetensors_io import to_bf16_bits, write_file
 
     out.mkdir(parents=True, exist_ok=True)
     encoded = {}
@@ -477,7 +477,7 @@ def main(argv=None) -> int:
     log(f"tokens: {len(train_ids):,} train, {len(val_ids):,} held-out; unigram entropy {entropy:.3f}, "
         f"unigram held-out cross-entropy {baseline:.3f} nats/token")
 
-    from cairn.daemon.make_model import hf_config
+    from cairn.daemon.modelgen.make_model import hf_config
 
     cfg = hf_config(preset())
     from transformers.models.deepseek_v4 import modeling_deepseek_v4 as hf_v4

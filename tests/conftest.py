@@ -28,7 +28,7 @@ def pytest_configure(config) -> None:
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> Path:
-    from cairn.daemon.make_model import make_model
+    from cairn.daemon.modelgen.make_model import make_model
 
     return make_model("tiny", 0, tmp_path_factory.mktemp("models") / "tiny")
 
@@ -37,7 +37,7 @@ def tiny_model_dir(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def experts_dir(tmp_path_factory) -> Path:
     """The experts-fp4 preset: FP4 routed experts ~90 % of ~115 MB (paged-expert tests)."""
-    from cairn.daemon.make_model import make_model
+    from cairn.daemon.modelgen.make_model import make_model
 
     return make_model("experts-fp4", 0, tmp_path_factory.mktemp("models_e") / "experts-fp4")
 
@@ -45,7 +45,7 @@ def experts_dir(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def tiny_model_dir_b(tmp_path_factory) -> Path:
     """A second tiny model: same shapes, other weights (seed 1), so another fingerprint."""
-    from cairn.daemon.make_model import make_model
+    from cairn.daemon.modelgen.make_model import make_model
 
     return make_model("tiny", 1, tmp_path_factory.mktemp("models_b") / "tiny")   # served as "tiny" too
 

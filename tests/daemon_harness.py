@@ -8,17 +8,17 @@ from pathlib import Path
 
 import trio
 
-from cairn.daemon.config import load_settings
-from cairn.daemon.main import Loaded, run_daemon
+from cairn.daemon.service.config import load_settings
+from cairn.daemon.service.main import Loaded, run_daemon
 
 
 
 
 def fake_loaded(model_dir: Path, **fake_kw) -> Loaded:
     import fake_kernel
-    from cairn.daemon.chat_encoding import choose_renderer
-    from cairn.daemon.model_dir import open_model_dir
-    from cairn.daemon.tokenizer import TextTokenizer
+    from cairn.daemon.protocol.chat_encoding import choose_renderer
+    from cairn.daemon.weights.model_dir import open_model_dir
+    from cairn.daemon.protocol.tokenizer import TextTokenizer
 
     md = open_model_dir(model_dir)
     tok = TextTokenizer.from_model_dir(md)
@@ -28,7 +28,7 @@ def fake_loaded(model_dir: Path, **fake_kw) -> Loaded:
 
 
 def real_loaded(model_dir: Path, threads: int = 2) -> Loaded:
-    from cairn.daemon.main import load
+    from cairn.daemon.service.main import load
 
     # checkpoint_dir also holds the weight-digest cache: keep it next to the test model, not in $HOME
     return load(load_settings({"model": str(model_dir), "threads": threads,
@@ -134,6 +134,6 @@ def reference_greedy(loaded: Loaded, ids: list[int], n: int, chunk: int = 128) -
 
 
 def token_strings(loaded: Loaded, ids: list[int]) -> list[str]:
-    from cairn.daemon.formats import token_text
+    from cairn.daemon.api.formats import token_text
 
     return [token_text(loaded.tokenizer, i) for i in ids]

@@ -92,6 +92,7 @@ class Model:
         self.script = script              # forced greedy continuation once script_after tokens are in
         self.script_after = script_after
         self.calls: list[tuple[str, int]] = []     # ("prefill_chunk", n) / ("decode", 1)
+        self.snapshots = 0                         # State.snapshot calls (captures taken)
         self.chunk_started = threading.Event()
         # paged experts (the kernel's expert_cache_bytes > 0): ExpertCache(**expert_cache)
         self.experts = ExpertCache(**expert_cache) if expert_cache is not None else None
@@ -155,6 +156,7 @@ class State:
         self._tokens.append(int(t))
 
     def snapshot(self) -> bytes:
+        self.model.snapshots += 1
         return np.asarray([self._h] + self._tokens, dtype=np.int64).tobytes()
 
     @staticmethod

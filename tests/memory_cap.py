@@ -55,6 +55,9 @@ class MemoryCapUnavailable(RuntimeError):
     pass
 
 
+CgroupUnavailable = MemoryCapUnavailable     # the name the first local version of this helper used
+
+
 @dataclass(frozen=True)
 class Base:
     """A cgroup directory caps are created in."""
@@ -230,6 +233,14 @@ class MemoryCap:
             self.path.rmdir()
             raise
 
+    @property
+    def group(self) -> Path:
+        return self.path
+
+    @property
+    def limit(self) -> int:
+        return self.limit_bytes()
+
     # -- starting processes
     def _join_fn(self, then=None):
         procs = str(self.path / "cgroup.procs")
@@ -343,7 +354,7 @@ _prepared: set[Path] = set()
 
 
 @contextlib.contextmanager
-def memory_cap(limit_bytes: int, *, name: str = "cap") -> Iterator[MemoryCap]:
+def memory_cap(limit_bytes: int, name: str = "cap") -> Iterator[MemoryCap]:
     """A fresh memory cgroup limited to limit_bytes (module docstring). MemoryCapUnavailable when the
     host has none to give (memory_cap_unavailable_reason() says what and how)."""
     base = find_base()

@@ -16,8 +16,8 @@ from cairn.actors import disk_format, disk_io
 from cairn.actors.checkpoint_writer import checkpoint_writer
 from cairn.actors.checkpoints import Checkpoints
 from cairn.actors.disk_format import file_name, prefix_hash
-from cairn.daemon.logs import get_logger
-from cairn.daemon.metrics import Metrics
+from cairn.daemon.service.logs import get_logger
+from cairn.daemon.service.metrics import Metrics
 
 
 def toks(seed: int, n: int = 600) -> np.ndarray:
@@ -245,3 +245,50 @@ async def test_disk_recency_survives_a_restart(tmp_path):
     again = await disk_ck(tmp_path, disk_max_bytes=1 << 20)
     assert [r.id for r in again.listing()] == before == [prefix_hash(toks(s)) for s in (31, 30, 32)]
     assert [round(r.last_used, 3) for r in again.listing()] == [round(r.last_used, 3) for r in ck.listing()]
+
+
+async def test_a_failed_write_pauses_disk_writes_and_a_capture_after_the_back_off_is_written(tmp_path, monkeypatch,
+                                                                                            autojump_clock):
+    """ENOSPC injected into the write: the tier pauses (one warning, not one per failed write), a
+    capture during the pause stays in memory, a failed retry doubles the pause, and the first
+    capture after it is written and ends the pause."""
+    ck = await disk_ck(tmp_path, disk_max_bytes=1 << 20)
+    send, recv = trio.open_memory_channel(8)
+    ck.out = send
+    real = disk_io.atomic_write
+    full = [True]
+
+    def atomic_write(directory, name, data):
+        if full[0] and name.endswith(".ckpt"):
+            raise OSError(28, "No space left on device")
+        return real(directory, name, data)
+
+    monkeypatch.setattr(disk_io, "atomic_write", atomic_write)
+
+    async def capture(seed: int) -> None:
+        ck.capture(toks(seed), "prompt_end", bytes([seed]) * 500, f"r{seed}")
+        while True:                                   # what the writer actor does with what was queued
+            try:
+                await ck.handle(recv.receive_nowait())
+            except trio.WouldBlock:
+                return
+
+    with capture_logs() as evs:
+        await capture(1)                              # fails: pause 1 s
+        assert ck.write_backoff.delay_s == 1.0 and ck.disk_enabled
+        await capture(2)                              # during the pause: memory only, no attempt
+        assert ck.store.get(prefix_hash(toks(2))).in_memory and not ck.store.get(prefix_hash(toks(2))).on_disk
+        await trio.sleep(1.0)
+        await capture(3)                              # the retry fails too: pause 2 s
+        assert ck.write_backoff.delay_s == 2.0
+        full[0] = False
+        await trio.sleep(1.0)
+        await capture(4)                              # still paused (1 s of 2): not written
+        await trio.sleep(1.0)
+        await capture(5)                              # after the back-off: written, the pause ends
+    assert [p.name for p in ck_files(tmp_path)] == [file_name(toks(5))]
+    assert ck.store.get(prefix_hash(toks(5))).on_disk and not ck.write_backoff.paused
+    state_lines = [e for e in evs if e["event"].startswith("checkpoint_disk_writes")]
+    assert [e["event"] for e in state_lines] == ["checkpoint_disk_writes_paused", "checkpoint_disk_writes_resumed"]
+    assert "No space left" in state_lines[0]["error"] and state_lines[0]["log_level"] == "warning"
+    assert ck.checkpoint_stats()["disk"]["writes_paused_s"] == 0.0

@@ -41,6 +41,7 @@ async def _decode_threads(vocab: int, monkeypatch) -> set:
         context_length=1024, runner=_InlineRunner(), live=None,
         kernel=types.SimpleNamespace(decode=lambda state, tok: logits))
     engine.decode_step = lambda tok, tally=None: engine.runner.run(engine.kernel.decode, engine.live, tok)
+    engine.room_for = lambda state, n, request_id="": None      # no memory plan here
     send, recv = trio.open_memory_channel(64)
     sub = Submit("r", (1, 2), None, Sampling(max_tokens=3, temperature=0.8, top_p=0.9, seed=1), False, send,
                  RequestControl())

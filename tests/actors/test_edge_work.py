@@ -12,12 +12,12 @@ import pytest
 import trio
 import trio.testing
 
-from cairn.daemon import api as api_module
-from cairn.daemon.api import API
-from cairn.daemon.chat import RenderedChat
-from cairn.daemon.http import MAX_BODY
-from cairn.daemon.logs import get_logger
-from cairn.daemon.schemas import APIError, parse_completion
+from cairn.daemon.api import app as api_module
+from cairn.daemon.api.app import API
+from cairn.daemon.protocol.chat import RenderedChat
+from cairn.daemon.api.asgi import MAX_BODY
+from cairn.daemon.service.logs import get_logger
+from cairn.daemon.api.schemas import APIError, parse_completion
 
 
 class _Tok:

@@ -9,7 +9,7 @@ import trio
 from structlog.testing import capture_logs
 
 from cairn.actors.expert_io import ExpertIO
-from cairn.daemon.client import format_status
+from cairn.daemon.cli.client import format_status
 from daemon_harness import daemon, fake_loaded, request
 
 CACHE = dict(experts=16, layers=2, top_k=2, slots=6, expert_bytes=1000, read_s=0.002, stall_share=0.5)

@@ -23,11 +23,11 @@ from cairn.actors.engine import Engine
 from cairn.actors.messages import CancelAck, Failed, Progress, RequestControl, Sampling, Submit
 from cairn.actors.replies import STALL_S
 from cairn.actors.wiring import start_engine
-from cairn.daemon.api import REPLY_BUFFER, API
-from cairn.daemon.logs import get_logger
-from cairn.daemon.metrics import Metrics
-from cairn.daemon.status import StatusBoard
-from cairn.daemon.tokenizer import StreamDecoder
+from cairn.daemon.api.app import REPLY_BUFFER, API
+from cairn.daemon.service.logs import get_logger
+from cairn.daemon.service.metrics import Metrics
+from cairn.daemon.api.status import StatusBoard
+from cairn.daemon.protocol.tokenizer import StreamDecoder
 
 
 class InlineRunner:

@@ -5,21 +5,25 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import numpy as np
 import trio
 from structlog.testing import capture_logs
 
+from cairn.actors import checkpoints as checkpoints_mod
 from cairn.actors import disk_io, shared_dir
 from cairn.actors.checkpoints import Checkpoints
 from cairn.actors.disk_format import file_name, prefix_hash
 from cairn.actors.messages import WriteCheckpoint
 from cairn.actors.shared_evict import FileStat, abandoned_temps, choose_victims
-from cairn.daemon.logs import get_logger
-from cairn.daemon.metrics import Metrics
+from cairn.daemon.service.logs import get_logger
+from cairn.daemon.service.metrics import Metrics
+from daemon_harness import daemon, fake_loaded, reference_greedy, request, token_strings
 
 HERE = Path(__file__).parent
 
@@ -227,3 +231,179 @@ def test_two_processes_writing_and_evicting_lose_no_file_being_read_and_serve_no
     shared_dir.evict_pass(d, budget)
     assert sum(p.stat().st_size for p in d.glob("*.ckpt")) <= budget
     assert not [p for p in d.iterdir() if p.name.endswith(".tmp")]
+
+
+# ---- a hung mount, a planted file (the daemon, fake kernel) -------------------------------------
+
+def blocking(calls: list, release: threading.Event):
+    """A stand-in for a file call on a hung NFS mount: it never returns until the test lets it."""
+    def call(*args, **kw):
+        calls.append(args)
+        release.wait()
+        raise OSError(5, "Input/output error")
+    return call
+
+
+async def test_a_listing_past_its_deadline_is_given_up_logged_once_and_resumed_when_it_returns(tmp_path,
+                                                                                             monkeypatch):
+    a, b = await shared_ck(tmp_path), await shared_ck(tmp_path, shared_list_timeout_s=0.2)
+    eid = await write(a, 1, b"x" * 1000)                 # the directory changed: b lists it next
+    calls, release = [], threading.Event()
+    monkeypatch.setattr(shared_dir, "changes", blocking(calls, release))
+    try:
+        with capture_logs() as evs, trio.fail_after(5):
+            t0 = trio.current_time()
+            await b.refresh()
+            assert 0.2 <= trio.current_time() - t0 < 2         # given up at the deadline, not waited for
+            await b.refresh()                                  # still hung: no second call to the mount
+            assert len(calls) == 1 and b.store.get(eid) is None
+            assert b.plan(toks(1), None, hint_tokens=None, need_all_logits=False).action == "fresh"
+        assert [e["event"] for e in evs if e["event"].startswith("checkpoint_shared")] == [
+            "checkpoint_shared_unresponsive"]
+    finally:
+        release.set()
+    monkeypatch.undo()
+    while not b._hung.is_set():
+        await trio.sleep(0.01)
+    with capture_logs() as evs:
+        await b.refresh(force=True)
+    assert [e["event"] for e in evs if e["event"].startswith("checkpoint_shared")] == ["checkpoint_shared_responsive"]
+    assert b.store.get(eid) is not None                  # listed again once the mount answered
+
+
+SHARED_ON = dict(checkpoint_min_tokens=16)
+
+
+def prompt(seed: int, n: int = 300) -> list[int]:
+    return [int(t) for t in np.random.default_rng(seed).integers(10, 200, size=n)]
+
+
+async def serve_once(loaded, sock, shared, ids, n=4):
+    """One completion through a daemon on the shared directory; waits until its capture is on disk."""
+    async with daemon(loaded, sock, shared_checkpoint_dir=str(shared), **SHARED_ON):
+        r = await request(sock, "POST", "/v1/completions", {"model": "tiny", "prompt": ids, "max_tokens": n,
+                                                            "temperature": 0})
+        d = disk_io.model_subdir(shared, _fingerprint(shared))
+        with trio.fail_after(10):
+            while not (d / file_name(np.asarray(ids, dtype=np.int32))).exists():
+                await trio.sleep(0.01)
+    return r
+
+
+def _fingerprint(shared: Path) -> str:
+    [sub_dir] = [p for p in shared.iterdir() if p.is_dir()]
+    return (sub_dir / disk_io.FINGERPRINT_NAME).read_text()
+
+
+async def test_planning_never_waits_on_a_hung_shared_listing_and_requests_complete(tiny_model_dir, tmp_path,
+                                                                                  monkeypatch):
+    loaded = fake_loaded(tiny_model_dir)
+    sock, shared = tmp_path / "c.sock", tmp_path / "shared"
+    calls, release = [], threading.Event()
+    ids = prompt(1)
+    try:
+        with trio.fail_after(20), capture_logs():
+            async with daemon(loaded, sock, shared_checkpoint_dir=str(shared), **SHARED_ON):
+                monkeypatch.setattr(shared_dir, "dir_mtime", blocking(calls, release))   # the mount hangs now
+                first = await request(sock, "POST", "/v1/completions",
+                                      {"model": "tiny", "prompt": ids, "max_tokens": 4, "temperature": 0})
+                while not calls:                       # the background refresh is stuck in the mount ...
+                    await trio.sleep(0.01)
+                second = await request(sock, "POST", "/v1/completions",   # ... and planning does not wait for it
+                                       {"model": "tiny", "prompt": ids + [5, 6], "max_tokens": 4, "temperature": 0})
+                assert not release.is_set() and len(calls) == 1
+    finally:
+        release.set()
+    assert first.status == 200 and second.status == 200
+    assert [c["text"] for c in first.json()["choices"]] == [
+        "".join(token_strings(loaded, reference_greedy(loaded, ids, 4)))]
+
+
+async def test_a_shared_load_past_its_deadline_is_a_miss_and_the_request_prefills_cold(tiny_model_dir, tmp_path,
+                                                                                      monkeypatch):
+    loaded = fake_loaded(tiny_model_dir)
+    sock, shared = tmp_path / "c.sock", tmp_path / "shared"
+    ids = prompt(2)
+    with trio.fail_after(30), capture_logs():
+        await serve_once(loaded, sock, shared, ids)               # a peer's checkpoint of the prefix, on disk
+    monkeypatch.setattr(checkpoints_mod, "SHARED_LOAD_TIMEOUT_S", 0.3)
+    calls, release = [], threading.Event()
+    longer = ids + [7, 8, 9]
+    try:
+        with trio.fail_after(20), capture_logs() as evs:
+            async with daemon(loaded, sock, shared_checkpoint_dir=str(shared), **SHARED_ON):
+                monkeypatch.setattr(disk_io, "load", blocking(calls, release))
+                r = await request(sock, "POST", "/v1/completions",
+                                  {"model": "tiny", "prompt": longer, "max_tokens": 4, "temperature": 0})
+    finally:
+        release.set()
+    assert r.status == 200 and len(calls) == 1
+    assert r.json()["choices"][0]["text"] == "".join(token_strings(loaded, reference_greedy(loaded, longer, 4)))
+    [timeout] = [e for e in evs if e["event"] == "checkpoint_load_timeout"]
+    assert timeout["log_level"] == "warning" and timeout["tokens"] == len(ids)
+    [plan] = [e for e in evs if e["event"] == "prefill_plan"]
+    assert plan["action"] == "fresh" and plan["reused_tokens"] == 0
+    assert any(e["event"] == "checkpoint_miss" and e["reason"] == "shared_timeout" for e in evs)
+
+
+async def test_a_planted_file_whose_state_holds_other_tokens_never_changes_the_answer(tiny_model_dir, tmp_path):
+    """A valid checkpoint of prompt B planted under the name of prompt A: once renamed (the header
+    names B: refused when listed), once with a header rewritten to claim A (header, name and CRC
+    consistent; only the restored state's own tokens tell): discarded, and A is prefilled cold."""
+    loaded = fake_loaded(tiny_model_dir)
+    sock, shared = tmp_path / "c.sock", tmp_path / "shared"
+    a_ids, b_ids = prompt(3), prompt(4)
+    with trio.fail_after(30), capture_logs():
+        await serve_once(loaded, sock, shared, b_ids)
+    fp = _fingerprint(shared)
+    d = disk_io.model_subdir(shared, fp)
+    a_t, b_t = np.asarray(a_ids, dtype=np.int32), np.asarray(b_ids, dtype=np.int32)
+    b_header, b_blob = disk_io.load(d / file_name(b_t), fp)
+    longer = a_ids + [11, 12]
+    want = "".join(token_strings(loaded, reference_greedy(loaded, longer, 4)))
+    body = {"model": "tiny", "prompt": longer, "max_tokens": 4, "temperature": 0}
+
+    shutil.copy(d / file_name(b_t), d / file_name(a_t))                        # renamed
+    with trio.fail_after(20), capture_logs() as evs:
+        async with daemon(loaded, sock, shared_checkpoint_dir=str(shared), **SHARED_ON):
+            renamed = await request(sock, "POST", "/v1/completions", body)
+    assert any(e["event"] == "checkpoint_file_bad" and e["reason"] == "file name does not match its token ids"
+               for e in evs)
+    assert renamed.json()["choices"][0]["text"] == want
+
+    disk_io.write_checkpoint(d, fp, b_header.kind, a_t, b_blob)              # forged header, B's state
+    assert disk_io.load(d / file_name(a_t), fp)[0].name == file_name(a_t)  # it passes every file check
+    other = a_ids + [13, 14]                     # not the prompt above: its own capture is not a prefix
+    want = "".join(token_strings(loaded, reference_greedy(loaded, other, 4)))
+    with trio.fail_after(20), capture_logs() as evs:
+        async with daemon(loaded, sock, shared_checkpoint_dir=str(shared), **SHARED_ON):
+            forged = await request(sock, "POST", "/v1/completions", {**body, "prompt": other})
+    [bad] = [e for e in evs if e["event"] == "checkpoint_bad"]
+    assert bad["log_level"] == "warning" and "restored state's tokens differ" in bad["reason"]
+    plans = [e for e in evs if e["event"] == "prefill_plan"]
+    assert [p["action"] for p in plans] == ["fresh"] and plans[0]["reused_tokens"] == 0
+    assert forged.status == 200 and forged.json()["choices"][0]["text"] == want
+    assert not (d / file_name(a_t)).exists() or disk_io.load(d / file_name(a_t), fp)[1] != b_blob
+
+
+async def test_before_a_plan_a_healthy_mount_gives_a_fresh_listing_and_a_hung_one_only_a_bounded_wait(tmp_path,
+                                                                                                    monkeypatch):
+    a, b = await shared_ck(tmp_path), await shared_ck(tmp_path)
+    async with trio.open_nursery() as n:
+        n.start_soon(b.refresh_loop)
+        await trio.sleep(0.05)
+        eid = await write(a, 1, b"x" * 1000)           # published a moment before b plans
+        await b.refresh_before_plan()
+        assert b.store.get(eid) is not None            # found by the listing it asked for
+        calls, release = [], threading.Event()
+        monkeypatch.setattr(shared_dir, "dir_mtime", blocking(calls, release))
+        try:
+            with trio.fail_after(5):
+                for _ in range(3):
+                    t0 = trio.current_time()
+                    await b.refresh_before_plan(wait_s=0.2)
+                    assert trio.current_time() - t0 < 1.0   # bounded, though the listing never returns
+            assert len(calls) == 1                     # one listing stuck in the mount, not one per plan
+        finally:
+            release.set()
+            n.cancel_scope.cancel()

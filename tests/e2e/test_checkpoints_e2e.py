@@ -100,7 +100,7 @@ def assert_parity(on: list[dict], off: list[dict]) -> None:
 
 def model_ckdir(ckdir: Path, loaded) -> Path:
     """Where the daemon of `loaded` keeps its checkpoint files: one subdirectory per model."""
-    from cairn.daemon.main import checkpoint_fingerprint
+    from cairn.daemon.service.main import checkpoint_fingerprint
 
     return disk_io.model_subdir(ckdir, checkpoint_fingerprint(loaded))
 
@@ -449,7 +449,7 @@ class Proc:
     def __init__(self, model: Path, sock: Path, ckdir: Path | None, *, fsize: int | None = None,
                  env: dict | None = None, threads: int = 2) -> None:
         """``ckdir`` None: the default checkpoint directory (from ``env``'s XDG_STATE_HOME)."""
-        args = [sys.executable, "-m", "cairn.daemon.cli", "serve", "--slots", "1", "--model", str(model), "--socket", str(sock),
+        args = [sys.executable, "-m", "cairn.daemon.cli.main", "serve", "--slots", "1", "--model", str(model), "--socket", str(sock),
                 "--threads", str(threads), "--disk-checkpoints", "--checkpoint-min-tokens", "32"]
         if ckdir is not None:
             args += ["--checkpoint-dir", str(ckdir)]
@@ -497,7 +497,7 @@ async def test_full_disk_rlimit_fsize_one_warning_requests_succeed(loaded, tiny_
     finally:
         d.stop()
     assert d.p.returncode == 0
-    warn = [e for e in d.lines if e.get("event") == "checkpoint_disk_unavailable"]
+    warn = [e for e in d.lines if e.get("event") == "checkpoint_disk_writes_paused"]
     assert len(warn) == 1 and warn[0]["level"] == "warning" and "too large" in warn[0]["error"].lower()
     assert {r["tier"] for r in rows} == {"memory"} and not list(ckdir.glob("**/*.ckpt"))
     assert not list(ckdir.glob("**/.*.ckpt.*.tmp"))
@@ -520,7 +520,7 @@ disk_io.atomic_write(sub, sys.argv[3], parts())
 
 
 async def test_kill_9_during_writes_leaves_nothing_that_loads(loaded, tiny_model_dir, tmp_path):
-    from cairn.daemon.main import checkpoint_fingerprint
+    from cairn.daemon.service.main import checkpoint_fingerprint
 
     sock, ckdir = tmp_path / "c.sock", tmp_path / "ck"
     # 1. the daemon killed at arbitrary moments while it prefills, captures and writes

@@ -16,8 +16,8 @@ import torch                                     # the oracle: missing is an err
 import trio
 from transformers import DeepseekV4ForCausalLM
 
-from cairn.daemon.config import load_settings
-from cairn.daemon.main import load
+from cairn.daemon.service.config import load_settings
+from cairn.daemon.service.main import load
 from daemon_harness import daemon, request, token_strings
 
 MODEL = Path(__file__).resolve().parents[2] / "models" / "cairn-code"

@@ -7,8 +7,8 @@ from __future__ import annotations
 import trio
 from structlog.testing import capture_logs
 
-from cairn.daemon.config import load_settings
-from cairn.daemon.main import load
+from cairn.daemon.service.config import load_settings
+from cairn.daemon.service.main import load
 from daemon_harness import daemon, request
 
 
@@ -28,7 +28,7 @@ async def test_paged_daemon_answers_as_the_resident_one_and_reports_the_cache(ex
     resident = _load(experts_dir, tmp_path, "all")
     info = paged.model.expert_cache_info()
     assert info["budget_bytes"] > 0 and resident.model.expert_cache_info()["budget_bytes"] == 0
-    plan = [e for e in load_events if e["event"] == "expert_cache_budget"][0]
+    plan = [e for e in load_events if e["event"] == "memory_plan"][0]
     assert plan["paged"] and "25% of" in plan["reason"]
     out = {}
     for name, loaded in (("resident", resident), ("paged", paged)):
@@ -61,7 +61,7 @@ async def test_paged_daemon_answers_as_the_resident_one_and_reports_the_cache(ex
 def test_a_budget_below_the_kernels_minimum_is_a_start_error_naming_the_setting(experts_dir, tmp_path):
     import pytest
 
-    from cairn.daemon.config import ConfigError
+    from cairn.daemon.service.config import ConfigError
 
     with pytest.raises(ConfigError) as e:
         _load(experts_dir, tmp_path, "4K")

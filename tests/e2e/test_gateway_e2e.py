@@ -23,7 +23,7 @@ import pytest
 DEADLINE_S = 25.0
 WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi rho sigma tau".split()
 # one slot: the default (from the machine's memory) would vary by host
-CAIRN = [sys.executable, "-m", "cairn.daemon.cli", "serve", "--slots", "1"]
+CAIRN = [sys.executable, "-m", "cairn.daemon.cli.main", "serve", "--slots", "1"]
 
 
 def smg_binary() -> str:
@@ -80,13 +80,13 @@ def serve(procs: list, model_dir: Path, tmp_path: Path, name: str, port: int, *e
     return p
 
 
-def launch_gateway(procs: list, log: Path, port: int, metrics_port: int, urls, policy: str) -> str:
+def launch_gateway(procs: list, log: Path, port: int, metrics_port: int, urls, policy: str, *extra: str) -> str:
     """`smg launch` on loopback (its metrics listener too), health checks and load polls every second."""
     with open(log, "w") as out:
         procs.append(subprocess.Popen(
             [smg_binary(), "launch", "--host", "127.0.0.1", "--port", str(port), "--worker-urls", *urls,
              "--policy", policy, "--prometheus-host", "127.0.0.1", "--prometheus-port", str(metrics_port),
-             "--health-check-interval-secs", "1", "--load-monitor-interval", "1", "--log-level", "info"],
+             "--health-check-interval-secs", "1", "--load-monitor-interval", "1", "--log-level", "info", *extra],
             stdout=out, stderr=subprocess.STDOUT))
     return f"http://127.0.0.1:{port}"
 
@@ -222,3 +222,27 @@ def test_conversations_pinned_by_routing_key_stay_put_and_move_when_their_daemon
         dl.wait_for("the dead daemon marked unhealthy",
                     lambda: http.get(f"{gw}/readiness").json().get("healthy_workers") == 1)
         assert {k: routed(k) for k in keys} == {k: alive for k in keys}
+
+
+def test_a_keyed_daemon_behind_smg_with_the_same_key_as_in_the_scale_out_units(tiny_model_dir, tmp_path, procs):
+    """cairn@.service and cairn-gateway.service share one key: smg sends it to the daemon (its health
+    probe goes without one: /health stays open) and requires it from its own clients; the daemon's
+    TCP and operator endpoints refuse requests without it."""
+    dl = Deadline(DEADLINE_S)
+    pa, pg, pm = free_ports(3)
+    key = "k-" + "7" * 30
+    auth = {"Authorization": f"Bearer {key}"}
+    serve(procs, tiny_model_dir, tmp_path, "a", pa, "--api-key", key)
+    worker = f"http://127.0.0.1:{pa}"
+    with httpx.Client(timeout=20) as http:
+        dl.wait_for("daemon", lambda: http.get(f"{worker}/health").status_code == 200)
+        assert http.get(f"{worker}/v1/models").status_code == 401
+        assert http.get(f"{worker}/v1/status").status_code == 401
+        assert http.get(f"{worker}/v1/status", headers=auth).json()["object"] == "status"
+        gw = launch_gateway(procs, tmp_path / "smg.log", pg, pm, [worker], "cache_aware", "--api-key", key)
+        dl.wait_for("the worker ready at the gateway",
+                    lambda: http.get(f"{gw}/readiness", headers=auth).json().get("healthy_workers") == 1)
+        body = {"model": "tiny", "prompt": "hello", "max_tokens": 2, "temperature": 0}
+        assert http.post(f"{gw}/v1/completions", json=body).status_code == 401
+        r = http.post(f"{gw}/v1/completions", json=body, headers=auth)
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 2

@@ -26,7 +26,7 @@ async def test_gateway_probes_answer_server_info_model_info_loads_and_no_version
     (rank,) = loads.json()["loads"]
     assert rank["num_running_reqs"] == 0 and rank["num_waiting_reqs"] == 0
     assert models.json()["data"][0]["owned_by"] == "cairn"
-    # /version would make SMG take cairn for vLLM (daemon/worker_info.py): it stays unanswered
+    # /version would make SMG take cairn for vLLM (daemon/api/worker_info.py): it stays unanswered
     assert version.status == 404
 
 

@@ -90,7 +90,7 @@ def test_sigterm_during_long_prefill_exits_zero_promptly(tiny_model_dir, tmp_pat
     sock = tmp_path / "c.sock"
     segment, chunk = 256, 32
     prompt = [int(t) for t in np.random.default_rng(3).integers(20, 500, size=60000)]
-    proc = subprocess.Popen([sys.executable, "-m", "cairn.daemon.cli", "serve", "--slots", "1", "--model", str(tiny_model_dir),
+    proc = subprocess.Popen([sys.executable, "-m", "cairn.daemon.cli.main", "serve", "--slots", "1", "--model", str(tiny_model_dir),
                              "--socket", str(sock), "--chunk", str(chunk), "--segment", str(segment)],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env={**os.environ, "CAIRN_LOG_LEVEL": "info"})

@@ -14,7 +14,7 @@ import time
 import httpx
 import pytest
 
-CAIRN = [sys.executable, "-m", "cairn.daemon.cli"]
+CAIRN = [sys.executable, "-m", "cairn.daemon.cli.main"]
 SYSTEM = "You are a terse assistant."
 # ~600 tokens with the tiny model's tokenizer (a few characters per token on this text)
 LONG_TEXT = " ".join(f"line {i}: the quick brown fox jumps over the lazy dog" for i in range(20))

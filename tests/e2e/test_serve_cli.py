@@ -11,7 +11,7 @@ import time
 from skip_policy import host_cannot, systemd_tools_missing
 
 # one slot: the default (from the machine's memory) would vary by host
-CAIRN = [sys.executable, "-m", "cairn.daemon.cli", "serve", "--slots", "1"]
+CAIRN = [sys.executable, "-m", "cairn.daemon.cli.main", "serve", "--slots", "1"]
 
 
 def test_bad_setting_exits_2_naming_it(tiny_model_dir):

@@ -47,7 +47,7 @@ async def test_three_concurrent_streams_each_equal_greedy_alone(loaded, tmp_path
 
 
 async def test_slots_default_from_memory_budget_is_logged_and_shown_in_status(loaded, tmp_path):
-    """No slots setting: the daemon picks the number from the memory budget (1..4), logs it with the
+    """No slots setting: the daemon picks the number from the memory plan (1..4), logs it with the
     reason, and /v1/status shows the same number and reason."""
     sock = tmp_path / "c.sock"
     with trio.fail_after(60), capture_logs() as events:
@@ -55,6 +55,6 @@ async def test_slots_default_from_memory_budget_is_logged_and_shown_in_status(lo
             status = (await request(sock, "GET", "/v1/status")).json()
     chosen = [e for e in events if e["event"] == "slots"]
     assert len(chosen) == 1 and 1 <= chosen[0]["slots"] <= 4
-    assert "state per slot at full context" in chosen[0]["reason"]
+    assert "share(s) of" in chosen[0]["reason"] and "32768 tokens" in chosen[0]["reason"]
     assert status["engine"]["slots"] == chosen[0]["slots"]
     assert status["engine"]["slots_reason"] == chosen[0]["reason"]

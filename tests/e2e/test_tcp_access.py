@@ -11,7 +11,7 @@ import pytest
 import trio
 from structlog.testing import capture_logs
 
-from cairn.daemon.access import api_key_matches, loopback_host
+from cairn.daemon.api.access import api_key_matches, loopback_host
 from daemon_harness import daemon, fake_loaded
 
 
@@ -74,7 +74,7 @@ async def test_api_key_with_non_ascii_characters_is_accepted(tiny_model_dir, tmp
 def test_api_key_compared_on_bytes_in_constant_time(monkeypatch):
     import hmac
 
-    from cairn.daemon import access
+    from cairn.daemon.api import access
 
     calls, real = [], hmac.compare_digest
     monkeypatch.setattr(access.hmac, "compare_digest", lambda a, b: calls.append((a, b)) or real(a, b))
@@ -93,3 +93,72 @@ def test_api_key_compared_on_bytes_in_constant_time(monkeypatch):
 ])
 def test_loopback_host_names(host, ok):
     assert loopback_host(host) is ok
+
+
+# --- the operator endpoints on the Unix socket ------------------------------------------------------
+
+def _uds(sock, key: str | None = None) -> httpx.AsyncClient:
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    return httpx.AsyncClient(transport=httpx.AsyncHTTPTransport(uds=str(sock)), base_url="http://cairn",
+                             headers=headers, timeout=30)
+
+
+async def _a_checkpoint(c: httpx.AsyncClient) -> None:
+    r = await c.post("/v1/completions", json={"model": "tiny", "prompt": list(range(10, 60)), "max_tokens": 2})
+    assert r.status_code == 200
+
+
+async def test_with_an_api_key_the_operator_endpoints_need_it_on_the_unix_socket_too(tiny_model_dir, tmp_path):
+    from cairn.daemon.cli.client import Client, ClientError
+
+    loaded = fake_loaded(tiny_model_dir)
+    sock = tmp_path / "c.sock"
+    with trio.fail_after(30), capture_logs():
+        async with daemon(loaded, sock, api_key="sekrit", checkpoint_min_tokens=16):
+            async with _uds(sock) as anon, _uds(sock, "sekrit") as op, _uds(sock, "wrong") as bad:
+                await _a_checkpoint(anon)                       # the socket's clients still use the model
+                assert (await anon.get("/v1/models")).status_code == 200
+                [row] = (await op.get("/v1/checkpoints")).json()["data"]
+                for client in (anon, bad):
+                    for method, path in (("GET", "/v1/status"), ("GET", "/v1/checkpoints"),
+                                         ("DELETE", f"/v1/checkpoints/{row['id']}")):
+                        r = await client.request(method, path)
+                        assert r.status_code == 401, (method, path)
+                        err = r.json()["error"]
+                        assert err["code"] == "invalid_api_key" and "API key" in err["message"] and err["type"]
+                st = await op.get("/v1/status")
+                assert st.status_code == 200 and st.json()["object"] == "status"
+                gone = await op.delete(f"/v1/checkpoints/{row['id']}")
+                assert gone.status_code == 200 and gone.json()["deleted"] is True
+                assert (await op.get("/v1/checkpoints")).json()["data"] == []
+
+            def cli(key):   # the `cairn status` client, with and without the key
+                with Client(str(sock), api_key=key) as c:
+                    return c.get_json("/v1/status")["object"]
+            assert await trio.to_thread.run_sync(cli, "sekrit") == "status"
+            with pytest.raises(ClientError, match="HTTP 401.*CAIRN_API_KEY"):
+                await trio.to_thread.run_sync(cli, None)
+
+
+async def test_without_an_api_key_the_operator_endpoints_stay_open_on_the_unix_socket(tiny_model_dir, tmp_path):
+    loaded = fake_loaded(tiny_model_dir)
+    sock = tmp_path / "c.sock"
+    with trio.fail_after(30), capture_logs():
+        async with daemon(loaded, sock, checkpoint_min_tokens=16):
+            async with _uds(sock) as anon:
+                await _a_checkpoint(anon)
+                assert (await anon.get("/v1/status")).status_code == 200
+                [row] = (await anon.get("/v1/checkpoints")).json()["data"]
+                assert (await anon.delete(f"/v1/checkpoints/{row['id']}")).status_code == 200
+
+
+async def test_with_an_api_key_tcp_answers_only_health_without_it(tiny_model_dir, tmp_path):
+    """A gateway probes /health before it sends any key (smg does): liveness stays open, nothing else."""
+    loaded = fake_loaded(tiny_model_dir)
+    sock, port = tmp_path / "c.sock", _free_port()
+    with trio.fail_after(30), capture_logs():
+        async with daemon(loaded, sock, tcp=f"127.0.0.1:{port}", api_key="sekrit"):
+            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as c:
+                assert (await c.get("/health")).json()["status"] == "ok"
+                for path in ("/v1/models", "/v1/status", "/v1/checkpoints", "/v1/loads", "/server_info"):
+                    assert (await c.get(path)).status_code == 401, path

@@ -161,7 +161,7 @@ def test_model_properties(model, small_oracle):
 def test_profile_has_no_shared_bucket_that_always_reads_zero(tiny_model_dir):
     """The shared expert runs inside the routed experts' parallel phases; its time is in `experts`.
     A separate `shared` section could only ever read ~0 (it did, in docs/benchmarks.md's tables)."""
-    from cairn.daemon.model_dir import load_model
+    from cairn.daemon.weights.model_dir import load_model
 
     m = load_model(tiny_model_dir, 1)
     K._profile(True)

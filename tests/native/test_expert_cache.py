@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 
 import cairn._kernel as K
-from cairn.daemon.make_model import make_model, preset_with
-from cairn.daemon.model_dir import load_model, map_weights, open_model_dir
+from cairn.daemon.modelgen.make_model import make_model, preset_with
+from cairn.daemon.weights.model_dir import load_model, map_weights, open_model_dir
 
 E = 8  # routed experts per layer (tiny-fp4 has 4: too few to tell budgets apart)
 

@@ -15,11 +15,11 @@ import pytest
 from hf_oracle import torch  # noqa: F401  (a missing oracle is an ImportError that says how to install it)
 from transformers import AutoTokenizer, DeepseekV4ForCausalLM, DynamicCache  # noqa: E402
 
-from cairn.daemon.chat_encoding import choose_renderer  # noqa: E402
-from cairn.daemon.encoding_dsv4 import ChatOptions  # noqa: E402
-from cairn.daemon.make_model import _corpus, make_model  # noqa: E402
-from cairn.daemon.model_dir import open_model_dir  # noqa: E402
-from cairn.daemon.tokenizer import TextTokenizer  # noqa: E402
+from cairn.daemon.protocol.chat_encoding import choose_renderer  # noqa: E402
+from cairn.daemon.protocol.encoding_dsv4 import ChatOptions  # noqa: E402
+from cairn.daemon.modelgen.make_model import _corpus, make_model  # noqa: E402
+from cairn.daemon.weights.model_dir import open_model_dir  # noqa: E402
+from cairn.daemon.protocol.tokenizer import TextTokenizer  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -134,7 +134,7 @@ _RAW = {"model_type": "deepseek_v4", "vocab_size": 512, "hidden_size": 64, "num_
 def test_resolve_config_reads_configs_as_hf_does(extra):
     from transformers import DeepseekV4Config
 
-    from cairn.daemon.model_dir import resolve_config
+    from cairn.daemon.weights.model_dir import resolve_config
 
     raw = _RAW | extra
     ours = resolve_config(raw)

@@ -6,7 +6,8 @@ import pytest
 
 import cairn._kernel as K
 
-from cairn.daemon import make_model, model_dir
+from cairn.daemon.modelgen import make_model
+from cairn.daemon.weights import model_dir
 from hf_oracle import torch  # a missing oracle is an ImportError that says how to install it
 
 

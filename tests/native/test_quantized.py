@@ -18,10 +18,10 @@ pytest.importorskip("accelerate")
 from transformers import DeepseekV4ForCausalLM  # noqa: E402
 
 import cairn._kernel as K  # noqa: E402
-from cairn.daemon.make_model import make_model, preset_with  # noqa: E402
-from cairn.daemon.model_dir import load_model, map_weights, open_model_dir  # noqa: E402
-from cairn.daemon.quantize import dequantize_fp4, dequantize_fp8  # noqa: E402
-from cairn.daemon.safetensors_io import read_header  # noqa: E402
+from cairn.daemon.modelgen.make_model import make_model, preset_with  # noqa: E402
+from cairn.daemon.weights.model_dir import load_model, map_weights, open_model_dir  # noqa: E402
+from cairn.daemon.modelgen.quantize import dequantize_fp4, dequantize_fp8  # noqa: E402
+from cairn.daemon.weights.safetensors_io import read_header  # noqa: E402
 
 from hf_oracle import canonical_weights  # noqa: E402
 

@@ -11,7 +11,7 @@ import textwrap
 
 import pytest
 
-from cairn.daemon.make_model import C, S, make_model, preset_with
+from cairn.daemon.modelgen.make_model import C, S, make_model, preset_with
 
 # Resident memory of the measuring process, by kind (bytes); prepended to each script below.
 _RSS = textwrap.dedent("""
@@ -23,7 +23,7 @@ _RSS = textwrap.dedent("""
 
 _MEASURE = _RSS + textwrap.dedent("""
     import json, sys
-    from cairn.daemon.model_dir import load_model, open_model_dir
+    from cairn.daemon.weights.model_dir import load_model, open_model_dir
 
     md = open_model_dir(sys.argv[1])
     stored = sum(t.end - t.start for t in md.tensors.values())
@@ -55,7 +55,7 @@ _RESTART = _RSS + textwrap.dedent("""
     import json, sys
     import numpy as np
     import cairn._kernel as K
-    from cairn.daemon.model_dir import load_model, open_model_dir
+    from cairn.daemon.weights.model_dir import load_model, open_model_dir
 
     md = open_model_dir(sys.argv[1])
     before = rss()

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from cairn.daemon.make_model import make_model
-from cairn.daemon.model_dir import open_model_dir
+from cairn.daemon.modelgen.make_model import make_model
+from cairn.daemon.weights.model_dir import open_model_dir
 
 
 @pytest.fixture(scope="session")

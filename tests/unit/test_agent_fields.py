@@ -1,4 +1,4 @@
-"""Request fields coding agents send (daemon/schemas.py) and the sampler's penalties (actors/penalties.py)."""
+"""Request fields coding agents send (daemon/api/schemas.py) and the sampler's penalties (actors/penalties.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 
 from cairn.actors.messages import Sampling
 from cairn.actors.penalties import Penalties, Shaper
-from cairn.daemon.schemas import APIError, parse_chat, parse_completion
+from cairn.daemon.api.schemas import APIError, parse_chat, parse_completion
 
 BASE = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 READ = {"type": "function", "function": {"name": "read", "parameters": {"type": "object", "properties": {}}}}

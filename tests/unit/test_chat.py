@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from cairn.daemon.chat import ChatRenderer, ChatTemplateError
-from cairn.daemon.tokenizer import TextTokenizer
+from cairn.daemon.protocol.chat import ChatRenderer, ChatTemplateError
+from cairn.daemon.protocol.tokenizer import TextTokenizer
 
 BOS, EOS = "<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>"
 TOOLS = [{"type": "function", "function": {

@@ -1,5 +1,5 @@
 """Chat responders with the V4 output parser: whole and streamed replies agree; a malformed tool-call
-block comes back as content with a warning in the log (daemon/responders.py)."""
+block comes back as content with a warning in the log (daemon/api/responders.py)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import json
 from structlog.testing import capture_logs
 
 from cairn.actors.messages import Done, Started, TokenOut, Usage
-from cairn.daemon.logs import get_logger
-from cairn.daemon.responders import ChatJSON, ChatStream
-from cairn.daemon.schemas import parse_chat
+from cairn.daemon.service.logs import get_logger
+from cairn.daemon.api.responders import ChatJSON, ChatStream
+from cairn.daemon.api.schemas import parse_chat
 
 D = "｜DSML｜"
 TOOLS = [{"type": "function", "function": {"name": "read", "parameters": {

@@ -1,4 +1,4 @@
-"""Grammar constraints with llguidance (daemon/constrain.py, daemon/agent_protocol.py)."""
+"""Grammar constraints with llguidance (daemon/protocol/constrain.py, daemon/protocol/agent_protocol.py)."""
 
 from __future__ import annotations
 
@@ -7,12 +7,12 @@ import json
 import numpy as np
 import pytest
 
-from cairn.daemon.agent_protocol import AgentProtocol
-from cairn.daemon.constrain import Grammars
-from cairn.daemon.encoding_dsv4 import ChatOptions
-from cairn.daemon.schemas import APIError, parse_chat
-from cairn.daemon.tokenizer import TextTokenizer
-from cairn.daemon.v4_output import parse_all
+from cairn.daemon.protocol.agent_protocol import AgentProtocol
+from cairn.daemon.protocol.constrain import Grammars
+from cairn.daemon.protocol.encoding_dsv4 import ChatOptions
+from cairn.daemon.api.schemas import APIError, parse_chat
+from cairn.daemon.protocol.tokenizer import TextTokenizer
+from cairn.daemon.protocol.v4_output import parse_all
 
 READ = {"type": "function", "function": {"name": "read", "parameters": {"type": "object", "properties": {
     "path": {"type": "string", "maxLength": 6}, "n": {"type": "integer", "minimum": 0, "maximum": 50},
@@ -158,7 +158,7 @@ def test_forced_text_is_tokenized_canonically(grammars, tok):
 
 
 def test_ignored_field_names_are_logged_once_each_and_remembered_up_to_a_bound(tok, tiny_md):
-    from cairn.daemon import agent_protocol
+    from cairn.daemon.protocol import agent_protocol
 
     logged = []
 

@@ -2,7 +2,7 @@ import argparse
 
 import pytest
 
-from cairn.daemon.config import FIELDS, ConfigError, Settings, add_arguments, default_socket_path, load_settings
+from cairn.daemon.service.config import FIELDS, ConfigError, Settings, add_arguments, default_socket_path, load_settings
 
 
 def parse(argv):
@@ -76,7 +76,7 @@ def test_tcp_non_loopback_allowed_with_api_key():
 
 
 def test_checkpoint_dir_defaults_to_the_state_directory_never_the_cache():
-    from cairn.daemon.config import default_checkpoint_dir
+    from cairn.daemon.service.config import default_checkpoint_dir
 
     assert default_checkpoint_dir({"STATE_DIRECTORY": "/var/lib/cairn:/other", "CACHE_DIRECTORY": "/c"}) \
         == "/var/lib/cairn/checkpoints"
@@ -86,7 +86,7 @@ def test_checkpoint_dir_defaults_to_the_state_directory_never_the_cache():
 
 
 def test_packed_cache_dir_is_a_setting_defaulting_to_the_cache_directory():
-    from cairn.daemon.config import default_packed_cache_dir
+    from cairn.daemon.service.config import default_packed_cache_dir
 
     assert default_packed_cache_dir({"CACHE_DIRECTORY": "/var/cache/cairn:/x"}) == "/var/cache/cairn/packed"
     assert default_packed_cache_dir({"XDG_CACHE_HOME": "/h/.c"}) == "/h/.c/cairn/packed"
@@ -105,7 +105,7 @@ def test_world_writable_socket_mode_is_refused(mode):
 def test_socket_not_placed_in_a_directory_others_can_write(tmp_path):
     import os
 
-    from cairn.daemon.server import _unix_socket
+    from cairn.daemon.api.server import _unix_socket
 
     shared = tmp_path / "shared"
     shared.mkdir()
@@ -125,7 +125,7 @@ def test_socket_not_placed_in_a_directory_others_can_write(tmp_path):
 def test_systemd_passed_tcp_socket_off_loopback_needs_an_api_key():
     import socket
 
-    from cairn.daemon.server import check_inherited
+    from cairn.daemon.api.server import check_inherited
 
     with socket.socket() as public, socket.socket() as local:
         public.bind(("0.0.0.0", 0))
@@ -134,3 +134,19 @@ def test_systemd_passed_tcp_socket_off_loopback_needs_an_api_key():
         check_inherited([public], "secret")
         with pytest.raises(OSError, match="not loopback; set api_key"):
             check_inherited([local, public], None)
+
+
+def test_api_key_file_is_read_stripped_and_an_unusable_one_is_a_clear_error(tmp_path):
+    key = tmp_path / "api_key"
+    key.write_text("  s3cret \n")
+    s = load_settings({"api_key_file": str(key), "tcp": "0.0.0.0:8000"}, {})
+    assert s.api_key == "s3cret"                     # and it satisfies the non-loopback check
+    assert load_settings({}, {"CAIRN_API_KEY_FILE": str(key)}).api_key == "s3cret"
+    (tmp_path / "empty").write_text("\n")
+    for flags, env, words in [({"api_key_file": str(tmp_path / "empty")}, {}, ["api_key_file", "empty"]),
+                              ({"api_key_file": str(tmp_path / "nope")}, {}, ["api_key_file", "cannot read",
+                                                                            "No such file"]),
+                              ({"api_key_file": str(key)}, {"CAIRN_API_KEY": "k"}, ["both set", "one of them"])]:
+        with pytest.raises(ConfigError) as e:
+            load_settings(flags, env)
+        assert all(w in str(e.value) for w in words), str(e.value)

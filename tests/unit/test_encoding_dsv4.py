@@ -1,4 +1,4 @@
-"""Golden tests of the native DeepSeek-V4 chat encoder (daemon/encoding_dsv4.py), written from the
+"""Golden tests of the native DeepSeek-V4 chat encoder (daemon/protocol/encoding_dsv4.py), written from the
 format's documented behaviour (shared docs v4-chat-encoding.md; docs/model-format.md)."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from cairn.daemon.chat import ChatTemplateError
-from cairn.daemon.chat_encoding import V4Renderer, choose_renderer
-from cairn.daemon.encoding_dsv4 import ChatOptions, encode, render_tool_calls, resolve_mode
+from cairn.daemon.protocol.chat import ChatTemplateError
+from cairn.daemon.protocol.chat_encoding import V4Renderer, choose_renderer
+from cairn.daemon.protocol.encoding_dsv4 import ChatOptions, encode, render_tool_calls, resolve_mode
 
 BOS, EOS, U, A = "<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", "<｜User｜>", "<｜Assistant｜>"
 D = "｜DSML｜"
@@ -219,7 +219,7 @@ def test_no_template_or_a_broken_one_means_native_and_0731_is_detected_by_name()
 def test_a_template_equal_to_the_encoding_on_the_probes_means_native():
     # A template that reproduces the V4 encoding for the probe conversations (built from the native
     # encoder's own output, so this checks the comparison, not the template language).
-    from cairn.daemon.chat_encoding import PROBE_OPTIONS, PROBES
+    from cairn.daemon.protocol.chat_encoding import PROBE_OPTIONS, PROBES
 
     native = V4Renderer()
     cases = {}
@@ -239,7 +239,7 @@ def test_a_template_equal_to_the_encoding_on_the_probes_means_native():
 @pytest.mark.parametrize("opts", [CHAT, ChatOptions(thinking=True, effort="max")], ids=["chat", "thinking-max"])
 def test_system_prefix_is_a_token_boundary_shared_by_other_conversations(tiny_md, system, tools, opts):
     # what the system-prefix checkpoint (hint_tokens) relies on, with the native encoding
-    from cairn.daemon.tokenizer import TextTokenizer
+    from cairn.daemon.protocol.tokenizer import TextTokenizer
 
     tok = TextTokenizer.from_model_dir(tiny_md)
     r = V4Renderer()

@@ -6,7 +6,7 @@ import json
 
 import structlog
 
-from cairn.daemon.logs import bind_request, configure_logging, get_logger
+from cairn.daemon.service.logs import bind_request, configure_logging, get_logger
 
 
 def _lines(capsys) -> list[dict]:

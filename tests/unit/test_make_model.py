@@ -9,9 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from cairn.daemon.make_model import PRESETS, hf_config, make_model, make_weights
-from cairn.daemon.model_dir import canonical_name, expected_shapes, map_weights, open_model_dir, resolve_config
-from cairn.daemon.safetensors_io import map_tensor, read_header, to_bf16_bits, write_file
+from cairn.daemon.modelgen.make_model import PRESETS, hf_config, make_model, make_weights
+from cairn.daemon.weights.model_dir import canonical_name, expected_shapes, map_weights, open_model_dir, resolve_config
+from cairn.daemon.weights.safetensors_io import map_tensor, read_header, to_bf16_bits, write_file
 
 
 def _files(d: Path) -> dict[str, bytes]:
@@ -128,9 +128,9 @@ def test_cli_writes_quantized_preset_in_hf_spelling(tmp_path):
 def test_flash_slice_layout_loads_and_is_deterministic(tmp_path):
     """The flash-slice writer (official sharded layout, codes drawn directly) on tiny dimensions:
     the real preset is ~3.6 GB per layer, too big for a test."""
-    from cairn.daemon.flash_slice import flash_slice_preset, write_flash_slice
-    from cairn.daemon.make_model import _write_side_files
-    from cairn.daemon.quantize import dequantize_fp4, dequantize_fp8
+    from cairn.daemon.modelgen.flash_slice import flash_slice_preset, write_flash_slice
+    from cairn.daemon.modelgen.make_model import _write_side_files
+    from cairn.daemon.modelgen.quantize import dequantize_fp4, dequantize_fp8
 
     p = flash_slice_preset(PRESETS["tiny-fp4"], 3)
     for d in (tmp_path / "a", tmp_path / "b"):
@@ -153,7 +153,7 @@ def test_flash_slice_layout_loads_and_is_deterministic(tmp_path):
     for arr, fan_in in ((fp8, 256), (fp4, 256)):
         assert 0.5 < arr.std() * np.sqrt(fan_in) < 2
     import cairn._kernel as K
-    from cairn.daemon.model_dir import load_model
+    from cairn.daemon.weights.model_dir import load_model
 
     st = K.State(load_model(md, threads=1))
     _, logits = K.prefill(st, np.arange(40, dtype=np.int32), chunk=16)

@@ -1,4 +1,4 @@
-"""cairn.daemon.metrics: values, label checks, and output that a real Prometheus parser accepts."""
+"""cairn.daemon.service.metrics: values, label checks, and output that a real Prometheus parser accepts."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import threading
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from cairn.daemon.metrics import CONTENT_TYPE, Metrics, Registry
+from cairn.daemon.service.metrics import CONTENT_TYPE, Metrics, Registry
 
 
 def parse(text: str) -> dict:
@@ -29,7 +29,8 @@ def test_fresh_metrics_parse_with_every_known_series_at_zero():
         "cairn_expert_cache_budget_bytes": "gauge", "cairn_expert_cache_hits": "counter",
         "cairn_expert_cache_misses": "counter", "cairn_expert_cache_read_bytes": "counter",
         "cairn_expert_cache_read_seconds": "counter", "cairn_expert_cache_stall_seconds": "counter",
-        "cairn_expert_cache_evictions": "counter",
+        "cairn_expert_cache_evictions": "counter", "cairn_memory_refused": "counter",
+        "cairn_checkpoint_captures_skipped": "counter",
     }
     requests = families["cairn_requests"][1]
     assert {dict(labels)["outcome"] for _, labels in requests} == {"done", "cancelled", "error", "rejected"}

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from cairn.daemon.make_model import PRESETS, hf_config
-from cairn.daemon.model_dir import CSA, HCA, SLIDING, ModelDirError, resolve_config
+from cairn.daemon.modelgen.make_model import PRESETS, hf_config
+from cairn.daemon.weights.model_dir import CSA, HCA, SLIDING, ModelDirError, resolve_config
 
 MINIMAL = {"model_type": "deepseek_v4", "vocab_size": 512, "hidden_size": 64, "num_hidden_layers": 4,
            "num_attention_heads": 4}

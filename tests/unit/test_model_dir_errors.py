@@ -8,10 +8,10 @@ import re
 import numpy as np
 import pytest
 
-from cairn.daemon.make_model import make_model
-from cairn.daemon.model_dir import ModelDirError, open_model_dir
-from cairn.daemon.safetensors_io import map_tensor, read_header, write_file
-from cairn.daemon.tokenizer import TextTokenizer
+from cairn.daemon.modelgen.make_model import make_model
+from cairn.daemon.weights.model_dir import ModelDirError, open_model_dir
+from cairn.daemon.weights.safetensors_io import map_tensor, read_header, write_file
+from cairn.daemon.protocol.tokenizer import TextTokenizer
 
 
 @pytest.fixture
@@ -142,7 +142,7 @@ def test_unreadable_tokenizer_json(model):
 
 def test_no_chat_template_means_the_native_v4_encoding(model):
     # The first DeepSeek-V4 release shipped no template; such a directory is served, natively.
-    from cairn.daemon.chat_encoding import choose_renderer
+    from cairn.daemon.protocol.chat_encoding import choose_renderer
 
     assert "renders as the V4 encoding" in choose_renderer(open_model_dir(model)).reason   # make-model's own
     _edit_json(model / "tokenizer_config.json", lambda c: c.pop("chat_template"))
@@ -190,8 +190,8 @@ def test_not_a_directory(tmp_path):
 def test_config_that_is_not_an_object_is_a_clear_error(tmp_path):
     import shutil
 
-    from cairn.daemon.make_model import make_model
-    from cairn.daemon.model_dir import ModelDirError, open_model_dir
+    from cairn.daemon.modelgen.make_model import make_model
+    from cairn.daemon.weights.model_dir import ModelDirError, open_model_dir
 
     d = make_model("tiny", 0, tmp_path / "m")
     (d / "config.json").write_text("[1, 2]")

@@ -7,8 +7,8 @@ import shutil
 
 import pytest
 
-from cairn.daemon import weight_digest
-from cairn.daemon.model_dir import open_model_dir
+from cairn.daemon.weights import weight_digest
+from cairn.daemon.weights.model_dir import open_model_dir
 
 
 @pytest.fixture

@@ -10,9 +10,9 @@ import trio.testing
 
 from cairn.actors.messages import Progress, RequestControl, Sampling, Started, Submit, TokenOut
 from cairn.actors.progress import ProgressReporter
-from cairn.daemon.client import (ClientError, ProgressDisplay, format_checkpoints, format_status, iter_sse,
+from cairn.daemon.cli.client import (ClientError, ProgressDisplay, format_checkpoints, format_status, iter_sse,
                                  progress_line)
-from cairn.daemon.status import StatusBoard, checkpoint_tiers
+from cairn.daemon.api.status import StatusBoard, checkpoint_tiers
 
 
 def _submit(buffer: int = 64):
@@ -160,3 +160,42 @@ def test_status_lists_every_running_request_in_slot_mode():
     assert "running      a: prefill 64/100" in text and "running      b: decode 0/8" in text
     board.finished("a")
     assert [r["id"] for r in board.snapshot("tiny")["active"]] == ["b"]
+
+
+def test_the_cli_key_comes_from_the_flag_file_then_the_environment_and_is_sent(tmp_path):
+    import argparse
+
+    import pytest
+
+    from cairn.daemon.cli.client import Client, ClientError, api_key
+
+    f = tmp_path / "key"
+    f.write_text("from-file\n")
+    none = argparse.Namespace(api_key_file=None)
+    assert api_key(none, {}) is None
+    assert api_key(none, {"CAIRN_API_KEY": "from-env"}) == "from-env"
+    assert api_key(none, {"CAIRN_API_KEY_FILE": str(f)}) == "from-file"
+    assert api_key(argparse.Namespace(api_key_file=str(f)), {"CAIRN_API_KEY": "from-env"}) == "from-file"
+    with pytest.raises(ClientError, match="API key file.*cannot read"):
+        api_key(argparse.Namespace(api_key_file=str(tmp_path / "nope")), {})
+    with Client(str(tmp_path / "s.sock"), api_key="k") as c:
+        assert c.http.headers["authorization"] == "Bearer k"
+    with Client(str(tmp_path / "s.sock")) as c:
+        assert "authorization" not in c.http.headers
+
+
+def test_status_shows_the_memory_plan_and_where_its_limit_came_from():
+    from cairn.daemon.service.memory_plan import LimitSource, ModelBytes, StateCost, plan_memory
+
+    cost = StateCost(("compressed_sparse_attention",), 16, 256, 16, 2, 16, 512)
+    plan = plan_memory(limit=LimitSource("cgroup v2 memory.max", 160 << 20, 40 << 20, "/system.slice/cairn.service"),
+                       weights=ModelBytes(4 << 20, 1 << 20), state=cost, context_length=65536,
+                       checkpoint_setting=2048 << 20)
+    s = StatusBoard(queue_size=8, memory_plan=plan).snapshot("tiny")
+    got = s["memory"]["plan"]
+    assert got["limit_bytes"] == 160 << 20 and got["room_bytes"] == 120 << 20 and got["slots"] == plan.slots
+    assert got["parts"]["checkpoints"] == plan.checkpoint_bytes and got["reason"] == plan.reason
+    text = format_status(s)
+    assert "memory plan  room 120.0 MiB from cgroup v2 memory.max of /system.slice/cairn.service 160.0 MiB" in text
+    assert "checkpoints " in text and "states " in text
+    assert "memory plan" not in format_status(StatusBoard(queue_size=8).snapshot("tiny"))

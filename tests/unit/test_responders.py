@@ -2,7 +2,7 @@
 
 from types import SimpleNamespace
 
-from cairn.daemon.responders import CompletionOut
+from cairn.daemon.api.responders import CompletionOut
 
 
 class CountingTokenizer:

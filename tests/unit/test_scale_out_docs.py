@@ -7,8 +7,8 @@ from __future__ import annotations
 import shlex
 from pathlib import Path
 
-from cairn.daemon.cli import build_parser
-from cairn.daemon.config import load_settings
+from cairn.daemon.cli.main import build_parser
+from cairn.daemon.service.config import load_settings
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "operations.md"
 

@@ -11,10 +11,10 @@ import os
 
 import pytest
 
-from cairn.daemon.cli import main as cli_main
-from cairn.daemon.client import ClientError, socket_path
-from cairn.daemon.server import _unix_socket
-from cairn.daemon.socket_dir import SocketDirError
+from cairn.daemon.cli.main import main as cli_main
+from cairn.daemon.cli.client import ClientError, socket_path
+from cairn.daemon.api.server import _unix_socket
+from cairn.daemon.service.socket_dir import SocketDirError
 
 OTHER_UID = 54321
 
@@ -118,8 +118,8 @@ def test_client_uses_a_socket_path_the_user_gave_as_is(tmp_path, monkeypatch):
 
 def test_serve_refuses_an_unsafe_socket_dir_before_loading_the_model(tmp_path, monkeypatch, capsys):
     """A real model loads for minutes: the socket directory is checked first."""
-    from cairn.daemon.config import load_settings
-    from cairn.daemon.main import serve
+    from cairn.daemon.service.config import load_settings
+    from cairn.daemon.service.main import serve
 
     monkeypatch.delenv("LISTEN_FDS", raising=False)
     shared = tmp_path / "shared"

@@ -1,4 +1,4 @@
-"""cairn.daemon.systemd against fakes: a datagram socket as $NOTIFY_SOCKET, fds passed to a child
+"""cairn.daemon.service.systemd against fakes: a datagram socket as $NOTIFY_SOCKET, fds passed to a child
 process as systemd would, and (when installed) the real systemd-socket-activate and systemd-analyze.
 
 Rules: no sleeps for timing (the watchdog runs on trio's autojump clock); every wait on a child or a
@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from cairn.daemon import systemd
+from cairn.daemon.service import systemd
 from skip_policy import host_cannot, systemd_tools_missing
 
 REPO = Path(__file__).resolve().parents[2]
@@ -143,8 +143,8 @@ def test_watchdog_pings_while_a_slow_model_load_runs_before_ready(notify_socket,
 
     from daemon_harness import fake_loaded
 
-    from cairn.daemon.config import load_settings
-    from cairn.daemon.main import serve
+    from cairn.daemon.service.config import load_settings
+    from cairn.daemon.service.main import serve
 
     monkeypatch.setenv("WATCHDOG_USEC", "20000")             # a ping every 10 ms
     monkeypatch.delenv("WATCHDOG_PID", raising=False)
@@ -209,7 +209,7 @@ async def test_watchdog_task_without_interval_returns(notify_socket):
 # Prints what listen_fds() returned, then serves one connection on the socket named "api".
 CHILD = textwrap.dedent("""
     import fcntl, json, os, socket, sys
-    from cairn.daemon import systemd
+    from cairn.daemon.service import systemd
     got = systemd.listen_fds()
     report = {
         "names": [name for name, _ in got],
@@ -393,7 +393,7 @@ def test_unit_settings_the_daemon_relies_on():
 
 
 def test_example_config_loads():
-    from cairn.daemon.config import load_settings
+    from cairn.daemon.service.config import load_settings
 
     s = load_settings({"config": str(UNITS / "cairn.toml.example")}, env={})
     assert s.socket == "/run/cairn/cairn.sock" and s.checkpoint_dir == "/var/lib/cairn/checkpoints" and s.tcp is None
@@ -415,12 +415,12 @@ PROBE = textwrap.dedent("""
     except OSError:
         print("AF_INET refused")
     import numpy as np, threadpoolctl, trio, hypercorn.trio, structlog, tokenizers, jinja2
-    import cairn.daemon.cli
+    import cairn.daemon.cli.main
     try:
         import cairn._kernel  # loads libgomp too; an ImportError (kernel not built) is not ours
     except ImportError:
         pass
-    from cairn.daemon import systemd
+    from cairn.daemon.service import systemd
     a = np.ones((256, 256), dtype=np.float32)
     with threadpoolctl.threadpool_limits(1):
         assert trio.run(trio.to_thread.run_sync, lambda: float((a @ a).sum())) == 256.0 ** 3
@@ -490,6 +490,9 @@ def test_scale_out_instances_share_one_user_and_listen_on_tcp_for_the_gateway():
                  "MemoryDenyWriteExecute=yes"]:
         assert line in template
     assert not any(line.startswith("DynamicUser=") for line in template)   # per-instance ids could not share files
+    # the key: instances require it (no "-": a missing key file stops the start), the gateway sends it
+    assert "EnvironmentFile=/etc/cairn/api_key.env" in template
+    assert "EnvironmentFile=/etc/cairn/api_key.env" in (UNITS / "cairn-gateway.service").read_text().splitlines()
     sysusers = (UNITS / "cairn.sysusers.conf").read_text().splitlines()
     assert any(line.split()[:2] == ["u", "cairn-shared"] for line in sysusers)
 
@@ -506,6 +509,7 @@ def test_gateway_unit_command_parses_with_the_installed_smg():
     args = parse_router_args(command[1:])
     assert args.policy == "cache_aware" and args.worker_urls == ["http://127.0.0.1:8001", "http://127.0.0.1:8002"]
     assert args.host == "127.0.0.1" and args.prometheus_host == "127.0.0.1"
+    assert args.api_key == "${CAIRN_API_KEY}"        # systemd expands it from the EnvironmentFile=
     with pytest.raises(SystemExit) as e:
         parse_router_args(command[1:] + ["--no-such-flag"])
     assert e.value.code == 2

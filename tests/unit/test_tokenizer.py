@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from cairn.daemon.make_model import SPECIAL_TOKENS
-from cairn.daemon.tokenizer import StreamDecoder, TextTokenizer
+from cairn.daemon.modelgen.make_model import SPECIAL_TOKENS
+from cairn.daemon.protocol.tokenizer import StreamDecoder, TextTokenizer
 
 MULTI = "héllo ✓ 日本 the model 🙂!"
 

@@ -1,4 +1,4 @@
-"""What the model writes -> reasoning, content, tool calls (daemon/v4_output.py)."""
+"""What the model writes -> reasoning, content, tool calls (daemon/protocol/v4_output.py)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from cairn.daemon.v4_output import OutputParser, parse_all
+from cairn.daemon.protocol.v4_output import OutputParser, parse_all
 
 D = "｜DSML｜"
 TOOLS = [{"type": "function", "function": {"name": "read", "parameters": {"type": "object", "properties": {

@@ -1,12 +1,12 @@
-"""The gateway-facing endpoints' content (daemon/worker_info.py) and the status board's load figure."""
+"""The gateway-facing endpoints' content (daemon/api/worker_info.py) and the status board's load figure."""
 
 from __future__ import annotations
 
 import datetime as dt
 
 from cairn.actors.messages import Progress, Started
-from cairn.daemon import worker_info
-from cairn.daemon.status import StatusBoard
+from cairn.daemon.api import worker_info
+from cairn.daemon.api.status import StatusBoard
 
 
 class _Control:

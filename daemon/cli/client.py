@@ -4,6 +4,10 @@
 The socket is `--socket`, else `CAIRN_SOCKET`, else the path `cairn serve` binds by default
 (`config.default_socket_path`). Every command exits 1 with one clear line on stderr when the daemon
 cannot be reached or answers with an error.
+
+The API key, when the daemon has one (it then guards /v1/status and /v1/checkpoints on the socket
+too): `--api-key-file PATH`, else `CAIRN_API_KEY`, else the file named by `CAIRN_API_KEY_FILE` —
+the same names the daemon's settings use. Never a command-line value: `ps` would show it.
 """
 
 from __future__ import annotations
@@ -17,8 +21,8 @@ from collections.abc import Iterator
 
 import httpx
 
-from .config import default_socket_path
-from .socket_dir import SocketDirError, check_socket_dir
+from cairn.daemon.service.config import ConfigError, default_socket_path, read_api_key_file
+from cairn.daemon.service.socket_dir import SocketDirError, check_socket_dir
 
 UNREACHABLE = "cannot reach cairn at {path}: is the daemon running? (systemctl status cairn / cairn serve)"
 
@@ -29,7 +33,7 @@ class ClientError(Exception):
 
 def socket_path(args: argparse.Namespace | None = None) -> str:
     """The socket to use. A path the user gave is theirs to vouch for; the default path is only used
-    when its directory is safe (daemon/socket_dir.py): a /tmp/cairn-$UID made by another user would
+    when its directory is safe (daemon/service/socket_dir.py): a /tmp/cairn-$UID made by another user would
     let them stand in for the daemon and read the prompts."""
     given = getattr(args, "socket", None) or os.environ.get("CAIRN_SOCKET")
     if given:
@@ -44,13 +48,29 @@ def socket_path(args: argparse.Namespace | None = None) -> str:
     return path
 
 
+def api_key(args: argparse.Namespace | None = None, env: dict[str, str] | None = None) -> str | None:
+    """The key to send (see the module notes), or None."""
+    env = os.environ if env is None else env
+    path = getattr(args, "api_key_file", None)
+    if not path and env.get("CAIRN_API_KEY"):
+        return env["CAIRN_API_KEY"]
+    path = path or env.get("CAIRN_API_KEY_FILE")
+    if not path:
+        return None
+    try:
+        return read_api_key_file(path)
+    except ConfigError as e:
+        raise ClientError(str(e).replace("setting 'api_key_file'", "API key file")) from None
+
+
 class Client:
     """A small synchronous client for the daemon's HTTP API over a Unix socket."""
 
-    def __init__(self, path: str, timeout: float = 30.0) -> None:
+    def __init__(self, path: str, timeout: float = 30.0, api_key: str | None = None) -> None:
         self.path = path
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.http = httpx.Client(transport=httpx.HTTPTransport(uds=path), base_url="http://cairn",
-                                 timeout=httpx.Timeout(timeout, read=None))
+                                 timeout=httpx.Timeout(timeout, read=None), headers=headers)
 
     def close(self) -> None:
         self.http.close()
@@ -106,6 +126,8 @@ def check(r: httpx.Response) -> None:
         msg = err.get("message") or str(err)
     except Exception:
         msg = r.text.strip() or r.reason_phrase
+    if r.status_code == 401:
+        msg += "; the daemon has an API key: set CAIRN_API_KEY, CAIRN_API_KEY_FILE or --api-key-file"
     raise ClientError(f"HTTP {r.status_code}: {msg}")
 
 
@@ -248,7 +270,7 @@ def _base_messages(args) -> list[dict]:
 
 
 def _chat(args: argparse.Namespace) -> int:
-    with Client(socket_path(args)) as client:
+    with Client(socket_path(args), api_key=api_key(args)) as client:
         model = args.model or client.model_id()
         if args.prompt:
             prompt = " ".join(args.prompt)
@@ -346,11 +368,25 @@ def format_status(s: dict) -> str:
         lines.append(f"             {ex['reason']}")
     mem = s.get("memory") or {}
     lines.append(f"memory       RSS {human_bytes(mem.get('rss_bytes'))} (peak {human_bytes(mem.get('peak_rss_bytes'))})")
+    plan = mem.get("plan")
+    if plan:
+        if plan.get("room_bytes") is None:
+            lines.append(f"memory plan  no limit known ({plan.get('limit_source')}): no guard")
+        else:
+            parts = plan.get("parts") or {}
+            lines.append(f"memory plan  room {human_bytes(plan.get('room_bytes'))} from {plan.get('limit_source')}")
+            lines.append("             " + ", ".join(f"{k} {human_bytes(v)}" for k, v in parts.items()))
+            use = mem.get("in_use") or {}
+            if use:
+                lines.append(f"             in use: states {human_bytes(use.get('states_bytes'))} + checkpoints "
+                             f"{human_bytes(use.get('checkpoint_bytes'))} of {human_bytes(use.get('pool_bytes'))}; "
+                             f"{use.get('refused', 0)} request(s) ended for memory, {use.get('captures_skipped', 0)} "
+                             "capture(s) skipped")
     return "\n".join(lines)
 
 
 def _status(args: argparse.Namespace) -> int:
-    with Client(socket_path(args)) as client:
+    with Client(socket_path(args), api_key=api_key(args)) as client:
         s = client.get_json("/v1/status")
     print(json.dumps(s, indent=2) if args.json else format_status(s))
     return 0
@@ -380,7 +416,7 @@ def _no_checkpoint_api(e: ClientError) -> ClientError:
 
 
 def _checkpoints_ls(args: argparse.Namespace) -> int:
-    with Client(socket_path(args)) as client:
+    with Client(socket_path(args), api_key=api_key(args)) as client:
         try:
             data = client.get_json("/v1/checkpoints")
         except ClientError as e:
@@ -391,7 +427,7 @@ def _checkpoints_ls(args: argparse.Namespace) -> int:
 
 def _checkpoints_rm(args: argparse.Namespace) -> int:
     status = 0
-    with Client(socket_path(args)) as client:
+    with Client(socket_path(args), api_key=api_key(args)) as client:
         for cid in args.ids:
             try:
                 client.request("DELETE", f"/v1/checkpoints/{cid}")
@@ -422,6 +458,8 @@ def _guard(func, name: str):
 def _socket_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--socket", default=None, metavar="PATH",
                    help=f"the daemon's Unix socket (CAIRN_SOCKET; default {default_socket_path()})")
+    p.add_argument("--api-key-file", default=None, metavar="PATH",
+                   help="file holding the daemon's API key (else CAIRN_API_KEY, CAIRN_API_KEY_FILE)")
 
 
 def register_cli(subparsers) -> None:

@@ -22,9 +22,9 @@ import numpy as np
 
 from .flash_slice import flash_slice_preset, write_flash_slice
 from .quantize import QUANTIZATION_CONFIG, official_f32, quantize_fp4, quantize_fp8, quantized_format
-from .safetensors_io import to_bf16_bits, write_file
+from cairn.daemon.weights.safetensors_io import to_bf16_bits, write_file
 
-# DeepSeek-V4's special tokens (daemon/encoding_dsv4.py), then padding.
+# DeepSeek-V4's special tokens (daemon/protocol/encoding_dsv4.py), then padding.
 SPECIAL_TOKENS = [
     "<｜begin▁of▁sentence｜>",
     "<｜end▁of▁sentence｜>",
@@ -47,11 +47,11 @@ def _lit(text: str) -> str:
 def v4_chat_template() -> str:
     """The V4 encoding as a jinja template, for Hugging Face's apply_chat_template (the oracle) and
     any other consumer of the directory. cairn itself serves these directories with the native encoder
-    (daemon/encoding_dsv4.py): this template renders the probe conversations identically
-    (daemon/chat_encoding.py), which is how cairn recognises it. What a template cannot do and the
+    (daemon/protocol/encoding_dsv4.py): this template renders the probe conversations identically
+    (daemon/protocol/chat_encoding.py), which is how cairn recognises it. What a template cannot do and the
     native encoder does: parse JSON-string tool arguments (here a string becomes one `arguments`
     parameter), sort tool results by call order, the response-format block, the 0731 effort levels."""
-    from . import encoding_dsv4 as e
+    from cairn.daemon.protocol import encoding_dsv4 as e
 
     d = e.DSML
     nl, nl2 = _lit("\n"), _lit("\n\n")
@@ -203,6 +203,14 @@ PRESETS["experts-fp4"] = Preset(
     sliding_window=128, csa_rate=4, hca_rate=128, index_n_heads=8, index_head_dim=64, index_topk=64,
     n_routed_experts=64, num_experts_per_tok=6, moe_intermediate_size=512, max_position_embeddings=65536,
     quant="fp4",
+)
+# For memory-limit tests (issue 20): a tiny model whose live state grows fast (~3.3 KiB per token:
+# one wide head, compression rate 2), so a few thousand tokens fill tens of MB under a cgroup limit.
+PRESETS["tiny-wide-state"] = Preset(
+    vocab_size=512, hidden_size=64, layer_types=(S,) + (C,) * 6, mlp_layer_types=("hash_moe",) + ("moe",) * 6,
+    num_attention_heads=1, head_dim=256, qk_rope_head_dim=16, q_lora_rank=32, o_groups=1, o_lora_rank=16,
+    sliding_window=16, csa_rate=2, hca_rate=16, index_n_heads=1, index_head_dim=16, index_topk=8,
+    n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
 )
 DIRECT_CODES = ("flash-slice", "experts-fp4")   # written by flash_slice.write_flash_slice
 

@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from .quantize import FP4_GROUP, FP8_BLOCK, _E2M1, _E4M3
-from .safetensors_io import DTYPES, to_bf16_bits, write_file_lazy
+from cairn.daemon.weights.safetensors_io import DTYPES, to_bf16_bits, write_file_lazy
 
 _ROW_BLOCK = 8192  # rows of the embedding and head made at a time (256 MB of fp32)
 

@@ -23,7 +23,7 @@ from cairn.actors.engine import Engine
 from cairn.actors.wiring import start_engine
 
 from . import systemd
-from .api import API
+from cairn.daemon.api.app import API
 from .config import ConfigError, Settings, add_arguments, load_settings
 from .logs import configure_logging, get_logger
 
@@ -40,25 +40,29 @@ class Loaded:
     context_length: int
     encoding: str = ""          # which chat encoding serves this model, and why (logged at start)
     config: dict | None = None  # resolved model config (sizes the default --slots; None: one slot)
-    memory_plan: Any = None     # expert_budget.MemoryPlan: the expert-cache budget and why (None: all resident)
+    memory_plan: Any = None     # memory_plan.MemoryPlan: slots, expert budget, checkpoints (None: no guard)
 
 
 def load(settings: Settings, kernel=None) -> Loaded:
-    from .chat_encoding import choose_renderer
-    from .model_dir import load_model, open_model_dir
-    from .tokenizer import TextTokenizer
+    from cairn.daemon.protocol.chat_encoding import choose_renderer
+    from cairn.daemon.weights.model_dir import load_model, open_model_dir
+    from cairn.daemon.protocol.tokenizer import TextTokenizer
 
     if kernel is None:
         from cairn import _kernel as kernel
-    from .weight_digest import CACHE_NAME
+    from cairn.daemon.weights.weight_digest import CACHE_NAME
 
     log = get_logger()
     # The weight-digest cache lives in the checkpoint directory: the place the daemon may write.
     md = open_model_dir(settings.model, digest_cache=Path(settings.checkpoint_dir) / CACHE_NAME, log=log)
     choice = choose_renderer(md)
-    plan = plan_expert_cache(settings, md)
-    log.info("expert_cache_budget", budget_bytes=plan.expert_cache_bytes, paged=plan.paged, slots=plan.slots,
-             reason=plan.reason)
+    plan = plan_for(settings, md)
+    log.info("memory_plan", limit_bytes=plan.limit_bytes, room_bytes=plan.room_bytes, source=plan.limit_source,
+             slots=plan.slots, expert_cache_bytes=plan.expert_cache_bytes, paged=plan.paged,
+             checkpoint_bytes=plan.checkpoint_bytes, state_bytes=plan.state_bytes, reason=plan.reason)
+    if plan.pool_bytes is not None and plan.pool_bytes <= 0:
+        log.warning("memory_plan_empty", room_bytes=plan.room_bytes, source=plan.limit_source,
+                    reason="the limit leaves nothing for live states: every request will get HTTP 507")
     log.info("loading_model", model=md.name)
     t = time.monotonic()
     # Only a paged load names the budget: 0 is the kernel's "every expert resident".
@@ -82,29 +86,37 @@ def load(settings: Settings, kernel=None) -> Loaded:
                   encoding=f"{choice.encoding}: {choice.reason}", config=dict(md.config), memory_plan=plan)
 
 
-def plan_expert_cache(settings: Settings, md, room=None):
-    """The expert-cache budget for this model on this machine (daemon/expert_budget.py), from the
-    memory measured now, before the load (`room`: memory_probe.MemoryRoom, for tests)."""
-    from .expert_budget import parse_expert_cache, plan_memory, plan_state_tokens, split_weight_bytes
-    from .memory_probe import memory_room
-    from .slot_budget import state_bytes
+def plan_for(settings: Settings, md, limit=None, *, probe: bool = True):
+    """The memory plan for this model on this machine (daemon/service/memory_plan.py), from the limit
+    measured now, before the load (`limit`: a memory_plan.LimitSource, for tests; with `probe` False
+    and no limit: unknown)."""
+    from cairn.actors.prefill import ALL_LOGITS_BUDGET
+
+    from .memory_plan import StateCost, parse_expert_cache, plan_memory, split_weight_bytes
+    from .memory_probe import binding_limit
 
     setting = parse_expert_cache(settings.expert_cache)
-    room = memory_room() if room is None else room
+    if limit is None and probe:
+        limit = binding_limit()
     weights = split_weight_bytes((name, t.end - t.start) for name, t in md.tensors.items())
-    try:
-        per_state = state_bytes(md.config, plan_state_tokens(int(md.config["max_position_embeddings"])))
-    except (KeyError, TypeError, ValueError):
-        per_state = None
     cfg = md.config
+    try:
+        cost = StateCost.from_config(cfg)
+    except (KeyError, TypeError, ValueError):
+        cost = None
     try:   # the kernel's least budget: one decode step's experts (k slots of one expert each)
         n_keys = len(cfg["layer_types"]) * int(cfg["n_routed_experts"])
         min_budget = int(cfg["num_experts_per_tok"]) * -(-weights.experts // max(1, n_keys))
     except (KeyError, TypeError, ValueError):
         min_budget = 0
-    return plan_memory(setting, weights, avail=room.bytes, avail_source=room.source, state_bytes=per_state,
-                       checkpoint_bytes=(settings.checkpoint_memory_mb << 20) if settings.checkpoints else 0,
-                       slots_setting=settings.slots, min_budget=min_budget)
+    vocab = int(cfg.get("vocab_size", 0) or 0)
+    # one prefill call's every-position logits (prompt log-probabilities; actors/prefill.segment_length)
+    block = 4 * vocab * min(settings.segment, ALL_LOGITS_BUDGET // max(vocab, 1)) if vocab else 0
+    return plan_memory(limit=limit, weights=weights, state=cost,
+                       context_length=int(cfg.get("max_position_embeddings", 0) or 1),
+                       expert_setting=setting, slots_setting=settings.slots,
+                       checkpoint_setting=(settings.checkpoint_memory_mb << 20) if settings.checkpoints else 0,
+                       logits_block_bytes=block, min_expert_budget=min_budget)
 
 
 def expert_cache_info(model) -> dict | None:
@@ -118,28 +130,21 @@ def expert_cache_info(model) -> dict | None:
         return None
 
 
-def choose_slots(settings: Settings, loaded: Loaded, meminfo_path: str = "/proc/meminfo"):
-    """The number of slots and why: the setting when given, else from the memory budget (after the
-    weights are loaded, so their pages are already counted as used)."""
-    from .slot_budget import SlotsDefault, available_memory, default_slots, state_bytes
+@dataclass(frozen=True, slots=True)
+class SlotsChoice:
+    slots: int
+    reason: str
 
-    if settings.slots is not None:
-        return SlotsDefault(settings.slots, "set by the slots setting")
+
+def choose_slots(settings: Settings, loaded: Loaded) -> SlotsChoice:
+    """The number of slots and why: the slots setting, else the memory plan's; without a plan (tests'
+    fake models) one."""
     plan = loaded.memory_plan
-    if plan is not None and plan.slots is not None:   # paged experts: the memory plan chose (expert_budget.py)
-        return SlotsDefault(plan.slots, f"experts paged: one slot, further states would shrink the expert cache "
-                                        f"({plan.reason})")
-    try:
-        with open(meminfo_path) as fh:
-            available = available_memory(fh.read())
-    except OSError:
-        available = None
-    try:
-        per_slot = state_bytes(loaded.config, loaded.context_length) if loaded.config else None
-    except (KeyError, TypeError, ValueError):
-        per_slot = None
-    reserved = (settings.checkpoint_memory_mb << 20) if settings.checkpoints else 0
-    return default_slots(available, per_slot, reserved)
+    if settings.slots is not None:     # the plan was made with the same setting (tests may load once, serve twice)
+        return SlotsChoice(settings.slots, "set by the slots setting")
+    if plan is not None:
+        return SlotsChoice(plan.slots, plan.slots_reason)
+    return SlotsChoice(1, "no memory plan: one slot")
 
 
 def checkpoint_fingerprint(loaded: Loaded) -> str:
@@ -156,8 +161,10 @@ def make_checkpoints(settings: Settings, loaded: Loaded, log, metrics):
     shared = settings.shared_checkpoint_dir is not None
     disk_dir = settings.shared_checkpoint_dir if shared else (settings.checkpoint_dir if settings.disk_checkpoints
                                                               else None)
+    plan = loaded.memory_plan      # its checkpoint budget is the setting, cut to what the limit leaves
     return Checkpoints(enabled=settings.checkpoints, max_slots=settings.checkpoint_slots,
-                       max_bytes=settings.checkpoint_memory_mb << 20, min_tokens=settings.checkpoint_min_tokens,
+                       max_bytes=min(settings.checkpoint_memory_mb << 20,
+                                     plan.checkpoint_bytes if plan is not None else 1 << 62), min_tokens=settings.checkpoint_min_tokens,
                        fingerprint=checkpoint_fingerprint(loaded),
                        disk_dir=disk_dir if settings.checkpoints else None, shared=shared,
                        disk_max_bytes=settings.checkpoint_disk_mb << 20, log=log, metrics=metrics)
@@ -174,7 +181,7 @@ async def _on_signal(cancel_scope: trio.CancelScope, log) -> None:
 
 async def run_daemon(settings: Settings, loaded: Loaded, *, handle_signals: bool = True,
                      task_status=trio.TASK_STATUS_IGNORED) -> None:
-    from .server import check_inherited, make_sockets
+    from cairn.daemon.api.server import check_inherited, make_sockets
 
     log = get_logger()
     from .metrics import Metrics
@@ -187,6 +194,10 @@ async def run_daemon(settings: Settings, loaded: Loaded, *, handle_signals: bool
                     segment=settings.segment, chunk=settings.chunk, metrics=metrics,
                     progress_interval_s=settings.progress_interval_ms / 1000,
                     checkpoints=make_checkpoints(settings, loaded, log, metrics))
+    if loaded.memory_plan is not None:
+        from cairn.actors.memory_guard import MemoryGuard
+
+        engine.memory = MemoryGuard(loaded.memory_plan, engine, log=log, metrics=metrics)
     model_id = settings.served_model_name or loaded.name
     # Socket activation: systemd (cairn.socket) passes the listening Unix socket; then it owns the path.
     inherited = [sock for _, sock in systemd.listen_fds()] if handle_signals else []
@@ -205,9 +216,9 @@ async def run_daemon(settings: Settings, loaded: Loaded, *, handle_signals: bool
 
 async def _serve_all(settings, loaded, engine, model_id, sockets, log, handle_signals, task_status,
                      slots) -> None:
-    from .server import serve_http
-    from .status import StatusBoard
-    from .tokenizer import StreamDecoder
+    from cairn.daemon.api.server import serve_http
+    from cairn.daemon.api.status import StatusBoard
+    from cairn.daemon.protocol.tokenizer import StreamDecoder
 
     async with trio.open_nursery() as nursery:
         if handle_signals:
@@ -223,7 +234,8 @@ async def _serve_all(settings, loaded, engine, model_id, sockets, log, handle_si
                   api_key=settings.api_key, metrics=engine.metrics, checkpoints=engine.checkpoints,
                   status=StatusBoard(engine, queue_size=settings.queue_size, fingerprint=loaded.fingerprint,
                                      context_length=loaded.context_length, slots_reason=slots.reason,
-                                     expert_reason=loaded.memory_plan.reason if loaded.memory_plan else ""))
+                                     expert_reason=loaded.memory_plan.expert_reason if loaded.memory_plan else "",
+                                     memory_plan=loaded.memory_plan))
         log.info("chat_encoding", encoding=getattr(loaded.renderer, "name", "?"), detail=loaded.encoding,
                  reasoning_default=settings.reasoning)
         binds = await nursery.start(serve_http, api, sockets)
@@ -272,8 +284,8 @@ def _serve(args: argparse.Namespace) -> int:
 
 def serve(settings: Settings, load_model=load) -> int:
     """Load the model, then serve it until SIGTERM / SIGINT. Exit status: 0, 1 (sockets), 2 (model)."""
-    from .model_dir import ModelDirError
-    from .server import prepare_socket_dir
+    from cairn.daemon.weights.model_dir import ModelDirError
+    from cairn.daemon.api.server import prepare_socket_dir
 
     if not os.environ.get("LISTEN_FDS"):      # else systemd owns the socket (checked again at bind)
         try:

@@ -475,7 +475,7 @@ def load_model(path: str | Path | ModelDir, threads: int = 0, *, widen_bf16: boo
     (no weight matrix is read until used). An unusable directory only costs the cache.
     expert_cache_bytes: a byte budget for routed experts paged from the packed file (None: all
     resident); it needs packed_cache (any model size), and the kernel says so when it is missing."""
-    from .. import _kernel
+    from cairn import _kernel
 
     md = path if isinstance(path, ModelDir) else open_model_dir(path)
     cache = ""

@@ -87,6 +87,21 @@ def expert_cache(engine, reason: str = "") -> dict:
     return out
 
 
+def memory(engine, plan) -> dict:
+    """RSS now and at peak, the memory plan (its parts, the limit and where it came from) and what
+    the guard counts in use now (actors/memory_guard.py)."""
+    out = process_memory()
+    if plan is not None:
+        out["plan"] = plan.as_status()
+    guard = getattr(engine, "memory", None)
+    if guard is not None:
+        try:
+            out["in_use"] = guard.usage()
+        except Exception:      # status must answer even mid-update
+            pass
+    return out
+
+
 @dataclass
 class Tracked:
     request_id: str
@@ -114,7 +129,8 @@ class StatusBoard:
     fingerprint: str = ""
     context_length: int | None = None
     slots_reason: str = ""           # why the engine has this many slots (the setting, or the memory budget)
-    expert_reason: str = ""          # why the expert cache has its budget (daemon/expert_budget.py)
+    expert_reason: str = ""          # why the expert cache has its budget (daemon/service/memory_plan.py)
+    memory_plan: object = None       # daemon.service.memory_plan.MemoryPlan (None: no plan, no guard)
     started_at: float = field(default_factory=time.monotonic)
     requests: dict = field(default_factory=dict)
 
@@ -168,7 +184,7 @@ class StatusBoard:
                 "elapsed_s": round(now - t.submitted_at, 3)}
 
     def load(self) -> dict:
-        """The load figure a gateway balances on (GET /v1/loads, daemon/worker_info.py): requests the
+        """The load figure a gateway balances on (GET /v1/loads, daemon/api/worker_info.py): requests the
         engine is running and holding in its queue, and the prompt tokens still to prefill (the
         running prefill's rest plus every queued prompt). Ended requests do not count."""
         running = waiting = pending = queued_tokens = 0
@@ -213,5 +229,5 @@ class StatusBoard:
             "live_state_tokens": live,
             "checkpoints": checkpoint_tiers(engine),
             "expert_cache": expert_cache(engine, self.expert_reason),
-            "memory": process_memory(),
+            "memory": memory(engine, self.memory_plan),
         }

@@ -16,11 +16,11 @@ from hypercorn.config import Config, Sockets
 from hypercorn.trio.run import worker_serve
 from hypercorn.utils import wrap_app
 
-from .socket_dir import check_socket_dir
+from cairn.daemon.service.socket_dir import check_socket_dir
 
 
 def prepare_socket_dir(path: str) -> None:
-    """Create the socket's directory if needed and check that it is safe (daemon/socket_dir.py)."""
+    """Create the socket's directory if needed and check that it is safe (daemon/service/socket_dir.py)."""
     parent = Path(path).parent
     parent.mkdir(parents=True, mode=0o750, exist_ok=True)
     check_socket_dir(parent)              # ours and writable by us only, else the socket can be swapped

@@ -7,7 +7,7 @@ import sys
 
 
 def _make_model(args: argparse.Namespace) -> int:
-    from .make_model import PRESETS, make_model
+    from cairn.daemon.modelgen.make_model import PRESETS, make_model
 
     if args.preset not in PRESETS:
         print(f"cairn make-model: unknown preset {args.preset!r}; choose from {', '.join(PRESETS)}", file=sys.stderr)
@@ -50,19 +50,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _subcommand_registrars():
-    """Subcommands that live beside the code they drive (serve, chat, status, …)."""
-    import importlib
+    """Subcommands that live beside the code they drive: serve (service), chat/status/checkpoints (client)."""
+    from cairn.daemon.cli import client
+    from cairn.daemon.service import main as service
 
-    found = []
-    for module in ("main", "client"):
-        try:
-            mod = importlib.import_module(f"{__package__}.{module}")
-        except ModuleNotFoundError as e:
-            if e.name != f"{__package__}.{module}":
-                raise
-            continue
-        found.append(mod.register_cli)
-    return found
+    return [service.register_cli, client.register_cli]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -5,6 +5,11 @@ anything else), but a browser can still be made to reach it: a page on evil.exam
 re-pointed at 127.0.0.1 (DNS rebinding) sends requests that the browser treats as same-origin, so
 the page can read the replies. Those requests carry `Host: evil.example`; answering only requests
 addressed to a loopback name stops them. The Unix socket is not reachable from a browser: no check.
+
+Operator endpoints (``operator_endpoint``): with an API key set, they need the key on the Unix
+socket too. The socket's group may use the model; reading every running request (GET /v1/status)
+or deleting checkpoints (GET/DELETE /v1/checkpoints) is the operator's, who holds the key.
+Without a key nothing changes: whoever can connect may do everything.
 """
 
 from __future__ import annotations
@@ -17,6 +22,12 @@ def api_key_matches(authorization: bytes, api_key: str) -> bool:
     """`Authorization: Bearer <key>`, compared on the header's bytes (the key's UTF-8, so a non-ASCII
     key works) in constant time."""
     return hmac.compare_digest(authorization, b"Bearer " + api_key.encode("utf-8"))
+
+
+def operator_endpoint(path: str) -> bool:
+    """The routes that manage the daemon or show other clients' requests: /v1/status and
+    /v1/checkpoints (the listing and DELETE /v1/checkpoints/ID)."""
+    return path == "/v1/status" or path == "/v1/checkpoints" or path.startswith("/v1/checkpoints/")
 
 
 def loopback_host(host: bytes) -> bool:

@@ -12,9 +12,9 @@ import time
 from cairn.actors.messages import Done, Progress, Started, TokenOut
 
 from . import formats
-from .http import end_sse, send_comment, send_error, send_event, send_json, start_sse
+from .asgi import end_sse, send_comment, send_error, send_event, send_json, start_sse
 from .schemas import APIError
-from .v4_output import Event, OutputParser
+from cairn.daemon.protocol.v4_output import Event, OutputParser
 
 
 class Responder:

@@ -108,7 +108,7 @@ def _octal_mode(v: str) -> str | None:
 
 
 def _expert_cache(v: str) -> str | None:
-    from .expert_budget import check_expert_cache
+    from .memory_plan import check_expert_cache
 
     return check_expert_cache(v)
 
@@ -119,7 +119,10 @@ FIELDS: tuple[Field, ...] = (
     Field("socket_mode", str, "0660", "file mode of the Unix socket (octal)", _octal_mode),
     Field("tcp", str, None, "also listen on TCP HOST:PORT (off by default; non-loopback needs --api-key)",
           _tcp, optional=True),
-    Field("api_key", str, None, "require 'Authorization: Bearer KEY' on TCP", optional=True),
+    Field("api_key", str, None, "require 'Authorization: Bearer KEY' on TCP, and on the Unix socket for the "
+          "operator endpoints (/v1/status, /v1/checkpoints)", optional=True),
+    Field("api_key_file", str, None, "read api_key from this file (e.g. a systemd credential, "
+          "$CREDENTIALS_DIRECTORY/api_key); one line, surrounding whitespace ignored", optional=True),
     Field("served_model_name", str, None, "model id in the API (default: the model directory name)", optional=True),
     Field("segment", int, 4096, "prefill segment size in tokens (one progress line each)", _range(1)),
     Field("chunk", int, 128, "prefill chunk size in tokens (cancel granularity); 1..MAX_CHUNK of the kernel",
@@ -127,7 +130,7 @@ FIELDS: tuple[Field, ...] = (
     Field("progress_interval_ms", int, 250, "least time between two prefill progress messages of a request "
           "(SSE comments, /v1/status); 0: one per segment", _range(0, 60_000)),
     Field("slots", int, None, "conversations the engine holds and runs at once (one live state each; decode "
-          "steps batched across them); 1: one request at a time; unset: from the memory budget (1..4)",
+          "steps batched across them); 1: one request at a time; unset: from the memory plan (1..4)",
           _range(1, 64), optional=True),
     Field("queue_size", int, 8, "requests that may wait for the engine; more get HTTP 429", _range(0, 10_000)),
     Field("threads", int, 0, "kernel threads (0: all cores)", _range(0, 1024)),
@@ -163,11 +166,12 @@ class Settings:
     socket_mode: str
     tcp: str | None
     api_key: str | None
+    api_key_file: str | None
     served_model_name: str | None
     segment: int
     chunk: int
     progress_interval_ms: int
-    slots: int | None          # None: chosen at start from the memory budget (daemon/slot_budget.py)
+    slots: int | None          # None: chosen at start by the memory plan (daemon/service/memory_plan.py)
     queue_size: int
     threads: int
     log_level: str
@@ -182,7 +186,7 @@ class Settings:
     shared_checkpoint_dir: str | None
     checkpoint_min_tokens: int
     packed_cache_dir: str
-    expert_cache: str          # daemon/expert_budget.py parses it; "auto" sizes it from memory at start
+    expert_cache: str          # daemon/service/memory_plan.py parses it; "auto" sizes it from memory at start
 
     @property
     def socket_mode_int(self) -> int:
@@ -285,9 +289,28 @@ def load_settings(args: argparse.Namespace | dict | None = None, env: dict[str, 
         if value is None and not f.optional:
             raise ConfigError(f"setting {f.name!r}: missing")
         values[f.name] = value
+    if values["api_key_file"] is not None:
+        values["api_key"] = read_api_key_file(values["api_key_file"], values["api_key"])
     s = Settings(**values)
     _check_together(s, max_chunk)
     return s
+
+
+def read_api_key_file(path: str, api_key: str | None = None) -> str:
+    """The key in ``path`` (surrounding whitespace stripped). ``api_key`` set as well is an error:
+    two sources of one secret would leave the operator guessing which one is in force."""
+    if api_key is not None:
+        raise ConfigError("settings 'api_key' and 'api_key_file': both set; expected one of them")
+    try:
+        with open(path, encoding="utf-8") as fh:
+            key = fh.read().strip()
+    except OSError as e:
+        raise ConfigError(f"setting 'api_key_file': cannot read {path}: {e.strerror or e}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"setting 'api_key_file': {path} is not UTF-8 text") from None
+    if not key:
+        raise ConfigError(f"setting 'api_key_file': {path} is empty; expected the secret on one line")
+    return key
 
 
 def _check_together(s: Settings, max_chunk: int | None) -> None:

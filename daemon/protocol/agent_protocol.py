@@ -11,7 +11,7 @@ import threading
 
 from .constrain import ConstraintError, Grammars
 from .encoding_dsv4 import ChatOptions, resolve_mode
-from .schemas import APIError
+from cairn.daemon.api.schemas import APIError
 
 
 MAX_LOGGED_FIELDS = 256   # distinct ignored names remembered (and logged); a client cannot grow it further

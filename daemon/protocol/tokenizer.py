@@ -20,7 +20,7 @@ from itertools import accumulate
 
 from cairn.actors.turns import TemplateMarkers, markers_from_vocab
 
-from .model_dir import ModelDir, ModelDirError
+from cairn.daemon.weights.model_dir import ModelDir, ModelDirError
 
 
 def _byte_level_alphabet() -> dict[str, int]:
@@ -105,7 +105,7 @@ class TextTokenizer:
         return self._bytes[token_id]
 
     def to_json(self) -> str:
-        """The tokenizer as tokenizer.json text (what llguidance reads; daemon/constrain.py)."""
+        """The tokenizer as tokenizer.json text (what llguidance reads; daemon/protocol/constrain.py)."""
         return self._tok.to_str()
 
     def token_to_id(self, text: str) -> int | None:

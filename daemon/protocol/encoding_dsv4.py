@@ -18,7 +18,7 @@ follows its documented behaviour (docs/model-format.md, "Chat encoding"):
   right after them) merge into one user turn, `<tool_result>{content}</tool_result>` parts joined by
   a blank line, sorted in the order of the preceding assistant turn's calls.
 - The response format (a JSON schema) is an instruction block after the tools block; nothing here
-  enforces it (constrained decoding does, daemon/constrain.py).
+  enforces it (constrained decoding does, daemon/protocol/constrain.py).
 
 Two reasoning-effort variants exist: the first release (`original`: only `max` adds the "Absolute
 maximum" preamble) and the later one (`0731`: `low` adds nothing, `high` the "Absolute maximum"

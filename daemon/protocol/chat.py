@@ -59,7 +59,7 @@ class ChatRenderer:
 
     @classmethod
     def from_model_dir(cls, md) -> "ChatRenderer":
-        from .model_dir import ModelDirError
+        from cairn.daemon.weights.model_dir import ModelDirError
 
         try:
             return cls(md.chat_template, md.bos_token, md.eos_token)

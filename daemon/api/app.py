@@ -16,6 +16,7 @@ import time
 
 import trio
 
+from cairn.actors.errors import single
 from cairn.actors.messages import (Cancel, CancelAck, Done, Failed, Progress, Rejected, RequestControl, Sampling,
                                    Started, Submit, TokenOut)
 from cairn.actors.replies import STALL_S
@@ -23,23 +24,16 @@ from cairn.actors.trace import RequestTrace
 from cairn.actors.turns import turn_boundaries
 
 from . import worker_info
-from .access import api_key_matches, loopback_host
-from .agent_protocol import AgentProtocol
-from .chat import ChatTemplateError
-from .encoding_dsv4 import DSML
-from .http import read_body, send_error, send_json
+from .access import api_key_matches, loopback_host, operator_endpoint
+from cairn.daemon.protocol.agent_protocol import AgentProtocol
+from cairn.daemon.protocol.chat import ChatTemplateError
+from cairn.daemon.protocol.encoding_dsv4 import DSML
+from .asgi import read_body, send_error, send_json
 from .responders import ChatJSON, ChatStream, CompletionOut
 from .schemas import APIError, CommonParams, parse_chat, parse_completion, parse_json_body
 
 REPLY_BUFFER = 64  # tokens may run ahead of a slow client by this much; then decode waits for it
 PARSE_ON_LOOP = 1 << 20   # bodies up to 1 MiB are parsed on the event loop (milliseconds); larger in a thread
-
-
-def _leaves(eg: BaseExceptionGroup) -> list[BaseException]:
-    out: list[BaseException] = []
-    for e in eg.exceptions:
-        out += _leaves(e) if isinstance(e, BaseExceptionGroup) else [e]
-    return out
 
 
 class API:
@@ -63,7 +57,7 @@ class API:
         if status is None:
             from .status import StatusBoard
             status = StatusBoard(fingerprint=fingerprint, context_length=context_length)
-        self.status = status       # daemon/status.py: GET /v1/status, fed by _drive
+        self.status = status       # daemon/api/status.py: GET /v1/status, fed by _drive
         self.reasoning = reasoning   # the server's default mode (--reasoning)
         self.agent = AgentProtocol(tokenizer, vocab_size, log)
         self.created = int(time.time())
@@ -85,10 +79,10 @@ class API:
             await self._route(scope, receive, send)
         except BaseExceptionGroup as eg:
             # Errors raised inside a handler's nursery arrive wrapped; one error is handled as itself.
-            leaves = _leaves(eg)
-            if len(leaves) != 1 or isinstance(leaves[0], trio.Cancelled):
+            one = single(eg)
+            if one is eg or isinstance(one, trio.Cancelled):
                 raise
-            await self._fail(leaves[0], scope, send)
+            await self._fail(one, scope, send)
         except Exception as e:
             await self._fail(e, scope, send)
 
@@ -121,13 +115,15 @@ class API:
         method, path = scope["method"], scope["path"].rstrip("/") or "/"
         if scope.get("server") is not None:      # TCP (hypercorn gives no server address for a Unix socket)
             self._check_tcp_access(scope)
+        elif self.api_key is not None and operator_endpoint(path):
+            self._check_key(scope)               # the socket's clients may chat, not manage the daemon
         routes = {
             ("GET", "/health"): self._health,
             ("GET", "/v1/models"): self._models,
             ("GET", "/metrics"): self._metrics,
             ("GET", "/v1/checkpoints"): self._checkpoints,
             ("GET", "/v1/status"): self._status,
-            ("GET", "/server_info"): self._server_info,     # for a gateway: daemon/worker_info.py
+            ("GET", "/server_info"): self._server_info,     # for a gateway: daemon/api/worker_info.py
             ("GET", "/model_info"): self._model_info,
             ("GET", "/v1/loads"): self._loads,
             ("POST", "/v1/chat/completions"): self._chat,
@@ -146,11 +142,16 @@ class API:
             raise APIError(404, f"no route {method} {path}", code="not_found")
         await handler(scope, receive, send)
 
+    def _check_key(self, scope) -> None:
+        headers = dict(scope.get("headers") or [])
+        if not api_key_matches(headers.get(b"authorization", b""), self.api_key):
+            raise APIError(401, "missing or wrong API key (Authorization: Bearer ...)", code="invalid_api_key")
+
     def _check_tcp_access(self, scope) -> None:
         headers = dict(scope.get("headers") or [])
         if self.api_key is not None:
-            if not api_key_matches(headers.get(b"authorization", b""), self.api_key):
-                raise APIError(401, "missing or wrong API key (Authorization: Bearer ...)", code="invalid_api_key")
+            if scope["path"].rstrip("/") != "/health":   # liveness stays open: a gateway probes it without the key
+                self._check_key(scope)
         elif b"host" in headers and not loopback_host(headers[b"host"]):
             host = headers[b"host"].decode("latin-1")
             raise APIError(403, f"Host {host!r} is not allowed: without an API key the TCP listener only answers "
@@ -168,7 +169,7 @@ class API:
         await send_json(send, 200, {"status": "ok", "model": self.model_id})
 
     async def _metrics(self, scope, receive, send) -> None:
-        from .metrics import CONTENT_TYPE
+        from cairn.daemon.service.metrics import CONTENT_TYPE
 
         body = (self.metrics.render() if self.metrics is not None else "").encode()
         await send({"type": "http.response.start", "status": 200,
@@ -382,6 +383,10 @@ class API:
                 await send_error(send, APIError(
                     429, "the engine is busy and its queue is full; retry later", code="queue_full",
                     headers={"Retry-After": str(terminal.retry_after_s)}))
+            elif isinstance(terminal, Failed) and terminal.kind == "memory":
+                # the memory plan had no room for this conversation's state (actors/memory_guard.py)
+                await out.failed(send, APIError(507, terminal.message, code="insufficient_memory",
+                                                type="insufficient_memory"))
             elif isinstance(terminal, Failed):
                 await out.failed(send, APIError(500, terminal.message, code="engine_error"))
             elif isinstance(terminal, CancelAck):

@@ -1,0 +1,374 @@
+"""The memory plan: one pure policy for how this process's memory is split, computed once at start.
+
+The daemon measures (daemon/service/memory_probe.py: MemAvailable and the cgroup limits) and passes the
+numbers in; nothing here touches the system. The plan has these parts, in bytes:
+
+    limit       the smallest room of: cgroup v2 memory.max, cgroup v1 memory.limit_in_bytes (our group
+                and every ancestor, each minus what the group already holds that cannot be reclaimed)
+                and MemAvailable; `limit_source` says which one
+    dense       every weight that is not a routed expert (always resident)
+    experts     routed experts: all of them, or the expert cache's budget when paged (--expert-cache)
+    margin      kernel scratch, Python, the rest of the system: MARGIN_FRACTION of the room, >= MARGIN_MIN
+    requests    per slot: the prompt's ids and a few logits rows; plus one all-logits block (prompt
+                log-probabilities; kernel calls run one at a time, so one block at most)
+    transients  a capture copies the state into a blob before the store takes it: one blob, at most the
+                checkpoint budget (a larger capture is never taken, actors/memory_guard.py)
+    checkpoints the checkpoint memory budget (--checkpoint-memory-mb), blobs queued for the disk writer
+                included; cut to CHECKPOINT_SHARE of what the weights and the margin leave
+    states      the rest: the live states. Each slot's share is its state at min(context, STATE_PLAN_TOKENS)
+                tokens; `slots` is how many shares fit (1..SLOTS_CAP) unless --slots says
+
+A state grows with its tokens (StateCost.bytes_at: sliding windows, compressed rows, indexer keys, as
+the kernel's State stores them). The plan is a budget, not a reservation: at each kernel call that grows
+a state, the guard (actors/memory_guard.py) checks live states + checkpoint memory against `pool`
+(checkpoints + states), evicts checkpoints when a state needs their room and ends the request with a
+memory error when even that is not enough — never the OOM killer.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Mapping, Sequence
+
+MIB = 1 << 20
+SLOTS_CAP = 4                 # what batched decode gains from on a few cores (more streams mostly add latency)
+MARGIN_MIN = 64 * MIB
+MARGIN_FRACTION = 0.05
+STATE_PLAN_TOKENS = 32768     # a slot's share: its state at this many tokens (or the context, when shorter)
+CHECKPOINT_SHARE = 0.25       # checkpoints take at most this share of what the weights and margin leave
+PROMPT_BYTES_PER_TOKEN = 40   # a prompt as the Python tuple of ints a request carries (and its numpy copy)
+LOGITS_ROWS = 4               # [V] float32 rows a request holds at once (last logits, shaped, log-probs)
+STATE_SLACK = 1.25            # a growing std::vector holds more than its size; measured RSS <= 1.0 x nbytes
+
+_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(?:I?B)?\s*$", re.IGNORECASE)
+FORMS = ("auto (from the memory plan)", "all or 0 (every expert resident)",
+         "a size in bytes or with a binary unit: 800M, 12G, 1.5T", "a share of the experts: 25%")
+
+
+# --- --expert-cache ---------------------------------------------------------------------------------
+
+class BudgetError(ValueError):
+    """An expert-cache setting that cannot be read; the message names the allowed forms."""
+
+
+@dataclass(frozen=True, slots=True)
+class ExpertCacheSetting:
+    """The parsed setting: mode "auto", "all", "bytes" (value: bytes) or "percent" (value: 1..100)."""
+    mode: str
+    value: float = 0
+
+
+def parse_expert_cache(text: str) -> ExpertCacheSetting:
+    """`--expert-cache` text -> setting. BudgetError says what is allowed."""
+    t = str(text).strip().lower()
+    if t == "auto":
+        return ExpertCacheSetting("auto")
+    if t in ("all", "0"):
+        return ExpertCacheSetting("all")
+    if t.endswith("%"):
+        try:
+            pct = float(t[:-1])
+        except ValueError:
+            pct = -1.0
+        if not 0 < pct <= 100:
+            raise BudgetError(f"{text!r}: a share must be more than 0% and at most 100%")
+        return ExpertCacheSetting("all" if pct == 100 else "percent", pct)
+    m = _SIZE.match(t)
+    if m is None:
+        raise BudgetError(f"{text!r} is not a size; allowed: {'; '.join(FORMS)}")
+    size = int(float(m.group(1)) * _UNITS[m.group(2).upper()])
+    return ExpertCacheSetting("all" if size == 0 else "bytes", size)
+
+
+def check_expert_cache(text: str) -> str | None:
+    """For config.Field: None when valid, else what is allowed."""
+    try:
+        parse_expert_cache(text)
+    except BudgetError:
+        return "; ".join(FORMS)
+    return None
+
+
+# --- weights --------------------------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class ModelBytes:
+    """What the weights need in memory: routed experts (pageable) and the rest (always resident)."""
+    dense: int
+    experts: int
+
+
+def is_routed_expert(name: str) -> bool:
+    """A routed expert's weight or scale (canonical name `layers.L.ffn.experts.E.wN.*`); the shared
+    expert (`ffn.shared_experts`) is dense: every token uses it."""
+    return ".ffn.experts." in name
+
+
+def split_weight_bytes(sizes) -> ModelBytes:
+    """(canonical name, bytes) pairs -> dense and routed-expert bytes as stored."""
+    dense = experts = 0
+    for name, n in sizes:
+        if is_routed_expert(name):
+            experts += int(n)
+        else:
+            dense += int(n)
+    return ModelBytes(dense, experts)
+
+
+# --- a live state's bytes -------------------------------------------------------------------------
+
+def _comp_floats(rate: int, dim: int, overlap: bool, n: int) -> int:
+    """Floats of one compressor's live state after n tokens (final rows + raw buffer + overlap)."""
+    cw = 2 * dim if overlap else dim
+    f = (n // rate) * dim + 2 * (n % rate) * cw
+    if overlap and n >= rate:
+        f += 2 * rate * dim
+    return f
+
+
+@dataclass(frozen=True, slots=True)
+class StateCost:
+    """How a kernel State's bytes grow with its tokens (docs: ../shared/docs/v4-architecture.md §3):
+    per layer a sliding window (W-1 rows), and per CSA / HCA layer compressed rows, indexer keys and
+    the compressors' raw buffers; plus the token ids and the last logits a snapshot carries."""
+    layer_types: tuple[str, ...]
+    window: int
+    head_dim: int
+    index_head_dim: int
+    csa_rate: int
+    hca_rate: int
+    vocab: int
+
+    @classmethod
+    def from_config(cls, config: Mapping) -> "StateCost":
+        return cls(tuple(config["layer_types"]), int(config["sliding_window"]), int(config["head_dim"]),
+                   int(config["index_head_dim"]), int(config["csa_rate"]), int(config["hca_rate"]),
+                   int(config["vocab_size"]))
+
+    def bytes_at(self, n_tokens: int) -> int:
+        """Bytes of a State holding n_tokens: what State.nbytes reports plus its token ids and last
+        logits (the snapshot blob's size, give or take its header)."""
+        n = max(0, int(n_tokens))
+        floats = 0
+        for kind in self.layer_types:
+            floats += min(n, self.window - 1) * self.head_dim
+            if kind == "compressed_sparse_attention":
+                floats += (_comp_floats(self.csa_rate, self.head_dim, True, n)
+                           + _comp_floats(self.csa_rate, self.index_head_dim, True, n))
+            elif kind == "heavily_compressed_attention":
+                floats += _comp_floats(self.hca_rate, self.head_dim, False, n)
+        return 4 * floats + 4 * n + 4 * self.vocab
+
+    def resident_at(self, n_tokens: int) -> int:
+        """What the state may hold in memory at n tokens: its bytes and the vectors' spare capacity."""
+        return int(self.bytes_at(n_tokens) * STATE_SLACK)
+
+    @property
+    def per_token(self) -> int:
+        """Bytes a token adds once the windows are full (averaged over the compression rates)."""
+        far = 1 << 20
+        return round((self.bytes_at(2 * far) - self.bytes_at(far)) / far)
+
+
+def state_bytes(config: Mapping, n_tokens: int) -> int:
+    """Bytes of a kernel State holding n_tokens (StateCost.bytes_at of the resolved model config)."""
+    return StateCost.from_config(config).bytes_at(n_tokens)
+
+
+def plan_state_tokens(context_length: int) -> int:
+    return max(1, min(int(context_length), STATE_PLAN_TOKENS))
+
+
+# --- the limit --------------------------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class LimitSource:
+    """One candidate limit: a cgroup's (limit, and what the group already holds that cannot be
+    reclaimed) or MemAvailable (limit = room, used 0)."""
+    kind: str              # "cgroup v2 memory.max" | "cgroup v1 memory.limit_in_bytes" | "MemAvailable"
+    limit: int
+    used: int = 0
+    path: str = ""         # the cgroup whose limit this is ("" for MemAvailable)
+
+    @property
+    def room(self) -> int:
+        return max(0, self.limit - self.used)
+
+    def describe(self) -> str:
+        if self.kind == "MemAvailable":
+            return f"MemAvailable {_size(self.limit)}"
+        return f"{self.kind} of {self.path or '/'} {_size(self.limit)} - {_size(self.used)} in use"
+
+
+def pick_limit(sources: Sequence[LimitSource]) -> LimitSource | None:
+    """The binding limit: the smallest room (ties to the first given). None: nothing known."""
+    best = None
+    for s in sources:
+        if best is None or s.room < best.room:
+            best = s
+    return best
+
+
+def available_memory(meminfo: str) -> int | None:
+    """MemAvailable from the text of /proc/meminfo, in bytes (None when absent)."""
+    for line in meminfo.splitlines():
+        if line.startswith("MemAvailable:"):
+            parts = line.split()
+            try:
+                return int(parts[1]) * 1024
+            except (IndexError, ValueError):
+                return None
+    return None
+
+
+# --- the plan ---------------------------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class MemoryPlan:
+    """Each part's bytes, the slot count, the expert budget, the limit and where it came from."""
+    limit_bytes: int | None         # the binding limit as set (None: unknown, the guard is off)
+    room_bytes: int | None          # what this process may fill: the limit minus what it held at start
+    limit_source: str               # which limit binds, e.g. "cgroup v1 memory.limit_in_bytes of /x 300.0 MiB …"
+    dense_bytes: int
+    expert_bytes: int               # routed experts in memory: all of them, or the cache budget when paged
+    expert_cache_bytes: int         # the kernel's budget: 0 = every expert resident (no paging)
+    margin_bytes: int
+    request_bytes: int
+    transient_bytes: int            # the largest snapshot copy a capture may make (see memory_guard)
+    checkpoint_bytes: int           # the checkpoint store's memory budget (queued blobs included)
+    state_bytes: int                # what the live states may use: slots x share, and all that is left
+    state_share_bytes: int          # one slot's share (its state at share_tokens, resident)
+    share_tokens: int
+    per_token_bytes: int            # a state's growth per token (StateCost.per_token)
+    slots: int
+    slots_reason: str
+    reason: str                     # one line: the sum, and what was decided
+    expert_reason: str = ""         # the expert part of it (status shows it with the expert cache)
+    state_cost: StateCost | None = field(default=None, compare=False)
+
+    @property
+    def paged(self) -> bool:
+        return self.expert_cache_bytes > 0
+
+    @property
+    def pool_bytes(self) -> int | None:
+        """What live states and checkpoint memory may hold together (the guard's budget)."""
+        return None if self.room_bytes is None else self.state_bytes + self.checkpoint_bytes
+
+    def as_status(self) -> dict:
+        """For /v1/status: plain numbers and the reason."""
+        return {"limit_bytes": self.limit_bytes, "room_bytes": self.room_bytes, "limit_source": self.limit_source,
+                "parts": {"dense": self.dense_bytes, "experts": self.expert_bytes, "margin": self.margin_bytes,
+                          "requests": self.request_bytes, "transients": self.transient_bytes,
+                          "checkpoints": self.checkpoint_bytes, "states": self.state_bytes},
+                "slots": self.slots, "state_share_bytes": self.state_share_bytes, "share_tokens": self.share_tokens,
+                "per_token_bytes": self.per_token_bytes, "expert_cache_bytes": self.expert_cache_bytes,
+                "paged": self.paged, "reason": self.reason}
+
+
+def margin_bytes(room: int) -> int:
+    return max(MARGIN_MIN, int(room * MARGIN_FRACTION))
+
+
+def _size(n: int | None) -> str:
+    if n is None:
+        return "?"
+    if abs(n) < (1 << 30):
+        return f"{n / MIB:.1f} MiB"
+    return f"{n / (1 << 30):.2f} GiB"
+
+
+def plan_memory(*, limit: LimitSource | None, weights: ModelBytes, state: StateCost | None, context_length: int,
+                expert_setting: ExpertCacheSetting = ExpertCacheSetting("auto"), slots_setting: int | None = None,
+                checkpoint_setting: int = 0, logits_block_bytes: int = 0,
+                min_expert_budget: int = 0) -> MemoryPlan:
+    """The plan (see the module notes). `checkpoint_setting`: the configured checkpoint budget in
+    bytes (0: checkpoints off); `logits_block_bytes`: one all-logits prefill block; `min_expert_budget`:
+    the kernel's least expert budget (an explicit smaller size is passed on; its error names it)."""
+    share_tokens = plan_state_tokens(context_length)
+    share = state.resident_at(share_tokens) if state is not None else 0
+    per_token = state.per_token if state is not None else 0
+    vocab = state.vocab if state is not None else 0
+    per_request = share_tokens * PROMPT_BYTES_PER_TOKEN + LOGITS_ROWS * 4 * vocab
+    share_blob = state.bytes_at(share_tokens) if state is not None else 0
+    room = limit.room if limit is not None else None
+    where = limit.describe() if limit is not None else "no limit known"
+    experts = weights.experts
+
+    # The expert budget first: an explicit one as given, `auto` by what the limit leaves.
+    mode = expert_setting.mode
+    budget = 0                       # the kernel's: 0 = all resident
+    expert_note = ""
+    if mode == "bytes":
+        budget = int(expert_setting.value)
+        if budget >= experts:
+            budget, expert_note = 0, f"expert_cache {_size(int(expert_setting.value))} holds every routed expert"
+        else:
+            expert_note = f"experts paged: {_size(budget)} of {_size(experts)} (expert_cache setting)"
+    elif mode == "percent":
+        budget = int(experts * expert_setting.value / 100)
+        expert_note = (f"experts paged: {expert_setting.value:g}% of {_size(experts)} = {_size(budget)} "
+                       "(expert_cache setting)")
+    elif mode == "all":
+        expert_note = "every routed expert resident (expert_cache setting)"
+
+    if room is None:
+        ckpt = checkpoint_setting
+        slots = slots_setting or 1
+        why = "memory limit unknown: one slot" if slots_setting is None else "set by the slots setting"
+        ex = budget if budget else experts
+        return MemoryPlan(None, None, where, weights.dense, ex, budget, 0, 0, 0, ckpt, 0, share, share_tokens,
+                          per_token, slots, why,
+                          f"no memory limit known (no MemAvailable, no cgroup limit): {why}; "
+                          f"{expert_note or 'every routed expert resident'}; no memory guard",
+                          expert_note or "every routed expert resident", state)
+
+    margin = margin_bytes(room)
+    left = room - weights.dense - margin
+    ckpt = min(checkpoint_setting, max(0, int(left * CHECKPOINT_SHARE)))
+    ckpt_note = "" if ckpt == checkpoint_setting else f" (cut from {_size(checkpoint_setting)} to fit)"
+    transient = min(share_blob, ckpt)
+    fixed = weights.dense + margin + ckpt + transient + logits_block_bytes
+    n_first = slots_setting or 1
+    if mode == "auto":
+        if room - fixed - experts >= n_first * (share + per_request) or experts <= 0:
+            expert_note = "every routed expert resident"
+        else:
+            budget = room - fixed - n_first * (share + per_request)
+            if budget <= 0:
+                budget = 0
+                expert_note = "every routed expert resident: paging them would not make room for a state's share"
+            elif budget < min_expert_budget:
+                expert_note = (f"every routed expert resident: paging would leave the experts {_size(budget)}, less "
+                               f"than the kernel's least budget {_size(min_expert_budget)}; lower "
+                               "checkpoint_memory_mb or set expert_cache")
+                budget = 0
+            else:
+                expert_note = f"experts paged: {_size(budget)} of {_size(experts)} ({100 * budget / experts:.0f}%)"
+    in_memory_experts = budget if budget else experts
+
+    after = room - fixed - in_memory_experts       # for the live states and their requests
+    if slots_setting is not None:
+        slots, slots_why = slots_setting, "set by the slots setting"
+    elif budget:
+        slots, slots_why = 1, "experts paged: one slot, a further state would come out of the expert cache"
+    elif share <= 0:
+        slots, slots_why = 1, "state size unknown: one slot"
+    else:
+        fit = max(0, after) // (share + per_request)
+        slots = max(1, min(SLOTS_CAP, int(fit)))
+        slots_why = (f"{_size(max(0, after))} for states holds {fit} share(s) of {_size(share)} "
+                     f"({share_tokens} tokens); 1..{SLOTS_CAP}")
+    requests = slots * per_request + logits_block_bytes
+    states = max(0, after - slots * per_request)
+    reason = (f"limit {where} = {_size(room)}: dense {_size(weights.dense)} + experts {_size(in_memory_experts)} + "
+              f"margin {_size(margin)} + requests {_size(requests)} + transients {_size(transient)} + checkpoints "
+              f"{_size(ckpt)}{ckpt_note} + states {_size(states)}; {slots} slot(s) ({slots_why}); {expert_note}")
+    if states + ckpt <= 0:
+        reason += "; nothing is left for live states: every request will end with a memory error, raise the limit"
+    elif states < share:
+        reason += f"; a state may reach {max(0, states + ckpt) // max(1, int(per_token * STATE_SLACK))} tokens"
+    return MemoryPlan(limit.limit, room, where, weights.dense, in_memory_experts, budget, margin, requests, transient, ckpt,
+                      states, share, share_tokens, per_token, slots, slots_why, reason, expert_note, state)

@@ -1,0 +1,165 @@
+"""The memory guard (actors/memory_guard.py) with the fake kernel: a growing state gets room by evicting
+checkpoints first; when even that is not enough its request ends with HTTP 507 `insufficient_memory`
+and the next request is served; a capture whose snapshot could not be kept is never taken."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import trio
+from structlog.testing import capture_logs
+
+import fake_kernel
+from cairn.actors.checkpoints import Checkpoints
+from cairn.actors.engine import Engine
+from cairn.actors.memory_guard import MemoryExceeded, MemoryGuard
+from cairn.daemon.service.memory_plan import LimitSource, ModelBytes, StateCost, plan_memory
+from cairn.daemon.service.metrics import Metrics
+from daemon_harness import daemon, fake_loaded, request
+
+VOCAB = 512
+# The fake kernel's State.nbytes is 64 bytes a token: one HCA-like layer at rate 1, 16 floats a row.
+FAKE_COST = StateCost(("heavily_compressed_attention",), window=1, head_dim=16, index_head_dim=16, csa_rate=4,
+                      hca_rate=1, vocab=VOCAB)
+
+
+def fake_plan(*, states: int, checkpoints: int, transients: int | None = None):
+    """A plan with the given parts (the rest as plan_memory computes them for a small room)."""
+    base = plan_memory(limit=LimitSource("cgroup v1 memory.limit_in_bytes", 1 << 30, 0, "/test"),
+                       weights=ModelBytes(1 << 20, 0), state=FAKE_COST, context_length=65536, slots_setting=1,
+                       checkpoint_setting=checkpoints)
+    return dataclasses.replace(base, state_bytes=states, checkpoint_bytes=checkpoints,
+                               transient_bytes=checkpoints if transients is None else transients)
+
+
+def test_fake_cost_matches_the_fake_kernel():
+    model = fake_kernel.Model(vocab_size=VOCAB)
+    st = fake_kernel.State(model)
+    fake_kernel.prefill(st, np.arange(300, dtype=np.int32) % VOCAB)
+    assert FAKE_COST.bytes_at(300) == st.nbytes + 4 * 300 + 4 * VOCAB
+
+
+def test_guard_evicts_checkpoints_first_then_refuses_naming_memory():
+    model = fake_kernel.Model(vocab_size=VOCAB)
+    ck = Checkpoints(max_slots=4, max_bytes=1 << 20, metrics=Metrics())
+    for i in range(3):                                   # three 20 kB checkpoints in memory
+        ck.capture(np.full(600, i + 1, dtype=np.int32), "prompt_end", b"x" * 20_000, f"r{i}")
+    engine = Engine(fake_kernel, model, None, 65536, checkpoints=ck, metrics=Metrics())
+    plan = fake_plan(states=100_000, checkpoints=60_000)
+    guard = engine.memory = MemoryGuard(plan, engine, metrics=engine.metrics)
+    st = engine.new_state()
+    fake_kernel.prefill(st, np.ones(1000, dtype=np.int32))
+    # 1000 + 500 tokens: 1.25 x (68 x 1500 + 2048) = 130 kB; with 60 kB of checkpoints over the 160 kB pool
+    engine.room_for(st, 500, "big")
+    assert ck.store.memory_usage() == 20_000 and ck.store.stats().memory_entries == 1   # two evicted, one kept
+    # 1000 + 1100 tokens: 181 kB alone is over the pool: every checkpoint goes, then the request ends
+    try:
+        engine.room_for(st, 1100, "big")
+    except MemoryExceeded as e:
+        msg = str(e)
+    else:
+        raise AssertionError("no MemoryExceeded")
+    assert msg.startswith("memory:") and "2100 tokens" in msg and "cgroup v1 memory.limit_in_bytes" in msg
+    assert ck.store.memory_usage() == 0 and guard.refused == 1
+    assert guard.usage()["refused"] == 1 and engine.metrics.memory_refused.value() == 1
+    engine.room_for(st, 100, "big")                       # a smaller step still fits: nothing raised
+
+
+async def test_memory_error_is_a_507_naming_memory_and_the_next_request_is_served(tiny_model_dir, tmp_path):
+    loaded = fake_loaded(tiny_model_dir)
+    # room for states of ~2300 tokens: a 3000-token prompt cannot be prefilled, a 200-token one can
+    loaded.memory_plan = fake_plan(states=150_000, checkpoints=50_000)
+    sock = tmp_path / "m.sock"
+    with trio.fail_after(60), capture_logs() as events:
+        async with daemon(loaded, sock, chunk=64, segment=64):
+            big = await request(sock, "POST", "/v1/completions",
+                                {"model": "tiny", "prompt": [5] * 3000, "max_tokens": 4})
+            small = await request(sock, "POST", "/v1/completions",
+                                  {"model": "tiny", "prompt": [6] * 200, "max_tokens": 4, "temperature": 0})
+            status = (await request(sock, "GET", "/v1/status")).json()
+    assert big.status == 507
+    err = big.json()["error"]
+    assert err["code"] == "insufficient_memory" and err["message"].startswith("memory:")
+    assert small.status == 200 and small.json()["usage"]["completion_tokens"] == 4
+    assert any(e["event"] == "memory_exceeded" for e in events)
+    mem = status["memory"]
+    assert mem["plan"]["limit_source"].startswith("cgroup v1") and mem["in_use"]["refused"] == 1
+
+
+async def test_decode_that_outgrows_the_plan_ends_the_stream_with_the_memory_error(tiny_model_dir, tmp_path):
+    loaded = fake_loaded(tiny_model_dir)
+    loaded.memory_plan = fake_plan(states=30_000, checkpoints=0)         # ~330 tokens in all
+    sock = tmp_path / "d.sock"
+    with trio.fail_after(60), capture_logs():
+        async with daemon(loaded, sock, checkpoints=False):
+            r = await request(sock, "POST", "/v1/completions",
+                              {"model": "tiny", "prompt": [7] * 300, "max_tokens": 100, "stream": True,
+                               "ignore_eos": True})
+    events = r.events()
+    assert r.status == 200 and events[-1] == "[DONE]"
+    tokens = [e for e in events[:-1] if "choices" in e]
+    assert 0 < len(tokens) < 100                                          # it decoded until the plan was full
+    assert events[-2]["error"]["code"] == "insufficient_memory"
+
+
+async def test_a_capture_that_could_not_be_kept_never_calls_the_snapshot(tiny_model_dir, tmp_path):
+    """Budget 1 MiB: the prompt-end capture of a 20000-token prompt (1.3 MB) is skipped before the
+    kernel's snapshot, with a log line and a metric; a 600-token prompt's capture is taken."""
+    loaded = fake_loaded(tiny_model_dir)
+    sock = tmp_path / "s.sock"
+    with trio.fail_after(60), capture_logs() as events:
+        async with daemon(loaded, sock, checkpoint_memory_mb=1):
+            r = await request(sock, "POST", "/v1/completions", {"model": "tiny", "prompt": [3] * 20000, "max_tokens": 1})
+            assert r.status == 200
+            assert loaded.model.snapshots == 0
+            r = await request(sock, "POST", "/v1/completions", {"model": "tiny", "prompt": [4] * 600, "max_tokens": 1})
+            assert r.status == 200
+            metrics = (await request(sock, "GET", "/metrics")).body.decode()
+    assert loaded.model.snapshots == 1
+    skipped = [e for e in events if e["event"] == "checkpoint_capture_skipped"]
+    assert len(skipped) == 1 and skipped[0]["tokens"] == 20000 and "checkpoint memory budget" in skipped[0]["reason"]
+    assert 'cairn_checkpoint_captures_skipped_total{reason="budget"} 1' in metrics
+
+
+async def test_a_capture_without_transient_room_in_the_plan_is_not_taken(tiny_model_dir, tmp_path):
+    loaded = fake_loaded(tiny_model_dir)
+    # the store would keep 1 MB, but the plan leaves room for a 10 kB copy only
+    loaded.memory_plan = fake_plan(states=1 << 30, checkpoints=1 << 20, transients=10_000)
+    sock = tmp_path / "t.sock"
+    with trio.fail_after(60), capture_logs() as events:
+        async with daemon(loaded, sock):
+            r = await request(sock, "POST", "/v1/completions", {"model": "tiny", "prompt": [3] * 600, "max_tokens": 1})
+    assert r.status == 200 and loaded.model.snapshots == 0
+    (skip,) = [e for e in events if e["event"] == "checkpoint_capture_skipped"]
+    assert "room for a capture's copy" in skip["reason"]
+
+
+def test_slot_mode_drops_an_idle_slots_state_after_the_checkpoints_and_never_a_busy_one():
+    from cairn.actors.kernel_gate import KernelGate
+    from cairn.actors.slots import DecodeBatcher, Slot
+
+    model = fake_kernel.Model(vocab_size=VOCAB)
+    ck = Checkpoints(max_slots=4, max_bytes=1 << 20)
+    ck.capture(np.full(600, 1, dtype=np.int32), "prompt_end", b"x" * 10_000, "r0")
+    engine = Engine(fake_kernel, model, None, 65536, checkpoints=ck)
+    gate = KernelGate()
+    batcher = DecodeBatcher(engine, gate)
+    engine.slots = [Slot(engine, i, gate, batcher) for i in range(3)]
+    engine.memory = MemoryGuard(fake_plan(states=200_000, checkpoints=10_000), engine)
+    idle, busy, growing = engine.slots
+    for slot, n in ((idle, 800), (busy, 800), (growing, 200)):
+        fake_kernel.prefill(slot.new_state(), np.ones(n, dtype=np.int32))
+    busy.request_id, growing.request_id = "busy", "grow"
+    # growing to 800: three states of 1.25 x (68 x 800 + 2048) = 70.6 kB + 10 kB of checkpoints > 210 kB,
+    # and still over without the checkpoints
+    growing.room_for(growing.live, 600, "grow")
+    assert ck.store.memory_usage() == 0 and idle.live is None and busy.live is not None
+    # growing to 1700 (147 kB): with the busy state's 70.6 kB over the pool; the busy one is never touched
+    try:
+        growing.room_for(growing.live, 1500, "grow")
+    except MemoryExceeded:
+        pass
+    else:
+        raise AssertionError("no MemoryExceeded")
+    assert busy.live is not None and growing.live is not None

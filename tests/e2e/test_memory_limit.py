@@ -1,0 +1,120 @@
+"""A daemon with no memory flags inside a memory cgroup (issue 20): the memory plan reads the cgroup's
+limit, four conversations grow toward it, the one that cannot fit ends with HTTP 507 naming memory after
+the checkpoints were evicted for it, the others finish with the model's own tokens, and the OOM killer
+never fires.
+
+The model is the `tiny-wide-state` preset (~3.3 KiB of state a token), so a few thousand tokens fill
+what a 160 MiB limit leaves after the daemon itself (~45 MiB charged at start), the margin and the
+checkpoint budget. The cgroup comes from tests/memory_cap.py; a host without one names this test in the
+run's summary (a failure under CI: tests/skip_policy.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import trio
+
+from daemon_harness import real_loaded, reference_greedy, request, token_strings
+from memory_cap import memory_cap, memory_cap_unavailable_reason
+from skip_policy import host_cannot
+
+LIMIT = 160 << 20
+SMALL_TOKENS = 700          # >= checkpoint_min_tokens: each leaves a prompt-end checkpoint
+BIG_TOKENS = 40_000         # ~130 MB of state: with the daemon itself over the limit, were it not refused
+DECODE = 12
+
+
+@pytest.fixture(scope="module")
+def wide_model(tmp_path_factory) -> Path:
+    from cairn.daemon.modelgen.make_model import make_model
+
+    return make_model("tiny-wide-state", 0, tmp_path_factory.mktemp("wide") / "wide")
+
+
+def _body(prompt: list[int]) -> dict:
+    return {"model": "wide", "prompt": prompt, "temperature": 0, "max_tokens": DECODE, "ignore_eos": True,
+            "logprobs": 1}
+
+
+async def _wait_for_socket(sock: Path, proc: subprocess.Popen, log: Path) -> None:
+    with trio.fail_after(60):
+        while not sock.exists():
+            assert proc.poll() is None, f"daemon exited {proc.returncode}: {log.read_text()[-3000:]}"
+            await trio.sleep(0.1)
+
+
+async def test_four_conversations_under_a_cgroup_limit_one_gets_507_the_others_finish(wide_model, tmp_path):
+    rng = np.random.default_rng(20)
+    small = [[int(t) for t in rng.integers(2, 500, size=SMALL_TOKENS)] for _ in range(3)]
+    big = [int(t) for t in rng.integers(2, 500, size=BIG_TOKENS)]
+    sock, log = tmp_path / "d.sock", tmp_path / "daemon.log"
+    argv = [sys.executable, "-m", "cairn.daemon.cli.main", "serve", "--model", str(wide_model), "--socket", str(sock),
+            "--checkpoint-dir", str(tmp_path / "state"), "--packed-cache-dir", str(tmp_path / "packed"),
+            "--threads", "2"]
+    if (reason := memory_cap_unavailable_reason()) is not None:
+        host_cannot(reason)
+    cap_cm = memory_cap(LIMIT, "memory-limit")
+    cap = cap_cm.__enter__()
+    try:
+        with open(log, "w") as out:
+            proc = cap.popen(argv, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "CAIRN_LOG_LEVEL": "info"})
+        await _wait_for_socket(sock, proc, log)
+        status = (await request(sock, "GET", "/v1/status")).json()
+        plan = status["memory"]["plan"]
+        assert plan["limit_source"].startswith("cgroup v"), plan        # the cgroup binds, not MemAvailable
+        assert plan["limit_bytes"] == LIMIT and plan["room_bytes"] < LIMIT
+        assert plan["parts"]["checkpoints"] < 2048 << 20                   # cut to fit the limit
+        pool = plan["parts"]["states"] + plan["parts"]["checkpoints"]
+        assert pool > SMALL_TOKENS * plan["per_token_bytes"] * 2
+        # unguarded, the big conversation's state would take the daemon past the limit: the OOM killer
+        assert BIG_TOKENS * plan["per_token_bytes"] > LIMIT - plan["room_bytes"] + LIMIT // 2
+
+        results: dict = {}
+
+        async def send(name: str, prompt: list[int]) -> None:
+            results[name] = await request(sock, "POST", "/v1/completions", _body(prompt))
+
+        t0 = time.monotonic()
+        with trio.fail_after(240):
+            async with trio.open_nursery() as n:
+                # admission is first come, first served: a, then the big one, then b and c behind it
+                for name, prompt in (("a", small[0]), ("big", big), ("b", small[1]), ("c", small[2])):
+                    n.start_soon(send, name, prompt)
+                    await trio.sleep(0.3)
+        elapsed = time.monotonic() - t0
+        after = (await request(sock, "GET", "/v1/status")).json()
+        assert proc.poll() is None, "the daemon died"
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            proc.wait(timeout=30)
+        oom_kills, peak = cap.oom_kills(), cap.peak_bytes()
+        cap_cm.__exit__(None, None, None)
+
+    events = [json.loads(line) for line in log.read_text().splitlines() if line.startswith("{")]
+    names = [e.get("event") for e in events]
+    assert oom_kills == 0 and peak <= LIMIT, (oom_kills, peak)
+    err = results["big"]
+    assert err.status == 507, err.body[:500]
+    assert err.json()["error"]["code"] == "insufficient_memory"
+    assert err.json()["error"]["message"].startswith("memory:")
+    assert "checkpoint_evict_for_state" in names and "memory_exceeded" in names   # checkpoints went first
+    assert names.index("checkpoint_evict_for_state") < names.index("memory_exceeded")
+    assert after["memory"]["in_use"]["refused"] == 1
+    # the others: the model's own greedy tokens, as from a fresh state with no daemon involved
+    loaded = real_loaded(wide_model)
+    for name, prompt in zip("abc", small):
+        r = results[name]
+        assert r.status == 200, (name, r.body[:300])
+        assert r.json()["choices"][0]["logprobs"]["tokens"] == token_strings(loaded, reference_greedy(
+            loaded, prompt, DECODE)), name
+    print(f"memory-limit e2e: limit {LIMIT >> 20} MiB, peak {peak / (1 << 20):.1f} MiB, pool {pool / (1 << 20):.1f} "
+          f"MiB, requests {elapsed:.1f} s; plan: {plan['reason']}")
