@@ -1,7 +1,7 @@
 """Run a command inside a fresh cgroup v1 memory group with a hard limit, and report what the
 group saw: peak usage (memory.max_usage_in_bytes), how often the limit was hit (memory.failcnt)
-and whether the OOM killer fired (memory.oom_control `oom_kill`). For the expert-paging budget test
-(tests/e2e/test_expert_paging.py) and bench (bench/expert_paging.py). Needs root and a writable v1
+and whether the OOM killer fired (memory.oom_control `oom_kill`). For bench (bench/cgroup_paging.py);
+the tests use tests/memory_cap.py (v1 and v2, root or delegated). Needs root and a writable v1
 memory hierarchy at /sys/fs/cgroup/memory; `CgroupUnavailable` says what is missing. The group is
 ours alone (cairn-<name>-<pid>), the child joins it before exec, and it is removed afterwards.
 """

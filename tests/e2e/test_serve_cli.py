@@ -8,7 +8,7 @@ import subprocess
 import sys
 import time
 
-
+from skip_policy import host_cannot, systemd_tools_missing
 
 # one slot: the default (from the machine's memory) would vary by host
 CAIRN = [sys.executable, "-m", "cairn.daemon.cli.main", "serve", "--slots", "1"]
@@ -41,6 +41,8 @@ def _next_not_status(n: socket.socket) -> bytes:
 
 
 def test_socket_activation_and_ready_notification(tiny_model_dir, tmp_path):
+    if (missing := systemd_tools_missing()) is not None:
+        host_cannot(missing)
     sock, notify = tmp_path / "api.sock", tmp_path / "notify.sock"
     n = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     n.bind(str(notify))

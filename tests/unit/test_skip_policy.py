@@ -44,3 +44,53 @@ def test_a_clean_run_still_passes(with_policy):
     r = _run(with_policy, "def test_ok(): pass\n")
     r.assert_outcomes(passed=1)
     assert r.ret == pytest.ExitCode.OK
+
+
+# --- what the host cannot do: named in the summary; fails only under CI -----------------------------
+
+HOST_CANNOT_SUITE = """
+import pytest
+from skip_policy import host_cannot
+
+def test_ok(): pass
+
+def test_capped():
+    host_cannot("a delegated memory cgroup (export CAIRN_TEST_CGROUP=...)")
+
+def test_tools():
+    host_cannot("systemd-analyze (apt-get install systemd)")
+"""
+
+
+def test_what_the_host_cannot_do_is_named_and_does_not_fail_the_run_outside_ci(with_policy, monkeypatch):
+    monkeypatch.delenv("CI", raising=False)
+    r = _run(with_policy, HOST_CANNOT_SUITE)
+    r.assert_outcomes(passed=1, skipped=2)
+    assert r.ret == pytest.ExitCode.OK
+    r.stdout.fnmatch_lines(["*host cannot run 2 tests (not a failure here; CI requires them)*",
+                            "host cannot run: test_some.py::test_capped — a delegated memory cgroup "
+                            "(export CAIRN_TEST_CGROUP=...)",
+                            "host cannot run: test_some.py::test_tools — systemd-analyze (apt-get install systemd)"])
+    assert "skips and xfails fail this suite" not in r.stdout.str()
+
+
+def test_what_the_host_cannot_do_fails_under_ci(with_policy, monkeypatch):
+    monkeypatch.setenv("CI", "true")
+    r = _run(with_policy, HOST_CANNOT_SUITE)
+    r.assert_outcomes(passed=1, failed=2)
+    assert r.ret == pytest.ExitCode.TESTS_FAILED
+    r.stdout.fnmatch_lines(["*test_capped*host cannot run this, and CI requires it: a delegated memory cgroup*"])
+    # a host-cannot skip raised some other way is a plain failing skip under CI
+    with_policy.makepyfile(test_raw="import pytest\ndef test_r(): pytest.skip('host cannot: a GPU')\n")
+    r = with_policy.runpytest_inprocess("-p", "skip_policy_plugin", "-q", "test_raw.py")
+    assert r.ret == pytest.ExitCode.TESTS_FAILED
+    r.stdout.fnmatch_lines(["*skipped: test_raw.py::test_r*host cannot: a GPU*CI=true*"])
+
+
+def test_other_skips_still_fail_next_to_what_the_host_cannot_do(with_policy, monkeypatch):
+    monkeypatch.delenv("CI", raising=False)
+    r = _run(with_policy, HOST_CANNOT_SUITE + "\ndef test_s(): pytest.skip('no oracle')\n")
+    r.assert_outcomes(passed=1, skipped=3)
+    assert r.ret == pytest.ExitCode.TESTS_FAILED
+    r.stdout.fnmatch_lines(["*host cannot run 2 tests*", "*skips and xfails fail this suite*",
+                            "*skipped: test_some.py::test_s*no oracle*"])

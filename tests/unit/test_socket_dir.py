@@ -1,6 +1,8 @@
 """Socket directory trust: the daemon will not bind, and the client will not connect to the default
 path, in a directory another user owns or can write to (they could swap the socket and read prompts).
-Tests run as root, so "another user" is a chown to an unused uid."""
+"Another user": as root, a chown to an unused uid; as an ordinary user, who cannot give a directory
+away, the directory is the user's own and the code under test runs as another uid (os.geteuid
+reports one): the same lstat() result against the same rule, from the other side."""
 
 from __future__ import annotations
 
@@ -18,16 +20,25 @@ OTHER_UID = 54321
 
 
 @pytest.fixture
-def as_root():
-    if os.geteuid() != 0:
-        pytest.fail("these tests chown a directory to another user: run them as root (the test machine does)")
+def owned_by_another(monkeypatch):
+    """make(path, mode) -> the uid that owns the new directory `path`, a user other than the one the
+    code under test runs as (module docstring)."""
+    def make(path, mode: int) -> int:
+        path.mkdir(mode=mode)
+        os.chmod(path, mode)
+        if os.geteuid() == 0:
+            os.chown(path, OTHER_UID, OTHER_UID)
+            return OTHER_UID
+        owner = os.geteuid()
+        monkeypatch.setattr(os, "geteuid", lambda: owner + 1)
+        return owner
+    return make
 
 
-def test_daemon_refuses_socket_dir_owned_by_another_user(tmp_path, as_root):
+def test_daemon_refuses_socket_dir_owned_by_another_user(tmp_path, owned_by_another):
     theirs = tmp_path / "cairn-0"
-    theirs.mkdir(mode=0o700)
-    os.chown(theirs, OTHER_UID, OTHER_UID)       # a /tmp/cairn-$UID pre-made by someone else
-    with pytest.raises(SocketDirError, match=rf"{theirs} is owned by uid {OTHER_UID}, not by you .*"
+    owner = owned_by_another(theirs, 0o700)       # a /tmp/cairn-$UID pre-made by someone else
+    with pytest.raises(SocketDirError, match=rf"{theirs} is owned by uid {owner}, not by you .*"
                                              r"read the requests .*directory you own \(--socket / CAIRN_SOCKET\)"):
         _unix_socket(str(theirs / "cairn.sock"), 0o660)
     assert not (theirs / "cairn.sock").exists()
@@ -67,11 +78,11 @@ def _default_dir(tmp_path, monkeypatch):
     return tmp_path / "cairn"                     # default socket: $XDG_RUNTIME_DIR/cairn/cairn.sock
 
 
-def test_client_refuses_default_socket_in_a_dir_owned_by_another_user(tmp_path, monkeypatch, capsys, as_root):
+def test_client_refuses_default_socket_in_a_dir_owned_by_another_user(tmp_path, monkeypatch, capsys,
+                                                                     owned_by_another):
     d = _default_dir(tmp_path, monkeypatch)
-    d.mkdir(mode=0o755)
-    os.chown(d, OTHER_UID, OTHER_UID)
-    with pytest.raises(ClientError, match=rf"refusing the default socket {d}/cairn.sock: .*owned by uid {OTHER_UID}"):
+    owner = owned_by_another(d, 0o755)
+    with pytest.raises(ClientError, match=rf"refusing the default socket {d}/cairn.sock: .*owned by uid {owner}"):
         socket_path(argparse.Namespace(socket=None))
     assert cli_main(["status"]) == 1
     err = capsys.readouterr().err
