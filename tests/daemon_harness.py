@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -137,3 +138,15 @@ def token_strings(loaded: Loaded, ids: list[int]) -> list[str]:
     from cairn.daemon.api.formats import token_text
 
     return [token_text(loaded.tokenizer, i) for i in ids]
+
+
+def unix_get(path: str, url: str = "/health", timeout: float = 30.0) -> bytes:
+    """One blocking GET over a Unix socket, the raw response (for daemons run as subprocesses)."""
+    with socket.socket(socket.AF_UNIX) as s:
+        s.settimeout(timeout)
+        s.connect(path)
+        s.sendall(f"GET {url} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode())
+        data = b""
+        while chunk := s.recv(65536):
+            data += chunk
+    return data

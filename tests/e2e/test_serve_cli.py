@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 
+from daemon_harness import unix_get
 from skip_policy import host_cannot, systemd_tools_missing
 
 # one slot: the default (from the machine's memory) would vary by host
@@ -20,17 +21,6 @@ def test_bad_setting_exits_2_naming_it(tiny_model_dir):
     assert r.returncode == 2 and "'chunk'" in r.stderr and "--chunk" in r.stderr
     r = subprocess.run(CAIRN, capture_output=True, text=True, timeout=60, env={**os.environ, "CAIRN_MODEL": ""})
     assert r.returncode == 2 and "'model'" in r.stderr
-
-
-def _get(path: str, url: str = "/health") -> bytes:
-    with socket.socket(socket.AF_UNIX) as s:
-        s.settimeout(10)
-        s.connect(path)
-        s.sendall(f"GET {url} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode())
-        data = b""
-        while chunk := s.recv(65536):
-            data += chunk
-    return data
 
 
 def _next_not_status(n: socket.socket) -> bytes:
@@ -56,7 +46,7 @@ def test_socket_activation_and_ready_notification(tiny_model_dir, tmp_path):
         while not sock.exists():
             assert time.monotonic() < deadline
             time.sleep(0.05)
-        assert b'"status":"ok"' in _get(str(sock))        # the connection starts the daemon
+        assert b'"status":"ok"' in unix_get(str(sock))        # the connection starts the daemon
         assert _next_not_status(n) == b"READY=1"
         assert not (tmp_path / "unused.sock").exists()     # the passed socket is used, none bound
         proc.terminate()
@@ -107,7 +97,7 @@ def test_notify_protocol_ready_status_watchdog_stopping(tiny_model_dir, tmp_path
     try:
         assert until(lambda m: m.startswith("STATUS=")).startswith("STATUS=loading model")
         until(lambda m: m == "READY=1")
-        assert b'"status":"ok"' in _get(str(sock))             # READY=1 means the socket accepts now
+        assert b'"status":"ok"' in unix_get(str(sock))             # READY=1 means the socket accepts now
         assert not any(m == "READY=1" for _, m in got[:-1])
         reply = _post(str(sock), "/v1/completions", {"model": tiny_model_dir.name, "prompt": list(range(5, 305)),
                                                      "max_tokens": 1})

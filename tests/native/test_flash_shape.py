@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import resource
-import socket
 import subprocess
 import sys
 import textwrap
@@ -17,6 +16,7 @@ import time
 from cairn.daemon.modelgen.make_model import PRESETS
 from cairn.daemon.weights.model_dir import open_model_dir
 from cairn.daemon.weights.safetensors_io import read_header
+from daemon_harness import unix_get
 
 NOFILE = 256   # far below the tensor count (and below systemd's soft default of 1024)
 
@@ -93,17 +93,6 @@ def test_loads_and_runs_under_an_open_file_limit_of_256(flash_shape_dir):
     assert out["after"] <= out["base"] + 1, out
 
 
-def _get(path: str, url: str) -> bytes:
-    with socket.socket(socket.AF_UNIX) as s:
-        s.settimeout(30)
-        s.connect(path)
-        s.sendall(f"GET {url} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode())
-        data = b""
-        while chunk := s.recv(65536):
-            data += chunk
-    return data
-
-
 def test_daemon_starts_and_answers_under_an_open_file_limit_of_256(flash_shape_dir, tmp_path):
     sock = tmp_path / "api.sock"
     cmd = [sys.executable, "-m", "cairn.daemon.cli.main", "serve", "--slots", "2", "--threads", "2",
@@ -117,8 +106,8 @@ def test_daemon_starts_and_answers_under_an_open_file_limit_of_256(flash_shape_d
             assert proc.poll() is None, (tmp_path / "serve.log").read_text()[-3000:]
             assert time.monotonic() < deadline, "daemon not ready in 240 s"
             time.sleep(0.1)
-        assert b'"status":"ok"' in _get(str(sock), "/health")
-        loads = _get(str(sock), "/v1/loads")
+        assert b'"status":"ok"' in unix_get(str(sock), "/health")
+        loads = unix_get(str(sock), "/v1/loads")
         assert loads.startswith(b"HTTP/1.1 200"), loads
         assert len(os.listdir(f"/proc/{proc.pid}/fd")) < NOFILE // 2
         proc.terminate()
