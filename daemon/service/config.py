@@ -152,9 +152,9 @@ FIELDS: tuple[Field, ...] = (
     Field("checkpoint_min_tokens", int, 512, "shortest prefix worth a checkpoint (tokens)", _range(1)),
     Field("packed_cache_dir", str, default_packed_cache_dir,
           "where a large model's packed weight panels are cached between starts (a rebuildable cache)"),
-    Field("packed_cache_budget_mb", int, 0, "disk budget for packed_cache_dir (MiB): after a load, packed files "
-          "of other models (or older fingerprints) that no running daemon uses are removed, least recently used "
-          "first, down to it; 0 keeps only the files in use", _range(0)),
+    Field("packed_cache_budget_mb", int, 0, "disk cap for packed_cache_dir (MiB): after a load, a model's older "
+          "packed files always go, and other models' files that no running daemon uses are removed, least "
+          "recently used first, down to it; 0: no cap (one current file per model directory)", _range(0)),
     Field("expert_cache", str, "auto", "memory for routed experts; the rest is read from the packed cache file on "
           "disk as tokens need them (larger-than-memory models): auto (from available memory and the cgroup "
           "limit), all or 0 (every expert resident), a size such as 800M or 12G, or a share such as 25%",

@@ -469,9 +469,12 @@ PACKED_CACHE_MIN_BYTES = 256 << 20  # smaller models pack in well under a second
 
 
 def packed_cache_file(md: ModelDir, cache_dir: str | Path, widen_bf16: bool = False) -> Path:
-    """Where a model's packed panels are cached: named by its fingerprint (the file's header repeats
-    it, with the panel layout, and a mismatch re-packs)."""
-    return Path(cache_dir) / f"{md.fingerprint[:32]}{'-widened' if widen_bf16 else ''}.pack"
+    """Where a model's packed panels are cached: named by the model directory (packed_cache.source_key,
+    so the trim knows an older version of the same model's file) and its fingerprint (the file's header
+    repeats it, with the panel layout, and a mismatch re-packs)."""
+    from .packed_cache import source_key
+
+    return Path(cache_dir) / f"{source_key(md.path)}-{md.fingerprint[:32]}{'-widened' if widen_bf16 else ''}.pack"
 
 
 def load_model(path: str | Path | ModelDir, threads: int = 0, *, widen_bf16: bool = False,
@@ -483,9 +486,9 @@ def load_model(path: str | Path | ModelDir, threads: int = 0, *, widen_bf16: boo
     (no weight matrix is read until used). An unusable directory only costs the cache.
     expert_cache_bytes: a byte budget for routed experts paged from the packed file (None: all
     resident); it needs packed_cache (any model size), and the kernel says so when it is missing.
-    packed_cache_budget: bytes the packed_cache directory may hold; after the load, other packed
-    files not in use are removed, least recently used first, down to it (packed_cache.py; None:
-    no trimming)."""
+    packed_cache_budget: after the load, the packed_cache directory is trimmed (packed_cache.py): older
+    versions of this model's file go, and other models' files, least recently used first, while the
+    directory holds more than this many bytes (0: no cap; None: no trimming at all)."""
     from cairn import _kernel
 
     md = path if isinstance(path, ModelDir) else open_model_dir(path)

@@ -1,22 +1,32 @@
 """Upkeep of the packed cache directory (`packed_cache_dir`, `packed_cache_budget_mb`).
 
-Each packed file is about its model's size (~160 GB for V4-Flash), and a model whose fingerprint
-changed, or that is no longer served, leaves its file behind. After a load, `trim_packed_cache`
-removes the least recently used packed files (mtime: `load_model` touches the file it uses) while
-the directory holds more than the budget. Never removed: the current file, and any file in use --
-a kernel Model holds a shared flock on its file for as long as it lives (packed_file.cpp), so a
-file another running daemon maps or pages from is skipped. Also removed: leftovers of crashed
-packs (`<file>.tmp.<pid>` whose writer is dead and unlocked; `<file>.lock` nobody holds).
+Each packed file is about its model's size (~160 GB for V4-Flash). A file is named
+`<source key>-<fingerprint>.pack`, the source key a hash of the model directory's path, so a model
+keeps one current file: after a load, `trim_packed_cache` removes this model's files of older
+fingerprints (its weights changed) and files of an older naming (an earlier cairn's, never mapped
+again), then, while the directory holds more than the budget (0: no cap), other models' files, least
+recently used first (mtime: `load_model` touches the file it uses). Never removed: the current file,
+and any file in use -- a kernel Model holds a shared flock on its file for as long as it lives
+(packed_file.cpp), so a file another running daemon maps or pages from is skipped. Also removed:
+leftovers of crashed packs (`<file>.tmp.<pid>` whose writer is dead and unlocked; `<file>.lock`
+nobody holds).
 """
 
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import os
 import re
 from pathlib import Path
 
 _TMP = re.compile(r"\.pack\.tmp\.(\d+)$")
+_OLD_NAMING = re.compile(r"^[0-9a-f]{32}(-widened)?\.pack$")   # before files carried their source key
+
+
+def source_key(model_dir: str | Path) -> str:
+    """8 hex digits naming a model directory (its resolved path) in packed file names."""
+    return hashlib.blake2b(str(Path(model_dir).resolve()).encode(), digest_size=4).hexdigest()
 
 
 def _lock_if_unused(path: Path) -> int | None:
@@ -59,17 +69,19 @@ def _pid_alive(pid: int) -> bool:
 
 
 def trim_packed_cache(cache_dir: str | Path, current: str | Path | None, budget_bytes: int) -> list[Path]:
-    """Remove crashed packs' leftovers, then packed files other than `current` and those in use,
-    least recently used first, until the directory's packed files fit in budget_bytes (0: only the
-    current file and files in use stay). Returns what was removed; errors only skip a file."""
+    """Remove crashed packs' leftovers, this model's older files (same source key as `current`) and
+    files of the older naming, then other models' files, least recently used first, while the
+    directory's packed files hold more than budget_bytes (0: no cap). `current` and files in use are
+    never removed. Returns what was removed; errors only skip a file."""
     cache_dir = Path(cache_dir)
     current = Path(current) if current else None
+    mine = current.name.split("-", 1)[0] + "-" if current is not None else None
     removed: list[Path] = []
     try:
         entries = list(os.scandir(cache_dir))
     except OSError:
         return removed
-    packs: list[tuple[float, int, Path]] = []
+    others: list[tuple[float, int, Path]] = []
     total = 0
     for e in entries:
         path = Path(e.path)
@@ -85,19 +97,31 @@ def trim_packed_cache(cache_dir: str | Path, current: str | Path | None, budget_
             if _remove_if_unused(path):
                 removed.append(path)
             continue
-        if not e.name.endswith(".pack"):
+        if not e.name.endswith(".pack") or path == current:
+            if path == current:
+                total += _size(e)
             continue
+        stale = _OLD_NAMING.match(e.name) or (mine is not None and e.name.startswith(mine))
+        if stale and _remove_if_unused(path):
+            removed.append(path)
+            continue
+        size = _size(e)
+        total += size
         try:
-            st = e.stat(follow_symlinks=False)
+            others.append((e.stat(follow_symlinks=False).st_mtime, size, path))
         except OSError:
             continue
-        total += st.st_size
-        if current is None or path != current:
-            packs.append((st.st_mtime, st.st_size, path))
-    for _, size, path in sorted(packs):
-        if total <= budget_bytes:
+    for _, size, path in sorted(others):
+        if budget_bytes <= 0 or total <= budget_bytes:
             break
         if _remove_if_unused(path):
             removed.append(path)
             total -= size
     return removed
+
+
+def _size(e: os.DirEntry) -> int:
+    try:
+        return e.stat(follow_symlinks=False).st_size
+    except OSError:
+        return 0

@@ -24,7 +24,7 @@ import pytest
 import cairn._kernel as K
 from cairn.daemon.modelgen.make_model import C, S, make_model, preset_with
 from cairn.daemon.weights.model_dir import load_model, map_weights, open_model_dir, packed_cache_file
-from cairn.daemon.weights.packed_cache import trim_packed_cache
+from cairn.daemon.weights.packed_cache import source_key, trim_packed_cache
 
 
 @pytest.fixture(scope="module")
@@ -138,29 +138,33 @@ def test_two_loads_started_together_pack_once(tiny, tmp_path):
     assert [f.name for f in tmp_path.iterdir()] == [packed_cache_file(tiny, tmp_path).name]  # no lock file left
 
 
-def test_load_trims_the_directory_to_its_budget_keeping_files_in_use(tiny, tmp_path):
+def test_load_keeps_one_file_per_model_and_trims_others_to_the_budget(tiny, tmp_path):
     other = open_model_dir(make_model("tiny-fp4", 4, tmp_path / "other"))
     cache = tmp_path / "cache"
-    held = load_model(other, 2, packed_cache=cache, packed_cache_min_bytes=0)  # a live Model: in use
-    old = cache / ("0" * 32 + ".pack")  # an older fingerprint's file nobody uses
-    old.write_bytes(b"\0" * 200_000)
-    os.utime(old, (1, 1))
-    lock = cache / ("1" * 32 + ".pack.lock")  # a crashed packer's lock
-    lock.touch()
     current = packed_cache_file(tiny, cache)
+    theirs = packed_cache_file(other, cache)
+    assert current.name.startswith(source_key(tiny.path) + "-") and current.name != theirs.name
+    held = load_model(other, 2, packed_cache=cache, packed_cache_min_bytes=0)  # a live Model: in use
+    older = cache / f"{source_key(tiny.path)}-{'0' * 32}.pack"  # this model's older fingerprint
+    older.write_bytes(b"\0" * 200_000)
+    old_naming = cache / ("1" * 32 + ".pack")  # an earlier cairn's name: never mapped again
+    old_naming.write_bytes(b"\0" * 1000)
+    lock = cache / ("2" * 32 + ".pack.lock")  # a crashed packer's lock
+    lock.touch()
     model = load_model(tiny, 2, packed_cache=cache, packed_cache_min_bytes=0, packed_cache_budget=0)
     assert model.packed_cache_written
-    assert sorted(p.name for p in cache.iterdir()) == sorted([current.name, packed_cache_file(other, cache).name])
-    del held, model  # no longer in use: the next trim may remove them
+    assert sorted(p.name for p in cache.iterdir()) == sorted([current.name, theirs.name])
+    del held, model  # no longer in use: with no cap, the other model's file still stays
     load_model(tiny, 2, packed_cache=cache, packed_cache_min_bytes=0, packed_cache_budget=0)
-    assert [p.name for p in cache.iterdir()] == [current.name]
-    # a budget that holds both keeps both (least recently used removed first only when over it)
+    assert sorted(p.name for p in cache.iterdir()) == sorted([current.name, theirs.name])
+    # a cap both fit under keeps both
     load_model(other, 2, packed_cache=cache, packed_cache_min_bytes=0, packed_cache_budget=1 << 30)
     assert len(list(cache.iterdir())) == 2
-    size = current.stat().st_size
-    os.utime(current, (2, 2))  # the least recently used one
-    model3 = load_model(other, 2, packed_cache=cache, packed_cache_min_bytes=0, packed_cache_budget=size + 1)
-    assert [p.name for p in cache.iterdir()] == [packed_cache_file(other, cache).name]
+    # a cap of one file: the least recently used other model's file goes, never the one just loaded
+    os.utime(current, (2, 2))
+    model3 = load_model(other, 2, packed_cache=cache, packed_cache_min_bytes=0,
+                        packed_cache_budget=theirs.stat().st_size + 1)
+    assert [p.name for p in cache.iterdir()] == [theirs.name]
     del model3
 
 
@@ -183,4 +187,5 @@ def test_trim_removes_least_recently_used_first_and_never_a_held_file(tmp_path):
     finally:
         os.close(fd)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["1.pack", "cur.pack"]
-    assert trim_packed_cache(tmp_path, current, 0) == [files[1]]
+    assert trim_packed_cache(tmp_path, current, 0) == []         # no cap
+    assert trim_packed_cache(tmp_path, current, 1) == [files[1]]
