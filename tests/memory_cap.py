@@ -55,8 +55,6 @@ class MemoryCapUnavailable(RuntimeError):
     pass
 
 
-CgroupUnavailable = MemoryCapUnavailable     # the name the first local version of this helper used
-
 
 @dataclass(frozen=True)
 class Base:
@@ -232,14 +230,6 @@ class MemoryCap:
         except BaseException:
             self.path.rmdir()
             raise
-
-    @property
-    def group(self) -> Path:
-        return self.path
-
-    @property
-    def limit(self) -> int:
-        return self.limit_bytes()
 
     # -- starting processes
     def _join_fn(self, then=None):
