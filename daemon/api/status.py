@@ -209,6 +209,7 @@ class StatusBoard:
         waiting = sum(t.phase == "queued" and not t.ended for t in self.requests.values())
         depth = int(metrics.queue_depth.value()) if metrics is not None else waiting
         live = int(metrics.live_state_tokens.value()) if metrics is not None else 0
+        active = self.active()   # read once: `running` is its first entry, the same elapsed time
         return {
             "object": "status",
             "version": version(),
@@ -220,8 +221,8 @@ class StatusBoard:
                        "slots": max(1, len(getattr(engine, "slots", None) or ())),
                        "slots_reason": self.slots_reason},
             "queue": {"depth": depth, "capacity": self.queue_size},
-            "running": self.running(),
-            "active": self.active(),   # every running request; `running` is the first of them
+            "running": active[0] if active else None,
+            "active": active,   # every running request; `running` is the first of them
             # what each sequence slot's live state holds and does (one entry per slot, 1 included)
             "slots": [s.describe() for s in (getattr(engine, "slots", None) or ())],
             "live_state_tokens": live,
