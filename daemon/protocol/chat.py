@@ -23,6 +23,15 @@ import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 ROLES = ("system", "user", "assistant", "tool")
+# OpenAI's newer name for the system role (Codex and the openai SDK send it). It is the system role
+# here, rendered byte for byte alike, so such a conversation shares the system-prefix checkpoint.
+ROLE_ALIASES = {"developer": "system"}
+
+
+def canonical_roles(messages: list) -> list:
+    """The messages with aliased roles renamed (others untouched, same objects)."""
+    return [{**m, "role": ROLE_ALIASES[m["role"]]} if isinstance(m, dict) and m.get("role") in ROLE_ALIASES
+            else m for m in messages]
 
 
 class ChatTemplateError(ValueError):
@@ -145,10 +154,10 @@ def check_messages(messages) -> list[dict]:
         at = f"messages[{i}]"
         if not isinstance(m, dict):
             _fail(at, "expected an object with role and content")
-        role = m.get("role")
+        role = ROLE_ALIASES.get(m.get("role"), m.get("role"))
         if role not in ROLES:
-            _fail(f"{at}.role", f"expected one of {', '.join(ROLES)}, got {role!r}")
-        msg = dict(m)
+            _fail(f"{at}.role", f"expected one of {', '.join(ROLES + tuple(ROLE_ALIASES))}, got {m.get('role')!r}")
+        msg = dict(m, role=role)
         calls = m.get("tool_calls")
         if calls is not None and role != "assistant":
             _fail(f"{at}.tool_calls", "only assistant messages carry tool_calls")

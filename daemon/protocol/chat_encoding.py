@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .chat import ChatRenderer, ChatTemplateError, RenderedChat, check_messages, check_tools
+from .chat import ChatRenderer, ChatTemplateError, RenderedChat, canonical_roles, check_messages, check_tools
 from .encoding_dsv4 import ChatOptions, EncodingError, effort_variant_for, encode
 
 
@@ -28,7 +28,7 @@ class V4Renderer:
         check_messages(messages)                 # field-naming errors; the raw parts are encoded below
         tools = check_tools(tools)
         try:
-            enc = encode(messages, tools, options or ChatOptions(), effort_variant=self.effort_variant)
+            enc = encode(canonical_roles(messages), tools, options or ChatOptions(), effort_variant=self.effort_variant)
         except EncodingError as e:
             raise ChatTemplateError(str(e)) from None
         return RenderedChat(enc.text, enc.system_prefix_bytes, enc.resume_bytes)

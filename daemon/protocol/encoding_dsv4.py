@@ -193,7 +193,7 @@ def _turns(messages: list[dict]) -> list[dict]:
                 turns[-1]["blocks"].extend(blocks)
             else:
                 turns.append({"role": "user", "blocks": blocks})
-        elif role == "system":
+        elif role in ("system", "developer"):   # developer: OpenAI's newer name for system
             turns.append({"role": "system", "text": "\n\n".join(_parts(m.get("content"), where))})
         else:
             calls = [{"id": c.get("id") or "", "name": c["function"]["name"],

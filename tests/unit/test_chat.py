@@ -209,3 +209,16 @@ def test_assistant_content_may_be_absent_when_it_calls_tools(renderer):
                           add_generation_prompt=False)
     assert out.text.endswith("<｜Assistant｜><｜tool▁calls▁begin｜><｜tool▁call▁begin｜>f<｜tool▁sep｜>{}"
                              f"<｜tool▁call▁end｜><｜tool▁calls▁end｜>{EOS}")
+
+
+def test_developer_role_renders_exactly_as_system(renderer):
+    def conv(role):
+        return [{"role": role, "content": "You are terse."}, {"role": "user", "content": "hi"}]
+    dev = renderer.render(conv("developer"), tools=TOOLS)
+    assert dev == renderer.render(conv("system"), tools=TOOLS)
+    assert dev.system_prefix_bytes == len(f"{BOS}You are terse.{TOOLS_TEXT}".encode())
+
+
+def test_an_unknown_role_names_the_field_and_the_roles_allowed(renderer):
+    with pytest.raises(ChatTemplateError, match=r"messages\[0\]\.role: expected one of .*developer.*'boss'"):
+        renderer.render([{"role": "boss", "content": "x"}])

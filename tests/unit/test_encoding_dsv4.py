@@ -262,3 +262,17 @@ def test_list_content_parts_are_joined_by_a_blank_line_in_every_role():
     out = enc([{"role": "system", "content": parts}, {"role": "user", "content": parts},
                {"role": "assistant", "content": parts}])
     assert out.text == f"{BOS}a\n\nb{U}a\n\nb{A}</think>a\n\nb{EOS}"
+
+
+@pytest.mark.parametrize("tools", [None, [READ]], ids=["no-tools", "tools"])
+@pytest.mark.parametrize("opts", [CHAT, THINK], ids=["chat", "thinking"])
+def test_developer_role_renders_exactly_as_system(tools, opts):
+    # Codex and the openai SDK send `developer`; the same bytes as `system` share the prefix checkpoint.
+    def conv(role):
+        return [{"role": role, "content": "Be brief."}, {"role": "user", "content": "Hi"},
+                {"role": "assistant", "content": "Hello"}, {"role": role, "content": "Now in French."},
+                {"role": "user", "content": "Bye"}]
+    dev = V4Renderer().render(conv("developer"), tools=tools, options=opts)
+    sys_ = V4Renderer().render(conv("system"), tools=tools, options=opts)
+    assert dev == sys_
+    assert dev.text.startswith(f"{BOS}Be brief.") and dev.system_prefix_bytes is not None
