@@ -38,7 +38,7 @@ PARSE_ON_LOOP = 1 << 20   # bodies up to 1 MiB are parsed on the event loop (mil
 
 class API:
     def __init__(self, *, inbox: trio.MemorySendChannel, tokenizer, renderer, model_id: str,
-                 context_length: int, vocab_size: int, max_tokens_default: int, fingerprint: str,
+                 context_length: int, vocab_size: int, max_tokens_default: int | None, fingerprint: str,
                  log, api_key: str | None = None, metrics=None, status=None, checkpoints=None,
                  reasoning: str = "chat") -> None:
         self.inbox = inbox
@@ -47,7 +47,7 @@ class API:
         self.model_id = model_id
         self.ctx = context_length
         self.vocab = vocab_size
-        self.max_tokens_default = max_tokens_default
+        self.max_tokens_default = max_tokens_default   # None: the rest of the context
         self.fingerprint = "fp_" + fingerprint[:12]
         self.log = log
         self.api_key = api_key
@@ -231,7 +231,7 @@ class API:
                            f"{self.ctx} tokens", param=prompt_param, code="context_length_exceeded")
         room = self.ctx - n_prompt
         if asked is None:
-            return min(self.max_tokens_default, room)
+            return room if self.max_tokens_default is None else min(self.max_tokens_default, room)
         if asked > room:
             raise APIError(400, f"max_tokens: {asked} is too large; the prompt is {n_prompt} tokens and the "
                            f"context {self.ctx}, so at most {room}", param="max_tokens",

@@ -135,8 +135,9 @@ FIELDS: tuple[Field, ...] = (
     Field("queue_size", int, 8, "requests that may wait for the engine; more get HTTP 429", _range(0, 10_000)),
     Field("threads", int, 0, "kernel threads (0: all cores)", _range(0, 1024)),
     Field("log_level", str, "info", "log level", _one_of("debug", "info", "warning", "error")),
-    Field("max_tokens_default", int, 1024, "completion length when a request gives no max_tokens",
-          _range(1)),
+    # Unset (as vLLM does): an agent that sends no max_tokens is not cut off mid-answer at an arbitrary length.
+    Field("max_tokens_default", int, None, "completion length when a request gives no max_tokens; unset: the rest "
+          "of the context (context length - prompt tokens)", _range(1), optional=True),
     Field("reasoning", str, "chat", "chat mode when a request does not choose one: chat (no thinking), thinking, "
           "high or max (thinking with that reasoning effort)", _one_of("chat", "thinking", "high", "max")),
     Field("checkpoints", bool, True, "prefix checkpoints in memory", flag_only_negative=True),
@@ -178,7 +179,7 @@ class Settings:
     queue_size: int
     threads: int
     log_level: str
-    max_tokens_default: int
+    max_tokens_default: int | None
     reasoning: str
     checkpoints: bool
     checkpoint_slots: int

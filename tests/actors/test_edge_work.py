@@ -161,3 +161,13 @@ async def test_cancelled_chat_request_waits_for_its_tokenization_thread():
     finally:
         renderer.release.set()
     assert ended_with_thread_running is False
+
+
+def test_no_max_tokens_means_the_rest_of_the_context_unless_the_operator_set_a_default():
+    inbox, _ = trio.open_memory_channel(16)
+    unset = API(inbox=inbox, tokenizer=_Tok(), renderer=None, model_id="tiny", context_length=4096,
+                vocab_size=64, max_tokens_default=None, fingerprint="f" * 16, log=get_logger())
+    assert unset._budget(1000, None, "messages") == 4096 - 1000
+    assert unset._budget(1000, 7, "messages") == 7
+    assert _api(ctx=4096)._budget(1000, None, "prompt") == 16          # the operator's default
+    assert _api(ctx=1010)._budget(1000, None, "prompt") == 10          # still bounded by the context

@@ -150,3 +150,8 @@ def test_api_key_file_is_read_stripped_and_an_unusable_one_is_a_clear_error(tmp_
         with pytest.raises(ConfigError) as e:
             load_settings(flags, env)
         assert all(w in str(e.value) for w in words), str(e.value)
+
+
+def test_max_tokens_default_is_unset_meaning_the_rest_of_the_context_and_an_operator_may_set_it():
+    assert load_settings({}, {"XDG_RUNTIME_DIR": "/run/user/1000"}).max_tokens_default is None
+    assert load_settings({"max_tokens_default": 2048}, {"XDG_RUNTIME_DIR": "/run/user/1000"}).max_tokens_default == 2048
