@@ -61,14 +61,17 @@ def chat_completion(rid: str, created: int, model: str, message: dict | str, fin
 
 def chat_chunk(rid: str, created: int, model: str, delta: dict, *, finish: str | None = None,
                logprobs: list | None = None, fingerprint: str, usage: Usage | None = None,
-               no_choices: bool = False) -> dict:
+               no_choices: bool = False, include_usage: bool = False) -> dict:
+    """`include_usage` (the client's stream_options.include_usage): every chunk carries `usage`, null but
+    on the final extra one, as OpenAI sends it; without it no chunk has the key at all."""
     out = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model,
            "system_fingerprint": fingerprint, "choices": []}
     if not no_choices:
         out["choices"] = [{"index": 0, "delta": delta,
                            "logprobs": None if logprobs is None else {"content": logprobs, "refusal": None},
                            "finish_reason": finish}]
-    out["usage"] = None if usage is None else usage_dict(usage)
+    if usage is not None or include_usage:
+        out["usage"] = None if usage is None else usage_dict(usage)
     return out
 
 

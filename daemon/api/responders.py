@@ -99,7 +99,7 @@ class ChatStream(StreamProgress):
 
     def _chunk(self, delta, **kw) -> dict:
         return formats.chat_chunk(self.rid, self.created, self.api.model_id, delta,
-                                  fingerprint=self.api.fingerprint, **kw)
+                                  fingerprint=self.api.fingerprint, include_usage=self.req.common.include_usage, **kw)
 
     async def start(self, send, msg: Started) -> None:
         await self._start_stream(send)

@@ -24,9 +24,9 @@ class FakeAPI:
         self.log = get_logger()
 
 
-async def run(cls, pieces, *, stream: bool, thinking: bool):
+async def run(cls, pieces, *, stream: bool, thinking: bool, **fields):
     req = parse_chat({"model": "m", "messages": [{"role": "user", "content": "x"}], "tools": TOOLS,
-                      "stream": stream})
+                      "stream": stream, **fields})
     sent = []
 
     async def send(msg):
@@ -73,3 +73,13 @@ async def test_a_malformed_block_comes_back_as_content_with_a_warning():
     assert msg["content"] == "".join(bad)                     # all of it, whitespace included
     (w,) = [e for e in logs if e["event"] == "model_output_malformed"]
     assert w["log_level"] == "warning" and w["request_id"] == "chatcmpl-1" and "malformed" in w["problem"]
+
+
+async def test_streamed_chunks_carry_usage_only_when_the_client_asks():
+    chunks = await run(ChatStream, REPLY, stream=True, thinking=True)
+    assert len(chunks) > 3 and all("usage" not in c for c in chunks)
+    asked = await run(ChatStream, REPLY, stream=True, thinking=True, stream_options={"include_usage": True})
+    assert len(asked) == len(chunks) + 1
+    assert all(c["usage"] is None for c in asked[:-1])            # OpenAI's shape: null until the last chunk
+    assert asked[-1]["choices"] == [] and asked[-1]["usage"]["prompt_tokens"] == 3
+    assert asked[-1]["usage"]["completion_tokens"] == len(REPLY)
