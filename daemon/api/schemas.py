@@ -83,15 +83,24 @@ def _bool(d: dict, key: str, default: bool) -> bool:
     return v
 
 
+MAX_STOP = 4              # stop strings per request (OpenAI's limit)
+MAX_STOP_CHARS = 1024     # per stop string: text that may start one is held back, so this bounds the delay
+
+
 def _stop(d: dict) -> tuple[str, ...]:
     v = d.get("stop")
     if v is None:
         return ()
     if isinstance(v, str):
+        if len(v) > MAX_STOP_CHARS:
+            raise bad("stop", f"{len(v)} characters; a stop string may have at most {MAX_STOP_CHARS}")
         return (v,) if v else ()
     if isinstance(v, list) and all(isinstance(s, str) for s in v):
-        if len(v) > 4:
-            raise bad("stop", f"at most 4 stop strings, got {len(v)}")
+        if len(v) > MAX_STOP:
+            raise bad("stop", f"at most {MAX_STOP} stop strings, got {len(v)}")
+        for i, s in enumerate(v):
+            if len(s) > MAX_STOP_CHARS:
+                raise bad(f"stop[{i}]", f"{len(s)} characters; a stop string may have at most {MAX_STOP_CHARS}")
         return tuple(s for s in v if s)
     raise bad("stop", "expected a string or a list of strings", "invalid_type")
 

@@ -87,3 +87,19 @@ def test_stream_options_with_newer_keys_are_accepted():
     with pytest.raises(APIError) as e:
         parse_chat({**BASE, "stream_options": {"include_usage": "yes"}})
     assert e.value.param == "stream_options"
+
+
+@pytest.mark.parametrize("parse, base", [(parse_chat, BASE), (parse_completion, {"model": "m", "prompt": "p"})])
+def test_stop_strings_are_capped_in_count_and_length_naming_the_string(parse, base):
+    ok = "✓" * 1024                                         # the cap counts characters, not bytes
+    assert parse({**base, "stop": ["a", ok]}).common.stop == ("a", ok)
+    with pytest.raises(APIError) as e:
+        parse({**base, "stop": ["a", "b" * 1025]})
+    assert e.value.status == 400 and e.value.param == "stop[1]"
+    assert "1025 characters" in e.value.message and "at most 1024" in e.value.message
+    with pytest.raises(APIError) as e:
+        parse({**base, "stop": "b" * 1025})
+    assert e.value.param == "stop" and "at most 1024" in e.value.message
+    with pytest.raises(APIError) as e:
+        parse({**base, "stop": ["a"] * 5})
+    assert e.value.param == "stop" and "at most 4" in e.value.message
