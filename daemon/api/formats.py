@@ -28,11 +28,12 @@ def chat_logprob(tok, token_id: int, logprob: float, top) -> dict:
 
 
 def chat_message(content: str, *, reasoning: str | None = None, tool_calls: list | None = None) -> dict:
-    """The assistant message: content (None when the reply is only tool calls), the reasoning under both
-    names clients read (`reasoning_content`, `reasoning`; thinking mode only), and the tool calls."""
+    """The assistant message: content (None when the reply is only tool calls), the reasoning as
+    `reasoning_content` (DeepSeek's own API's name, the one most clients read; thinking mode only), and
+    the tool calls."""
     msg = {"role": "assistant", "content": None if tool_calls and not content else content, "refusal": None}
     if reasoning is not None:
-        msg["reasoning_content"] = msg["reasoning"] = reasoning
+        msg["reasoning_content"] = reasoning
     if tool_calls:
         msg["tool_calls"] = [tool_call(c.id, c.name, c.arguments) for c in tool_calls]
     return msg

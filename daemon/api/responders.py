@@ -113,7 +113,7 @@ class ChatStream(StreamProgress):
             if ev.kind == "content":
                 delta = {"content": ev.text}
             elif ev.kind == "reasoning":
-                delta = {"reasoning_content": ev.text, "reasoning": ev.text}
+                delta = {"reasoning_content": ev.text}
             elif ev.kind == "tool_start":
                 delta = {"tool_calls": [formats.tool_call(ev.id, ev.name, "", index=ev.index)]}
             else:

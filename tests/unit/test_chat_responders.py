@@ -51,12 +51,14 @@ async def test_whole_and_streamed_replies_carry_the_same_parts():
     whole = await run(ChatJSON, REPLY, stream=False, thinking=True)
     msg = whole["choices"][0]["message"]
     assert whole["choices"][0]["finish_reason"] == "tool_calls"
-    assert (msg["reasoning_content"], msg["reasoning"], msg["content"]) == ("let me see", "let me see", "Reading.")
+    assert (msg["reasoning_content"], msg["content"]) == ("let me see", "Reading.")
+    assert "reasoning" not in msg                     # one name only (docs/api.md, Reasoning)
     (call,) = msg["tool_calls"]
     assert call["function"] == {"name": "read", "arguments": '{"path": "a.txt"}'}
     chunks = await run(ChatStream, REPLY, stream=True, thinking=True)
     deltas = [c["choices"][0]["delta"] for c in chunks if c["choices"]]
     assert "".join(d.get("reasoning_content", "") for d in deltas) == "let me see"
+    assert not any("reasoning" in d for d in deltas)
     assert "".join(d.get("content") or "" for d in deltas) == "Reading."
     calls = [tc for d in deltas for tc in d.get("tool_calls", [])]
     assert calls[0]["id"].startswith("call_") and calls[0]["function"] == {"name": "read", "arguments": ""}
