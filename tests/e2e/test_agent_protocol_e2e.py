@@ -292,3 +292,19 @@ async def test_tool_choice_none_never_opens_a_call_block(loaded, tmp_path):
     none_toks = [t["token"] for t in choice["logprobs"]["content"]]
     assert len(none_toks) == 6 and "｜DSML｜" not in "".join(none_toks)
     assert choice["finish_reason"] == "length" and not choice["message"].get("tool_calls")
+
+
+async def test_codex_shaped_developer_role_streams_as_system_and_chunks_have_no_usage_key(loaded, tmp_path):
+    """Codex sends `developer` and no stream_options: a 200 with the same tokens as `system`, and (no
+    include_usage) no chunk carries a `usage` key at all."""
+    def body(role):
+        return {"model": "tiny", "temperature": 0, "max_tokens": 6, "stream": True, "tools": TOOLS,
+                "messages": [{"role": role, "content": "You are Codex."}, {"role": "user", "content": "fix it"}]}
+    sock = tmp_path / "c.sock"
+    with trio.fail_after(60), capture_logs():
+        async with daemon(loaded, sock):
+            dev, sys_ = [await request(sock, "POST", "/v1/chat/completions", body(r)) for r in ("developer", "system")]
+    dev_events, sys_events = _sse_ok(dev)[:-1], _sse_ok(sys_)[:-1]
+    assert all("usage" not in e for e in dev_events + sys_events)
+    deltas = [[e["choices"][0]["delta"] for e in evs if e["choices"]] for evs in (dev_events, sys_events)]
+    assert deltas[0] == deltas[1] and len(deltas[0]) >= 3
