@@ -652,3 +652,19 @@ async def test_two_daemons_of_the_same_model_on_one_directory_the_second_runs_me
     assert st2["checkpoints"]["disk"]["enabled"] is False and st2["checkpoints"]["disk"]["count"] == 0
     assert set(files) <= set(after) and len(after) == len(files) + 1
     assert len(first_rows) == 2 and cached(r3) == [r for r in first_rows if r["kind"] == "system"][0]["tokens"]
+
+
+async def test_a_developer_role_conversation_restores_the_system_checkpoint(loaded, tmp_path):
+    # `developer` (Codex, the openai SDK) renders as `system` byte for byte, so it shares the checkpoint.
+    sock = tmp_path / "c.sock"
+    bodies = [chat([{"role": "system", "content": SYSTEM}, user(1)]),
+              chat([{"role": "developer", "content": SYSTEM}, user(2, "B")])]
+    with trio.fail_after(60), capture_logs() as evs:
+        async with daemon(loaded, sock, **ON):
+            r1 = await post(sock, bodies[0])
+            rows = await listing(sock)
+            r2 = await post(sock, bodies[1])
+    (system,) = [r for r in rows if r["kind"] == "system"]
+    assert cached(r1) == 0 and cached(r2) == system["tokens"] >= 32
+    assert [h["id"] for h in events(evs, "checkpoint_hit")] == [system["id"]]
+    assert_parity([r1, r2], await replay_off(loaded, tmp_path, bodies))
