@@ -255,3 +255,25 @@ async def test_metrics_count_reused_and_computed_tokens(loaded, tmp_path):
     assert 'cairn_requests_total{outcome="done"} 2' in text
     assert "cairn_live_state_tokens 102" in text
     assert r1["usage"]["completion_tokens"] == 1
+
+
+async def test_no_max_tokens_generates_to_the_end_of_the_context_unless_the_operator_caps_it(loaded, tmp_path):
+    """aider and other agents send no max_tokens: the reply may use the rest of the context (as vLLM
+    does), not a fixed 1024; an operator's max_tokens_default still caps it."""
+    import dataclasses
+
+    # a context the test can fill quickly, yet whose room is past the old fixed default of 1024
+    small = dataclasses.replace(loaded, context_length=1100)
+    prompt = [int(t) for t in RNG.integers(20, 500, size=60)]
+    body = {"model": "tiny", "prompt": prompt, "temperature": 0, "ignore_eos": True}
+    chat = {"model": "tiny", "temperature": 0, "ignore_eos": True, "messages": [{"role": "user", "content": "Hi"}]}
+    with trio.fail_after(60), capture_logs():
+        async with daemon(small, tmp_path / "a.sock"):
+            r = (await request(tmp_path / "a.sock", "POST", "/v1/completions", body)).json()
+            c = (await request(tmp_path / "a.sock", "POST", "/v1/chat/completions", chat)).json()
+        async with daemon(small, tmp_path / "b.sock", max_tokens_default=5):
+            capped = (await request(tmp_path / "b.sock", "POST", "/v1/completions", body)).json()
+    assert r["usage"]["completion_tokens"] == 1100 - 60 and r["choices"][0]["finish_reason"] == "length"
+    u = c["usage"]
+    assert u["prompt_tokens"] + u["completion_tokens"] == 1100 and c["choices"][0]["finish_reason"] == "length"
+    assert capped["usage"]["completion_tokens"] == 5
