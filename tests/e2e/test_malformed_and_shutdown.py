@@ -40,6 +40,7 @@ CASES = [
     ("/v1/chat/completions", {**CHAT, "stream": "yes"}, 400, "stream"),
     ("/v1/chat/completions", {**CHAT, "n": 2}, 400, "n"),
     ("/v1/chat/completions", {**CHAT, "stop": ["a", "b", "c", "d", "e"]}, 400, "stop"),
+    ("/v1/chat/completions", {**CHAT, "stop": ["a", "b" * 1025]}, 400, "stop[1]"),
     ("/v1/chat/completions", {**CHAT, "top_logprobs": 3}, 400, "top_logprobs"),
     ("/v1/chat/completions", {**CHAT, "logprobs": True, "top_logprobs": 21}, 400, "top_logprobs"),
     ("/v1/completions", {**CMPL, "prompt": 5}, 400, "prompt"),
