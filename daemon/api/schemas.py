@@ -40,14 +40,99 @@ def parse_json_body(raw: bytes) -> dict:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
         raise APIError(400, f"request body is not valid UTF-8 (byte {e.start})", code="invalid_utf8") from None
+    if _nesting_exceeds(text, MAX_DEPTH):
+        # before json.loads: a body of 100,000 `[` would overflow the parser's recursion
+        raise APIError(400, f"request body is nested too deeply; at most {MAX_DEPTH} levels of arrays and "
+                       "objects are accepted", code="invalid_json")
     try:
-        obj = json.loads(text)
+        obj = json.loads(text)   # NaN/Infinity read as floats here; _check_values refuses them
     except json.JSONDecodeError as e:
         raise APIError(400, f"request body is not valid JSON: {e.msg} at line {e.lineno} column {e.colno}",
                        code="invalid_json") from None
+    except RecursionError:
+        raise APIError(400, "request body is nested too deeply", code="invalid_json") from None
+    except ValueError as e:   # an integer past Python's digit limit (int_max_str_digits)
+        raise APIError(400, f"request body has an integer too long to read ({str(e)[:80]}); integers may "
+                       f"have at most {MAX_INT_BITS} bits", code="invalid_json") from None
     if not isinstance(obj, dict):
         raise APIError(400, "request body must be a JSON object", code="invalid_json")
+    _check_values(obj)
     return obj
+
+
+MAX_DEPTH = 64          # levels of nested arrays/objects; tool schemas and messages use well under 20
+MAX_INT_BITS = 64       # any integer field (seed is the widest: 64 bits); larger ones overflow the engine
+
+
+def _nesting_exceeds(text: str, limit: int) -> bool:
+    """Whether brackets outside strings nest deeper than `limit` (a scan that stops at the first
+    level too deep; cheap next to json.loads, and only bodies with deep brackets are scanned whole)."""
+    if text.count("[") + text.count("{") <= limit:
+        return False
+    depth, in_str, esc = 0, False, False
+    opens, closes = "[{", "]}"
+    for ch in text:
+        if in_str:
+            if esc:
+                esc = False
+            elif ch == "\\":
+                esc = True
+            elif ch == '"':
+                in_str = False
+        elif ch == '"':
+            in_str = True
+        elif ch in opens:
+            depth += 1
+            if depth > limit:
+                return True
+        elif ch in closes:
+            depth -= 1
+    return False
+
+
+def _path(parts: tuple) -> str:
+    out = ""
+    for p in parts:
+        out += f"[{p}]" if isinstance(p, int) else (f".{p}" if out else str(p))
+    return out or "body"
+
+
+def _check_values(obj: dict) -> None:
+    """Refuse, naming the field: non-finite numbers (NaN, Infinity, 1e999), integers wider than
+    MAX_INT_BITS, and strings with lone surrogates (`"\\ud800"`: valid JSON, but no UTF-8 exists
+    for them, so the tokenizer and every encoder downstream would fail)."""
+    stack = [((), obj)]
+    while stack:
+        parts, v = stack.pop()
+        if isinstance(v, dict):
+            for k, x in v.items():
+                if _has_surrogate(k):
+                    raise bad(_path(parts) + " key", "contains a lone UTF-16 surrogate (\\ud800-\\udfff), "
+                              "which is not a character; send valid Unicode", "invalid_string")
+                stack.append((parts + (k,), x))
+        elif isinstance(v, list):
+            stack.extend((parts + (i,), x) for i, x in enumerate(v))
+        elif isinstance(v, str):
+            if _has_surrogate(v):
+                raise bad(_path(parts), "contains a lone UTF-16 surrogate (\\ud800-\\udfff), which is not a "
+                          "character; send valid Unicode", "invalid_string")
+        elif isinstance(v, float):
+            if v != v or v in (float("inf"), float("-inf")):
+                raise bad(_path(parts), f"{'NaN' if v != v else 'Infinity'} is not a number JSON allows; "
+                          "send a finite number", "invalid_value")
+        elif isinstance(v, int) and not isinstance(v, bool) and v.bit_length() > MAX_INT_BITS:
+            raise bad(_path(parts), f"integer of {v.bit_length()} bits is too large; at most "
+                      f"{MAX_INT_BITS} bits", "invalid_value")
+
+
+def _has_surrogate(s: str) -> bool:
+    if s.isascii():
+        return False
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
 
 
 # --- field readers ----------------------------------------------------------------------------
@@ -246,7 +331,7 @@ def _logit_bias(d: dict) -> tuple[tuple[int, float], ...]:
         try:
             tid = int(k)
         except (TypeError, ValueError):
-            raise bad("logit_bias", f"key {k!r} is not a token id (an integer as a string)") from None
+            raise bad("logit_bias", f"key {k[:40]!r} is not a token id (an integer as a string)") from None
         if tid < 0:
             raise bad("logit_bias", f"token id {tid} is negative")
         if isinstance(b, bool) or not isinstance(b, (int, float)) or not -100 <= b <= 100:
@@ -262,9 +347,7 @@ def parse_chat(d: dict) -> ChatRequest:
     if not isinstance(messages, list) or not messages:
         raise bad("messages", "required: a non-empty list of messages",
                   "missing_field" if messages is None else "invalid_type")
-    tools = d.get("tools")
-    if tools is not None and not isinstance(tools, list):
-        raise bad("tools", "expected a list of tools", "invalid_type")
+    tools = _tools(d.get("tools"))
     logprobs = _bool(d, "logprobs", False)
     top = _int(d, "top_logprobs", 0, 0, 20)
     if top and not logprobs:
@@ -289,6 +372,18 @@ def parse_chat(d: dict) -> ChatRequest:
                        template_kwargs=kwargs or {}, reasoning_effort=effort,
                        response_format=_response_format(d.get("response_format")),
                        tool_choice=_tool_choice(d.get("tool_choice"), tools or []), parallel_tool_calls=parallel)
+
+
+def _tools(tools) -> list | None:
+    """The tools' shapes, checked before tool_choice and the call grammar read them."""
+    from cairn.daemon.protocol.chat import ChatTemplateError, check_tools
+
+    try:
+        check_tools(tools)
+    except ChatTemplateError as e:
+        where = str(e).split(":", 1)[0]
+        raise APIError(400, str(e), param=where, code="invalid_type") from None
+    return tools
 
 
 def _response_format(rf) -> dict | None:

@@ -198,4 +198,24 @@ def check_tools(tools) -> list[dict] | None:
         params = t["function"].get("parameters")
         if params is not None and not isinstance(params, dict):
             _fail(f"tools[{j}].function.parameters", "expected a JSON schema object")
+        if params:
+            _check_parameters(params, f"tools[{j}].function.parameters")
     return tools or None
+
+
+def _check_parameters(params: dict, where: str) -> None:
+    """The parts of a tool's schema the call grammar reads (constrain.py): properties and required."""
+    props = params.get("properties")
+    if props is not None:
+        if not isinstance(props, dict):
+            _fail(f"{where}.properties", f"expected an object of name -> JSON schema, got {type(props).__name__}")
+        for k, sub in props.items():
+            if not isinstance(sub, (dict, bool)):
+                _fail(f"{where}.properties.{k}", f"expected a JSON schema object, got {type(sub).__name__}")
+    req = params.get("required")
+    if req is not None:
+        if not isinstance(req, list):
+            _fail(f"{where}.required", f"expected a list of property names, got {type(req).__name__}")
+        for i, name in enumerate(req):
+            if not isinstance(name, str):
+                _fail(f"{where}.required[{i}]", f"expected a property name (a string), got {type(name).__name__}")
