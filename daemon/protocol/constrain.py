@@ -31,7 +31,25 @@ JSON_STYLE = {"whitespace_flexible": False, "item_separator": ", ", "key_separat
 
 
 class ConstraintError(ValueError):
-    """A schema or tool the grammar cannot express; the message is fit for an HTTP 400."""
+    """A schema or tool the grammar cannot express; the message is fit for an HTTP 400. `detail` is
+    the grammar library's own text (a Rust panic and backtrace, maybe): for the log, never the client."""
+
+    def __init__(self, message: str, detail: str | None = None) -> None:
+        super().__init__(message)
+        self.detail = detail
+
+
+def _is_panic(e: BaseException) -> bool:
+    # pyo3's PanicException derives from BaseException, not Exception
+    return type(e).__name__ == "PanicException"
+
+
+def _reason(err: str) -> str:
+    """A short, client-safe reason from llguidance's error text (its first line, no panic/backtrace)."""
+    first = err.strip().split("\n", 1)[0]
+    if "panic" in first.lower() or "<backtrace>" in err:
+        return "it is too large or complex for the grammar engine (too many tools or parameters?)"
+    return first[:200]
 
 
 class Grammars:
@@ -68,7 +86,13 @@ class Grammars:
         if tool_choice == "required" or isinstance(tool_choice, dict):
             names = [tool_choice["function"]["name"]] if isinstance(tool_choice, dict) else None
             lark = self.dsml_lark(tools or [], names, single=names is not None or not parallel)
-            return llguidance.LLMatcher.grammar_from_lark(lark)
+            try:
+                return llguidance.LLMatcher.grammar_from_lark(lark)
+            except BaseException as e:
+                if not (isinstance(e, Exception) or _is_panic(e)):
+                    raise
+                raise ConstraintError(f"the tools could not be compiled into a constraint: {_reason(str(e))}",
+                                      detail=str(e)) from None
         if json_schema is not None:
             schema = json_schema or {"type": "object"}
             try:
@@ -80,9 +104,16 @@ class Grammars:
     def constraint(self, grammar: str, *, thinking: bool) -> "Constraint":
         import llguidance
 
-        matcher = llguidance.LLMatcher(self.ll_tokenizer(), grammar, log_level=0)
-        if matcher.is_error():
-            raise ConstraintError(f"the grammar for this request does not compile: {matcher.get_error()}")
+        try:
+            matcher = llguidance.LLMatcher(self.ll_tokenizer(), grammar, log_level=0)
+            err = matcher.get_error() if matcher.is_error() else None
+        except BaseException as e:
+            if not (isinstance(e, Exception) or _is_panic(e)):
+                raise
+            err = str(e) or type(e).__name__
+        if err is not None:
+            what = "the tools" if "tool_calls" in grammar else "the schema"
+            raise ConstraintError(f"{what} could not be compiled into a constraint: {_reason(err)}", detail=err)
         trigger = self.end_think_id if thinking else None
         return Constraint(matcher, self.vocab_size, trigger, self.eos_id)
 
