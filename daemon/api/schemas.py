@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import sys
 from dataclasses import dataclass, field
 
 
@@ -40,20 +41,17 @@ def parse_json_body(raw: bytes) -> dict:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
         raise APIError(400, f"request body is not valid UTF-8 (byte {e.start})", code="invalid_utf8") from None
-    if _nesting_exceeds(text, MAX_DEPTH):
-        # before json.loads: a body of 100,000 `[` would overflow the parser's recursion
-        raise APIError(400, f"request body is nested too deeply; at most {MAX_DEPTH} levels of arrays and "
-                       "objects are accepted", code="invalid_json")
     try:
         obj = json.loads(text)   # NaN/Infinity read as floats here; _check_values refuses them
     except json.JSONDecodeError as e:
         raise APIError(400, f"request body is not valid JSON: {e.msg} at line {e.lineno} column {e.colno}",
                        code="invalid_json") from None
-    except RecursionError:
-        raise APIError(400, "request body is nested too deeply", code="invalid_json") from None
+    except RecursionError:   # e.g. 100,000 `[`: the parser's recursion runs out first
+        raise APIError(400, f"request body is nested too deeply; at most {MAX_DEPTH} levels of arrays and "
+                       "objects are accepted", code="invalid_json") from None
     except ValueError as e:   # an integer past Python's digit limit (int_max_str_digits)
-        raise APIError(400, f"request body has an integer too long to read ({str(e)[:80]}); integers may "
-                       f"have at most {MAX_INT_BITS} bits", code="invalid_json") from None
+        raise APIError(400, f"request body has a number too long to read (over {sys.get_int_max_str_digits()} "
+                       f"digits); integers may have at most {MAX_INT_BITS} bits", code="invalid_json") from None
     if not isinstance(obj, dict):
         raise APIError(400, "request body must be a JSON object", code="invalid_json")
     _check_values(obj)
@@ -64,32 +62,6 @@ MAX_DEPTH = 64          # levels of nested arrays/objects; tool schemas and mess
 MAX_INT_BITS = 64       # any integer field (seed is the widest: 64 bits); larger ones overflow the engine
 
 
-def _nesting_exceeds(text: str, limit: int) -> bool:
-    """Whether brackets outside strings nest deeper than `limit` (a scan that stops at the first
-    level too deep; cheap next to json.loads, and only bodies with deep brackets are scanned whole)."""
-    if text.count("[") + text.count("{") <= limit:
-        return False
-    depth, in_str, esc = 0, False, False
-    opens, closes = "[{", "]}"
-    for ch in text:
-        if in_str:
-            if esc:
-                esc = False
-            elif ch == "\\":
-                esc = True
-            elif ch == '"':
-                in_str = False
-        elif ch == '"':
-            in_str = True
-        elif ch in opens:
-            depth += 1
-            if depth > limit:
-                return True
-        elif ch in closes:
-            depth -= 1
-    return False
-
-
 def _path(parts: tuple) -> str:
     out = ""
     for p in parts:
@@ -98,31 +70,42 @@ def _path(parts: tuple) -> str:
 
 
 def _check_values(obj: dict) -> None:
-    """Refuse, naming the field: non-finite numbers (NaN, Infinity, 1e999), integers wider than
-    MAX_INT_BITS, and strings with lone surrogates (`"\\ud800"`: valid JSON, but no UTF-8 exists
-    for them, so the tokenizer and every encoder downstream would fail)."""
+    """Refuse, naming the field: nesting past MAX_DEPTH, non-finite numbers (NaN, Infinity, 1e999),
+    integers wider than MAX_INT_BITS, and strings with lone surrogates (`"\\ud800"`: valid JSON, but
+    no UTF-8 exists for them, so the tokenizer and every encoder downstream would fail). Scalars are
+    checked in place (a 60k-id prompt costs one pass, no path per element); paths are built on error."""
     stack = [((), obj)]
     while stack:
         parts, v = stack.pop()
-        if isinstance(v, dict):
-            for k, x in v.items():
-                if _has_surrogate(k):
-                    raise bad(_path(parts) + " key", "contains a lone UTF-16 surrogate (\\ud800-\\udfff), "
-                              "which is not a character; send valid Unicode", "invalid_string")
+        if len(parts) >= MAX_DEPTH:
+            # parsed, but deeper than the template renderer and the grammar compiler recurse safely
+            raise APIError(400, f"request body is nested too deeply at {_path(parts)}; at most {MAX_DEPTH} "
+                           "levels of arrays and objects are accepted", param=_path(parts), code="invalid_json")
+        if type(v) is list and v and all(type(x) is int for x in v):   # token ids: one pass, in C
+            if -_INT_LIMIT <= min(v) and max(v) <= _INT_LIMIT:
+                continue
+        items = v.items() if isinstance(v, dict) else enumerate(v)
+        for k, x in items:
+            if type(x) in (dict, list):
                 stack.append((parts + (k,), x))
-        elif isinstance(v, list):
-            stack.extend((parts + (i,), x) for i, x in enumerate(v))
-        elif isinstance(v, str):
-            if _has_surrogate(v):
-                raise bad(_path(parts), "contains a lone UTF-16 surrogate (\\ud800-\\udfff), which is not a "
-                          "character; send valid Unicode", "invalid_string")
-        elif isinstance(v, float):
-            if v != v or v in (float("inf"), float("-inf")):
-                raise bad(_path(parts), f"{'NaN' if v != v else 'Infinity'} is not a number JSON allows; "
-                          "send a finite number", "invalid_value")
-        elif isinstance(v, int) and not isinstance(v, bool) and v.bit_length() > MAX_INT_BITS:
-            raise bad(_path(parts), f"integer of {v.bit_length()} bits is too large; at most "
-                      f"{MAX_INT_BITS} bits", "invalid_value")
+            elif type(x) is str:
+                if not x.isascii() and _has_surrogate(x):
+                    raise bad(_path(parts + (k,)), "contains a lone UTF-16 surrogate (\\ud800-\\udfff), which "
+                              "is not a character; send valid Unicode", "invalid_string")
+            elif type(x) is float:
+                if x != x or x in (_INF, -_INF):
+                    raise bad(_path(parts + (k,)), f"{'NaN' if x != x else 'Infinity'} is not a number JSON "
+                              "allows; send a finite number", "invalid_value")
+            elif type(x) is int and not -_INT_LIMIT <= x <= _INT_LIMIT:
+                raise bad(_path(parts + (k,)), f"an integer of {x.bit_length()} bits is too large; at most "
+                          f"{MAX_INT_BITS} bits", "invalid_value")
+            if type(k) is str and not k.isascii() and _has_surrogate(k):
+                raise bad(_path(parts + (k,)), "the key contains a lone UTF-16 surrogate; send valid Unicode",
+                          "invalid_string")
+
+
+_INF = float("inf")
+_INT_LIMIT = (1 << MAX_INT_BITS) - 1
 
 
 def _has_surrogate(s: str) -> bool:

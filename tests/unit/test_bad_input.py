@@ -30,6 +30,11 @@ def test_deep_nesting_is_a_400(raw):
     assert e.code == "invalid_json" and "nested too deeply" in e.message
 
 
+def test_nesting_the_parser_takes_but_past_the_limit_names_where():
+    e = _err(b'{"model": "tiny", "metadata": ' + b"[" * 200 + b"]" * 200 + b"}")
+    assert e.code == "invalid_json" and e.param.startswith("metadata[0][0]") and "at most 64" in e.message
+
+
 def test_nesting_within_the_limit_parses_and_brackets_in_strings_do_not_count():
     parse_chat(parse_json_body(_body({**CHAT, "metadata": {"s": "[" * 10_000}, "x": [[[[1]]]]})))
 
