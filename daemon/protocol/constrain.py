@@ -97,8 +97,11 @@ class Grammars:
             schema = json_schema or {"type": "object"}
             try:
                 return llguidance.LLMatcher.grammar_from_json_schema(schema, overrides=JSON_STYLE)
-            except ValueError as e:
-                raise ConstraintError(f"response_format.json_schema.schema: {e}") from None
+            except BaseException as e:
+                if not (isinstance(e, Exception) or _is_panic(e)):
+                    raise
+                raise ConstraintError(f"response_format.json_schema.schema: {_reason(str(e))}",
+                                      detail=str(e)) from None
         return None
 
     def constraint(self, grammar: str, *, thinking: bool) -> "Constraint":
