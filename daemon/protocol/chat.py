@@ -179,8 +179,25 @@ def _check_tool_calls(calls, at: str) -> list[dict]:
         args = f.get("arguments", "{}")
         if not isinstance(args, (str, dict)):
             _fail(f"{w}.function.arguments", "expected a JSON string or an object")
+        if isinstance(args, str):
+            _check_arguments_json(args, f"{w}.function.arguments")
         out.append({**c, "type": "function", "function": {**f, "arguments": args}})
     return out
+
+
+def _check_arguments_json(args: str, where: str) -> None:
+    """The encoder parses a JSON-string `arguments` (encoding_dsv4.dsml_arguments): what the body's
+    own checks (api/schemas.py) refuse must be refused inside this string too."""
+    try:
+        parsed = json.loads(args)
+    except RecursionError:
+        _fail(where, "the JSON in this string is nested too deeply")
+    except ValueError:
+        return                       # not JSON: rendered as the raw text
+    try:
+        json.dumps(parsed, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        _fail(where, "the JSON in this string has a lone UTF-16 surrogate (\\ud800-\\udfff); send valid Unicode")
 
 
 def check_tools(tools) -> list[dict] | None:

@@ -71,6 +71,12 @@ CASES = [
      "tools[0].function.parameters.required[1]"),
     ("/v1/chat/completions", {**CHAT, "tools": [{"type": "function", "function": {"name": "f", "parameters": {
         "type": "object", "properties": ["a"]}}}]}, 400, "tools[0].function.parameters.properties"),
+    *[("/v1/chat/completions", {**CHAT, "messages": [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "f", "arguments": args}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "ok"}]}, 400, "messages[1].tool_calls[0].function.arguments")
+      for args in ('{"a": "\\ud800"}', "[" * 100_000)],     # JSON inside a string: parsed by the encoder
     ("/v1/chat/completions", {**CHAT, "tool_choice": "required", "tools": [
         {"type": "function", "function": {"name": f"f{i}", "parameters": {"type": "object", "properties": {
             "a": {"type": "integer"}}, "required": ["a"]}}} for i in range(10_000)]}, 400, "tool_choice"),
