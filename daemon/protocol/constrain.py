@@ -44,11 +44,14 @@ def _is_panic(e: BaseException) -> bool:
     return type(e).__name__ == "PanicException"
 
 
-def _reason(err: str) -> str:
+_TOO_BIG = "it is too large or complex for the grammar engine (too many tools or parameters?)"
+
+
+def _reason(err: str, on_panic: str = _TOO_BIG) -> str:
     """A short, client-safe reason from llguidance's error text (its first line, no panic/backtrace)."""
     first = err.strip().split("\n", 1)[0]
     if "panic" in first.lower() or "<backtrace>" in err:
-        return "it is too large or complex for the grammar engine (too many tools or parameters?)"
+        return on_panic
     return first[:200]
 
 
@@ -190,7 +193,8 @@ class Constraint:
             self.armed = token_id == self.trigger
             return
         if not self.m.consume_token(token_id):
-            raise ValueError(f"constrained decoding: token {token_id} refused ({self.m.get_error()})")
+            raise ValueError(f"constrained decoding: token {token_id} refused "
+                             f"({_reason(self.m.get_error() or '', 'the grammar engine failed')})")
 
     @property
     def error(self) -> str | None:

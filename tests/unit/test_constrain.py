@@ -196,3 +196,18 @@ def test_ignored_field_names_are_logged_once_each_and_remembered_up_to_a_bound(t
     assert logged == ["a", "b", "c"]
     ap.note_ignored(tuple(f"x{i}" for i in range(1000)))
     assert len(ap._logged) == agent_protocol.MAX_LOGGED_FIELDS
+
+
+def test_a_refused_token_error_carries_no_library_backtrace():
+    from cairn.daemon.protocol.constrain import Constraint
+
+    class PanickedMatcher:
+        def consume_token(self, t):
+            return False
+
+        def get_error(self):
+            return "panic: index out of bounds\n<backtrace>\n   0: <unknown>\n   1: <unknown>"
+
+    with pytest.raises(ValueError) as e:
+        Constraint(PanickedMatcher(), 8, None).accept(3)
+    assert "token 3 refused" in str(e.value) and "backtrace" not in str(e.value) and "panic" not in str(e.value)
