@@ -98,7 +98,9 @@ class API:
         # A bug here must not take the daemon down; say so in the log.
         self.log.error("handler_failed", path=scope.get("path"), exc_info=e)
         try:
-            await send_error(send, APIError(500, f"internal error: {type(e).__name__}", code="internal_error"))
+            # generic on purpose: an exception's text may carry internals (paths, library panics)
+            await send_error(send, APIError(500, "internal error; the details are in the server log",
+                                            code="internal_error"))
         except Exception:
             pass
 

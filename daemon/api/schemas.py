@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import sys
 from dataclasses import dataclass, field
 
 
@@ -41,13 +42,80 @@ def parse_json_body(raw: bytes) -> dict:
     except UnicodeDecodeError as e:
         raise APIError(400, f"request body is not valid UTF-8 (byte {e.start})", code="invalid_utf8") from None
     try:
-        obj = json.loads(text)
+        obj = json.loads(text)   # NaN/Infinity read as floats here; _check_values refuses them
     except json.JSONDecodeError as e:
         raise APIError(400, f"request body is not valid JSON: {e.msg} at line {e.lineno} column {e.colno}",
                        code="invalid_json") from None
+    except RecursionError:   # e.g. 100,000 `[`: the parser's recursion runs out first
+        raise APIError(400, f"request body is nested too deeply; at most {MAX_DEPTH} levels of arrays and "
+                       "objects are accepted", code="invalid_json") from None
+    except ValueError as e:   # an integer past Python's digit limit (int_max_str_digits)
+        raise APIError(400, f"request body has a number too long to read (over {sys.get_int_max_str_digits()} "
+                       f"digits); integers may have at most {MAX_INT_BITS} bits", code="invalid_json") from None
     if not isinstance(obj, dict):
         raise APIError(400, "request body must be a JSON object", code="invalid_json")
+    _check_values(obj)
     return obj
+
+
+MAX_DEPTH = 64          # levels of nested arrays/objects; tool schemas and messages use well under 20
+MAX_INT_BITS = 64       # any integer field (seed is the widest: 64 bits); larger ones overflow the engine
+
+
+def _path(parts: tuple) -> str:
+    out = ""
+    for p in parts:
+        out += f"[{p}]" if isinstance(p, int) else (f".{p}" if out else str(p))
+    return out or "body"
+
+
+def _check_values(obj: dict) -> None:
+    """Refuse, naming the field: nesting past MAX_DEPTH, non-finite numbers (NaN, Infinity, 1e999),
+    integers wider than MAX_INT_BITS, and strings with lone surrogates (`"\\ud800"`: valid JSON, but
+    no UTF-8 exists for them, so the tokenizer and every encoder downstream would fail). Scalars are
+    checked in place (a 60k-id prompt costs one pass, no path per element); paths are built on error."""
+    stack = [((), obj)]
+    while stack:
+        parts, v = stack.pop()
+        if len(parts) >= MAX_DEPTH:
+            # parsed, but deeper than the template renderer and the grammar compiler recurse safely
+            raise APIError(400, f"request body is nested too deeply at {_path(parts)}; at most {MAX_DEPTH} "
+                           "levels of arrays and objects are accepted", param=_path(parts), code="invalid_json")
+        if type(v) is list and v and all(type(x) is int for x in v):   # token ids: one pass, in C
+            if -_INT_LIMIT <= min(v) and max(v) <= _INT_LIMIT:
+                continue
+        items = v.items() if isinstance(v, dict) else enumerate(v)
+        for k, x in items:
+            if type(x) in (dict, list):
+                stack.append((parts + (k,), x))
+            elif type(x) is str:
+                if not x.isascii() and _has_surrogate(x):
+                    raise bad(_path(parts + (k,)), "contains a lone UTF-16 surrogate (\\ud800-\\udfff), which "
+                              "is not a character; send valid Unicode", "invalid_string")
+            elif type(x) is float:
+                if x != x or x in (_INF, -_INF):
+                    raise bad(_path(parts + (k,)), f"{'NaN' if x != x else 'Infinity'} is not a number JSON "
+                              "allows; send a finite number", "invalid_value")
+            elif type(x) is int and not -_INT_LIMIT <= x <= _INT_LIMIT:
+                raise bad(_path(parts + (k,)), f"an integer of {x.bit_length()} bits is too large; at most "
+                          f"{MAX_INT_BITS} bits", "invalid_value")
+            if type(k) is str and not k.isascii() and _has_surrogate(k):
+                raise bad(_path(parts + (k,)), "the key contains a lone UTF-16 surrogate; send valid Unicode",
+                          "invalid_string")
+
+
+_INF = float("inf")
+_INT_LIMIT = (1 << MAX_INT_BITS) - 1
+
+
+def _has_surrogate(s: str) -> bool:
+    if s.isascii():
+        return False
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
 
 
 # --- field readers ----------------------------------------------------------------------------
@@ -255,7 +323,7 @@ def _logit_bias(d: dict) -> tuple[tuple[int, float], ...]:
         try:
             tid = int(k)
         except (TypeError, ValueError):
-            raise bad("logit_bias", f"key {k!r} is not a token id (an integer as a string)") from None
+            raise bad("logit_bias", f"key {k[:40]!r} is not a token id (an integer as a string)") from None
         if tid < 0:
             raise bad("logit_bias", f"token id {tid} is negative")
         if isinstance(b, bool) or not isinstance(b, (int, float)) or not -100 <= b <= 100:
@@ -271,9 +339,7 @@ def parse_chat(d: dict) -> ChatRequest:
     if not isinstance(messages, list) or not messages:
         raise bad("messages", "required: a non-empty list of messages",
                   "missing_field" if messages is None else "invalid_type")
-    tools = d.get("tools")
-    if tools is not None and not isinstance(tools, list):
-        raise bad("tools", "expected a list of tools", "invalid_type")
+    tools = _tools(d.get("tools"))
     logprobs = _bool(d, "logprobs", False)
     top = _int(d, "top_logprobs", 0, 0, 20)
     if top and not logprobs:
@@ -298,6 +364,18 @@ def parse_chat(d: dict) -> ChatRequest:
                        template_kwargs=kwargs or {}, reasoning_effort=effort,
                        response_format=_response_format(d.get("response_format")),
                        tool_choice=_tool_choice(d.get("tool_choice"), tools or []), parallel_tool_calls=parallel)
+
+
+def _tools(tools) -> list | None:
+    """The tools' shapes, checked before tool_choice and the call grammar read them."""
+    from cairn.daemon.protocol.chat import ChatTemplateError, check_tools
+
+    try:
+        check_tools(tools)
+    except ChatTemplateError as e:
+        where = str(e).split(":", 1)[0]
+        raise APIError(400, str(e), param=where, code="invalid_type") from None
+    return tools
 
 
 def _response_format(rf) -> dict | None:

@@ -67,5 +67,7 @@ class AgentProtocol:
                                     tool_choice=req.tool_choice, tools=req.tools, parallel=req.parallel_tool_calls)
             return None if grammar is None else g.constraint(grammar, thinking=options.thinking)
         except ConstraintError as e:
+            if e.detail is not None:
+                self.log.warning("grammar_compile_failed", param=param, reason=str(e), detail=e.detail[:4000])
             raise APIError(400, str(e) if str(e).startswith(param) else f"{param}: {e}", param=param,
                            code="invalid_value") from None

@@ -188,8 +188,25 @@ def _check_tool_calls(calls, at: str) -> list[dict]:
         args = f.get("arguments", "{}")
         if not isinstance(args, (str, dict)):
             _fail(f"{w}.function.arguments", "expected a JSON string or an object")
+        if isinstance(args, str):
+            _check_arguments_json(args, f"{w}.function.arguments")
         out.append({**c, "type": "function", "function": {**f, "arguments": args}})
     return out
+
+
+def _check_arguments_json(args: str, where: str) -> None:
+    """The encoder parses a JSON-string `arguments` (encoding_dsv4.dsml_arguments): what the body's
+    own checks (api/schemas.py) refuse must be refused inside this string too."""
+    try:
+        parsed = json.loads(args)
+    except RecursionError:
+        _fail(where, "the JSON in this string is nested too deeply")
+    except ValueError:
+        return                       # not JSON: rendered as the raw text
+    try:
+        json.dumps(parsed, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        _fail(where, "the JSON in this string has a lone UTF-16 surrogate (\\ud800-\\udfff); send valid Unicode")
 
 
 def check_tools(tools) -> list[dict] | None:
@@ -207,4 +224,24 @@ def check_tools(tools) -> list[dict] | None:
         params = t["function"].get("parameters")
         if params is not None and not isinstance(params, dict):
             _fail(f"tools[{j}].function.parameters", "expected a JSON schema object")
+        if params:
+            _check_parameters(params, f"tools[{j}].function.parameters")
     return tools or None
+
+
+def _check_parameters(params: dict, where: str) -> None:
+    """The parts of a tool's schema the call grammar reads (constrain.py): properties and required."""
+    props = params.get("properties")
+    if props is not None:
+        if not isinstance(props, dict):
+            _fail(f"{where}.properties", f"expected an object of name -> JSON schema, got {type(props).__name__}")
+        for k, sub in props.items():
+            if not isinstance(sub, (dict, bool)):
+                _fail(f"{where}.properties.{k}", f"expected a JSON schema object, got {type(sub).__name__}")
+    req = params.get("required")
+    if req is not None:
+        if not isinstance(req, list):
+            _fail(f"{where}.required", f"expected a list of property names, got {type(req).__name__}")
+        for i, name in enumerate(req):
+            if not isinstance(name, str):
+                _fail(f"{where}.required[{i}]", f"expected a property name (a string), got {type(name).__name__}")

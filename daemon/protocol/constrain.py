@@ -31,7 +31,28 @@ JSON_STYLE = {"whitespace_flexible": False, "item_separator": ", ", "key_separat
 
 
 class ConstraintError(ValueError):
-    """A schema or tool the grammar cannot express; the message is fit for an HTTP 400."""
+    """A schema or tool the grammar cannot express; the message is fit for an HTTP 400. `detail` is
+    the grammar library's own text (a Rust panic and backtrace, maybe): for the log, never the client."""
+
+    def __init__(self, message: str, detail: str | None = None) -> None:
+        super().__init__(message)
+        self.detail = detail
+
+
+def _is_panic(e: BaseException) -> bool:
+    # pyo3's PanicException derives from BaseException, not Exception
+    return type(e).__name__ == "PanicException"
+
+
+_TOO_BIG = "it is too large or complex for the grammar engine (too many tools or parameters?)"
+
+
+def _reason(err: str, on_panic: str = _TOO_BIG) -> str:
+    """A short, client-safe reason from llguidance's error text (its first line, no panic/backtrace)."""
+    first = err.strip().split("\n", 1)[0]
+    if "panic" in first.lower() or "<backtrace>" in err:
+        return on_panic
+    return first[:200]
 
 
 class Grammars:
@@ -68,21 +89,37 @@ class Grammars:
         if tool_choice == "required" or isinstance(tool_choice, dict):
             names = [tool_choice["function"]["name"]] if isinstance(tool_choice, dict) else None
             lark = self.dsml_lark(tools or [], names, single=names is not None or not parallel)
-            return llguidance.LLMatcher.grammar_from_lark(lark)
+            try:
+                return llguidance.LLMatcher.grammar_from_lark(lark)
+            except BaseException as e:
+                if not (isinstance(e, Exception) or _is_panic(e)):
+                    raise
+                raise ConstraintError(f"the tools could not be compiled into a constraint: {_reason(str(e))}",
+                                      detail=str(e)) from None
         if json_schema is not None:
             schema = json_schema or {"type": "object"}
             try:
                 return llguidance.LLMatcher.grammar_from_json_schema(schema, overrides=JSON_STYLE)
-            except ValueError as e:
-                raise ConstraintError(f"response_format.json_schema.schema: {e}") from None
+            except BaseException as e:
+                if not (isinstance(e, Exception) or _is_panic(e)):
+                    raise
+                raise ConstraintError(f"response_format.json_schema.schema: {_reason(str(e))}",
+                                      detail=str(e)) from None
         return None
 
     def constraint(self, grammar: str, *, thinking: bool) -> "Constraint":
         import llguidance
 
-        matcher = llguidance.LLMatcher(self.ll_tokenizer(), grammar, log_level=0)
-        if matcher.is_error():
-            raise ConstraintError(f"the grammar for this request does not compile: {matcher.get_error()}")
+        try:
+            matcher = llguidance.LLMatcher(self.ll_tokenizer(), grammar, log_level=0)
+            err = matcher.get_error() if matcher.is_error() else None
+        except BaseException as e:
+            if not (isinstance(e, Exception) or _is_panic(e)):
+                raise
+            err = str(e) or type(e).__name__
+        if err is not None:
+            what = "the tools" if "tool_calls" in grammar else "the schema"
+            raise ConstraintError(f"{what} could not be compiled into a constraint: {_reason(err)}", detail=err)
         trigger = self.end_think_id if thinking else None
         return Constraint(matcher, self.vocab_size, trigger, self.eos_id)
 
@@ -156,7 +193,8 @@ class Constraint:
             self.armed = token_id == self.trigger
             return
         if not self.m.consume_token(token_id):
-            raise ValueError(f"constrained decoding: token {token_id} refused ({self.m.get_error()})")
+            raise ValueError(f"constrained decoding: token {token_id} refused "
+                             f"({_reason(self.m.get_error() or '', 'the grammar engine failed')})")
 
     @property
     def error(self) -> str | None:

@@ -99,10 +99,12 @@ class TextTokenizer:
         return enc.ids, [char_end[end] for _, end in enc.offsets]
 
     def decode(self, ids: list[int], *, skip_special_tokens: bool = False) -> str:
-        return self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens)
+        # ids past the tokenizer (a config vocab_size padded beyond it) are text-less padding rows
+        return self._tok.decode([i for i in ids if i < self.vocab_size], skip_special_tokens=skip_special_tokens)
 
     def token_bytes(self, token_id: int) -> bytes:
-        return self._bytes[token_id]
+        """A token's raw bytes; b"" for a padding id (config vocab_size may exceed the tokenizer's)."""
+        return self._bytes[token_id] if token_id < self.vocab_size else b""
 
     def to_json(self) -> str:
         """The tokenizer as tokenizer.json text (what llguidance reads; daemon/protocol/constrain.py)."""

@@ -227,7 +227,7 @@ class OutputParser:
             return json.dumps(raw, ensure_ascii=False)
         try:
             return json.dumps(json.loads(raw), ensure_ascii=False)
-        except ValueError:
+        except (ValueError, RecursionError):   # RecursionError: a reply of thousands of `[`
             return json.dumps(raw, ensure_ascii=False)    # not JSON after all: keep the text
 
 

@@ -52,6 +52,35 @@ CASES = [
     ("/v1/completions", {**CMPL, "max_tokens": -1}, 400, "max_tokens"),
     ("/v1/completions", {**CMPL, "seed": 1.5}, 400, "seed"),
     ("/v1/nothing", CMPL, 404, None),
+    # issue 22 item 5: each of these was a 500
+    ("/v1/chat/completions", b"[" * 100_000, 400, None),
+    ("/v1/chat/completions", b'{"model": "tiny", "messages": [{"role": "user", "content": "a\\ud800"}]}', 400,
+     "messages[0].content"),
+    ("/v1/completions", b'{"model": "tiny", "prompt": "\\udfff"}', 400, "prompt"),
+    ("/v1/completions", b'{"model": "tiny", "prompt": "x", "stop": ["\\ud83d"]}', 400, "stop[0]"),
+    ("/v1/chat/completions", json.dumps(CHAT)[:-1].encode() + b', "temperature": NaN}', 400, "temperature"),
+    ("/v1/chat/completions", json.dumps(CHAT)[:-1].encode() + b', "top_p": Infinity}', 400, "top_p"),
+    ("/v1/chat/completions", json.dumps(CHAT)[:-1].encode() + b', "logit_bias": {"5": NaN}}', 400, "logit_bias.5"),
+    ("/v1/completions", b'{"model": "tiny", "prompt": "x", "max_tokens": ' + b"9" * 5000 + b"}", 400, None),
+    ("/v1/completions", {**CMPL, "seed": 10**100}, 400, "seed"),
+    ("/v1/completions", {**CMPL, "prompt": [1, 10**100]}, 400, "prompt[1]"),
+    ("/v1/chat/completions", {**CHAT, "logit_bias": {"9" * 5000: 1}}, 400, "logit_bias"),
+    ("/v1/chat/completions", {**CHAT, "tools": [{"type": "function", "function": [1]}],
+                              "tool_choice": {"type": "function", "function": {"name": "f"}}}, 400, "tools[0].function"),
+    ("/v1/chat/completions", {**CHAT, "tools": [{"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"a": {}}, "required": ["a", 1]}}}], "tool_choice": "required"}, 400,
+     "tools[0].function.parameters.required[1]"),
+    ("/v1/chat/completions", {**CHAT, "tools": [{"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": ["a"]}}}]}, 400, "tools[0].function.parameters.properties"),
+    *[("/v1/chat/completions", {**CHAT, "messages": [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "f", "arguments": args}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "ok"}]}, 400, "messages[1].tool_calls[0].function.arguments")
+      for args in ('{"a": "\\ud800"}', "[" * 100_000)],     # JSON inside a string: parsed by the encoder
+    ("/v1/chat/completions", {**CHAT, "tool_choice": "required", "tools": [
+        {"type": "function", "function": {"name": f"f{i}", "parameters": {"type": "object", "properties": {
+            "a": {"type": "integer"}}, "required": ["a"]}}} for i in range(10_000)]}, 400, "tool_choice"),
 ]
 
 
@@ -72,6 +101,7 @@ async def test_malformed_requests_get_4xx_and_daemon_keeps_serving(loaded, tmp_p
                 assert err["param"] == param, (param, err)
                 if param:
                     assert param in err["message"]
+                assert r.status < 500 and "panic" not in err["message"] and "Traceback" not in err["message"]
                 ok = await request(sock, "POST", "/v1/completions", CMPL)
                 assert ok.status == 200, ok.body
             assert (await request(sock, "GET", "/v1/models/other")).status == 404

@@ -88,8 +88,14 @@ def test_in_thinking_mode_the_mask_starts_after_end_think(grammars, tok):
 
 def _protocol(tok, tiny_md):
     class Log:
+        def __init__(self):
+            self.warnings = []
+
         def info(self, *a, **k):
             pass
+
+        def warning(self, event, **k):
+            self.warnings.append((event, k))
     return AgentProtocol(tok, int(tiny_md.config["vocab_size"]), Log())
 
 
@@ -109,6 +115,24 @@ def test_a_schema_the_grammar_cannot_take_is_a_400_naming_response_format(tok, t
     with pytest.raises(APIError) as e:
         ap.constraint(req, ChatOptions())
     assert e.value.status == 400 and e.value.param == "response_format"
+
+
+def test_too_many_tools_for_the_grammar_is_a_400_without_the_panic_text(tok, tiny_md):
+    """10k tools under tool_choice "required": llguidance panics (too many grammar symbols); the
+    client gets a short 400, the log gets the library's text."""
+    ap = _protocol(tok, tiny_md)
+    tools = [{"type": "function", "function": {"name": f"f{i}", "parameters": {
+        "type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}}} for i in range(10_000)]
+    req = parse_chat({"model": "m", "messages": [{"role": "user", "content": "x"}], "tools": tools,
+                      "tool_choice": "required"})
+    with pytest.raises(APIError) as e:
+        ap.constraint(req, ChatOptions())
+    msg = e.value.message
+    assert e.value.status == 400 and e.value.param == "tool_choice"
+    assert "could not be compiled into a constraint" in msg and len(msg) < 300
+    assert "panic" not in msg.lower() and "backtrace" not in msg.lower()
+    (event, kw), = ap.log.warnings
+    assert event == "grammar_compile_failed" and "panic" in kw["detail"]
 
 
 def test_tokens_past_a_finished_grammar_are_ignored_not_an_error(grammars, tok):
@@ -172,3 +196,18 @@ def test_ignored_field_names_are_logged_once_each_and_remembered_up_to_a_bound(t
     assert logged == ["a", "b", "c"]
     ap.note_ignored(tuple(f"x{i}" for i in range(1000)))
     assert len(ap._logged) == agent_protocol.MAX_LOGGED_FIELDS
+
+
+def test_a_refused_token_error_carries_no_library_backtrace():
+    from cairn.daemon.protocol.constrain import Constraint
+
+    class PanickedMatcher:
+        def consume_token(self, t):
+            return False
+
+        def get_error(self):
+            return "panic: index out of bounds\n<backtrace>\n   0: <unknown>\n   1: <unknown>"
+
+    with pytest.raises(ValueError) as e:
+        Constraint(PanickedMatcher(), 8, None).accept(3)
+    assert "token 3 refused" in str(e.value) and "backtrace" not in str(e.value) and "panic" not in str(e.value)

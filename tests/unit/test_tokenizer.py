@@ -92,3 +92,13 @@ def test_stream_decoder_flush_reports_an_incomplete_character(tok):
     assert [dec.push(i) for i in ids[:-1]] == [""] * (len(ids) - 1)
     assert dec.flush() == "\ufffd"
     assert dec.push(tok.encode("a")[0]) == "a"  # flush resets
+
+
+def test_padding_ids_past_the_tokenizer_have_no_text(tok):
+    """config vocab_size may be padded past the tokenizer: those ids decode to nothing, not IndexError."""
+    pad = tok.vocab_size + 7
+    hello = tok.encode("hello")
+    assert tok.token_bytes(pad) == b""
+    assert tok.decode([*hello, pad]) == tok.decode(hello)
+    d = StreamDecoder(tok)
+    assert "".join(d.push(i) for i in [*hello, pad]) == "hello"

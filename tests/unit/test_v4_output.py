@@ -104,3 +104,11 @@ def test_an_unclosed_block_keeps_the_finished_calls_and_returns_the_rest():
 def test_without_tools_dsml_text_is_content():
     r = parse_all("x" + BLOCK, thinking=False, tools=None)
     assert r.content == "x" + BLOCK and r.tool_calls == []
+
+
+def test_a_parameter_value_nested_past_the_parser_is_kept_as_text():
+    """A model that writes 100,000 `[` in a non-string parameter: the value is kept as a string, not a crash."""
+    deep = "[" * 100_000
+    text = f"<{D}tool_calls>\n<{D}invoke name=\"read\">\n<{D}parameter name=\"flags\" string=\"false\">{deep}" \
+           f"</{D}parameter>\n</{D}invoke>\n</{D}tool_calls>"
+    assert json.loads(parse_all(text, thinking=False, tools=TOOLS).tool_calls[0].arguments) == {"flags": deep}
