@@ -31,10 +31,10 @@ namespace cairn {
 // score(t, s) = sum over heads h ascending of fma(relu(d_h) * ss, w_h * ws, acc), where
 // d_h = fma chain over the Di channels ascending (the packed micro-kernel's order). The
 // per-query reference path below and the packed path compute exactly these operations.
-static void index_scores_ref(const float* q /*[nI,Di]*/, const float* wts /*[nI]*/, const float* keys,
+static void index_scores_ref(const float* q /*[nI,Di]*/, const float* wts /*[nI]*/, const float* const* keys,
                              int64_t T, int nI, int Di, float ss, float ws, float* sc /*[T]*/) {
   for (int64_t s = 0; s < T; ++s) {
-    const float* k = keys + (size_t)s * Di;
+    const float* k = keys[s];
     float acc = 0.f;
     for (int h = 0; h < nI; ++h) {
       float d = 0.f;
@@ -82,20 +82,19 @@ static void top_k(const float* row, int64_t n, int K, std::vector<float>& tmp, s
 }
 
 // For each query i, fills sel[i] with the selected entry indices (ascending).
-static void indexer_select(const Model& m, const LayerState& ls, const float* qI /*[S,nI*Di]*/,
+static void indexer_select(const Model& m, const State& st, const LayerState& ls, const float* qI /*[S,nI*Di]*/,
                            const float* wI /*[S,nI]*/, int S, int64_t pos0,
                            std::vector<std::vector<int>>& sel) {
   const Config& c = m.cfg;
   const int nI = c.nI, Di = c.Di, K = c.topk, R = c.csa_rate;
   const int64_t T = ls.icomp.n_entries();
-  const float* keys = ls.icomp.entries.data();
   const float ss = 1.f / std::sqrt((float)Di), ws = 1.f / std::sqrt((float)nI);
   sel.assign(S, {});
   const int64_t Tlast = std::min<int64_t>(T, (pos0 + S) / R);  // the most any query of the chunk sees
   std::vector<float> kp;
+  std::vector<const float*> rows(Tlast);  // the keys, from their pages
+  for (int64_t s = 0; s < Tlast; ++s) rows[s] = st.entry(ls.icomp, s);
   if (m.batched_indexer && Tlast > K) {
-    std::vector<const float*> rows(Tlast);
-    for (int64_t s = 0; s < Tlast; ++s) rows[s] = keys + (size_t)s * Di;
     kp.resize(packed_floats((int)Tlast, Di));
     pack_panels(rows, Di, kp.data());
   }
@@ -116,16 +115,10 @@ static void indexer_select(const Model& m, const LayerState& ls, const float* qI
       if (m.batched_indexer)
         index_scores_packed(qI + (size_t)i * nI * Di, wI + (size_t)i * nI, kp.data(), Ti, nI, Di, ss, ws, sc.data());
       else
-        index_scores_ref(qI + (size_t)i * nI * Di, wI + (size_t)i * nI, keys, Ti, nI, Di, ss, ws, sc.data());
+        index_scores_ref(qI + (size_t)i * nI * Di, wI + (size_t)i * nI, rows.data(), Ti, nI, Di, ss, ws, sc.data());
       top_k(sc.data(), Ti, K, tmp, out);
     }
   }
-}
-
-void attention_block(const Model& m, int layer, LayerState& ls, const float* x, int S,
-                     int64_t pos0, float* y) {
-  const AttnSeg seg{&ls, pos0, 0, S};
-  attention_rows(m, layer, &seg, 1, x, S, y);
 }
 
 // The projections (q, kv, compressor and indexer inputs, output) are per-row products over all
@@ -200,6 +193,7 @@ void attention_rows(const Model& m, int layer, const AttnSeg* segs, int nseg, co
   std::vector<float> oall((size_t)Stot * H * Dh);  // [Stot, H, Dh]
 
   for (int g = 0; g < nseg; ++g) {
+  State& st = *segs[g].st;
   LayerState& ls = *segs[g].ls;
   const int S = segs[g].S, R0 = segs[g].r0;
   const int64_t pos0 = segs[g].pos0;
@@ -223,13 +217,13 @@ void attention_rows(const Model& m, int layer, const AttnSeg* segs, int nseg, co
   std::vector<std::vector<int>> sel;  // CSA: selected entries per query
   if (type != AttnType::Sliding) {
     const int cw = ls.comp.cw;
-    compressor_feed(m, L.comp, ls.comp, type == AttnType::CSA, &ckv[(size_t)R0 * cw], &cg[(size_t)R0 * cw], S,
+    compressor_feed(m, L.comp, st, ls.comp, type == AttnType::CSA, &ckv[(size_t)R0 * cw], &cg[(size_t)R0 * cw], S,
                     pos0);
     prof_lap(P_COMPRESS, t0);
     if (type == AttnType::CSA) {
       const int icw = ls.icomp.cw, nI = c.nI, Di = c.Di;
-      compressor_feed(m, L.icomp, ls.icomp, true, &ikv[(size_t)R0 * icw], &ig[(size_t)R0 * icw], S, pos0);
-      indexer_select(m, ls, &qIall[(size_t)R0 * nI * Di], &wIall[(size_t)R0 * nI], S, pos0, sel);
+      compressor_feed(m, L.icomp, st, ls.icomp, true, &ikv[(size_t)R0 * icw], &ig[(size_t)R0 * icw], S, pos0);
+      indexer_select(m, st, ls, &qIall[(size_t)R0 * nI * Di], &wIall[(size_t)R0 * nI], S, pos0, sel);
       prof_lap(P_INDEXER, t0);
     }
   }
@@ -242,7 +236,6 @@ void attention_rows(const Model& m, int layer, const AttnSeg* segs, int nseg, co
   float* o = &oall[(size_t)R0 * H * Dh];
   const float scale = 1.f / std::sqrt((float)Dh);
   const int rate = type == AttnType::HCA ? c.hca_rate : c.csa_rate;
-  const float* ent = ls.comp.entries.data();
   const int64_t nent = ls.comp.n_entries();
   constexpr int kQB = 16;
   const int nblk = (S + kQB - 1) / kQB;
@@ -262,7 +255,7 @@ void attention_rows(const Model& m, int layer, const AttnSeg* segs, int nseg, co
       const int nu = nwin + nhca;
       urow.resize(nu);
       for (int j = 0; j < nwin; ++j) urow[j] = &keys[(size_t)(u0 - kbase + j) * Dh];
-      for (int e = 0; e < nhca; ++e) urow[nwin + e] = ent + (size_t)e * Dh;
+      for (int e = 0; e < nhca; ++e) urow[nwin + e] = st.entry(ls.comp, e);
       uq.resize(packed_floats(nu, Dh));
       uv.resize(packed_floats(Dh, nu));
       pack_panels(urow, Dh, uq.data());
@@ -279,7 +272,7 @@ void attention_rows(const Model& m, int layer, const AttnSeg* segs, int nseg, co
         const int nsel = type == AttnType::CSA ? (int)sel[i].size() : 0;
         if (nsel) {  // this query's top-k entries: scores [H, nsel]
           srow.resize(nsel);
-          for (int e = 0; e < nsel; ++e) srow[e] = ent + (size_t)sel[i][e] * Dh;
+          for (int e = 0; e < nsel; ++e) srow[e] = st.entry(ls.comp, sel[i][e]);
           sq.resize(packed_floats(nsel, Dh));
           pack_panels(srow, Dh, sq.data());
           ssc.resize((size_t)H * nsel);

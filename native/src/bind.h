@@ -13,7 +13,7 @@ struct BoundModel : cairn::Model {
   std::vector<pybind11::object> keep;
   BoundModel(pybind11::dict config, pybind11::dict weights, std::string fingerprint, int threads,
              bool batched_indexer, bool widen_bf16, std::string packed_cache, int64_t expert_cache_bytes,
-             std::string expert_policy, int expert_readers);
+             std::string expert_policy, int expert_readers, int64_t page_tokens);
 };
 
 // State bound to Python: owns a shared reference to its model so it can never dangle.

@@ -292,13 +292,18 @@ Config parse_config(const py::dict& d) {
 
 BoundModel::BoundModel(py::dict config, py::dict weights, std::string fp, int nthreads, bool batched,
                        bool widen, std::string packed_cache, int64_t expert_cache_bytes, std::string expert_policy,
-                       int expert_readers) {
+                       int expert_readers, int64_t page_tokens) {
   if (expert_cache_bytes < 0) throw py::value_error("expert_cache_bytes must be >= 0 (0 = every expert resident)");
   if (expert_readers < 1 || expert_readers > 16)
     throw py::value_error("expert_readers must be in 1..16 (reader threads for paged experts), got " +
                           std::to_string(expert_readers));
   SlotPolicy::parse(expert_policy);  // a bad name fails before any packing
   cfg = parse_config(config);
+  try {
+    page_layout = make_page_layout(cfg, page_tokens);
+  } catch (const std::invalid_argument& e) {
+    throw py::value_error(e.what());
+  }
   fingerprint = std::move(fp);
   // all cores this process may run on (affinity mask), not every core of the machine
   cpu_set_t set;
@@ -400,11 +405,17 @@ packed_cache file (required; written by a streaming pack if missing) into budget
 never mapped; expert_policy ('hotpin', 'lrfu' or 'lru') chooses what to evict; expert_readers (1..16,
 default 4) reader threads keep that many expert reads in flight. Outputs are bit-identical.
 threads=0 uses all cores.
-batched_indexer=False scores the CSA indexer with the scalar per-query reference loop (same results).)doc")
-      .def(py::init<py::dict, py::dict, std::string, int, bool, bool, std::string, int64_t, std::string, int>(),
+batched_indexer=False scores the CSA indexer with the scalar per-query reference loop (same results).
+page_tokens: tokens per page group of a state's compressed rows (0: the default, the smallest multiple
+of every compress rate >= 256); any multiple of every compress rate gives the same outputs.)doc")
+      .def(py::init<py::dict, py::dict, std::string, int, bool, bool, std::string, int64_t, std::string, int, int64_t>(),
            py::arg("config"), py::arg("weights"), py::arg("fingerprint"), py::arg("threads") = 0, py::kw_only(),
            py::arg("batched_indexer") = true, py::arg("widen_bf16") = false, py::arg("packed_cache") = "",
-           py::arg("expert_cache_bytes") = 0, py::arg("expert_policy") = "hotpin", py::arg("expert_readers") = 4)
+           py::arg("expert_cache_bytes") = 0, py::arg("expert_policy") = "hotpin", py::arg("expert_readers") = 4,
+           py::arg("page_tokens") = 0)
+      .def_property_readonly("page_tokens", [](const BoundModel& m) { return m.page_layout->page_tokens; })
+      .def_property_readonly("page_nbytes", [](const BoundModel& m) { return m.page_layout->group_bytes(); },
+                             "Bytes of one page group of a state's compressed rows.")
       .def_property_readonly("packed_from_cache", [](const BoundModel& m) { return m.packed_from_cache; })
       .def_property_readonly("packed_cache_written", [](const BoundModel& m) { return m.packed_cache_written; })
       .def_property_readonly("packed_bytes", [](const BoundModel& m) { return m.packed_bytes; })

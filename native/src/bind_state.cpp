@@ -46,6 +46,60 @@ struct KernelError : std::invalid_argument {
   using std::invalid_argument::invalid_argument;
 };
 
+// An immutable snapshot: a copy of the state's tail, sharing its page groups.
+struct PySnapshot {
+  std::shared_ptr<BoundModel> model;
+  State st;
+  int64_t copied_bytes = 0;  // what taking it copied: the tail, plus every group when not shared
+};
+
+py::array_t<uint64_t> group_ids(const State& st) {
+  py::array_t<uint64_t> out((py::ssize_t)st.pages.groups.size());
+  for (size_t k = 0; k < st.pages.groups.size(); ++k) out.mutable_data()[k] = st.pages.groups[k]->id;
+  return out;
+}
+
+// Group k's bytes as a read-only uint8 array that keeps the group alive (no copy).
+py::array group_view(const std::shared_ptr<PageGroup>& g) {
+  auto* keep = new std::shared_ptr<PageGroup>(g);
+  py::capsule owner(keep, [](void* p) { delete static_cast<std::shared_ptr<PageGroup>*>(p); });
+  py::array a(py::dtype::of<uint8_t>(), {(py::ssize_t)(4 * g->nfloats)}, {(py::ssize_t)1},
+              (const void*)g->data.get(), owner);
+  py::detail::array_proxy(a.ptr())->flags &= ~py::detail::npy_api::NPY_ARRAY_WRITEABLE_;
+  return a;
+}
+
+const uint8_t* buffer_bytes(const py::handle& obj, const std::string& what, size_t& n, std::vector<py::buffer_info>& keep) {
+  if (!PyObject_CheckBuffer(obj.ptr())) throw KernelError(what + " must be a bytes-like object");
+  keep.push_back(py::reinterpret_borrow<py::buffer>(obj).request());
+  const py::buffer_info& info = keep.back();
+  if (info.ndim != 1 || info.strides[0] != info.itemsize)
+    throw KernelError(what + " must be a contiguous 1-D bytes-like object");
+  n = (size_t)(info.size * info.itemsize);
+  return (const uint8_t*)info.ptr;
+}
+
+std::unique_ptr<PySnapshot> snapshot_from_parts(std::shared_ptr<BoundModel> model, py::handle tail, py::sequence pages) {
+  if (!model) throw KernelError("model must not be None");
+  std::vector<py::buffer_info> keep;
+  keep.reserve((size_t)py::len(pages) + 1);
+  size_t tn = 0;
+  const uint8_t* tp = buffer_bytes(tail, "tail", tn, keep);
+  std::vector<const uint8_t*> ptrs;
+  std::vector<size_t> sizes;
+  for (size_t k = 0; k < (size_t)py::len(pages); ++k) {
+    size_t pn = 0;
+    ptrs.push_back(buffer_bytes(pages[k], "pages[" + std::to_string(k) + "]", pn, keep));
+    sizes.push_back(pn);
+  }
+  auto out = std::make_unique<PySnapshot>(PySnapshot{model, State(*model), 0});
+  {
+    py::gil_scoped_release rel;
+    out->st = restore(*model, tp, tn, ptrs.data(), sizes.data(), ptrs.size());
+  }
+  return out;
+}
+
 std::vector<int32_t> check_tokens(const PyState& s, const py::handle& obj) {
   if (!py::isinstance<py::array>(obj)) throw KernelError("tokens must be a numpy.ndarray of int32");
   py::array a = py::reinterpret_borrow<py::array>(obj);
@@ -102,37 +156,140 @@ void register_state(py::module_& m) {
         return out;
       })
       .def_property_readonly("nbytes", [](const PyState& s) { return s.st.payload_bytes(); })
+      .def_property_readonly("page_ids", [](const PyState& s) { return group_ids(s.st); },
+                             "Ids of the page groups this state holds (shared with snapshots), in token order.")
       .def_property_readonly("last_logits", [](const PyState& s) -> py::object {
         if (s.st.last_logits.empty()) return py::none();
         return vec_to_array(s.st.last_logits);
       })
-      .def("snapshot", [](PyState& s) {
+      .def("snapshot", [](PyState& s, bool share_pages) {
         BusyGuard g(s);
-        const size_t n = snapshot_size(s.st);
+        auto out = std::make_unique<PySnapshot>(PySnapshot{s.model, State(*s.model), 0});
+        {
+          py::gil_scoped_release rel;
+          out->st = s.st;  // the tail is copied, every page group shared
+          if (!share_pages) out->st.pages.unshare();
+          out->copied_bytes = s.st.tail_bytes() - 4 * s.st.pages.layout->used_floats(s.st.full_groups(), s.st.n) +
+                              (share_pages ? 0 : (int64_t)out->st.pages.groups.size() * s.st.pages.layout->group_bytes());
+        }
+        return out;
+      }, py::kw_only(), py::arg("share_pages") = true,
+         "An immutable Snapshot: a copy of the small mutable tail plus references to the state's page "
+         "groups, which the state copies before it next writes one (copy on write). share_pages=False "
+         "copies every group too (a snapshot that shares nothing).")
+      .def_static("restore", [](std::shared_ptr<BoundModel> model, const PySnapshot& snap) {
+        if (!model) throw KernelError("model must not be None");
+        if (snap.model.get() != model.get() && snap.model->fingerprint != model->fingerprint)
+          throw KernelError("snapshot belongs to a different model (fingerprint '" + snap.model->fingerprint +
+                            "', model '" + model->fingerprint + "')");
+        if (snap.model->page_layout->page_tokens != model->page_layout->page_tokens ||
+            snap.model->page_layout->group_floats != model->page_layout->group_floats)
+          throw KernelError("snapshot pages have another layout than this model's");
+        std::unique_ptr<PyState> out;
+        {
+          py::gil_scoped_release rel;
+          State st = snap.st;  // shares the snapshot's groups; the state copies one before writing it
+          st.model = model.get();
+          out = std::make_unique<PyState>(model, std::move(st));
+        }
+        return out;
+      }, py::arg("model"), py::arg("snapshot"), "A new State equal to the one the snapshot was taken of.");
+
+  py::class_<PySnapshot>(m, "Snapshot",
+                         "Immutable snapshot of a State: its tail (window ring, compressor buffers, tokens, "
+                         "logits) and references to its page groups of compressed rows.")
+      .def_property_readonly("n_tokens", [](const PySnapshot& s) { return s.st.n; })
+      .def_property_readonly("tokens", [](const PySnapshot& s) {
+        py::array_t<int32_t> out((py::ssize_t)s.st.tokens.size());
+        if (!s.st.tokens.empty()) std::memcpy(out.mutable_data(), s.st.tokens.data(), 4 * s.st.tokens.size());
+        return out;
+      })
+      .def_property_readonly("page_ids", [](const PySnapshot& s) { return group_ids(s.st); },
+                             "Ids of every page group it holds (the last may be partial), in token order.")
+      .def_property_readonly("page_nbytes", [](const PySnapshot& s) { return s.st.pages.layout->group_bytes(); },
+                             "Bytes of one page group (all groups of a model are this size).")
+      .def_property_readonly("page_tokens", [](const PySnapshot& s) { return s.st.pages.layout->page_tokens; })
+      .def_property_readonly("n_full_pages", [](const PySnapshot& s) { return s.st.full_groups(); },
+                             "Page groups that are full (n_tokens // page_tokens): the ones stored as pages.")
+      .def_property_readonly("own_nbytes", [](const PySnapshot& s) {
+        return s.st.tail_bytes() - 4 * s.st.pages.layout->used_floats(s.st.full_groups(), s.st.n);
+      }, "Bytes it holds outside page groups (the copied tail).")
+      .def_property_readonly("copied_nbytes", [](const PySnapshot& s) { return s.copied_bytes; },
+                             "Bytes copied when it was taken (0 for one rebuilt from parts).")
+      .def_property_readonly("nbytes", [](const PySnapshot& s) {
+        return s.st.tail_bytes() - 4 * s.st.pages.layout->used_floats(s.st.full_groups(), s.st.n) +
+               (int64_t)s.st.pages.groups.size() * s.st.pages.layout->group_bytes();
+      }, "Everything it references: own bytes plus every page group, shared or not.")
+      .def("tail", [](const PySnapshot& s) {
+        const size_t n = tail_size(s.st);
         PyObject* b = PyBytes_FromStringAndSize(nullptr, (Py_ssize_t)n);
         if (!b) throw py::error_already_set();
         py::bytes out = py::reinterpret_steal<py::bytes>(b);
         uint8_t* dst = (uint8_t*)PyBytes_AS_STRING(b);
         {
           py::gil_scoped_release rel;  // the bytes object is new and private to this call
-          snapshot_into(s.st, dst);
+          tail_into(s.st, dst);
         }
         return out;
-      }, "Owned, versioned, self-describing blob of the whole state.")
-      .def_static("restore", [](std::shared_ptr<BoundModel> model, py::buffer blob) {
-        if (!model) throw KernelError("model must not be None");
-        py::buffer_info info = blob.request();
-        if (info.ndim != 1 || info.strides[0] != info.itemsize)
-          throw KernelError("blob must be a contiguous 1-D bytes-like object");
-        const uint8_t* p = (const uint8_t*)info.ptr;
-        size_t n = (size_t)(info.size * info.itemsize);
-        std::unique_ptr<PyState> out;
+      }, "The versioned, checksummed tail blob: everything but the full page groups (the partial one's rows included).")
+      .def("page", [](const PySnapshot& s, int64_t k) {
+        if (k < 0 || k >= s.st.full_groups())
+          throw KernelError("page index " + std::to_string(k) + " is out of range [0, " +
+                            std::to_string(s.st.full_groups()) + ")");
+        return group_view(s.st.pages.groups[(size_t)k]);
+      }, py::arg("k"), "Full page group k's bytes: a read-only uint8 array over the group itself (no copy).")
+      .def_static("from_parts", &snapshot_from_parts, py::arg("model"), py::arg("tail"), py::arg("pages"),
+                  "Rebuild a snapshot from its tail blob and its full page groups' bytes, in order. Raises "
+                  "KernelError on any mismatch: version, model, page layout, count or size of pages, checksum.")
+      .def("to_bytes", [](const PySnapshot& s) {
+        const size_t tn = tail_size(s.st);
+        const int64_t F = s.st.full_groups();
+        const size_t gb = (size_t)s.st.pages.layout->group_bytes();
+        const size_t n = tn + (size_t)F * gb + 8;
+        PyObject* b = PyBytes_FromStringAndSize(nullptr, (Py_ssize_t)n);
+        if (!b) throw py::error_already_set();
+        py::bytes out = py::reinterpret_steal<py::bytes>(b);
+        uint8_t* dst = (uint8_t*)PyBytes_AS_STRING(b);
         {
           py::gil_scoped_release rel;
-          out = std::make_unique<PyState>(model, restore(*model, p, n));
+          tail_into(s.st, dst);
+          for (int64_t k = 0; k < F; ++k) std::memcpy(dst + tn + (size_t)k * gb, s.st.pages.groups[(size_t)k]->data.get(), gb);
+          const uint64_t h = blob_checksum(dst + tn, (size_t)F * gb);
+          std::memcpy(dst + n - 8, &h, 8);
         }
         return out;
-      }, py::arg("model"), py::arg("blob"));
+      }, "One self-contained blob: the tail, the full page groups, and a checksum of the groups (for tests "
+         "and tools; the daemon stores each page once, in its own file).")
+      .def_static("from_bytes", [](std::shared_ptr<BoundModel> model, py::buffer blob) {
+        if (!model) throw KernelError("model must not be None");
+        std::vector<py::buffer_info> keep;
+        size_t n = 0;
+        const uint8_t* p = buffer_bytes(blob, "blob", n, keep);
+        const int64_t F = tail_full_groups(*model, p, n);
+        const size_t gb = (size_t)model->page_layout->group_bytes();
+        if ((size_t)F * gb + 8 > n) throw KernelError("snapshot is truncated (page groups)");
+        const size_t tn = n - (size_t)F * gb - 8;
+        uint64_t stored;
+        std::memcpy(&stored, p + n - 8, 8);
+        if (stored != blob_checksum(p + tn, (size_t)F * gb)) throw KernelError("snapshot checksum mismatch (page groups)");
+        std::vector<const uint8_t*> ptrs;
+        std::vector<size_t> sizes((size_t)F, gb);
+        for (int64_t k = 0; k < F; ++k) ptrs.push_back(p + tn + (size_t)k * gb);
+        auto out = std::make_unique<PySnapshot>(PySnapshot{model, State(*model), 0});
+        {
+          py::gil_scoped_release rel;
+          out->st = restore(*model, p, tn, ptrs.data(), sizes.data(), ptrs.size());
+        }
+        return out;
+      }, py::arg("model"), py::arg("blob"), "Inverse of to_bytes.");
+
+  m.def("page_pool", [] {
+    PagePoolStats p = page_pool_stats();
+    py::dict d;
+    d["groups"] = p.groups;
+    d["bytes"] = p.bytes;
+    return d;
+  }, "Page groups alive in this process (live states and snapshots share them) and their bytes.");
 
   m.def("prefill", [](PyState& s, py::handle tokens, int chunk, std::shared_ptr<AbortFlag> abort, bool all_logits) {
     std::vector<int32_t> tok = check_tokens(s, tokens);

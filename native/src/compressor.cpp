@@ -17,7 +17,7 @@
 
 namespace cairn {
 
-static void emit_entry(const Model& m, const CompressorW& w, CompState& cs, bool overlap,
+static void emit_entry(const Model& m, const CompressorW& w, State& st, CompState& cs, bool overlap,
                        int64_t widx) {
   const int R = cs.rate, dim = cs.dim, cw = cs.cw;
   std::vector<float> out(dim);
@@ -46,7 +46,7 @@ static void emit_entry(const Model& m, const CompressorW& w, CompState& cs, bool
   }
   rmsnorm(out.data(), w.norm, out.data(), dim, m.cfg.rms_eps);
   rope(out.data(), dim, m.cfg.r, m.inv_freq_comp.data(), widx * R);
-  cs.entries.insert(cs.entries.end(), out.begin(), out.end());
+  st.append_entry(cs, out.data());
   if (overlap) {  // keep this window's Ca (gate biased) for the next entry
     for (int j = 0; j < R; ++j)
       for (int c = 0; c < dim; ++c) {
@@ -56,7 +56,7 @@ static void emit_entry(const Model& m, const CompressorW& w, CompState& cs, bool
   }
 }
 
-void compressor_feed(const Model& m, const CompressorW& w, CompState& cs, bool overlap,
+void compressor_feed(const Model& m, const CompressorW& w, State& st, CompState& cs, bool overlap,
                      const float* kv, const float* gate, int S, int64_t pos0) {
   const int R = cs.rate, cw = cs.cw;
   for (int i = 0; i < S; ++i) {
@@ -64,7 +64,7 @@ void compressor_feed(const Model& m, const CompressorW& w, CompState& cs, bool o
     const int slot = (int)(p % R);
     std::memcpy(&cs.buf_kv[(size_t)slot * cw], kv + (size_t)i * cw, sizeof(float) * cw);
     std::memcpy(&cs.buf_gate[(size_t)slot * cw], gate + (size_t)i * cw, sizeof(float) * cw);
-    if (slot == R - 1) emit_entry(m, w, cs, overlap, p / R);
+    if (slot == R - 1) emit_entry(m, w, st, cs, overlap, p / R);
   }
 }
 

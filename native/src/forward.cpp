@@ -191,7 +191,7 @@ static std::vector<float> head_rows(const Model& m, const std::vector<float>& h,
 void forward_chunk(State& st, const int32_t* tokens, int S, float* logits_out, bool all_logits) {
   const Model& m = *st.model;
   const int V = m.cfg.vocab;
-  const AttnSeg seg{st.layers.data(), st.n, 0, S};
+  const AttnSeg seg{&st, st.layers.data(), st.n, 0, S};
   std::vector<float> h;
   run_layers(m, &seg, 1, tokens, S, h);
   // hyper-head: only the rows whose logits are needed
@@ -207,7 +207,7 @@ void forward_batch(State* const* states, const int32_t* tokens, int B, float* lo
   const Model& m = *states[0]->model;
   const int V = m.cfg.vocab;
   std::vector<AttnSeg> segs(B);
-  for (int b = 0; b < B; ++b) segs[b] = AttnSeg{states[b]->layers.data(), states[b]->n, b, 1};
+  for (int b = 0; b < B; ++b) segs[b] = AttnSeg{states[b], states[b]->layers.data(), states[b]->n, b, 1};
   std::vector<float> h;
   run_layers(m, segs.data(), B, tokens, B, h);
   std::vector<float> logits = head_rows(m, h, 0, B);

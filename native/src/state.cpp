@@ -1,18 +1,21 @@
-// cairn kernel: State construction and the snapshot blob.
+// cairn kernel: State construction and the snapshot tail blob.
 //
-// Snapshot layout (little-endian, version SNAPSHOT_VERSION = 2, cairn/state.h):
+// Tail layout (little-endian, version SNAPSHOT_VERSION = 3, cairn/state.h):
 //   magic "CAIRNSNP" (8) | u32 version | u32 fingerprint length | fingerprint bytes
-//   | 8 x u32 shape guard (vocab, D, n_layers, W, Dh, Di, csa_rate, hca_rate)
+//   | 8 x u32 shape guard (vocab, D, n_layers, W, Dh, Di, csa_rate, hca_rate) | u64 page_tokens
 //   | i64 n | i32 tokens[n] | u8 has_logits | f32 logits[V] if has_logits
-//   | payload: per layer, in order:
+//   | per layer, in order:
 //       window rows min(n, W-1) x Dh, oldest first
-//       CSA/HCA: entries (n/rate) x Dh, buf_kv and buf_gate (n%rate) x cw,
-//                CSA and n >= rate: overlap kv, gate rate x Dh
+//       CSA/HCA: buf_kv and buf_gate (n%rate) x cw, CSA and n >= rate: overlap kv, gate rate x Dh
 //       CSA indexer: the same at Di
+//   | the partial page group's rows (group n/P): each array's used rows, in layout order
 //   | u64 blob_checksum of everything before it
-// Every size is derived from (config, n), so restore checks the exact total length before
-// reading, then the checksum, then the contents: random, truncated or foreign blobs are rejected
-// with std::invalid_argument and never touch memory out of bounds.
+// The full groups 0 .. n/P-1 are not in the tail: they travel as page references (in memory) or
+// as their own bytes (on disk, each group_bytes long). Every size is derived from (config, n), so
+// restore checks the exact total length before reading, then the checksum, then the contents:
+// random, truncated or foreign blobs are rejected with std::invalid_argument and never touch
+// memory out of bounds.
+#include <algorithm>
 #include <cstring>
 #include <stdexcept>
 #include <string>
@@ -23,7 +26,8 @@ namespace cairn {
 
 static const char kMagic[8] = {'C', 'A', 'I', 'R', 'N', 'S', 'N', 'P'};
 
-static void init_comp(CompState& cs, int rate, int dim, bool overlap) {
+static void init_comp(CompState& cs, int arr, int rate, int dim, bool overlap) {
+  cs.arr = arr;
   cs.rate = rate;
   cs.dim = dim;
   cs.cw = overlap ? 2 * dim : dim;
@@ -37,35 +41,55 @@ static void init_comp(CompState& cs, int rate, int dim, bool overlap) {
 
 State::State(const Model& m) : model(&m) {
   const Config& c = m.cfg;
+  pages.layout = m.page_layout;
   layers.resize(c.n_layers);
   for (int l = 0; l < c.n_layers; ++l) {
     LayerState& ls = layers[l];
     ls.win.assign((size_t)(c.W - 1) * c.Dh, 0.f);
-    if (c.layer_types[l] == AttnType::HCA) init_comp(ls.comp, c.hca_rate, c.Dh, false);
+    if (c.layer_types[l] == AttnType::HCA) init_comp(ls.comp, 2 * l, c.hca_rate, c.Dh, false);
     if (c.layer_types[l] == AttnType::CSA) {
-      init_comp(ls.comp, c.csa_rate, c.Dh, true);
-      init_comp(ls.icomp, c.csa_rate, c.Di, true);
+      init_comp(ls.comp, 2 * l, c.csa_rate, c.Dh, true);
+      init_comp(ls.icomp, 2 * l + 1, c.csa_rate, c.Di, true);
     }
   }
 }
 
-// floats of the live part of one compressor state for n tokens
-static int64_t comp_floats(const CompState& cs, int64_t n) {
+void State::append_entry(CompState& cs, const float* row) {
+  std::memcpy(pages.write_row(cs.arr, cs.rows), row, sizeof(float) * cs.dim);
+  cs.rows += 1;
+}
+
+// floats of one compressor's mutable buffers for n tokens
+static int64_t buffer_floats(const CompState& cs, int64_t n) {
   if (!cs.rate) return 0;
-  int64_t f = (n / cs.rate) * cs.dim + 2 * (n % cs.rate) * cs.cw;
+  int64_t f = 2 * (n % cs.rate) * cs.cw;
   if (!cs.ov_kv.empty() && n >= cs.rate) f += 2 * (int64_t)cs.rate * cs.dim;
   return f;
 }
 
-static int64_t payload_floats(const State& s, int64_t n) {
+// floats of the tail's per-layer part: window rows and compressor buffers
+static int64_t layer_tail_floats(const State& s, int64_t n) {
   const Config& c = s.model->cfg;
   int64_t f = 0;
   for (const LayerState& ls : s.layers)
-    f += std::min<int64_t>(n, c.W - 1) * c.Dh + comp_floats(ls.comp, n) + comp_floats(ls.icomp, n);
+    f += std::min<int64_t>(n, c.W - 1) * c.Dh + buffer_floats(ls.comp, n) + buffer_floats(ls.icomp, n);
   return f;
 }
 
-int64_t State::payload_bytes() const { return 4 * payload_floats(*this, n); }
+static int64_t entry_floats(const State& s, int64_t n) {
+  int64_t f = 0;
+  for (const LayerState& ls : s.layers)
+    for (const CompState* cs : {&ls.comp, &ls.icomp})
+      if (cs->rate) f += (n / cs->rate) * cs->dim;
+  return f;
+}
+
+int64_t State::payload_bytes() const { return 4 * (layer_tail_floats(*this, n) + entry_floats(*this, n)); }
+
+int64_t State::tail_bytes() const {
+  return 4 * (layer_tail_floats(*this, n) + pages.layout->used_floats(full_groups(), n)) +
+         4 * (int64_t)n + (last_logits.empty() ? 0 : 4 * (int64_t)model->cfg.vocab);
+}
 
 namespace {
 struct Writer {
@@ -92,6 +116,7 @@ struct Reader {
 // Blob checksum: four independent multiply-xorshift lanes over 8-byte words. A byte-wise FNV-1a
 // (one dependent multiply per byte) ran at ~0.6 GB/s and dominated restore; this runs at memory
 // speed. It detects corruption, not an adversary. Words are read little-endian (x86-64, AArch64).
+}  // namespace
 uint64_t blob_checksum(const uint8_t* p, size_t n) {
   constexpr uint64_t K = 0x9E3779B97F4A7C15ull, M = 0xFF51AFD7ED558CCDull;
   uint64_t h[4] = {K, K ^ 1, K ^ 2, K ^ 3};
@@ -112,9 +137,9 @@ uint64_t blob_checksum(const uint8_t* p, size_t n) {
   }
   return r;
 }
+namespace {
 void write_comp(Writer& w, const CompState& cs, int64_t n) {
   if (!cs.rate) return;
-  w.floats(cs.entries.data(), (n / cs.rate) * cs.dim);
   w.floats(cs.buf_kv.data(), (n % cs.rate) * cs.cw);
   w.floats(cs.buf_gate.data(), (n % cs.rate) * cs.cw);
   if (!cs.ov_kv.empty() && n >= cs.rate) {
@@ -124,8 +149,7 @@ void write_comp(Writer& w, const CompState& cs, int64_t n) {
 }
 void read_comp(Reader& r, CompState& cs, int64_t n) {
   if (!cs.rate) return;
-  cs.entries.resize((size_t)(n / cs.rate) * cs.dim);
-  r.floats(cs.entries.data(), (int64_t)cs.entries.size());
+  cs.rows = n / cs.rate;
   r.floats(cs.buf_kv.data(), (n % cs.rate) * cs.cw);
   r.floats(cs.buf_gate.data(), (n % cs.rate) * cs.cw);
   if (!cs.ov_kv.empty() && n >= cs.rate) {
@@ -137,22 +161,39 @@ std::vector<uint32_t> shape_guard(const Config& c) {
   return {(uint32_t)c.vocab, (uint32_t)c.D, (uint32_t)c.n_layers, (uint32_t)c.W,
           (uint32_t)c.Dh, (uint32_t)c.Di, (uint32_t)c.csa_rate, (uint32_t)c.hca_rate};
 }
+// The partial group's rows of every array, in layout order: [used rows, dim] each.
+template <class F> void each_partial_span(const PageLayout& L, int64_t n, F&& f) {
+  const int64_t g = n / L.page_tokens;
+  for (size_t a = 0; a < L.arrays.size(); ++a) {
+    const PageLayout::Array& ar = L.arrays[a];
+    if (!ar.rows) continue;
+    const int64_t rate = L.page_tokens / ar.rows;
+    const int64_t used = std::clamp<int64_t>(n / rate - g * ar.rows, 0, ar.rows);
+    if (used) f(ar, used);
+  }
+}
 }  // namespace
 
-size_t snapshot_size(const State& s) {
-  const Config& c = s.model->cfg;
-  return 8 + 4 + 4 + s.model->fingerprint.size() + 4 * shape_guard(c).size() + 8 + 4 * (size_t)s.n + 1 +
-         (s.last_logits.empty() ? 0 : 4 * (size_t)c.vocab) + (size_t)s.payload_bytes() + 8;
+static size_t header_size(const Model& m, int64_t n, bool logits) {
+  return 8 + 4 + 4 + m.fingerprint.size() + 4 * shape_guard(m.cfg).size() + 8 + 8 + 4 * (size_t)n + 1 +
+         (logits ? 4 * (size_t)m.cfg.vocab : 0);
 }
 
-void snapshot_into(const State& s, uint8_t* out) {
+size_t tail_size(const State& s) {
+  return header_size(*s.model, s.n, !s.last_logits.empty()) +
+         4 * (size_t)(layer_tail_floats(s, s.n) + s.pages.layout->used_floats(s.full_groups(), s.n)) + 8;
+}
+
+void tail_into(const State& s, uint8_t* out) {
   const Config& c = s.model->cfg;
+  const PageLayout& L = *s.pages.layout;
   Writer w{out};
   w.raw(kMagic, 8);
   w.put<uint32_t>(SNAPSHOT_VERSION);
   w.put<uint32_t>((uint32_t)s.model->fingerprint.size());
   w.raw(s.model->fingerprint.data(), s.model->fingerprint.size());
   for (uint32_t v : shape_guard(c)) w.put<uint32_t>(v);
+  w.put<uint64_t>((uint64_t)L.page_tokens);
   w.put<int64_t>(s.n);
   w.raw(s.tokens.data(), sizeof(int32_t) * s.tokens.size());
   w.put<uint8_t>(s.last_logits.empty() ? 0 : 1);
@@ -164,23 +205,30 @@ void snapshot_into(const State& s, uint8_t* out) {
     write_comp(w, ls.comp, s.n);
     write_comp(w, ls.icomp, s.n);
   }
+  const int64_t g = s.full_groups();
+  each_partial_span(L, s.n, [&](const PageLayout::Array& ar, int64_t used) {
+    w.floats(s.pages.groups[(size_t)g]->data.get() + ar.off, used * ar.dim);
+  });
   uint64_t h = blob_checksum(out, w.off);
   w.put<uint64_t>(h);
 }
 
-State restore(const Model& m, const uint8_t* data, size_t size) {
+namespace {
+// Reads and checks the tail's header up to and including n; returns n.
+int64_t read_header(const Model& m, Reader& r) {
   const Config& c = m.cfg;
-  Reader r{data, size};
   char magic[8];
-  if (size < 8) throw std::invalid_argument("not a cairn snapshot (too short)");
+  if (r.n < 8) throw std::invalid_argument("not a cairn snapshot (too short)");
   r.raw(magic, 8);
   if (std::memcmp(magic, kMagic, 8) != 0) throw std::invalid_argument("not a cairn snapshot (bad magic)");
   uint32_t ver = r.get<uint32_t>();
   if (ver != SNAPSHOT_VERSION)
     throw std::invalid_argument("unsupported snapshot version " + std::to_string(ver) + " (this build reads " +
-                                std::to_string(SNAPSHOT_VERSION) + ")");
+                                std::to_string(SNAPSHOT_VERSION) +
+                                (ver < SNAPSHOT_VERSION ? "; it was written before paged state and must be recomputed)"
+                                                        : ")"));
   uint32_t flen = r.get<uint32_t>();
-  if (flen > 4096 || flen > size - r.off) throw std::invalid_argument("snapshot is truncated or corrupt (fingerprint)");
+  if (flen > 4096 || flen > r.n - r.off) throw std::invalid_argument("snapshot is truncated or corrupt (fingerprint)");
   std::string fp(flen, '\0');
   r.raw(fp.data(), flen);
   if (fp != m.fingerprint)
@@ -188,22 +236,49 @@ State restore(const Model& m, const uint8_t* data, size_t size) {
                                 m.fingerprint + "')");
   for (uint32_t v : shape_guard(c))
     if (r.get<uint32_t>() != v) throw std::invalid_argument("snapshot model shape does not match this model");
+  const uint64_t P = r.get<uint64_t>();
+  if ((int64_t)P != m.page_layout->page_tokens)
+    throw std::invalid_argument("snapshot pages hold " + std::to_string(P) + " tokens, this model's hold " +
+                                std::to_string(m.page_layout->page_tokens));
   int64_t n = r.get<int64_t>();
   if (n < 0 || n > ((int64_t)1 << 40)) throw std::invalid_argument("snapshot is corrupt (token count)");
+  return n;
+}
+}  // namespace
+
+int64_t tail_full_groups(const Model& m, const uint8_t* tail, size_t size) {
+  Reader r{tail, size};
+  return read_header(m, r) / m.page_layout->page_tokens;
+}
+
+State restore(const Model& m, const uint8_t* data, size_t size, const uint8_t* const* pages,
+              const size_t* page_sizes, size_t npages) {
+  const Config& c = m.cfg;
+  Reader r{data, size};
+  const int64_t n = read_header(m, r);
   State s(m);
-  // exact expected size: header so far + tokens + flag + [logits] + payload + checksum
+  const PageLayout& L = *m.page_layout;
+  // exact expected size: header so far + tokens + flag + [logits] + tail floats + checksum
   const size_t after_tokens = r.off + 4 * (size_t)n;
   if (after_tokens + 1 > size) throw std::invalid_argument("snapshot is truncated");
   const uint8_t has_logits = data[after_tokens];
   if (has_logits > 1) throw std::invalid_argument("snapshot is corrupt (logits flag)");
+  const int64_t full = n / L.page_tokens;
   const size_t expect = after_tokens + 1 + (has_logits ? 4 * (size_t)c.vocab : 0) +
-                        4 * (size_t)payload_floats(s, n) + 8;
+                        4 * (size_t)(layer_tail_floats(s, n) + L.used_floats(full, n)) + 8;
   if (size < expect) throw std::invalid_argument("snapshot is truncated");
   if (size > expect) throw std::invalid_argument("snapshot has trailing bytes (corrupt)");
   uint64_t stored;
   std::memcpy(&stored, data + size - 8, 8);
   if (stored != blob_checksum(data, size - 8)) throw std::invalid_argument("snapshot checksum mismatch (corrupt)");
   if ((n > 0) != (has_logits == 1)) throw std::invalid_argument("snapshot is corrupt (logits flag)");
+  if ((int64_t)npages != full)
+    throw std::invalid_argument("snapshot of " + std::to_string(n) + " tokens needs " + std::to_string(full) +
+                                " page groups, got " + std::to_string(npages));
+  for (size_t k = 0; k < npages; ++k)
+    if (page_sizes[k] != (size_t)L.group_bytes())
+      throw std::invalid_argument("page group " + std::to_string(k) + " has " + std::to_string(page_sizes[k]) +
+                                  " bytes, expected " + std::to_string(L.group_bytes()));
   s.n = n;
   s.tokens.resize(n);
   r.raw(s.tokens.data(), 4 * (size_t)n);
@@ -219,6 +294,20 @@ State restore(const Model& m, const uint8_t* data, size_t size) {
     for (int64_t p = n - std::min<int64_t>(n, ring); p < n; ++p) r.floats(&ls.win[(size_t)(p % ring) * c.Dh], c.Dh);
     read_comp(r, ls.comp, n);
     read_comp(r, ls.icomp, n);
+  }
+  for (size_t k = 0; k < npages; ++k) {
+    auto g = std::make_shared<PageGroup>(L.group_floats);
+    std::memcpy(g->data.get(), pages[k], page_sizes[k]);
+    s.pages.groups.push_back(std::move(g));
+  }
+  bool partial = false;
+  each_partial_span(L, n, [&](const PageLayout::Array&, int64_t) { partial = true; });
+  if (partial) {
+    auto g = std::make_shared<PageGroup>(L.group_floats);
+    each_partial_span(L, n, [&](const PageLayout::Array& ar, int64_t used) {
+      r.floats(g->data.get() + ar.off, used * ar.dim);
+    });
+    s.pages.groups.push_back(std::move(g));
   }
   return s;
 }

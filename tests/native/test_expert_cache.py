@@ -53,7 +53,7 @@ def run(model: K.Model, prompt: np.ndarray, chunk: int) -> tuple[np.ndarray, lis
     st = K.State(model)
     _, logits = K.prefill(st, prompt, chunk=chunk, all_logits=True)
     steps = [K.decode(st, t) for t in (3, 141, 77)]
-    return logits, steps, st.snapshot()
+    return logits, steps, st.snapshot().to_bytes()
 
 
 def same(a, b) -> bool:
@@ -93,13 +93,14 @@ def test_paged_decode_batch_and_restore_are_bit_identical(tiny):
             K.prefill(st, tiny.prompt[i : i + n], chunk=16)
             states.append(st)
         out = [K.decode_batch(states, np.array([9, 10, 11], dtype=np.int32)) for _ in range(3)]
-        return out, [s.snapshot() for s in states]
+        return out, [s.snapshot().to_bytes() for s in states]
 
     want, got = batch(tiny.resident), batch(paged)
     assert all(np.array_equal(a, b) for a, b in zip(want[0], got[0]))
     assert want[1] == got[1]
     # a resident snapshot restored on the paged model continues with the same bits
-    st_r, st_p = K.State.restore(tiny.resident, want[1][0]), K.State.restore(paged, want[1][0])
+    st_r = K.State.restore(tiny.resident, K.Snapshot.from_bytes(tiny.resident, want[1][0]))
+    st_p = K.State.restore(paged, K.Snapshot.from_bytes(paged, want[1][0]))
     assert np.array_equal(K.decode(st_r, 4), K.decode(st_p, 4))
 
 

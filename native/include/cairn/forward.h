@@ -23,23 +23,21 @@ int64_t prefill(State& st, const int32_t* tokens, int64_t n, int chunk, const st
 // dense weight is read once for all B rows. logits_out: [B, V] (may be null).
 void forward_batch(State* const* states, const int32_t* tokens, int B, float* logits_out);
 
-// Blocks (each processes S rows; positions pos0..pos0+S-1).
-void attention_block(const Model& m, int layer, LayerState& ls, const float* x /*[S,D]*/, int S,
-                     int64_t pos0, float* y /*[S,D]*/);
 // Rows r0..r0+S-1 of a multi-sequence call: S tokens of one state at positions pos0..
 struct AttnSeg {
+  State* st;       // its entries live in st->pages
   LayerState* ls;
   int64_t pos0;
   int r0, S;
 };
-// attention_block over several segments (each its own state), Stot = sum of their S.
+// The attention block over several segments (each its own state), Stot = sum of their S.
 void attention_rows(const Model& m, int layer, const AttnSeg* segs, int nseg, const float* x /*[Stot,D]*/,
                     int Stot, float* y /*[Stot,D]*/);
 void moe_block(const Model& m, int layer, const float* x /*[S,D]*/, const int32_t* tokens, int S,
                float* y /*[S,D]*/);
 // Feed S raw projection rows (kv, gate: [S, cs.cw]) at positions pos0..; emits finished
-// compressed entries into cs.entries. overlap=true => CSA two-series windows.
-void compressor_feed(const Model& m, const CompressorW& w, CompState& cs, bool overlap,
+// compressed entries into st's pages. overlap=true => CSA two-series windows.
+void compressor_feed(const Model& m, const CompressorW& w, State& st, CompState& cs, bool overlap,
                      const float* kv, const float* gate, int S, int64_t pos0);
 
 }  // namespace cairn

@@ -25,6 +25,7 @@
 #include <string>
 #include <unordered_set>
 #include <vector>
+#include "cairn/pages.h"
 
 namespace cairn {
 
@@ -122,6 +123,7 @@ struct Model {
   std::string fingerprint;
   int threads = 1;
   bool batched_indexer = true;
+  std::shared_ptr<const PageLayout> page_layout;  // how states page their entries (cairn/pages.h)
   const float *embed = nullptr, *norm = nullptr;  // [V,D] [D]
   const uint16_t* embed16 = nullptr;  // instead of embed: BF16 rows, widened per lookup (the mapping)
   Linear head;                                    // [V,D]

@@ -7,21 +7,26 @@
 //    i = position % rate; gates are stored WITHOUT position bias (HF's buffer_gate convention).
 //  * CSA overlap = Ca half of the last completed window, gate INCLUDING ape[:, :dim]; valid iff
 //    n >= rate.
+//  * Compressed rows (entries) are append-only and live in shared page groups (cairn/pages.h);
+//    everything else here is the small mutable tail, owned by one state.
 //  * Nothing is recomputed on restore: the snapshot carries exactly these tensors.
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "cairn/model.h"
+#include "cairn/pages.h"
 
 namespace cairn {
 
 struct CompState {
   int rate = 0, dim = 0, cw = 0;   // cw = width of raw projection (2*dim for CSA, dim for HCA)
-  std::vector<float> entries;      // [n/rate, dim] final (normed + RoPE'd) compressed rows
+  int arr = -1;                    // this compressor's array in the page layout
+  int64_t rows = 0;                // entries: [rows = n/rate, dim] final (normed + RoPE'd) rows, in pages
   std::vector<float> buf_kv, buf_gate;  // [rate, cw] raw projections (gate without ape)
   std::vector<float> ov_kv, ov_gate;    // [rate, dim] overlap (CSA only; gate includes ape)
-  int64_t n_entries() const { return dim ? (int64_t)entries.size() / dim : 0; }
+  int64_t n_entries() const { return rows; }
 };
 
 struct LayerState {
@@ -30,22 +35,35 @@ struct LayerState {
   CompState icomp;         // CSA indexer compressor (keys, dim = Di)
 };
 
+// A State copies as a snapshot does: the tail is copied, every page group is shared.
 struct State {
   const Model* model = nullptr;
   int64_t n = 0;
   std::vector<int32_t> tokens;      // [n]
   std::vector<float> last_logits;   // [V] or empty
   std::vector<LayerState> layers;
+  PageTable pages;                  // every compressor's entries, in token order
 
   explicit State(const Model& m);
-  int64_t payload_bytes() const;
+  const float* entry(const CompState& cs, int64_t i) const { return pages.row(cs.arr, i); }
+  void append_entry(CompState& cs, const float* row);
+  int64_t payload_bytes() const;  // the live state: tail and rows, as the digest counts them
+  int64_t tail_bytes() const;     // what a snapshot copies (everything but the full page groups)
+  int64_t full_groups() const { return n / pages.layout->page_tokens; }
 };
 
-// Snapshot blob: see state.cpp for the layout.
-constexpr uint32_t SNAPSHOT_VERSION = 2;  // 2: word-wise blob checksum (1: byte-wise FNV-1a)
-size_t snapshot_size(const State& s);
-void snapshot_into(const State& s, uint8_t* out);  // out has snapshot_size(s) bytes
-// Throws std::invalid_argument with a clear message on any malformed input.
-State restore(const Model& m, const uint8_t* data, size_t size);
+// Serialized snapshot: a tail blob (everything a state holds but its full page groups) plus the
+// full groups' bytes, each exactly group_bytes, in order. See state.cpp for the tail's layout.
+constexpr uint32_t SNAPSHOT_VERSION = 3;  // 3: paged (2: one whole blob, word-wise checksum)
+size_t tail_size(const State& s);
+void tail_into(const State& s, uint8_t* out);  // out has tail_size(s) bytes
+// Throws std::invalid_argument with a clear message on any malformed input. pages[k] has
+// page_sizes[k] bytes; there must be exactly as many as the tail says, each group_bytes long.
+State restore(const Model& m, const uint8_t* tail, size_t size, const uint8_t* const* pages,
+              const size_t* page_sizes, size_t npages);
+// Four-lane multiply-xorshift checksum over 8-byte words (corruption, not an adversary).
+uint64_t blob_checksum(const uint8_t* p, size_t n);
+// The number of full page groups a tail blob says it needs (validates the header only).
+int64_t tail_full_groups(const Model& m, const uint8_t* tail, size_t size);
 
 }  // namespace cairn

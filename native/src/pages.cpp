@@ -1,0 +1,99 @@
+// cairn kernel: page groups of the append-only state (cairn/pages.h).
+#include "cairn/pages.h"
+
+#include <algorithm>
+#include <cstring>
+#include <numeric>
+#include <stdexcept>
+#include <string>
+
+#include "cairn/model.h"
+
+namespace cairn {
+
+namespace {
+std::atomic<int64_t> g_groups{0}, g_bytes{0};
+std::atomic<uint64_t> g_next_id{1};
+}  // namespace
+
+PageGroup::PageGroup(int64_t n) : id(g_next_id.fetch_add(1)), nfloats(n), data(new float[(size_t)std::max<int64_t>(n, 1)]) {
+  g_groups.fetch_add(1);
+  g_bytes.fetch_add(4 * n);
+}
+
+PageGroup::~PageGroup() {
+  g_groups.fetch_sub(1);
+  g_bytes.fetch_sub(4 * nfloats);
+}
+
+PagePoolStats page_pool_stats() { return {g_groups.load(), g_bytes.load()}; }
+
+std::shared_ptr<const PageLayout> make_page_layout(const Config& c, int64_t page_tokens) {
+  int64_t step = 1;
+  for (int l = 0; l < c.n_layers; ++l) {
+    if (c.layer_types[l] == AttnType::CSA) step = std::lcm(step, (int64_t)c.csa_rate);
+    if (c.layer_types[l] == AttnType::HCA) step = std::lcm(step, (int64_t)c.hca_rate);
+  }
+  int64_t P = page_tokens;
+  if (P == 0) P = (DEFAULT_PAGE_TOKENS + step - 1) / step * step;
+  if (P < 1 || P % step != 0 || P > (int64_t)1 << 24)
+    throw std::invalid_argument("page_tokens must be a positive multiple of every compress rate (" +
+                                std::to_string(step) + " for this model) up to 2^24, got " +
+                                std::to_string(page_tokens));
+  auto L = std::make_shared<PageLayout>();
+  L->page_tokens = P;
+  L->arrays.resize(2 * (size_t)c.n_layers);
+  int64_t off = 0;
+  for (int l = 0; l < c.n_layers; ++l) {
+    auto put = [&](int k, int rate, int dim) {
+      PageLayout::Array& a = L->arrays[2 * l + k];
+      a.off = off;
+      a.dim = dim;
+      a.rows = (int)(P / rate);
+      off += (int64_t)a.rows * dim;
+    };
+    if (c.layer_types[l] == AttnType::HCA) put(0, c.hca_rate, c.Dh);
+    if (c.layer_types[l] == AttnType::CSA) {
+      put(0, c.csa_rate, c.Dh);
+      put(1, c.csa_rate, c.Di);
+    }
+  }
+  L->group_floats = off;
+  return L;
+}
+
+int64_t PageLayout::used_floats(int64_t group, int64_t n) const {
+  int64_t f = 0;
+  for (const Array& a : arrays) {
+    if (!a.rows) continue;
+    const int64_t rate = page_tokens / a.rows;
+    f += std::clamp<int64_t>(n / rate - group * a.rows, 0, a.rows) * a.dim;
+  }
+  return f;
+}
+
+float* PageTable::write_row(int arr, int64_t i) {
+  const PageLayout::Array& a = layout->arrays[arr];
+  const size_t g = (size_t)(i / a.rows);
+  if (g > groups.size()) throw std::logic_error("page table: rows must be appended in order");
+  if (g == groups.size()) groups.push_back(std::make_shared<PageGroup>(layout->group_floats));
+  std::shared_ptr<PageGroup>& grp = groups[g];
+  // Another table or snapshot holds this group: write into a private copy instead. use_count can
+  // only fall concurrently (holders elsewhere let go), never rise: only this table hands it out.
+  if (grp.use_count() > 1) {
+    auto copy = std::make_shared<PageGroup>(layout->group_floats);
+    std::memcpy(copy->data.get(), grp->data.get(), (size_t)layout->group_bytes());
+    grp = std::move(copy);
+  }
+  return grp->data.get() + a.off + (i % a.rows) * a.dim;
+}
+
+void PageTable::unshare() {
+  for (auto& grp : groups) {
+    auto copy = std::make_shared<PageGroup>(layout->group_floats);
+    std::memcpy(copy->data.get(), grp->data.get(), (size_t)layout->group_bytes());
+    grp = std::move(copy);
+  }
+}
+
+}  // namespace cairn
