@@ -23,7 +23,7 @@ Design notes
    it at most PLAN_LISTING_WAIT_S; every call on the mount under a deadline, ``_on_shared``),
    the byte budget kept by eviction passes under a lease after each write (the store itself never
    evicts disk entries then), and a file that vanished (evicted by another daemon) is a quiet miss.
- * Memory: a blob queued for the writer is held in the store's memory budget until written
+ * Memory: a snapshot queued for the writer is held in the store's memory budget until written
    (``store.hold``); a capture whose write would break the budget is not written.
  * Recency of disk entries (hits, shared prompts) is saved as file mtimes by the writer
    (``FlushRecency``, at most one queued), so the disk tier's LRU order survives a restart.
@@ -41,11 +41,11 @@ from typing import Any
 import numpy as np
 import trio
 
-from . import disk_io, shared_dir
-from .disk_format import SUFFIX, CheckpointFileError, file_name, header_size, prefix_hash
+from . import disk_io, page_format, shared_dir
+from .disk_format import SUFFIX, CheckpointFileError, Header, file_name, header_size, prefix_hash, read_header
 from .messages import FlushRecency, WriteCheckpoint
 from .plan import PrefillPlan, common_prefix_len, plan_prefill
-from .store import CheckpointStore, Entry, Eviction
+from .store import CheckpointStore, Entry, Eviction, footprint
 from .write_backoff import WriteBackoff
 
 METRIC_TIER = {"memory": "ram", "disk": "disk"}   # the metric label values (daemon/service/metrics.py)
@@ -98,16 +98,24 @@ class CheckpointInfo:
     last_used: float
 
 
+def _whole(h: Header) -> int:
+    """A disk checkpoint's whole snapshot size, from its header: the tail plus its page groups."""
+    return h.payload_len + len(h.pages) * h.page_nbytes
+
+
 class Checkpoints:
     def __init__(self, *, enabled: bool = True, max_slots: int = 4, max_bytes: int = 1 << 30,
                  min_tokens: int = 512, tail_guard: int = 8, fingerprint: str = "",
                  disk_dir: str | Path | None = None, disk_max_bytes: int = 0, shared: bool = False,
                  shared_list_timeout_s: float | None = None, shared_load_timeout_s: float | None = None,
-                 log=None, metrics=None) -> None:
+                 rebuild=None, share_pages: bool = True, log=None, metrics=None) -> None:
         self.enabled = enabled
         self.min_tokens = min_tokens
         self.tail_guard = tail_guard
         self.fingerprint = fingerprint
+        # (tail, pages) -> kernel Snapshot, for a checkpoint read from disk (run in the reading thread)
+        self.rebuild = rebuild
+        self.share_pages = share_pages     # False: every capture copies its page groups (a whole state)
         self.disk_root = Path(disk_dir) if disk_dir is not None else None   # shared by every model
         self.disk_dir: Path | None = None  # this model's subdirectory, set by open_disk()
         self._lock: disk_io.DirLock | None = None
@@ -136,7 +144,7 @@ class Checkpoints:
         self._no_write: set[str] = set()   # deleted through the API while its write was queued (held)
         self._recency: dict[str, float] = {}   # file name -> last use not yet saved as its mtime
         self._flush_queued = False
-        self.captures_skipped = 0          # captures not taken: the blob could not have been kept
+        self.captures_skipped = 0          # captures not taken: the snapshot could not have been kept
 
     # ---- planning -----------------------------------------------------------------------------
 
@@ -180,24 +188,25 @@ class Checkpoints:
 
     # ---- restore ------------------------------------------------------------------------------
 
-    async def blob_for(self, entry_id: str, request_id: str) -> tuple[bytes | None, str]:
-        """The snapshot of ``entry_id`` and the tier it came from; a disk-only entry is read (in a
-        thread) and loaded into memory. None when the file went bad or vanished: the entry is
-        dropped, a warning logged, and the caller plans again."""
+    async def snapshot_for(self, entry_id: str, request_id: str) -> tuple[Any, str]:
+        """The snapshot of ``entry_id`` and the tier it came from; a disk-only entry is read with its
+        pages and rebuilt (in a thread) and loaded into memory. None when the file or one of its
+        pages went bad or vanished: the entry is dropped, a warning logged, and the caller plans
+        again (a shorter checkpoint, the live state, or fresh)."""
         e = self.store.get(entry_id)
         if e is None:
             return None, "memory"
-        if e.blob is not None:
-            return e.blob, "memory"
+        if e.snapshot is not None:
+            return e.snapshot, "memory"
         if not e.on_disk or self.disk_dir is None:
             self.store.remove(entry_id)
             return None, "disk"
         path = self.disk_dir / file_name(e.tokens)
         try:
             if self.shared:
-                header, blob = await self._on_shared(self.shared_load_timeout_s, disk_io.load, path, self.fingerprint)
+                header, snap = await self._on_shared(self.shared_load_timeout_s, self._read, path)
             else:
-                header, blob = await trio.to_thread.run_sync(disk_io.load, path, self.fingerprint)
+                header, snap = await trio.to_thread.run_sync(self._read, path)
             if not np.array_equal(header.tokens, e.tokens):
                 raise CheckpointFileError("token ids differ from the index")
         except SharedUnresponsive:
@@ -214,14 +223,25 @@ class Checkpoints:
             await self.drop_bad(e, reason, request_id)
             return None, "disk"
         if self.store.get(entry_id) is e:     # not deleted or evicted while the file was read
-            self._apply(self.store.put(e.tokens, e.kind, blob))
+            self._apply(self.store.put(e.tokens, e.kind, snap))
             self._update_bytes()
-        return blob, "disk"
+        return snap, "disk"
+
+    def _read(self, path: Path):
+        """In a thread: a checkpoint file and its pages, verified, rebuilt into a kernel Snapshot. A
+        page that is missing or damaged raises CheckpointFileError; the kernel refusing the parts too."""
+        header, tail, pages = disk_io.load(path, self.fingerprint)
+        if self.rebuild is None:
+            raise CheckpointFileError("no kernel to rebuild the snapshot")
+        try:
+            return header, self.rebuild(tail, pages)
+        except ValueError as err:     # KernelError: version, model, page layout, checksum
+            raise CheckpointFileError(f"kernel refused the snapshot: {err}") from None
 
     def _forget_file(self, entry_id: str, reason: str, request_id: str | None = None,
                      miss_label: str = "evicted_elsewhere") -> None:
         """A shared file that is gone (or out of reach): the entry leaves the disk tier (keeps a
-        loaded blob); a later listing indexes the file again if it is still there."""
+        loaded snapshot); a later listing indexes the file again if it is still there."""
         e = self.store.remove(entry_id, "disk")
         if e is None:
             return
@@ -232,14 +252,17 @@ class Checkpoints:
         self._update_bytes()
 
     async def drop_bad(self, e: Entry, reason: str, request_id: str | None = None) -> None:
-        """A checkpoint that must not be used (bad file, or the kernel refused the blob)."""
+        """A checkpoint that must not be used (bad file or page, or the kernel refused the snapshot)."""
         if self.log is not None:
             self.log.warning("checkpoint_bad", request_id=request_id, id=e.id, tokens=e.n_tokens, reason=reason,
                              action="removed; prefill instead")
-        was_on_disk = e.on_disk
+        was_on_disk, pages = e.on_disk, e.disk_pages
         self.store.remove(e.id)
         if was_on_disk and self.disk_dir is not None:
             await self._unlink(file_name(e.tokens))
+            if "page " in reason:       # a page went bad: its file goes, and with it every checkpoint needing it
+                await self._unlink_pages(p for p, _ in pages)
+            await self._unlink_pages(self.store.orphan_pages(pages))
         label = ("fingerprint_mismatch" if "fingerprint" in reason else
                  "tokens_mismatch" if "tokens differ" in reason else "bad_file")
         self.miss(request_id or "", label, reason)
@@ -279,25 +302,36 @@ class Checkpoints:
 
     # ---- capture ------------------------------------------------------------------------------
 
-    def capture(self, tokens: np.ndarray, kind: str, blob: bytes, request_id: str) -> None:
+    def capture(self, tokens: np.ndarray, kind: str, snapshot: Any, request_id: str) -> None:
         """Store a snapshot taken at ``tokens`` (in memory; queue the disk write when on)."""
         eid = prefix_hash(tokens)
-        evictions = self.store.put(tokens, kind, blob)
+        before = self.store.memory_usage()
+        evictions = self.store.put(tokens, kind, snapshot)
         e = self.store.get(eid)
         kept = e is not None and e.in_memory
         if self.log is not None:
+            own, shared = self.store.breakdown(e) if kept else (0, 0)
             self.log.info("checkpoint_store", request_id=request_id, id=eid, kind=kind,
-                          tokens=int(tokens.shape[0]), bytes=len(blob), tier="memory",
-                          kept=kept)
+                          tokens=int(tokens.shape[0]), bytes=footprint(snapshot).nbytes,
+                          copied_bytes=int(getattr(snapshot, "copied_nbytes", 0)), own_bytes=own,
+                          shared_bytes=shared, added_bytes=max(0, self.store.memory_usage() - before),
+                          tier="memory", kept=kept)
         self._apply(evictions)
         self._update_bytes()
         if (self.disk_enabled and self.out is not None and not (e is not None and e.on_disk)
                 and self.write_backoff.allows(trio.current_time())):   # paused after a failed write: memory only
-            self._queue_write(eid, tokens, kind, blob)
+            self._queue_write(eid, tokens, kind, snapshot)
+
+    def capture_bytes(self, state) -> int:
+        """What a snapshot of ``state`` would add to the memory tier: its tail, plus its page groups
+        the tier does not hold yet (all of them when pages are not shared)."""
+        pages = [int(p) for p in state.page_ids]
+        held = self.store.memory_pages() if self.share_pages else set()
+        return int(state.tail_nbytes) + int(state.page_nbytes) * sum(1 for p in pages if p not in held)
 
     def capture_refusal(self, nbytes: int) -> str | None:
-        """Why a snapshot of ``nbytes`` would not be kept by the store (None: it could be): checked
-        before the snapshot is taken, so a capture that could not be kept is never copied."""
+        """Why a snapshot adding ``nbytes`` would not be kept by the store (None: it could be):
+        checked before the snapshot is taken, so a capture that could not be kept is never copied."""
         if not self.enabled or self.store.max_slots == 0:
             return "checkpoints off"
         if nbytes > self.store.max_bytes:
@@ -326,17 +360,17 @@ class Checkpoints:
         self._update_bytes()
         return freed
 
-    def _queue_write(self, eid: str, tokens: np.ndarray, kind: str, blob: bytes) -> None:
+    def _queue_write(self, eid: str, tokens: np.ndarray, kind: str, snapshot: Any) -> None:
         if self.store.is_held(eid):       # already queued: the same tokens give the same snapshot
             self._no_write.discard(eid)   # captured again after a delete: write it after all
             return
         reason = None
-        if not self.store.can_hold(eid, len(blob)):
-            reason = "memory budget (blobs waiting for the writer count against it)"
+        if not self.store.can_hold(eid, snapshot):
+            reason = "memory budget (snapshots waiting for the writer count against it)"
         else:
             try:
-                self.out.send_nowait(WriteCheckpoint(eid, tokens, kind, blob))
-                self.store.hold(eid, len(blob))
+                self.out.send_nowait(WriteCheckpoint(eid, tokens, kind, snapshot))
+                self.store.hold(eid, snapshot)
             except trio.WouldBlock:
                 reason = "writer busy (queue full)"
         if reason is not None and self.log is not None:
@@ -361,7 +395,8 @@ class Checkpoints:
             if self.log is not None:
                 self.log.info("checkpoint_evict", id=ev.entry.id, kind=ev.entry.kind, tokens=ev.entry.n_tokens,
                               tier=ev.tier, dropped=ev.dropped,
-                              bytes=ev.entry.nbytes if ev.tier == "memory" else ev.entry.disk_nbytes)
+                              bytes=ev.entry.nbytes if ev.tier == "memory" else ev.entry.disk_nbytes,
+                              pages_freed=len(ev.pages_freed))
             if self.metrics is not None:
                 self.metrics.checkpoint_evictions.inc(tier=METRIC_TIER[ev.tier])
         return evictions
@@ -410,9 +445,14 @@ class Checkpoints:
                           reason="moved from the flat layout of an earlier version")
         for f in good:              # least recently used first
             h = f.header
-            evs = self.store.put_disk(h.tokens, h.kind, h.payload_len, h.file_len, last_used=f.last_used)
-            for ev in self._apply(evs):
-                await self._unlink(file_name(ev.entry.tokens))
+            evs = self.store.put_disk(h.tokens, h.kind, _whole(h), h.file_len, last_used=f.last_used,
+                                      pages=disk_io.page_files(h))
+            await self._unlink_evicted(self._apply(evs))
+        referenced = {name for e in self.store.entries() if e.on_disk for name, _ in e.disk_pages}
+        orphans = await trio.to_thread.run_sync(disk_io.remove_orphan_pages, sub, referenced)
+        if orphans and self.log is not None:
+            self.log.info("checkpoint_pages_orphaned", dir=str(sub), removed=len(orphans),
+                          reason="no checkpoint file references them (an interrupted write or eviction)")
         if self.log is not None:
             st = self.store.stats()
             self.log.info("checkpoint_disk_index", dir=str(self.disk_dir), entries=st.disk_entries,
@@ -541,7 +581,8 @@ class Checkpoints:
                     self._forget_file(name.removesuffix(SUFFIX), "evicted by another daemon")
             for f in ch.found:
                 h = f.header
-                self._apply(self.store.put_disk(h.tokens, h.kind, h.payload_len, h.file_len, last_used=f.last_used))
+                self._apply(self.store.put_disk(h.tokens, h.kind, _whole(h), h.file_len, last_used=f.last_used,
+                                                pages=disk_io.page_files(h)))
             if (ch.found or ch.gone) and self.log is not None:
                 self.log.info("checkpoint_disk_refresh", dir=str(self.disk_dir), new=len(ch.found), gone=len(ch.gone))
             self._update_bytes()
@@ -564,7 +605,7 @@ class Checkpoints:
             return
         for name in res.removed:
             e = self.store.remove(name.removesuffix(SUFFIX), "disk")
-            if e is not None:
+            if e is not None:   # the pass deleted its page files that nothing references
                 self._apply([Eviction(e, "disk", self.store.get(e.id) is None)])
         if (res.removed or res.temps_removed) and self.log is not None:
             self.log.info("checkpoint_disk_evict_pass", removed=len(res.removed), temps_removed=res.temps_removed,
@@ -618,7 +659,7 @@ class Checkpoints:
 
     async def write(self, msg: WriteCheckpoint) -> None:
         """The checkpoint writer's job for one WriteCheckpoint: header + payload, atomically and
-        durably. The blob stops counting against the memory budget once this returns."""
+        durably. The snapshot stops counting against the memory budget once this returns."""
         try:
             await self._write(msg)
         finally:
@@ -633,7 +674,9 @@ class Checkpoints:
         e = self.store.get(msg.id)
         if e is not None and e.on_disk:
             return
-        size = header_size(self.fingerprint, int(msg.tokens.shape[0])) + len(msg.blob)
+        snap = msg.snapshot
+        size = (header_size(self.fingerprint, int(msg.tokens.shape[0]), int(snap.n_full_pages)) + int(snap.own_nbytes)
+                + int(snap.n_full_pages) * page_format.file_size(int(snap.page_nbytes)))
         if size > self._disk_max_bytes:
             if self.log is not None:
                 self.log.info("checkpoint_write_skipped", id=msg.id, bytes=size, reason="larger than the disk budget")
@@ -644,10 +687,11 @@ class Checkpoints:
             # Not abandoned on cancel (trio's default): a shutdown waits for the rename, never
             # leaving a temp file behind a live lock.
             if self.shared and await trio.to_thread.run_sync((self.disk_dir / file_name(msg.tokens)).exists):
-                pass   # another daemon published this prefix (same name, same content): index it
+                # another daemon published this prefix (same name, same content): index it
+                file_len, pages = await trio.to_thread.run_sync(self._published, file_name(msg.tokens))
             else:
-                await trio.to_thread.run_sync(disk_io.write_checkpoint, self.disk_dir, self.fingerprint, msg.kind,
-                                              msg.tokens, msg.blob, last_used)
+                file_len, pages = await trio.to_thread.run_sync(
+                    disk_io.write_checkpoint, self.disk_dir, self.fingerprint, msg.kind, msg.tokens, snap, last_used)
         except OSError as err:
             self._write_failed(err, msg)
             return
@@ -655,16 +699,43 @@ class Checkpoints:
             self.log.info("checkpoint_disk_writes_resumed", dir=str(self.disk_dir), id=msg.id)
         if msg.id in self._no_write:            # deleted through the API while it was being written
             await self._unlink(file_name(msg.tokens))
+            await self._unlink_pages(self.store.orphan_pages(pages))
             return
-        evictions = self.store.put_disk(msg.tokens, msg.kind, len(msg.blob), size, last_used=last_used)
+        evictions = self.store.put_disk(msg.tokens, msg.kind, footprint(snap).nbytes, file_len, last_used=last_used,
+                                        pages=pages)
         if self.log is not None:
+            e = self.store.get(msg.id)
+            own, shared = self.store.disk_breakdown(e) if e is not None else (0, 0)
             self.log.info("checkpoint_store", id=msg.id, kind=msg.kind, tokens=int(msg.tokens.shape[0]),
-                          bytes=size, tier="disk", write_ms=round((time.perf_counter() - t0) * 1000, 2))
-        for ev in self._apply(evictions):
-            await self._unlink(file_name(ev.entry.tokens))
+                          bytes=file_len, own_bytes=own, shared_bytes=shared, pages=len(pages), tier="disk",
+                          write_ms=round((time.perf_counter() - t0) * 1000, 2))
+        await self._unlink_evicted(self._apply(evictions))
         if self.shared:
             await self._evict_shared()
         self._update_bytes()
+
+    def _published(self, name: str) -> tuple[int, list[tuple[str, int]]]:
+        """In a thread: the size and page files of a checkpoint a peer already published."""
+        with open(self.disk_dir / name, "rb") as f:
+            h = read_header(f, self.fingerprint)
+        return h.file_len, disk_io.page_files(h)
+
+    async def _unlink_evicted(self, evictions: list[Eviction]) -> None:
+        """Delete the files of disk evictions: the checkpoint, then the page files nothing else needs."""
+        for ev in evictions:
+            if ev.tier == "disk":
+                await self._unlink(file_name(ev.entry.tokens))
+                await self._unlink_pages(ev.pages_freed)
+
+    async def _unlink_pages(self, names) -> None:
+        if self.disk_dir is None or (self._lock is None and not self.shared):
+            return
+        for name in list(names):
+            try:
+                await trio.to_thread.run_sync(disk_io.remove_page, self.disk_dir, name)
+            except OSError as err:
+                if self.log is not None:
+                    self.log.warning("checkpoint_remove_failed", file=f"pages/{name}", error=f"{err.strerror or err}")
 
     async def _unlink(self, name: str) -> None:
         if self.disk_dir is None or (self._lock is None and not self.shared):   # no file effects without the lock
@@ -686,16 +757,17 @@ class Checkpoints:
         return out
 
     async def delete(self, entry_id: str) -> bool:
-        """Drop one entry: its memory blob and its file. False when unknown."""
+        """Drop one entry: its snapshot in memory, its file and the page files only it needed. False when unknown."""
         e = self.store.get(entry_id)
         if e is None:
             return False
-        on_disk = e.on_disk
+        on_disk, pages = e.on_disk, e.disk_pages
         self.store.remove(entry_id)
         if self.store.is_held(entry_id):
             self._no_write.add(entry_id)   # its queued write must not bring it back
         if on_disk or self.disk_enabled:
             await self._unlink(file_name(e.tokens))
+            await self._unlink_pages(self.store.orphan_pages(pages))
         if self.log is not None:
             self.log.info("checkpoint_deleted", id=entry_id, tokens=e.n_tokens, kind=e.kind)
         self._update_bytes()

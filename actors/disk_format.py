@@ -4,6 +4,12 @@ Design notes
  * One file per stored prefix, named ``<prefix-hash>.ckpt`` where the hash is blake2b-64 of the
    token ids as little-endian int32 (``prefix_hash``). The same hash is the store's entry id, so a
    file and an index entry name each other; the ids inside the header are what is trusted.
+ * The payload is the kernel's snapshot tail (everything but the full page groups). The full
+   groups are page files (page_format.py), stored once each and named by the hash of the token
+   prefix they close: the kernel is bit-identical under any chunking, so the same prefix always
+   gives the same page, and two checkpoints of one conversation (or two daemons of one model)
+   share the files. The header lists them in order with each one's CRC-32, so a page file that is
+   missing, damaged or replaced is caught before the kernel sees it.
  * The header carries everything the index needs (fingerprint, kind, token ids, payload length),
    so a restart rebuilds the index by reading headers only; payloads are loaded lazily on restore.
  * Checksums are CRC-32 (zlib): one over the header, one over the payload, stored in the header.
@@ -13,13 +19,13 @@ Design notes
    ~0.3 for blake2b), 4 bytes, and the kernel's snapshot blob carries its own checksum as well.
    The header CRC lets ``read_header`` reject a damaged header without touching the payload.
  * The version is checked before anything else past the magic, so a future layout (version 2)
-   is reported as "wrong version 2 (expected 1)", never as a checksum error.
+   is reported as "wrong version 3 (expected 2)", never as a checksum error.
 
 Layout (little-endian)::
 
     off  size  field
       0     8  magic            b"CAIRNCKP"
-      8     4  version          u32 = 1
+      8     4  version          u32 = 2 (1: the whole state in the payload, before pages)
      12     4  header_len       u32: bytes from offset 0 up to and including header_crc
      16     1  kind             u8: 0 system, 1 common, 2 prompt_end
      17     3  reserved         zero
@@ -29,8 +35,11 @@ Layout (little-endian)::
      40     4  payload_crc      u32 = crc32(payload)
      44     F  fingerprint      utf-8
    44+F   4n  tokens           int32[n]
+      …     4  page_nbytes      u32: bytes of one page group
+      …     4  n_pages          u32 = n // page_tokens
+      …  12k  pages            per full page group, in order: 8-byte key (prefix hash) | u32 crc32
       …     4  header_crc       u32 = crc32(all header bytes before it)
- header_len P  payload          the kernel's snapshot blob, opaque here
+ header_len P  payload          the kernel's snapshot tail, opaque here
 """
 
 from __future__ import annotations
@@ -45,7 +54,7 @@ from typing import BinaryIO, Sequence
 import numpy as np
 
 MAGIC = b"CAIRNCKP"
-VERSION = 1
+VERSION = 2
 SUFFIX = ".ckpt"
 KINDS = ("system", "common", "prompt_end")
 MAX_FINGERPRINT = 4096
@@ -54,6 +63,9 @@ MAX_TOKENS = 1 << 26
 _PREAMBLE = struct.Struct("<8sII")  # magic, version, header_len
 _FIXED = struct.Struct("<8sIIB3xIQQI")  # the 44 fixed bytes
 _CRC = struct.Struct("<I")
+_PAGES = struct.Struct("<II")       # page_nbytes, n_pages
+_PAGE = struct.Struct("<8sI")        # key, crc32
+MAX_PAGES = 1 << 20
 
 
 class CheckpointFileError(ValueError):
@@ -73,6 +85,8 @@ class Header:
     payload_len: int
     payload_crc: int
     header_len: int
+    page_nbytes: int = 0
+    pages: tuple[tuple[str, int], ...] = ()   # (page key, crc32) of each full page group, in order
 
     @property
     def n_tokens(self) -> int:
@@ -104,13 +118,30 @@ def file_name(tokens: Sequence[int] | np.ndarray) -> str:
     return prefix_hash(tokens) + SUFFIX
 
 
-def header_size(fingerprint: str, n_tokens: int) -> int:
+def page_key(tokens: Sequence[int] | np.ndarray, k: int, page_tokens: int) -> str:
+    """The name of page group k of a state after ``tokens``: the hash of the prefix it closes."""
+    return prefix_hash(as_tokens(tokens)[: (k + 1) * page_tokens])
+
+
+def page_keys(tokens: Sequence[int] | np.ndarray, n_pages: int, page_tokens: int) -> list[str]:
+    """``page_key`` for k = 0 .. n_pages-1, in one incremental hashing pass."""
+    raw = as_tokens(tokens).astype("<i4", copy=False).tobytes()
+    h, out = hashlib.blake2b(digest_size=8), []
+    for k in range(n_pages):
+        h.update(raw[4 * k * page_tokens: 4 * (k + 1) * page_tokens])
+        out.append(h.copy().hexdigest())
+    return out
+
+
+def header_size(fingerprint: str, n_tokens: int, n_pages: int = 0) -> int:
     """The length of ``encode_header``'s result, without computing any checksum."""
-    return _FIXED.size + len(fingerprint.encode()) + 4 * n_tokens + _CRC.size
+    return _FIXED.size + len(fingerprint.encode()) + 4 * n_tokens + _PAGES.size + _PAGE.size * n_pages + _CRC.size
 
 
-def encode_header(fingerprint: str, kind: str, tokens: Sequence[int] | np.ndarray, payload: bytes | memoryview) -> bytes:
-    """The header for ``payload``; write it followed by the payload (see ``encode``)."""
+def encode_header(fingerprint: str, kind: str, tokens: Sequence[int] | np.ndarray, payload: bytes | memoryview,
+                  page_nbytes: int = 0, pages: Sequence[tuple[str, int]] = ()) -> bytes:
+    """The header for ``payload`` (and the page files it references, (key, crc32) each); write it
+    followed by the payload (see ``encode``)."""
     if kind not in KINDS:
         raise ValueError(f"unknown checkpoint kind {kind!r}")
     fp = fingerprint.encode()
@@ -119,12 +150,14 @@ def encode_header(fingerprint: str, kind: str, tokens: Sequence[int] | np.ndarra
     ids = as_tokens(tokens).astype("<i4", copy=False)
     if ids.shape[0] > MAX_TOKENS:
         raise ValueError("too many tokens")
-    header_len = _FIXED.size + len(fp) + 4 * ids.shape[0] + _CRC.size
+    header_len = header_size(fingerprint, ids.shape[0], len(pages))
     body = b"".join((
         _FIXED.pack(MAGIC, VERSION, header_len, KINDS.index(kind), len(fp), ids.shape[0], len(payload),
                     zlib.crc32(payload)),
         fp,
         ids.tobytes(),
+        _PAGES.pack(page_nbytes, len(pages)),
+        *(_PAGE.pack(bytes.fromhex(key), crc) for key, crc in pages),
     ))
     return body + _CRC.pack(zlib.crc32(body))
 
@@ -138,7 +171,7 @@ def encode(fingerprint: str, kind: str, tokens: Sequence[int] | np.ndarray, payl
 def read_header(source: bytes | bytearray | memoryview | BinaryIO, fingerprint: str | None = None) -> Header:
     """Parse and verify a header from bytes or a binary file positioned at offset 0.
 
-    Raises ``CheckpointFileError`` with reason "bad magic", "wrong version V (expected 1)",
+    Raises ``CheckpointFileError`` with reason "bad magic", "wrong version V (expected 2)",
     "truncated", "corrupt header (...)", "checksum mismatch (header)" or, when ``fingerprint``
     is given and differs, "foreign fingerprint".
     """
@@ -150,8 +183,10 @@ def read_header(source: bytes | bytearray | memoryview | BinaryIO, fingerprint: 
         raise CheckpointFileError("truncated")
     _, version, header_len = _PREAMBLE.unpack(pre)
     if version != VERSION:
-        raise CheckpointFileError(f"wrong version {version} (expected {VERSION})")
-    if not (_FIXED.size + _CRC.size <= header_len <= _FIXED.size + MAX_FINGERPRINT + 4 * MAX_TOKENS + _CRC.size):
+        raise CheckpointFileError(f"wrong version {version} (expected {VERSION})"
+                                  + ("; written before paged state, so it is recomputed" if version < VERSION else ""))
+    if not (_FIXED.size + _PAGES.size + _CRC.size <= header_len <=
+            _FIXED.size + MAX_FINGERPRINT + 4 * MAX_TOKENS + _PAGES.size + _PAGE.size * MAX_PAGES + _CRC.size):
         raise CheckpointFileError("corrupt header (length)")
     rest = f.read(header_len - _PREAMBLE.size)
     if len(rest) < header_len - _PREAMBLE.size:
@@ -163,8 +198,13 @@ def read_header(source: bytes | bytearray | memoryview | BinaryIO, fingerprint: 
     _, _, _, kind_code, fp_len, n_tokens, payload_len, payload_crc = _FIXED.unpack_from(raw, 0)
     if kind_code >= len(KINDS):
         raise CheckpointFileError(f"corrupt header (kind {kind_code})")
-    if _FIXED.size + fp_len + 4 * n_tokens + _CRC.size != header_len:
+    at = _FIXED.size + fp_len + 4 * n_tokens
+    if at + _PAGES.size + _CRC.size > header_len:
         raise CheckpointFileError("corrupt header (lengths disagree)")
+    page_nbytes, n_pages = _PAGES.unpack_from(raw, at)
+    if at + _PAGES.size + _PAGE.size * n_pages + _CRC.size != header_len:
+        raise CheckpointFileError("corrupt header (lengths disagree)")
+    pages = tuple((key.hex(), crc) for key, crc in _PAGE.iter_unpack(raw[at + _PAGES.size: header_len - _CRC.size]))
     try:
         fp = raw[_FIXED.size: _FIXED.size + fp_len].decode()
     except UnicodeDecodeError:
@@ -173,7 +213,7 @@ def read_header(source: bytes | bytearray | memoryview | BinaryIO, fingerprint: 
         raise CheckpointFileError("foreign fingerprint")
     tokens = np.frombuffer(raw, dtype="<i4", count=n_tokens, offset=_FIXED.size + fp_len).astype(np.int32)
     tokens.flags.writeable = False
-    return Header(VERSION, fp, KINDS[kind_code], tokens, payload_len, payload_crc, header_len)
+    return Header(VERSION, fp, KINDS[kind_code], tokens, payload_len, payload_crc, header_len, page_nbytes, pages)
 
 
 def read_payload(source: bytes | bytearray | memoryview | BinaryIO, header: Header) -> bytes:

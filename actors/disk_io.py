@@ -5,7 +5,8 @@ path. Errors are plain ``OSError`` (write side) or ``CheckpointFileError`` (read
 caller can turn each into one warning and keep serving.
 
 Design notes
- * Layout: ``<checkpoint_dir>/<model-key>/<prefix-hash>.ckpt``, one subdirectory per checkpoint
+ * Layout: ``<checkpoint_dir>/<model-key>/<prefix-hash>.ckpt`` and the page files they reference,
+   ``<model-key>/pages/<prefix-hash>.page`` (page_format.py), one subdirectory per checkpoint
    fingerprint (``model_key``: blake2b-64 of the fingerprint), so several models share one
    checkpoint directory without touching each other's files. The subdirectory holds ``lock`` and
    ``fingerprint`` (the full fingerprint, for the operator) besides the checkpoint files.
@@ -21,7 +22,9 @@ Design notes
    complete one, plus at worst a temp file that the next lock holder removes.
  * Recency (the disk tier's LRU) is the file's mtime: set to the entry's last use (``touch``), read
    back by ``scan``, so eviction order survives a restart.
- * Only files we own are touched: ``*.ckpt`` and our temp-file pattern in our model's
+ * Page files are deleted when the last checkpoint referencing them leaves (the store's
+   ``pages_freed``) and, at start-up, when no checkpoint file references them (``remove_orphan_pages``).
+ * Only files we own are touched: ``*.ckpt``, ``pages/*.page`` and our temp-file pattern in our model's
    subdirectory. Anything else is left. Files of our fingerprint left at the top level by the
    flat layout of earlier versions are moved into the subdirectory (``adopt_flat_files``).
 """
@@ -32,13 +35,16 @@ import fcntl
 import hashlib
 import os
 import secrets
+import struct
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Sequence
 
 import numpy as np
 
-from .disk_format import SUFFIX, CheckpointFileError, Header, encode_header, file_name, read_header, read_payload
+from . import page_format
+from .disk_format import (SUFFIX, CheckpointFileError, Header, as_tokens, encode_header, file_name, page_keys,
+                          read_header, read_payload)
 
 TMP_SUFFIX = ".tmp"
 LOCK_NAME = "lock"
@@ -163,15 +169,45 @@ def adopt_flat_files(root: str | os.PathLike, sub: str | os.PathLike, fingerprin
 
 
 def write_checkpoint(directory: str | os.PathLike, fingerprint: str, kind: str,
-                     tokens: Sequence[int] | np.ndarray, blob: Buffer, last_used: float | None = None) -> int:
-    """Encode the header (the payload CRC is computed here, off the event loop) and write
-    ``directory/<prefix-hash>.ckpt`` atomically; its mtime is set to ``last_used`` when given.
-    Returns the file size."""
-    header = encode_header(fingerprint, kind, tokens, blob)
-    path = atomic_write(directory, file_name(tokens), [header, blob])
+                     tokens: Sequence[int] | np.ndarray, snapshot, last_used: float | None = None
+                     ) -> tuple[int, list[tuple[str, int]]]:
+    """Write a kernel Snapshot: each full page group that has no file yet as
+    ``directory/pages/<key>.page``, then ``directory/<prefix-hash>.ckpt`` (header and tail), each
+    atomically and durably, pages first (a reader never finds a checkpoint whose pages are still
+    being written). The checkpoint's mtime is set to ``last_used`` when given. Returns the
+    checkpoint file's size and the page files it references, (name, bytes) each."""
+    ids = as_tokens(tokens)
+    n_pages, page_nbytes = int(snapshot.n_full_pages), int(snapshot.page_nbytes)
+    pages_dir = ensure_dir(Path(directory) / page_format.DIR)
+    manifest, files = [], []
+    for k, key in enumerate(page_keys(ids, n_pages, int(snapshot.page_tokens))):
+        view = snapshot.page(k)
+        name = page_format.file_name(key)
+        header = page_format.encode_header(view)
+        (crc,) = struct.unpack_from("<I", header, 16)
+        if not _page_matches(pages_dir / name, page_nbytes, crc):
+            atomic_write(pages_dir, name, [header, view])
+        manifest.append((key, crc))
+        files.append((name, page_format.file_size(page_nbytes)))
+    tail = snapshot.tail()
+    header = encode_header(fingerprint, kind, ids, tail, page_nbytes, manifest)
+    path = atomic_write(directory, file_name(ids), [header, tail])
     if last_used is not None:
         os.utime(path, (last_used, last_used))
-    return len(header) + len(blob)
+    return len(header) + len(tail), files
+
+
+def _page_matches(path: Path, page_nbytes: int, crc: int) -> bool:
+    """An existing page file of the right size and CRC (its header's): written before, by us or a
+    peer, for the same prefix. Anything else (absent, torn, damaged) is rewritten."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(page_format.HEADER_SIZE)
+            size = os.fstat(f.fileno()).st_size
+    except FileNotFoundError:
+        return False
+    return (len(head) == page_format.HEADER_SIZE and size == page_format.file_size(page_nbytes)
+            and head[:8] == page_format.MAGIC and struct.unpack_from("<I", head, 16)[0] == crc)
 
 
 def touch(directory: str | os.PathLike, times: dict[str, float]) -> None:
@@ -221,12 +257,63 @@ def _fsync_dir(d: Path) -> None:
         os.close(fd)
 
 
-def load(path: str | os.PathLike, fingerprint: str) -> tuple[Header, bytes]:
-    """Header and verified payload of one file. Raises ``CheckpointFileError`` (bad file: the
-    caller should ``remove`` it) or ``OSError`` (file gone, unreadable)."""
+def load(path: str | os.PathLike, fingerprint: str) -> tuple[Header, bytes, list[memoryview]]:
+    """Header, verified tail and verified page groups of one checkpoint. Raises
+    ``CheckpointFileError`` (bad file: the caller should ``remove`` it; a missing or damaged page
+    says which) or ``OSError`` (file gone, unreadable)."""
+    path = Path(path)
     with open(path, "rb") as f:
         header = read_header(f, fingerprint)
-        return header, read_payload(f, header)
+        tail = read_payload(f, header)
+    pages = []
+    for k, (key, crc) in enumerate(header.pages):
+        page_path = path.parent / page_format.DIR / page_format.file_name(key)
+        try:
+            with open(page_path, "rb") as f:
+                data = f.read()
+        except FileNotFoundError:
+            raise CheckpointFileError(f"page {k} of {len(header.pages)} is missing ({page_path.name})") from None
+        try:
+            pages.append(page_format.decode(data, expect_len=header.page_nbytes, expect_crc=crc))
+        except CheckpointFileError as e:
+            raise CheckpointFileError(f"page {k} of {len(header.pages)} ({page_path.name}): {e.reason}") from None
+    return header, tail, pages
+
+
+def page_files(header: Header) -> list[tuple[str, int]]:
+    """The page files a checkpoint header references, (name, bytes) each."""
+    size = page_format.file_size(header.page_nbytes)
+    return [(page_format.file_name(key), size) for key, _ in header.pages]
+
+
+def remove_page(directory: str | os.PathLike, name: str) -> bool:
+    return remove(Path(directory) / page_format.DIR, name)
+
+
+def remove_orphan_pages(directory: str | os.PathLike, referenced: set[str], *, older_than: float | None = None) -> list[str]:
+    """Delete page files no checkpoint references (``referenced``: names). ``older_than``: only
+    those last modified before that Unix time (a peer may be publishing: pages go first)."""
+    d = Path(directory) / page_format.DIR
+    try:
+        names = os.listdir(d)
+    except FileNotFoundError:
+        return []
+    removed = []
+    for name in names:
+        if older_than is None and name.startswith(".") and name.endswith(TMP_SUFFIX):
+            remove(d, name)     # under the lock: an interrupted page write
+            continue
+        if not name.endswith(page_format.SUFFIX) or name in referenced:
+            continue
+        if older_than is not None:
+            try:
+                if os.stat(d / name).st_mtime >= older_than:
+                    continue
+            except FileNotFoundError:
+                continue
+        if remove(d, name):
+            removed.append(name)
+    return removed
 
 
 def remove(directory: str | os.PathLike, name: str) -> bool:

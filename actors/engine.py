@@ -69,9 +69,10 @@ class Engine:
             self.memory.reserve(seq.state, n_tokens, seq.request_id or "")
 
     def capture_refusal(self, state) -> tuple[int, str | None]:
-        """The snapshot size of `state` and why it must not be taken (None: take it): the checkpoint
+        """What a snapshot of `state` would add to checkpoint memory (its tail and the page groups
+        the store does not hold yet) and why it must not be taken (None: take it): the checkpoint
         store could not keep it, or the memory plan has no room for the copy."""
-        nbytes = int(state.nbytes) + 4 * int(state.n_tokens) + 4 * int(self.model.vocab_size)
+        nbytes = self.checkpoints.capture_bytes(state)
         why = self.checkpoints.capture_refusal(nbytes)
         if why is None and self.memory is not None:
             why = self.memory.capture_refusal(nbytes)

@@ -121,7 +121,7 @@ class WriteCheckpoint:
     id: str                            # the store's entry id (prefix hash), also the file stem
     tokens: object = field(repr=False)  # np.ndarray int32 [n]: the prefix the snapshot was taken at
     kind: str = "prompt_end"           # "system" | "common" | "prompt_end"
-    blob: bytes = field(default=b"", repr=False)
+    snapshot: object = field(default=None, repr=False)   # the kernel Snapshot (page references + tail)
 
 
 @dataclass(frozen=True, slots=True)

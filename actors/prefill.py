@@ -98,13 +98,13 @@ async def _prepare(engine: Engine, seq: Sequence, submit, ids: np.ndarray, log):
         if plan.action == "fresh":
             ck.note_plan(plan, ids, submit.request_id)
             return plan, engine.new_state(seq)
-        blob, tier = await ck.blob_for(plan.restore_id, submit.request_id)
-        if blob is None:
+        snap, tier = await ck.snapshot_for(plan.restore_id, submit.request_id)
+        if snap is None:
             continue
         try:
             state = await engine.run(prefill_priority(seq.tokens_left()), engine.kernel.State.restore,
-                                     engine.model, blob)
-        except ValueError as e:   # KernelError: the kernel refused the blob (version, checksum, model)
+                                     engine.model, snap)
+        except ValueError as e:   # KernelError: the kernel refused the snapshot (model, page layout)
             entry = ck.store.get(plan.restore_id)
             if entry is not None:
                 await ck.drop_bad(entry, f"kernel refused the snapshot: {e}", submit.request_id)
@@ -119,16 +119,22 @@ async def _prepare(engine: Engine, seq: Sequence, submit, ids: np.ndarray, log):
     raise PrefillError("could not plan the prefill: checkpoints kept failing")
 
 
+def _snapshot(state, share_pages: bool):
+    return state.snapshot(share_pages=share_pages)
+
+
 async def _capture(engine: Engine, seq: Sequence, state, ids: np.ndarray, kind: str, submit) -> None:
     """Snapshot the state where it is now (in the kernel thread; it releases the GIL) and store it;
-    not at all when the store could not keep the blob or the memory plan has no room for the copy."""
+    not at all when the store could not keep it or the memory plan has no room for the copy. A snapshot
+    copies the state's tail and shares its page groups (the state copies a shared group before writing it)."""
     nbytes, why = engine.capture_refusal(state)
     if why is not None:
         engine.checkpoints.skip_capture(ids, kind, nbytes, why, submit.request_id)
         return
     t0 = trio.current_time()
-    blob = await engine.run(prefill_priority(len(submit.prompt) - len(ids)), state.snapshot)
-    engine.checkpoints.capture(ids, kind, blob, submit.request_id)
+    snap = await engine.run(prefill_priority(len(submit.prompt) - len(ids)), _snapshot, state,
+                            engine.checkpoints.share_pages)
+    engine.checkpoints.capture(ids, kind, snap, submit.request_id)
     submit.trace.snapshot_s += trio.current_time() - t0
     submit.trace.snapshots += 1
 

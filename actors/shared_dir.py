@@ -17,9 +17,13 @@ Design notes
  * Read safely while another daemon evicts: a reader opens the file and reads it whole
    (disk_io.load); an unlink after the open does not touch the open file. A file gone before the
    open is a miss, never an error; a damaged file fails its CRC and is skipped (and removed).
+ * Pages: ``pages/<prefix-hash>.page`` (page_format.py), content-addressed like the checkpoints,
+   so daemons share them too; a writer publishes a checkpoint's pages before the checkpoint.
  * One byte budget: an eviction pass takes the lease (an exclusive ``flock`` on ``evict.lock``,
-   held only for the pass), lists every file, and deletes least recently used first
-   (shared_evict.py) until the directory fits. Passes are serialised, so daemons never delete for
+   held only for the pass), lists every file and reads the checkpoints' headers (which pages
+   each references), and deletes least recently used checkpoints first (shared_evict.py) until
+   the checkpoints and the pages they reference fit, then the page files nothing references that
+   are older than ``PAGE_GRACE_S`` (younger ones may belong to a checkpoint being published). Passes are serialised, so daemons never delete for
    the same overflow twice, and each deletes by the same global order instead of its own files
    at random. The pass also removes temp files older than ``TMP_GRACE_S`` (a crashed writer's).
  * Requirements on a shared file system: atomic rename within a directory, ``flock`` visible to
@@ -36,11 +40,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import disk_io
-from .disk_format import SUFFIX
+from .disk_format import SUFFIX, CheckpointFileError, read_header
 from .shared_evict import FileStat, abandoned_temps, choose_victims
 
 LEASE_NAME = "evict.lock"
 TMP_GRACE_S = 600.0
+PAGE_GRACE_S = 600.0   # an unreferenced page file younger than this may be a publish in progress
 LEASE_WAIT_S = 5.0     # a pass waits this long for another daemon's pass, then is skipped
 
 
@@ -59,6 +64,7 @@ class PassResult:
     temps_removed: int
     bytes_after: int
     skipped: bool = False     # the lease stayed busy for LEASE_WAIT_S: nothing was done (the next pass will)
+    pages_removed: int = 0    # page files no remaining checkpoint references
 
 
 def open_shared(root: str | os.PathLike, fingerprint: str) -> Path:
@@ -88,7 +94,8 @@ def changes(sub: str | os.PathLike, fingerprint: str, known: set[str]) -> Change
 
 
 def evict_pass(sub: str | os.PathLike, max_bytes: int, *, now: float | None = None,
-               tmp_grace_s: float = TMP_GRACE_S, lease_wait_s: float = LEASE_WAIT_S) -> PassResult:
+               tmp_grace_s: float = TMP_GRACE_S, lease_wait_s: float = LEASE_WAIT_S,
+               page_grace_s: float = PAGE_GRACE_S) -> PassResult:
     """Under the lease: delete least recently used files until the directory fits ``max_bytes``,
     and temp files abandoned for longer than ``tmp_grace_s``. Waits up to ``lease_wait_s`` for
     another daemon's pass; a lease still busy then (a peer stuck on a hung mount) skips this pass
@@ -103,11 +110,16 @@ def evict_pass(sub: str | os.PathLike, max_bytes: int, *, now: float | None = No
         for victim in choose_victims(files, max_bytes):
             disk_io.remove(d, victim.name)
             removed.append(victim.name)
-        stale = abandoned_temps(temps, time.time() if now is None else now, tmp_grace_s)
+        t_now = time.time() if now is None else now
+        stale = abandoned_temps(temps, t_now, tmp_grace_s)
         for t in stale:
             disk_io.remove(d, t.name)
         gone = set(removed)
-        return PassResult(removed, len(stale), sum(f.size for f in files if f.name not in gone))
+        kept = [f for f in files if f.name not in gone]
+        referenced = {name for f in kept for name, _ in f.pages}
+        pages = disk_io.remove_orphan_pages(d, referenced, older_than=t_now - page_grace_s)
+        page_bytes = sum(size for name, size in {p for f in kept for p in f.pages})
+        return PassResult(removed, len(stale), sum(f.size for f in kept) + page_bytes, pages_removed=len(pages))
     finally:
         os.close(fd)
 
@@ -135,5 +147,13 @@ def _listing(d: Path) -> tuple[list[FileStat], list[FileStat]]:
             st = os.stat(d / name)
         except FileNotFoundError:
             continue
-        (temps if is_tmp else files).append(FileStat(name, st.st_size, st.st_mtime))
+        if is_tmp:
+            temps.append(FileStat(name, st.st_size, st.st_mtime))
+            continue
+        try:
+            with open(d / name, "rb") as f:
+                pages = tuple(disk_io.page_files(read_header(f)))
+        except (OSError, CheckpointFileError):
+            pages = ()   # gone or damaged: still counted and evictable; a reader removes a damaged one
+        files.append(FileStat(name, st.st_size, st.st_mtime, pages))
     return files, temps

@@ -1,7 +1,8 @@
 """The prefix-checkpoint index: lookup by token-id prefix, two budgeted tiers, eviction order.
 
-Pure policy: no I/O, no threads, no trio. Snapshot blobs are opaque bytes; files are named by the
-entry id (``disk_format.file_name``) and written / deleted by the caller, told what to do by the
+Pure policy: no I/O, no threads, no trio. Snapshots are opaque; the store only reads their
+``Footprint`` (own bytes and the page groups they reference). Files are named by the entry id
+(``disk_format.file_name``) and written / deleted by the caller, told what to do by the
 ``Eviction`` records that ``put`` / ``put_disk`` return.
 
 Design notes
@@ -9,9 +10,16 @@ Design notes
    a lookup hashes the prompt's prefixes at the few stored lengths (one incremental pass) and
    then compares the ids, so a hash collision can never restore the wrong state.
  * Two tiers, each with a slot budget and a byte budget:
-     memory: entries whose blob is loaded; counts ``nbytes`` (the blob);
-     disk:   entries with a file; counts ``disk_nbytes`` (the file). Off when disk_max_bytes == 0.
-   An entry may be in both. ``tier`` is "memory" when the blob is loaded, else "disk".
+     memory: entries whose snapshot is loaded; counts each one's own bytes (its copied tail) plus
+             every page group any of them references, once: a group ten checkpoints share counts
+             once, and leaves only with the last of them;
+     disk:   entries with a file; counts the checkpoint files plus every page file they reference,
+             once (``pages_freed`` of an eviction: the page files no entry references any more).
+   Off when disk_max_bytes == 0. An entry may be in both. ``tier`` is "memory" when the snapshot is
+   loaded, else "disk".
+ * Bytes are the limit. The slot count stays only as a bound on bookkeeping (each request hashes
+   the prompt at every distinct stored length, and the status lists every entry), so its
+   default is generous; it no longer stands in for memory.
  * Eviction, per tier, runs while the tier is over either budget. Victims in order:
      1. prompt_end captures, least recently used first;
      2. prefix captures (common, system), least recently used first;
@@ -27,10 +35,10 @@ Design notes
    out the main session's system prefix while any other victim exists. A new system prompt takes
    the protection over once its shares × tokens exceed the old one's; until then the old one
    holds at most one slot.
- * Blobs queued for the disk writer (``hold`` / ``release``) count against the memory byte budget
+ * Snapshots queued for the disk writer (``hold`` / ``release``) count against the memory byte budget
    until written, also after their entry left memory: the budget bounds everything the store holds
    or has queued. Evicting a held entry frees a slot but no bytes: it is evicted only for a slot,
-   eviction for bytes passes over it; ``can_hold`` tells the caller whether one more queued blob fits.
+   eviction for bytes passes over it; ``can_hold`` tells the caller whether one more queued one fits.
  * Recency uses an injected clock (default: a counter ticking once per operation), so tests are
    deterministic.
 """
@@ -40,7 +48,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 from dataclasses import dataclass
-from typing import Callable, Literal, Sequence
+from typing import Any, Callable, Literal, Sequence
 
 import numpy as np
 
@@ -50,6 +58,27 @@ Kind = Literal["system", "common", "prompt_end"]
 Tier = Literal["memory", "disk"]
 
 
+@dataclass(frozen=True, slots=True)
+class Footprint:
+    """What a snapshot holds in memory: bytes of its own, and page groups it may share with others."""
+
+    own: int
+    pages: tuple[int, ...] = ()
+    page_nbytes: int = 0
+
+    @property
+    def nbytes(self) -> int:
+        """Everything it references, shared or not."""
+        return self.own + len(self.pages) * self.page_nbytes
+
+
+def footprint(snapshot: Any) -> Footprint:
+    """A kernel Snapshot's footprint (a bytes-like object: all its own, sharing nothing)."""
+    if isinstance(snapshot, (bytes, bytearray, memoryview)):
+        return Footprint(len(snapshot))
+    return Footprint(int(snapshot.own_nbytes), tuple(int(i) for i in snapshot.page_ids), int(snapshot.page_nbytes))
+
+
 @dataclass(slots=True, eq=False)
 class Entry:
     """One stored prefix. Owned by the store: read it, do not mutate it."""
@@ -57,10 +86,12 @@ class Entry:
     id: str                 # prefix_hash(tokens), 16 hex digits; also the file stem
     tokens: np.ndarray      # (n_tokens,) int32, read-only
     kind: str               # "system" | "common" | "prompt_end"
-    blob: bytes | None      # the snapshot; None when only on disk (not loaded)
-    nbytes: int             # blob size (known from the header for disk-only entries)
+    snapshot: Any           # the kernel Snapshot; None when only on disk (not loaded)
+    nbytes: int             # its whole size, shared pages included (from the header for disk-only entries)
     on_disk: bool = False
-    disk_nbytes: int = 0    # file size when on_disk
+    disk_nbytes: int = 0    # checkpoint file size when on_disk
+    mem: Footprint | None = None     # set while the snapshot is loaded
+    disk_pages: tuple[tuple[str, int], ...] = ()   # (page file name, bytes) it references, when on_disk
     hits: int = 0           # restores served (touch)
     shares: int = 1         # requests whose prompt started with these tokens (record_prompt)
     created: float = 0
@@ -72,11 +103,11 @@ class Entry:
 
     @property
     def in_memory(self) -> bool:
-        return self.blob is not None
+        return self.snapshot is not None
 
     @property
     def tier(self) -> Tier:
-        return "memory" if self.blob is not None else "disk"
+        return "memory" if self.snapshot is not None else "disk"
 
     def __repr__(self) -> str:
         where = "+".join(t for t, on in (("memory", self.in_memory), ("disk", self.on_disk)) if on)
@@ -86,12 +117,14 @@ class Entry:
 
 @dataclass(frozen=True, slots=True)
 class Eviction:
-    """``entry`` left ``tier``. tier "memory": its blob was dropped. tier "disk": the caller must
-    delete its file. ``dropped``: the entry is no longer indexed at all."""
+    """``entry`` left ``tier``. tier "memory": its snapshot was dropped. tier "disk": the caller must
+    delete its file, and the page files in ``pages_freed`` (no other entry references them).
+    ``dropped``: the entry is no longer indexed at all."""
 
     entry: Entry
     tier: Tier
     dropped: bool
+    pages_freed: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,10 +137,11 @@ class StoreStats:
     hits: int
     protected_id: str | None
     queued_bytes: int = 0   # held for the disk writer and not in memory (also counted by the budget)
+    shared_bytes: int = 0   # of memory_bytes: page groups two or more entries reference
 
 
 class CheckpointStore:
-    def __init__(self, *, max_slots: int = 4, max_bytes: int = 1 << 30,
+    def __init__(self, *, max_slots: int = 64, max_bytes: int = 1 << 30,
                  disk_max_slots: int | None = None, disk_max_bytes: int = 0,
                  protect_system: bool = True, clock: Callable[[], float] | None = None):
         if max_slots < 0 or max_bytes < 0 or disk_max_bytes < 0 or (disk_max_slots or 0) < 0:
@@ -119,7 +153,7 @@ class CheckpointStore:
         self.protect_system = protect_system
         self._clock = clock or itertools.count(1).__next__
         self._by_id: dict[str, Entry] = {}
-        self._held: dict[str, int] = {}   # entry id -> bytes of a blob queued for the disk writer
+        self._held: dict[str, Footprint] = {}   # entry id -> a snapshot queued for the disk writer
 
     # ---- lookup -------------------------------------------------------------------------------
 
@@ -172,31 +206,107 @@ class CheckpointStore:
         mem = [e for e in self._by_id.values() if e.in_memory]
         disk = [e for e in self._by_id.values() if e.on_disk]
         kinds = {k: sum(e.kind == k for e in self._by_id.values()) for k in KINDS}
-        return StoreStats(len(mem), sum(e.nbytes for e in mem), len(disk), sum(e.disk_nbytes for e in disk),
+        refs = self._page_refs(e.mem for e in mem)
+        shared = sum(size for pid, (n, size) in refs.items() if n > 1)
+        return StoreStats(len(mem), self._usage([e.mem for e in mem]), len(disk), self.disk_usage(),
                           kinds, sum(e.hits for e in self._by_id.values()), self.protected_id,
-                          self.queued_bytes)
+                          self.queued_bytes, shared)
 
-    # ---- blobs held outside the store (queued for the disk writer) ------------------------------
+    def breakdown(self, entry: Entry) -> tuple[int, int]:
+        """(own, shared) bytes of an entry's loaded snapshot: own = its tail plus the page groups no
+        other loaded entry references; shared = the groups others reference too. (0, 0) if not loaded."""
+        if entry.mem is None:
+            return 0, 0
+        refs = self._page_refs(e.mem for e in self._by_id.values() if e.in_memory)
+        shared = sum(refs[p][1] for p in set(entry.mem.pages) if refs[p][0] > 1)
+        return entry.mem.nbytes - shared, shared
+
+    def disk_breakdown(self, entry: Entry) -> tuple[int, int]:
+        """(own, shared) bytes of an entry's files: own = its checkpoint file plus the page files no
+        other entry on disk references; shared = the page files others reference too."""
+        if not entry.on_disk:
+            return 0, 0
+        refs = self._disk_page_refs(self._by_id.values())
+        shared = sum(size for name, size in set(entry.disk_pages) if refs[name] > 1)
+        return entry.disk_nbytes + sum(size for _, size in set(entry.disk_pages)) - shared, shared
+
+    # ---- accounting -----------------------------------------------------------------------------
+
+    @staticmethod
+    def _page_refs(footprints) -> dict[int, tuple[int, int]]:
+        """page id -> (how many footprints reference it, its bytes)."""
+        refs: dict[int, tuple[int, int]] = {}
+        for fp in footprints:
+            for p in set(fp.pages):
+                n, _ = refs.get(p, (0, 0))
+                refs[p] = (n + 1, fp.page_nbytes)
+        return refs
+
+    @staticmethod
+    def _usage(footprints) -> int:
+        """Own bytes of each footprint plus every page group they reference, once."""
+        own, pages = 0, {}
+        for fp in footprints:
+            own += fp.own
+            for p in fp.pages:
+                pages[p] = fp.page_nbytes
+        return own + sum(pages.values())
+
+    def _resident(self) -> list[Footprint]:
+        """Every footprint in memory: loaded entries, and queued ones that are not loaded."""
+        out = [e.mem for e in self._by_id.values() if e.in_memory]
+        out += [fp for i, fp in self._held.items() if not self._in_memory(i)]
+        return out
+
+    def memory_pages(self) -> set[int]:
+        """Ids of every page group the memory tier (queued snapshots included) references."""
+        return {p for fp in self._resident() for p in fp.pages}
+
+    def memory_own_bytes(self) -> int:
+        """The memory tier's bytes outside page groups (tails), queued snapshots included."""
+        return sum(fp.own for fp in self._resident())
+
+    @staticmethod
+    def _disk_page_refs(entries) -> dict[str, int]:
+        refs: dict[str, int] = {}
+        for e in entries:
+            if e.on_disk:
+                for name, _ in set(e.disk_pages):
+                    refs[name] = refs.get(name, 0) + 1
+        return refs
+
+    def disk_usage(self) -> int:
+        """Checkpoint files plus every page file they reference, once."""
+        pages: dict[str, int] = {}
+        files = 0
+        for e in self._by_id.values():
+            if e.on_disk:
+                files += e.disk_nbytes
+                pages.update(e.disk_pages)
+        return files + sum(pages.values())
+
+    # ---- snapshots held outside the store (queued for the disk writer) ------------------------------
 
     def is_held(self, entry_id: str) -> bool:
         return entry_id in self._held
 
     @property
     def queued_bytes(self) -> int:
-        """Bytes held for the writer whose entry is not in memory (else counted there already)."""
-        return sum(n for i, n in self._held.items() if not self._in_memory(i))
+        """Bytes the queued snapshots add to the memory tier (those not loaded, beyond shared pages)."""
+        return self.memory_usage() - self._usage([e.mem for e in self._by_id.values() if e.in_memory])
 
     def memory_usage(self) -> int:
-        """What the memory byte budget bounds: loaded blobs plus queued ones."""
-        return sum(e.nbytes for e in self._by_id.values() if e.in_memory) + self.queued_bytes
+        """What the memory byte budget bounds: loaded snapshots plus queued ones, pages once."""
+        return self._usage(self._resident())
 
-    def can_hold(self, entry_id: str, nbytes: int) -> bool:
-        """Would queueing a blob of ``nbytes`` for ``entry_id`` keep the memory budget?"""
-        extra = 0 if self._in_memory(entry_id) or entry_id in self._held else nbytes
-        return self.memory_usage() + extra <= self.max_bytes
+    def can_hold(self, entry_id: str, snapshot: Any) -> bool:
+        """Would queueing ``snapshot`` for ``entry_id`` keep the memory budget?"""
+        if self._in_memory(entry_id) or entry_id in self._held:
+            return True
+        return self._usage(self._resident() + [footprint(snapshot)]) <= self.max_bytes
 
-    def hold(self, entry_id: str, nbytes: int) -> None:
-        self._held[entry_id] = nbytes
+    def hold(self, entry_id: str, snapshot: Any) -> None:
+        self._held[entry_id] = footprint(snapshot)
 
     def release(self, entry_id: str) -> None:
         self._held.pop(entry_id, None)
@@ -207,28 +317,30 @@ class CheckpointStore:
 
     # ---- updates ------------------------------------------------------------------------------
 
-    def put(self, tokens: Sequence[int] | np.ndarray, kind: Kind, blob: bytes) -> list[Eviction]:
+    def put(self, tokens: Sequence[int] | np.ndarray, kind: Kind, snapshot: Any) -> list[Eviction]:
         """Store a snapshot of the state after ``tokens`` in memory, then enforce the memory
-        budgets. Putting tokens already indexed loads the blob into that entry (e.g. after a disk
+        budgets. Putting tokens already indexed loads the snapshot into that entry (e.g. after a disk
         read) and upgrades a prompt_end entry to a prefix kind. The returned evictions may include
         this very entry (tier "memory") when it cannot fit."""
-        entry = self._upsert(tokens, kind, len(blob))
+        fp = footprint(snapshot)
+        entry = self._upsert(tokens, kind, fp.nbytes)
         if entry is None:
             return []
-        entry.blob = blob
-        entry.nbytes = len(blob)
+        entry.snapshot, entry.mem, entry.nbytes = snapshot, fp, fp.nbytes
         return self._enforce("memory", entry)
 
     def put_disk(self, tokens: Sequence[int] | np.ndarray, kind: Kind, nbytes: int, disk_nbytes: int,
-                 last_used: float | None = None) -> list[Eviction]:
+                 last_used: float | None = None, pages: Sequence[tuple[str, int]] = ()) -> list[Eviction]:
         """Record that a file for ``tokens`` exists (after a write, or from a start-up scan), then
-        enforce the disk budgets. ``nbytes`` = payload (blob) size, ``disk_nbytes`` = file size.
+        enforce the disk budgets. ``nbytes`` = the snapshot's whole size, ``disk_nbytes`` = the
+        checkpoint file's size, ``pages`` = the page files it references, (name, bytes) each.
         ``last_used``: the recency recorded with the file (a start-up scan), instead of now."""
         entry = self._upsert(tokens, kind, nbytes, last_used)
         if entry is None:
             return []
         entry.on_disk = True
         entry.disk_nbytes = disk_nbytes
+        entry.disk_pages = tuple((str(n), int(b)) for n, b in pages)
         return self._enforce("disk", entry)
 
     def touch(self, entry_id: str) -> Entry:
@@ -249,35 +361,46 @@ class CheckpointStore:
         return found
 
     def remove(self, entry_id: str, tier: Tier | None = None) -> Entry | None:
-        """Forget the blob (tier "memory"), the file (tier "disk"; the caller deletes it), or the
-        whole entry (tier None). Returns the entry, or None if unknown."""
+        """Forget the snapshot (tier "memory"), the file (tier "disk"; the caller deletes it and the
+        page files ``orphan_pages`` names), or the whole entry (tier None). Returns the entry, or
+        None if unknown."""
         e = self._by_id.get(entry_id)
         if e is None:
             return None
         if tier in (None, "memory"):
-            e.blob = None
+            e.snapshot, e.mem = None, None
         if tier in (None, "disk"):
             e.on_disk, e.disk_nbytes = False, 0
-        if e.blob is None and not e.on_disk:
+        if e.snapshot is None and not e.on_disk:
             del self._by_id[entry_id]
         return e
 
+    def orphan_pages(self, pages: Sequence[tuple[str, int]]) -> tuple[str, ...]:
+        """Of ``pages`` (an entry that left the disk tier), the page files no entry on disk references."""
+        refs = self._disk_page_refs(self._by_id.values())
+        return tuple(sorted({name for name, _ in pages if name not in refs}))
+
+    def _remove_disk(self, e: Entry) -> tuple[bool, tuple[str, ...]]:
+        pages = e.disk_pages
+        self.remove(e.id, "disk")
+        e.disk_pages = ()
+        return e.id not in self._by_id, self.orphan_pages(pages)
+
     def evict_memory(self, nbytes: int) -> list[Eviction]:
         """Free at least ``nbytes`` of the memory tier if it can (a growing live state needs them; the
-        memory guard): blobs leave in the eviction order above, the protected entry last. Blobs queued
+        memory guard): snapshots leave in the eviction order above, the protected entry last. Snapshots queued
         for the writer free nothing until written, so they stay. Returns what was evicted."""
         members = [e for e in self._by_id.values() if e.in_memory]
         protected = self._protected(members)
         ordinary = sorted((e for e in members if e is not protected),
                           key=lambda e: (e.kind != "prompt_end", e.last_used, e.created, e.id))
         evicted: list[Eviction] = []
-        freed = 0
+        start = self.memory_usage()
         for victim in ordinary + ([protected] if protected is not None else []):
-            if freed >= nbytes:
+            if start - self.memory_usage() >= nbytes:
                 break
             if victim.id in self._held:
                 continue
-            freed += victim.nbytes
             self.remove(victim.id, "memory")
             evicted.append(Eviction(victim, "memory", victim.id not in self._by_id))
         return evicted
@@ -316,30 +439,33 @@ class CheckpointStore:
     def _enforce(self, tier: Tier, newcomer: Entry) -> list[Eviction]:
         if tier == "memory":
             members = [e for e in self._by_id.values() if e.in_memory]
-            max_slots, max_bytes = self.max_slots, self.max_bytes
-            held = self._held
-            size = lambda e: 0 if e.id in held else e.nbytes   # noqa: E731  what evicting it frees
-            extra = self.queued_bytes
+            max_slots, max_bytes, usage = self.max_slots, self.max_bytes, self.memory_usage
+            whole = newcomer.mem.nbytes if newcomer.mem is not None else 0
+            frees = lambda e: e.id not in self._held   # noqa: E731  a queued snapshot frees no bytes
         else:
             members = [e for e in self._by_id.values() if e.on_disk]
             max_slots = self.disk_max_slots if self.disk_max_slots is not None else len(members)
-            max_bytes, size, extra = self.disk_max_bytes, (lambda e: e.disk_nbytes), 0
+            max_bytes, usage = self.disk_max_bytes, self.disk_usage
+            whole = newcomer.disk_nbytes + sum(b for _, b in set(newcomer.disk_pages))
+            frees = lambda e: True   # noqa: E731
         protected = self._protected(members)
         ordinary = sorted((e for e in members if e is not newcomer and e is not protected),
                           key=lambda e: (e.kind != "prompt_end", e.last_used, e.created, e.id))
         victims = ordinary + [newcomer] + ([protected] if protected not in (None, newcomer) else [])
-        full = (lambda e: e.nbytes) if tier == "memory" else size
-        if full(newcomer) > max_bytes or max_slots == 0:
+        if whole > max_bytes or max_slots == 0:
             victims = [newcomer]  # can never fit: refuse it without disturbing the others
-        count, total = len(members), sum(full(e) for e in members) + extra
+        count = len(members)
         evicted: list[Eviction] = []
         for victim in victims:
-            if count <= max_slots and total <= max_bytes:
+            if count <= max_slots and usage() <= max_bytes:
                 break
-            if count <= max_slots and size(victim) == 0 and victim is not newcomer:
-                continue   # only bytes are over, and dropping this blob frees none (still queued)
+            if count <= max_slots and not frees(victim) and victim is not newcomer:
+                continue   # only bytes are over, and dropping this snapshot frees none (still queued)
             count -= 1
-            total -= size(victim)
-            self.remove(victim.id, tier)
-            evicted.append(Eviction(victim, tier, victim.id not in self._by_id))
+            if tier == "memory":
+                self.remove(victim.id, "memory")
+                evicted.append(Eviction(victim, tier, victim.id not in self._by_id))
+            else:
+                dropped, freed = self._remove_disk(victim)
+                evicted.append(Eviction(victim, tier, dropped, freed))
         return evicted

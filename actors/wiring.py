@@ -10,7 +10,8 @@ Buffer sizes, and why they are not 0:
 - admission -> prefill, prefill -> decode: `slots` — at most one request per slot is admitted at a
   time, so a send there never waits (admission and the prefill worker use send_nowait and rely on it).
 - workers -> admission (Finished): 1 per sender clone; a worker sends it after the request ended.
-- checkpoint writer: `checkpoint_slots` — captures queue up while a write runs; more would pin memory.
+- checkpoint writer: `checkpoint_slots`, at most WRITER_QUEUE — captures queue up while a write runs
+  (queued snapshots count against checkpoint memory, so the budget bounds them too).
 """
 
 from __future__ import annotations
@@ -27,6 +28,9 @@ from .prefill import prefill_worker
 from .sequence import Sequence
 
 
+WRITER_QUEUE = 8   # disk writes waiting: more only lengthens the lag behind the captures
+
+
 async def start_engine(nursery: trio.Nursery, engine: Engine, *, queue_size: int, new_stream_decoder, log,
                        checkpoint_slots: int = 4, slots: int = 1) -> trio.MemorySendChannel:
     if slots < 1:
@@ -34,7 +38,7 @@ async def start_engine(nursery: trio.Nursery, engine: Engine, *, queue_size: int
     adm_send, adm_recv = trio.open_memory_channel(queue_size + 16)
     pre_send, pre_recv = trio.open_memory_channel(slots)
     dec_send, dec_recv = trio.open_memory_channel(slots)
-    ckpt_send, ckpt_recv = trio.open_memory_channel(checkpoint_slots)
+    ckpt_send, ckpt_recv = trio.open_memory_channel(min(checkpoint_slots, WRITER_QUEUE))
     engine.checkpoints.out = ckpt_send  # captures go out with send_nowait: a full queue drops the write
     engine.slots = [Sequence(i) for i in range(slots)]
     engine.note_slots()

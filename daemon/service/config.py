@@ -141,7 +141,12 @@ FIELDS: tuple[Field, ...] = (
     Field("reasoning", str, "chat", "chat mode when a request does not choose one: chat (no thinking), thinking, "
           "high or max (thinking with that reasoning effort)", _one_of("chat", "thinking", "high", "max")),
     Field("checkpoints", bool, True, "prefix checkpoints in memory", flag_only_negative=True),
-    Field("checkpoint_slots", int, 4, "checkpoint slots in memory", _range(1, 8)),
+    Field("checkpoint_slots", int, 64, "most checkpoints kept in memory: bytes are the limit (checkpoint_memory_mb); "
+          "the count bounds per-request lookup work and the status listing", _range(1, 4096)),
+    Field("checkpoint_page_tokens", int, 0, "tokens per page group of a state's compressed rows (checkpoints "
+          "share whole pages); 0: 256, rounded up to a multiple of the model's compress rates", _range(0, 1 << 20)),
+    Field("checkpoint_share_pages", bool, True, "checkpoints share page groups with live states and each other; "
+          "off: every capture copies the whole state (as before pages, for comparisons)"),
     Field("checkpoint_memory_mb", int, 2048, "memory budget for checkpoints (MiB)", _range(0)),
     Field("disk_checkpoints", bool, False, "also keep checkpoints on disk (survive restarts)"),
     Field("checkpoint_dir", str, default_checkpoint_dir,
@@ -183,6 +188,8 @@ class Settings:
     reasoning: str
     checkpoints: bool
     checkpoint_slots: int
+    checkpoint_page_tokens: int
+    checkpoint_share_pages: bool
     checkpoint_memory_mb: int
     disk_checkpoints: bool
     checkpoint_dir: str

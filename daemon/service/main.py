@@ -69,7 +69,8 @@ def load(settings: Settings, kernel=None) -> Loaded:
     extra = {"expert_cache_bytes": plan.expert_cache_bytes} if plan.paged else {}
     try:
         model = load_model(md, settings.threads, packed_cache=Path(settings.packed_cache_dir),
-                           packed_cache_budget=settings.packed_cache_budget_mb << 20, **extra)
+                           packed_cache_budget=settings.packed_cache_budget_mb << 20,
+                           page_tokens=settings.checkpoint_page_tokens, **extra)
     except ValueError as e:
         if not plan.paged:
             raise
@@ -151,7 +152,9 @@ def choose_slots(settings: Settings, loaded: Loaded) -> SlotsChoice:
 def checkpoint_fingerprint(loaded: Loaded) -> str:
     """What a disk checkpoint must match to be restored: the model (config + weights + tokenizer,
     model_dir's fingerprint) and the kernel's snapshot format."""
-    return f"{loaded.fingerprint};snapshot-v{getattr(loaded.kernel, 'SNAPSHOT_VERSION', 0)}"
+    pages = getattr(loaded.model, "page_tokens", None)
+    return (f"{loaded.fingerprint};snapshot-v{getattr(loaded.kernel, 'SNAPSHOT_VERSION', 0)}"
+            + (f";pages-{pages}" if pages else ""))
 
 
 def make_checkpoints(settings: Settings, loaded: Loaded, log, metrics):
@@ -168,7 +171,9 @@ def make_checkpoints(settings: Settings, loaded: Loaded, log, metrics):
                                      plan.checkpoint_bytes if plan is not None else 1 << 62), min_tokens=settings.checkpoint_min_tokens,
                        fingerprint=checkpoint_fingerprint(loaded),
                        disk_dir=disk_dir if settings.checkpoints else None, shared=shared,
-                       disk_max_bytes=settings.checkpoint_disk_mb << 20, log=log, metrics=metrics)
+                       disk_max_bytes=settings.checkpoint_disk_mb << 20,
+                       rebuild=lambda tail, pages: loaded.kernel.Snapshot.from_parts(loaded.model, tail, pages),
+                       share_pages=settings.checkpoint_share_pages, log=log, metrics=metrics)
 
 
 async def _on_signal(cancel_scope: trio.CancelScope, log) -> None:

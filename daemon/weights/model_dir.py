@@ -479,7 +479,8 @@ def packed_cache_file(md: ModelDir, cache_dir: str | Path, widen_bf16: bool = Fa
 
 def load_model(path: str | Path | ModelDir, threads: int = 0, *, widen_bf16: bool = False,
                packed_cache: str | Path | None = None, packed_cache_min_bytes: int = PACKED_CACHE_MIN_BYTES,
-               expert_cache_bytes: int | None = None, packed_cache_budget: int | None = None):
+               expert_cache_bytes: int | None = None, packed_cache_budget: int | None = None,
+               page_tokens: int = 0):
     """Open a model directory and build the kernel's immutable Model from it. packed_cache: a
     directory for the packed panels of models of at least packed_cache_min_bytes of weights: the
     first start packs and writes them there (atomically), later starts map them instead of packing
@@ -488,7 +489,8 @@ def load_model(path: str | Path | ModelDir, threads: int = 0, *, widen_bf16: boo
     resident); it needs packed_cache (any model size), and the kernel says so when it is missing.
     packed_cache_budget: after the load, the packed_cache directory is trimmed (packed_cache.py): older
     versions of this model's file go, and other models' files, least recently used first, while the
-    directory holds more than this many bytes (0: no cap; None: no trimming at all)."""
+    directory holds more than this many bytes (0: no cap; None: no trimming at all). page_tokens:
+    the size of a state's page groups (0: the kernel's default)."""
     from cairn import _kernel
 
     md = path if isinstance(path, ModelDir) else open_model_dir(path)
@@ -503,7 +505,7 @@ def load_model(path: str | Path | ModelDir, threads: int = 0, *, widen_bf16: boo
             cache = ""
     maps = FileMaps()
     model = _kernel.Model(md.config, map_weights(md, maps), md.fingerprint, threads, widen_bf16=widen_bf16,
-                          packed_cache=cache, expert_cache_bytes=expert_cache_bytes or 0)
+                          packed_cache=cache, expert_cache_bytes=expert_cache_bytes or 0, page_tokens=page_tokens)
     # The kernel has packed (or mapped from the cache) every matrix and released their sources; what
     # it keeps in place (norms, biases, the BF16 embedding) pins its file's map: drop the pages packing
     # touched from the resident set (the maps of files no kept tensor uses close with `maps`).

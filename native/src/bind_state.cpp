@@ -53,6 +53,11 @@ struct PySnapshot {
   int64_t copied_bytes = 0;  // what taking it copied: the tail, plus every group when not shared
 };
 
+// Bytes a snapshot holds outside page groups: the tail without the partial group's rows.
+int64_t own_bytes(const State& st) {
+  return st.tail_bytes() - 4 * st.pages.layout->used_floats(st.full_groups(), st.n);
+}
+
 py::array_t<uint64_t> group_ids(const State& st) {
   py::array_t<uint64_t> out((py::ssize_t)st.pages.groups.size());
   for (size_t k = 0; k < st.pages.groups.size(); ++k) out.mutable_data()[k] = st.pages.groups[k]->id;
@@ -158,6 +163,9 @@ void register_state(py::module_& m) {
       .def_property_readonly("nbytes", [](const PyState& s) { return s.st.payload_bytes(); })
       .def_property_readonly("page_ids", [](const PyState& s) { return group_ids(s.st); },
                              "Ids of the page groups this state holds (shared with snapshots), in token order.")
+      .def_property_readonly("page_nbytes", [](const PyState& s) { return s.st.pages.layout->group_bytes(); })
+      .def_property_readonly("tail_nbytes", [](const PyState& s) { return own_bytes(s.st); },
+                             "Bytes a snapshot of it would copy (everything outside page groups).")
       .def_property_readonly("last_logits", [](const PyState& s) -> py::object {
         if (s.st.last_logits.empty()) return py::none();
         return vec_to_array(s.st.last_logits);
@@ -169,8 +177,7 @@ void register_state(py::module_& m) {
           py::gil_scoped_release rel;
           out->st = s.st;  // the tail is copied, every page group shared
           if (!share_pages) out->st.pages.unshare();
-          out->copied_bytes = s.st.tail_bytes() - 4 * s.st.pages.layout->used_floats(s.st.full_groups(), s.st.n) +
-                              (share_pages ? 0 : (int64_t)out->st.pages.groups.size() * s.st.pages.layout->group_bytes());
+          out->copied_bytes = own_bytes(s.st) + (share_pages ? 0 : (int64_t)out->st.pages.groups.size() * s.st.pages.layout->group_bytes());
         }
         return out;
       }, py::kw_only(), py::arg("share_pages") = true,
@@ -211,14 +218,12 @@ void register_state(py::module_& m) {
       .def_property_readonly("page_tokens", [](const PySnapshot& s) { return s.st.pages.layout->page_tokens; })
       .def_property_readonly("n_full_pages", [](const PySnapshot& s) { return s.st.full_groups(); },
                              "Page groups that are full (n_tokens // page_tokens): the ones stored as pages.")
-      .def_property_readonly("own_nbytes", [](const PySnapshot& s) {
-        return s.st.tail_bytes() - 4 * s.st.pages.layout->used_floats(s.st.full_groups(), s.st.n);
-      }, "Bytes it holds outside page groups (the copied tail).")
+      .def_property_readonly("own_nbytes", [](const PySnapshot& s) { return own_bytes(s.st); },
+                             "Bytes it holds outside page groups (the copied tail).")
       .def_property_readonly("copied_nbytes", [](const PySnapshot& s) { return s.copied_bytes; },
                              "Bytes copied when it was taken (0 for one rebuilt from parts).")
       .def_property_readonly("nbytes", [](const PySnapshot& s) {
-        return s.st.tail_bytes() - 4 * s.st.pages.layout->used_floats(s.st.full_groups(), s.st.n) +
-               (int64_t)s.st.pages.groups.size() * s.st.pages.layout->group_bytes();
+        return own_bytes(s.st) + (int64_t)s.st.pages.groups.size() * s.st.pages.layout->group_bytes();
       }, "Everything it references: own bytes plus every page group, shared or not.")
       .def("tail", [](const PySnapshot& s) {
         const size_t n = tail_size(s.st);

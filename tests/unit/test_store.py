@@ -125,7 +125,7 @@ def test_put_existing_upgrades_kind_and_loads_blob():
     s = CheckpointStore(disk_max_bytes=10_000)
     s.put_disk(SYSTEM, "prompt_end", nbytes=100, disk_nbytes=150)
     e = s.get(prefix_hash(SYSTEM))
-    assert e.tier == "disk" and e.blob is None
+    assert e.tier == "disk" and e.snapshot is None
     s.put(SYSTEM, "system", blob(100))
     assert e.tier == "memory" and e.on_disk and e.kind == "system" and len(s) == 1
 
@@ -189,11 +189,11 @@ def test_blobs_held_for_the_writer_count_against_the_memory_budget_until_release
     s = CheckpointStore(max_slots=4, max_bytes=250)
     a, b, c = [7] * 10, [8] * 10, [9] * 10
     s.put(a, "prompt_end", blob(100))
-    s.hold(prefix_hash(a), 100)                      # queued for the disk writer
-    assert s.can_hold(prefix_hash(a), 100) and s.memory_usage() == 100   # counted once
+    s.hold(prefix_hash(a), b"x" * 100)                      # queued for the disk writer
+    assert s.can_hold(prefix_hash(a), b"x" * 100) and s.memory_usage() == 100   # counted once
     s.put(b, "prompt_end", blob(100))
-    s.hold(prefix_hash(b), 100)
-    assert not s.can_hold(prefix_hash(c), 100)       # 200 + 100 would break 250
+    s.hold(prefix_hash(b), b"x" * 100)
+    assert not s.can_hold(prefix_hash(c), b"x" * 100)       # 200 + 100 would break 250
     # a third blob: evicting a held entry would free no bytes (it stays queued), so only the
     # newcomer is refused and the held ones stay usable from memory
     ev = s.put(c, "prompt_end", blob(100))
@@ -205,3 +205,63 @@ def test_blobs_held_for_the_writer_count_against_the_memory_budget_until_release
     s.release(prefix_hash(b))
     assert s.memory_usage() == 100 and s.queued_bytes == 0
     assert s.put(c, "prompt_end", blob(100)) == [] and s.memory_usage() == 200
+
+
+def toks(n: int) -> list[int]:
+    return list(range(n))
+
+
+class _Snap:
+    """A stand-in for a kernel Snapshot: own bytes and the page groups it references."""
+
+    def __init__(self, own: int, pages, page_nbytes: int = 100):
+        self.own_nbytes, self.page_ids, self.page_nbytes = own, list(pages), page_nbytes
+
+
+def test_page_groups_shared_by_checkpoints_count_once_and_leave_with_the_last():
+    s = CheckpointStore(max_slots=64, max_bytes=10_000)
+    base = list(range(20))                               # a shared prefix of 20 groups (2000 bytes)
+    s.put(toks(1), "system", _Snap(50, base))
+    s.put(toks(2), "prompt_end", _Snap(50, base + [100, 101]))
+    s.put(toks(3), "prompt_end", _Snap(50, base + [200]))
+    assert s.memory_usage() == 3 * 50 + (20 + 3) * 100   # not 3 whole states
+    st = s.stats()
+    assert st.memory_bytes == s.memory_usage() and st.shared_bytes == 20 * 100
+    assert s.breakdown(s.get(prefix_hash(toks(2)))) == (50 + 200, 2000)
+    # evicting one frees its tail and the groups only it held, never the shared ones
+    s.remove(prefix_hash(toks(2)), "memory")
+    assert s.memory_usage() == 2 * 50 + 21 * 100
+    s.remove(prefix_hash(toks(3)), "memory")
+    s.remove(prefix_hash(toks(1)), "memory")
+    assert s.memory_usage() == 0
+
+
+def test_memory_budget_counts_unique_pages_so_many_turns_fit():
+    # ten turns of one conversation: each adds one group to the last; whole copies would need
+    # 10 * ~5500 bytes, shared pages need 10 * 50 + 59 * 100
+    s = CheckpointStore(max_slots=64, max_bytes=7_000)
+    for t in range(10):
+        s.put(toks(t + 1), "prompt_end", _Snap(50, range(50 + t)))
+    assert s.stats().memory_entries == 10 and s.memory_usage() == 10 * 50 + 59 * 100
+    # one more over the budget evicts the least recently used, freeing only its tail
+    s.put(toks(99), "prompt_end", _Snap(50, list(range(59)) + [500, 501, 502, 503, 504, 505, 506, 507, 508, 509]))
+    assert s.memory_usage() <= 7_000
+    assert s.get(prefix_hash(toks(1))) is None                 # the oldest turn went
+    assert s.get(prefix_hash(toks(99))).in_memory
+
+
+def test_disk_pages_are_freed_when_their_last_checkpoint_leaves():
+    s = CheckpointStore(disk_max_bytes=1_000_000)
+    shared = [("p0.page", 1000), ("p1.page", 1000)]
+    s.put_disk(toks(1), "system", 2000, 300, pages=shared)
+    s.put_disk(toks(2), "prompt_end", 3000, 300, pages=shared + [("p2.page", 1000)])
+    assert s.disk_usage() == 600 + 3000
+    assert s.disk_breakdown(s.get(prefix_hash(toks(2)))) == (300 + 1000, 2000)
+    s.remove(prefix_hash(toks(2)), "disk")
+    assert s.orphan_pages(shared + [("p2.page", 1000)]) == ("p2.page",)
+    # a budget eviction names the page files nobody references any more
+    small = CheckpointStore(disk_max_bytes=3000)
+    small.put_disk(toks(1), "prompt_end", 2000, 300, pages=shared)
+    evs = small.put_disk(toks(2), "prompt_end", 2000, 300, pages=[("p2.page", 1000), ("p3.page", 1000)])
+    assert [(e.entry.n_tokens, e.pages_freed) for e in evs] == [(1, ("p0.page", "p1.page"))]
+    assert small.disk_usage() == 2300
