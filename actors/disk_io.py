@@ -175,12 +175,18 @@ def write_checkpoint(directory: str | os.PathLike, fingerprint: str, kind: str,
     ``directory/pages/<key>.page``, then ``directory/<prefix-hash>.ckpt`` (header and tail), each
     atomically and durably, pages first (a reader never finds a checkpoint whose pages are still
     being written). The checkpoint's mtime is set to ``last_used`` when given. Returns the
-    checkpoint file's size and the page files it references, (name, bytes) each."""
+    checkpoint file's size and the page files it references, (name, bytes) each. A bytes-like
+    ``snapshot`` is written as a tail with no pages (opaque blobs: tools and tests without a kernel)."""
     ids = as_tokens(tokens)
-    n_pages, page_nbytes = int(snapshot.n_full_pages), int(snapshot.page_nbytes)
-    pages_dir = ensure_dir(Path(directory) / page_format.DIR)
+    if isinstance(snapshot, (bytes, bytearray, memoryview)):
+        n_pages = page_nbytes = page_tokens = 0
+        tail = snapshot
+    else:
+        n_pages, page_nbytes = int(snapshot.n_full_pages), int(snapshot.page_nbytes)
+        page_tokens, tail = int(snapshot.page_tokens), snapshot.tail()
+    pages_dir = ensure_dir(Path(directory) / page_format.DIR) if n_pages else None
     manifest, files = [], []
-    for k, key in enumerate(page_keys(ids, n_pages, int(snapshot.page_tokens))):
+    for k, key in enumerate(page_keys(ids, n_pages, page_tokens)):
         view = snapshot.page(k)
         name = page_format.file_name(key)
         header = page_format.encode_header(view)
@@ -189,7 +195,6 @@ def write_checkpoint(directory: str | os.PathLike, fingerprint: str, kind: str,
             atomic_write(pages_dir, name, [header, view])
         manifest.append((key, crc))
         files.append((name, page_format.file_size(page_nbytes)))
-    tail = snapshot.tail()
     header = encode_header(fingerprint, kind, ids, tail, page_nbytes, manifest)
     path = atomic_write(directory, file_name(ids), [header, tail])
     if last_used is not None:

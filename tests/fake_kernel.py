@@ -155,7 +155,16 @@ class State:
         self._h = ((self._h ^ (int(t) + 0x9E37)) * 1099511628211) & _MASK
         self._tokens.append(int(t))
 
-    def snapshot(self) -> bytes:
+    # No page groups: a fake snapshot is one opaque blob, which the checkpoint layer stores as a
+    # tail with no pages (what it does for any bytes-like snapshot).
+    page_ids = np.zeros(0, dtype=np.uint64)
+    page_nbytes = 0
+
+    @property
+    def tail_nbytes(self) -> int:
+        return 8 * (len(self._tokens) + 1)
+
+    def snapshot(self, *, share_pages: bool = True) -> bytes:
         self.model.snapshots += 1
         return np.asarray([self._h] + self._tokens, dtype=np.int64).tobytes()
 
@@ -166,6 +175,14 @@ class State:
         s._h, s._tokens = int(arr[0]), [int(t) for t in arr[1:]]
         s.last_logits = _logits(model, s._h, len(s._tokens)) if s._tokens else None
         return s
+
+
+class Snapshot:
+    @staticmethod
+    def from_parts(model: Model, tail, pages) -> bytes:
+        if pages:
+            raise ValueError("the fake kernel's snapshots have no pages")
+        return bytes(tail)
 
 
 def prefill(state: State, tokens, *, chunk: int = 128, abort: AbortFlag | None = None, all_logits: bool = False):

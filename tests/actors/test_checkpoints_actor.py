@@ -75,7 +75,7 @@ async def test_writer_writes_files_and_the_disk_budget_deletes_old_ones(tmp_path
     assert [e["tier"] for e in evs if e["event"] == "checkpoint_evict"] == ["disk"]
     assert st["disk"]["entries"] == 2 and st["disk"]["bytes"] <= 3000 and st["memory"]["entries"] == 3
     assert st["disk"]["enabled"] is True and set(st) >= {"memory", "disk", "by_kind", "hits", "enabled"}
-    header, blob = disk_io.load(model_dir(tmp_path) / file_name(toks(2, 100)), "fp")
+    header, blob, _ = disk_io.load(model_dir(tmp_path) / file_name(toks(2, 100)), "fp")
     assert blob == bytes([2]) * 1000 and header.kind == "prompt_end"
 
 
@@ -100,7 +100,7 @@ async def test_restart_indexes_files_and_reads_payloads_on_first_use(tmp_path):
     again = await disk_ck(tmp_path, disk_max_bytes=1 << 20)
     [row] = again.listing()
     assert (row.tier, row.kind, row.tokens) == ("disk", "system", 600)
-    blob, tier = await again.blob_for(row.id, "r2")
+    blob, tier = await again.snapshot_for(row.id, "r2")
     assert (blob, tier) == (b"payload" * 50, "disk")
     assert again.listing()[0].tier == "memory+disk"
 
@@ -111,7 +111,7 @@ async def test_checkpoint_deleted_while_it_is_being_restored_is_not_an_error(tmp
     ck = Checkpoints(fingerprint="fp", log=get_logger(), metrics=Metrics(("ram",)))
     ck.capture(toks(1), "prompt_end", b"a" * 100, "r1")
     entry_id = prefix_hash(toks(1))
-    blob, tier = await ck.blob_for(entry_id, "r2")
+    blob, tier = await ck.snapshot_for(entry_id, "r2")
     assert blob == b"a" * 100 and tier == "memory"
     assert await ck.delete(entry_id)
     ck.hit(entry_id, tier, "r2", 700)                    # the restore finished after the delete
@@ -142,7 +142,7 @@ async def test_two_models_share_a_checkpoint_directory_without_deleting_each_oth
     again = Checkpoints(fingerprint="model-a", disk_dir=tmp_path / "ck", log=get_logger(), disk_max_bytes=1 << 20)
     await again.open_disk()
     assert [r.id for r in again.listing()] == [prefix_hash(toks(1))]
-    assert (await again.blob_for(prefix_hash(toks(1)), "r"))[0] == b"a" * 500
+    assert (await again.snapshot_for(prefix_hash(toks(1)), "r"))[0] == b"a" * 500
     assert len(list((tmp_path / "ck").glob("*/*.ckpt"))) == 2
 
 
@@ -206,11 +206,11 @@ async def test_blobs_queued_for_the_writer_count_against_the_memory_budget(tmp_p
             queued.append(recv.receive_nowait())
         except trio.WouldBlock:
             break
-    held = sum(len(m.blob) for m in queued) + sum(e.nbytes for e in ck.store.entries()
+    held = sum(len(m.snapshot) for m in queued) + sum(e.nbytes for e in ck.store.entries()
                                                      if e.in_memory and e.id not in {m.id for m in queued})
     assert held <= 2500          # everything in memory or queued, counted once
     assert len(queued) == 2 and [e["reason"] for e in evs if e["event"] == "checkpoint_write_dropped"] == [
-        "memory budget (blobs waiting for the writer count against it)"] * 2
+        "memory budget (snapshots waiting for the writer count against it)"] * 2
     for m in queued:
         await ck.write(m)
     assert ck.store.queued_bytes == 0 and ck.checkpoint_stats()["memory"]["queued_bytes"] == 0

@@ -129,7 +129,7 @@ async def test_a_checkpoint_written_by_one_daemon_is_found_and_restored_by_the_o
     await b.refresh()                                 # what the prefill worker does before it plans
     e = b.store.get(eid)
     assert e is not None and e.on_disk and not e.in_memory
-    got, tier = await b.blob_for(eid, "req")
+    got, tier = await b.snapshot_for(eid, "req")
     assert got == blob and tier == "disk"
     # the same prefix captured by b too: b indexes a's file instead of writing it again
     mtime = os.stat(sub(tmp_path) / file_name(toks(1))).st_mtime_ns
@@ -178,7 +178,7 @@ async def test_a_file_another_daemon_evicted_is_a_quiet_miss_not_a_bad_checkpoin
     await write(a, 2, os.urandom(20_000))             # a's eviction pass deletes the older file (b's index stale)
     assert not (sub(tmp_path) / file_name(toks(1))).exists()
     with capture_logs() as evs:
-        got, _ = await b.blob_for(first, "req")
+        got, _ = await b.snapshot_for(first, "req")
     assert got is None and b.store.get(first) is None
     assert [e["event"] for e in evs if e["log_level"] == "warning"] == []
     assert any(e["event"] == "checkpoint_miss" and e["reason"] == "evicted_elsewhere" for e in evs)
@@ -193,7 +193,7 @@ async def test_a_damaged_shared_file_fails_its_checksum_and_is_never_served(tmp_
     raw[-100] ^= 0xFF                                 # a flipped payload byte: the header still parses
     path.write_bytes(bytes(raw))
     with capture_logs() as evs:
-        got, _ = await b.blob_for(eid, "req")
+        got, _ = await b.snapshot_for(eid, "req")
     assert got is None and not path.exists()
     assert [e["reason"] for e in evs if e["event"] == "checkpoint_bad"] == ["checksum mismatch"]
 
@@ -360,7 +360,7 @@ async def test_a_planted_file_whose_state_holds_other_tokens_never_changes_the_a
     fp = _fingerprint(shared)
     d = disk_io.model_subdir(shared, fp)
     a_t, b_t = np.asarray(a_ids, dtype=np.int32), np.asarray(b_ids, dtype=np.int32)
-    b_header, b_blob = disk_io.load(d / file_name(b_t), fp)
+    b_header, b_blob, _ = disk_io.load(d / file_name(b_t), fp)
     longer = a_ids + [11, 12]
     want = "".join(token_strings(loaded, reference_greedy(loaded, longer, 4)))
     body = {"model": "tiny", "prompt": longer, "max_tokens": 4, "temperature": 0}

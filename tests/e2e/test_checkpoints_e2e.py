@@ -566,7 +566,7 @@ async def test_kill_9_during_writes_leaves_nothing_that_loads(loaded, tiny_model
     assert any("interrupted write" in e["reason"] for e in events(evs, "checkpoint_file_bad"))
     assert cached(r) == 0                                 # the half-written checkpoint was never loaded
     for f in sub.glob("*.ckpt"):                           # every file left is whole and ours
-        h, payload = disk_io.load(f, fp)
+        h, payload, _ = disk_io.load(f, fp)
         assert loaded.kernel.State.restore(loaded.model, payload).n_tokens == h.n_tokens
 
 

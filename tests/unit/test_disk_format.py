@@ -40,7 +40,7 @@ def reason(data: bytes, fingerprint: str | None = FP) -> str:
 def test_round_trip():
     data = encode(FP, "system", TOKENS, PAYLOAD)
     h = read_header(data, FP)
-    assert (h.version, h.fingerprint, h.kind, h.n_tokens, h.payload_len) == (1, FP, "system", 600, len(PAYLOAD))
+    assert (h.version, h.fingerprint, h.kind, h.n_tokens, h.payload_len) == (2, FP, "system", 600, len(PAYLOAD))
     assert h.tokens.dtype == np.int32 and h.tokens.tolist() == TOKENS
     assert h.file_len == len(data)
     assert read_payload(data, h) == PAYLOAD
@@ -64,8 +64,10 @@ def test_bad_magic():
 
 def test_wrong_version_is_reported_before_checksums():
     data = bytearray(encode(FP, "system", TOKENS, PAYLOAD))
-    struct.pack_into("<I", data, 8, 2)
-    assert reason(bytes(data)) == "wrong version 2 (expected 1)"
+    struct.pack_into("<I", data, 8, 3)
+    assert reason(bytes(data)) == "wrong version 3 (expected 2)"
+    struct.pack_into("<I", data, 8, 1)   # the whole-state files of before pages: recomputed, never restored
+    assert reason(bytes(data)) == "wrong version 1 (expected 2); written before paged state, so it is recomputed"
 
 
 def test_foreign_fingerprint():
@@ -122,7 +124,7 @@ def test_atomic_write_scan_load_round_trip(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == [file_name(TOKENS)]
     good, problems = disk_io.scan(tmp_path, FP)
     assert problems == [] and [(f.path, f.header.tokens.tolist()) for f in good] == [(path, TOKENS)]
-    header, payload = disk_io.load(path, FP)
+    header, payload, _ = disk_io.load(path, FP)
     assert payload == PAYLOAD and header.kind == "system"
     # the index is rebuilt from headers alone
     s = CheckpointStore(disk_max_bytes=1 << 20)
@@ -148,7 +150,7 @@ def test_scan_skips_removes_and_reports_bad_files(tmp_path):
     bad = {
         "truncated": data[:-10],
         "checksum mismatch (header)": data[:40] + bytes([data[40] ^ 1]) + data[41:],
-        "wrong version 2 (expected 1)": data[:8] + struct.pack("<I", 2) + data[12:],
+        "wrong version 3 (expected 2)": data[:8] + struct.pack("<I", 3) + data[12:],
         "bad magic": b"garbage" * 20,
         "trailing bytes": data + b"\0\0",
     }
