@@ -96,6 +96,8 @@ class CheckpointInfo:
     tier: str          # "memory" | "disk" | "memory+disk"
     hits: int
     last_used: float
+    own_bytes: int = 0      # its tail and the pages no other checkpoint references (memory, else disk)
+    shared_bytes: int = 0   # pages other checkpoints reference too
 
 
 def _whole(h: Header) -> int:
@@ -220,7 +222,7 @@ class Checkpoints:
                 self._forget_file(e.id, "evicted by another daemon", request_id)   # a miss, not an error
                 return None, "disk"
             reason = err.reason if isinstance(err, CheckpointFileError) else f"unreadable: {err.strerror or err}"
-            await self.drop_bad(e, reason, request_id)
+            await self.drop_bad(e, reason, request_id, bad_page=getattr(err, "page", None))
             return None, "disk"
         if self.store.get(entry_id) is e:     # not deleted or evicted while the file was read
             self._apply(self.store.put(e.tokens, e.kind, snap))
@@ -253,7 +255,7 @@ class Checkpoints:
             self.miss(request_id, miss_label, reason)
         self._update_bytes()
 
-    async def drop_bad(self, e: Entry, reason: str, request_id: str | None = None) -> None:
+    async def drop_bad(self, e: Entry, reason: str, request_id: str | None = None, bad_page: str | None = None) -> None:
         """A checkpoint that must not be used (bad file or page, or the kernel refused the snapshot)."""
         if self.log is not None:
             self.log.warning("checkpoint_bad", request_id=request_id, id=e.id, tokens=e.n_tokens, reason=reason,
@@ -262,8 +264,8 @@ class Checkpoints:
         self.store.remove(e.id)
         if was_on_disk and self.disk_dir is not None:
             await self._unlink(file_name(e.tokens))
-            if "page " in reason:       # a page went bad: its file goes, and with it every checkpoint needing it
-                await self._unlink_pages(p for p, _ in pages)
+            if bad_page is not None:    # a damaged page file: bad for every checkpoint that needs it
+                await self._unlink_pages([bad_page])
             await self._unlink_pages(self.store.orphan_pages(pages))
         label = ("fingerprint_mismatch" if "fingerprint" in reason else
                  "tokens_mismatch" if "tokens differ" in reason else "bad_file")
@@ -756,7 +758,9 @@ class Checkpoints:
         out = []
         for e in self.store.entries():
             tier = "+".join(t for t, on in (("memory", e.in_memory), ("disk", e.on_disk)) if on)
-            out.append(CheckpointInfo(e.id, e.n_tokens, e.kind, e.nbytes, tier, e.hits, float(e.last_used)))
+            own, shared = self.store.breakdown(e) if e.in_memory else self.store.disk_breakdown(e)
+            out.append(CheckpointInfo(e.id, e.n_tokens, e.kind, e.nbytes, tier, e.hits, float(e.last_used),
+                                      own, shared))
         return out
 
     async def delete(self, entry_id: str) -> bool:

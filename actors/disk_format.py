@@ -74,6 +74,7 @@ class CheckpointFileError(ValueError):
     def __init__(self, reason: str):
         super().__init__(reason)
         self.reason = reason
+        self.page: str | None = None   # a damaged page file's name, when that is what is wrong
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,10 +163,11 @@ def encode_header(fingerprint: str, kind: str, tokens: Sequence[int] | np.ndarra
     return body + _CRC.pack(zlib.crc32(body))
 
 
-def encode(fingerprint: str, kind: str, tokens: Sequence[int] | np.ndarray, payload: bytes) -> bytes:
+def encode(fingerprint: str, kind: str, tokens: Sequence[int] | np.ndarray, payload: bytes,
+           page_nbytes: int = 0, pages: Sequence[tuple[str, int]] = ()) -> bytes:
     """A whole checkpoint file in memory. For large payloads prefer writing
     ``[encode_header(...), payload]`` to avoid the copy (``disk_io.atomic_write`` takes a list)."""
-    return encode_header(fingerprint, kind, tokens, payload) + bytes(payload)
+    return encode_header(fingerprint, kind, tokens, payload, page_nbytes, pages) + bytes(payload)
 
 
 def read_header(source: bytes | bytearray | memoryview | BinaryIO, fingerprint: str | None = None) -> Header:

@@ -281,7 +281,9 @@ def load(path: str | os.PathLike, fingerprint: str) -> tuple[Header, bytes, list
         try:
             pages.append(page_format.decode(data, expect_len=header.page_nbytes, expect_crc=crc))
         except CheckpointFileError as e:
-            raise CheckpointFileError(f"page {k} of {len(header.pages)} ({page_path.name}): {e.reason}") from None
+            bad = CheckpointFileError(f"page {k} of {len(header.pages)} ({page_path.name}): {e.reason}")
+            bad.page = page_path.name      # the damaged page file: bad for every checkpoint that needs it
+            raise bad from None
     return header, tail, pages
 
 

@@ -5,8 +5,10 @@ Design notes.
    `pool_bytes`. A slot's share is only a planning figure; a state may grow past it while the others
    leave room. `reserve(state, n)` is the one call the engine makes before each prefill call or decode
    step that adds n tokens to `state`: it adds up every live state (this one after the growth, as
-   StateCost.resident_at), the checkpoint store's memory (blobs queued for the writer included) and
-   compares with the pool.
+   StateCost.resident_at) and the checkpoint store's memory (snapshots queued for the writer
+   included) and compares with the pool. Live states and checkpoints share page groups
+   (docs/prefill.md "Pages"): a group is counted once, whoever holds it — each state's page groups
+   are replaced in its figure by the union of every holder's groups.
  * Over the pool, room is made in this order: checkpoints leave memory (the store's eviction order:
    prompt-end captures first, the protected system prefix last), then idle slots' live states (a
    cache of a finished conversation, rebuilt by a prefill). If that is still not enough the request
@@ -49,12 +51,26 @@ class MemoryGuard:
         cost = self.plan.state_cost
         return cost.resident_at(n_tokens) if cost is not None else 0
 
+    def _in_use(self, states: list, grow=None, grow_to: int = 0) -> int:
+        """Bytes of `states` (`grow` at grow_to tokens) and the checkpoints, each page group once."""
+        store = self.engine.checkpoints.store
+        pages = store.memory_pages()
+        total = store.memory_own_bytes()
+        for st in states:
+            n = grow_to if st is grow else int(st.n_tokens)
+            ids = [int(p) for p in st.page_ids]
+            nb = int(st.page_nbytes)
+            total += max(0, self._resident(n) - len(ids) * nb)   # its tail and the groups it will add
+            pages.update(dict.fromkeys(ids, nb))
+        return total + sum(pages.values())
+
     def usage(self) -> dict:
         """Bytes in use now (for /v1/status): live states, checkpoint memory, the pool."""
         states = sum(self._resident(int(st.n_tokens)) for st, _ in self._states())
         ck = self.engine.checkpoints.store.memory_usage()
         return {"states_bytes": states, "checkpoint_bytes": ck, "pool_bytes": self.plan.pool_bytes,
-                "refused": self.refused, "captures_skipped": self.engine.checkpoints.captures_skipped}
+                "refused": self.refused, "captures_skipped": self.engine.checkpoints.captures_skipped,
+                "pool_in_use_bytes": self._in_use([st for st, _ in self._states()])}
 
     # ---- the hook ----------------------------------------------------------------------------------
 
@@ -69,8 +85,7 @@ class MemoryGuard:
         mine = self._resident(after)
 
         def total() -> int:
-            return (mine + sum(self._resident(int(st.n_tokens)) for st, _ in others)
-                    + self.engine.checkpoints.store.memory_usage())
+            return self._in_use([state] + [st for st, _ in others], state, after)
 
         over = total() - pool
         if over <= 0:
@@ -86,7 +101,7 @@ class MemoryGuard:
                 self.engine.discard(slot)
                 others.remove((st, slot))
                 dropped += 1
-                over -= size
+                over = total() - pool     # what it frees: its tail and the groups nobody else holds
                 if self.log is not None:
                     self.log.info("memory_live_state_dropped", request_id=request_id, slot=slot.index,
                                   tokens=int(st.n_tokens), bytes=size, reason="room for a growing state")

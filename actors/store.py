@@ -258,9 +258,9 @@ class CheckpointStore:
         out += [fp for i, fp in self._held.items() if not self._in_memory(i)]
         return out
 
-    def memory_pages(self) -> set[int]:
-        """Ids of every page group the memory tier (queued snapshots included) references."""
-        return {p for fp in self._resident() for p in fp.pages}
+    def memory_pages(self) -> dict[int, int]:
+        """Every page group the memory tier (queued snapshots included) references: id -> bytes."""
+        return {p: fp.page_nbytes for fp in self._resident() for p in fp.pages}
 
     def memory_own_bytes(self) -> int:
         """The memory tier's bytes outside page groups (tails), queued snapshots included."""

@@ -28,12 +28,12 @@ def fake_loaded(model_dir: Path, **fake_kw) -> Loaded:
                   name=md.name, fingerprint="fake" + md.fingerprint, context_length=int(md.config["max_position_embeddings"]))
 
 
-def real_loaded(model_dir: Path, threads: int = 2) -> Loaded:
+def real_loaded(model_dir: Path, threads: int = 2, **settings) -> Loaded:
     from cairn.daemon.service.main import load
 
     # checkpoint_dir also holds the weight-digest cache: keep it next to the test model, not in $HOME
     return load(load_settings({"model": str(model_dir), "threads": threads,
-                               "checkpoint_dir": str(model_dir.parent / "state")}, {}))
+                               "checkpoint_dir": str(model_dir.parent / "state"), **settings}, {}))
 
 
 @asynccontextmanager

@@ -162,7 +162,8 @@ class State:
 
     @property
     def tail_nbytes(self) -> int:
-        return 8 * (len(self._tokens) + 1)
+        # what a capture is charged: the fake's stand-in for a whole state's size (no pages to share)
+        return self.nbytes + 8 * (len(self._tokens) + 1)
 
     def snapshot(self, *, share_pages: bool = True) -> bytes:
         self.model.snapshots += 1

@@ -206,6 +206,7 @@ class API:
         rows = self.checkpoints.listing() if self.checkpoints is not None else []
         await send_json(send, 200, {"object": "list", "data": [
             {"id": r.id, "object": "checkpoint", "tokens": r.tokens, "kind": r.kind, "bytes": r.bytes,
+             "own_bytes": r.own_bytes, "shared_bytes": r.shared_bytes,
              "tier": r.tier, "hits": r.hits, "last_used": r.last_used} for r in rows]})
 
     async def _delete_checkpoint(self, cid: str, send) -> None:

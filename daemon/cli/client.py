@@ -394,7 +394,7 @@ def _status(args: argparse.Namespace) -> int:
 
 # --- cairn checkpoints -------------------------------------------------------------------------
 
-CHECKPOINT_COLUMNS = ("ID", "TOKENS", "KIND", "BYTES", "TIER", "HITS", "LAST USE")
+CHECKPOINT_COLUMNS = ("ID", "TOKENS", "KIND", "BYTES", "OWN", "SHARED", "TIER", "HITS", "LAST USE")
 
 
 def format_checkpoints(rows: list[dict], now: float | None = None) -> str:
@@ -402,9 +402,10 @@ def format_checkpoints(rows: list[dict], now: float | None = None) -> str:
         return "no checkpoints"
     table = [CHECKPOINT_COLUMNS] + [
         (str(r.get("id")), str(r.get("tokens", "")), str(r.get("kind", "")), human_bytes(r.get("bytes")),
+         human_bytes(r.get("own_bytes")), human_bytes(r.get("shared_bytes")),
          str(r.get("tier", "")), str(r.get("hits", 0)), ago(r.get("last_used"), now)) for r in rows]
     widths = [max(len(row[i]) for row in table) for i in range(len(CHECKPOINT_COLUMNS))]
-    right = {1, 3, 5}
+    right = {1, 3, 4, 5, 7}
     return "\n".join("  ".join(c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths)))
                      .rstrip() for row in table)
 

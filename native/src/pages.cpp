@@ -16,7 +16,8 @@ std::atomic<int64_t> g_groups{0}, g_bytes{0};
 std::atomic<uint64_t> g_next_id{1};
 }  // namespace
 
-PageGroup::PageGroup(int64_t n) : id(g_next_id.fetch_add(1)), nfloats(n), data(new float[(size_t)std::max<int64_t>(n, 1)]) {
+PageGroup::PageGroup(int64_t n, size_t narrays)
+    : id(g_next_id.fetch_add(1)), nfloats(n), data(new float[(size_t)std::max<int64_t>(n, 1)]), fill(narrays, 0) {
   g_groups.fetch_add(1);
   g_bytes.fetch_add(4 * n);
 }
@@ -72,28 +73,34 @@ int64_t PageLayout::used_floats(int64_t group, int64_t n) const {
   return f;
 }
 
+// A private copy of g: only the rows written, so untouched memory stays untouched.
+static std::shared_ptr<PageGroup> copy_group(const PageLayout& L, const PageGroup& g) {
+  auto c = std::make_shared<PageGroup>(L.group_floats, L.arrays.size());
+  for (size_t a = 0; a < L.arrays.size(); ++a) {
+    const PageLayout::Array& ar = L.arrays[a];
+    if (!g.fill[a]) continue;
+    std::memcpy(c->data.get() + ar.off, g.data.get() + ar.off, sizeof(float) * (size_t)g.fill[a] * ar.dim);
+    c->fill[a] = g.fill[a];
+  }
+  return c;
+}
+
 float* PageTable::write_row(int arr, int64_t i) {
   const PageLayout::Array& a = layout->arrays[arr];
   const size_t g = (size_t)(i / a.rows);
   if (g > groups.size()) throw std::logic_error("page table: rows must be appended in order");
-  if (g == groups.size()) groups.push_back(std::make_shared<PageGroup>(layout->group_floats));
+  if (g == groups.size()) groups.push_back(std::make_shared<PageGroup>(layout->group_floats, layout->arrays.size()));
   std::shared_ptr<PageGroup>& grp = groups[g];
   // Another table or snapshot holds this group: write into a private copy instead. use_count can
   // only fall concurrently (holders elsewhere let go), never rise: only this table hands it out.
-  if (grp.use_count() > 1) {
-    auto copy = std::make_shared<PageGroup>(layout->group_floats);
-    std::memcpy(copy->data.get(), grp->data.get(), (size_t)layout->group_bytes());
-    grp = std::move(copy);
-  }
-  return grp->data.get() + a.off + (i % a.rows) * a.dim;
+  if (grp.use_count() > 1) grp = copy_group(*layout, *grp);
+  const int r = (int)(i % a.rows);
+  grp->fill[arr] = std::max(grp->fill[arr], r + 1);
+  return grp->data.get() + a.off + (int64_t)r * a.dim;
 }
 
 void PageTable::unshare() {
-  for (auto& grp : groups) {
-    auto copy = std::make_shared<PageGroup>(layout->group_floats);
-    std::memcpy(copy->data.get(), grp->data.get(), (size_t)layout->group_bytes());
-    grp = std::move(copy);
-  }
+  for (auto& grp : groups) grp = copy_group(*layout, *grp);
 }
 
 }  // namespace cairn

@@ -296,16 +296,18 @@ State restore(const Model& m, const uint8_t* data, size_t size, const uint8_t* c
     read_comp(r, ls.icomp, n);
   }
   for (size_t k = 0; k < npages; ++k) {
-    auto g = std::make_shared<PageGroup>(L.group_floats);
+    auto g = std::make_shared<PageGroup>(L.group_floats, L.arrays.size());
     std::memcpy(g->data.get(), pages[k], page_sizes[k]);
+    for (size_t a = 0; a < L.arrays.size(); ++a) g->fill[a] = L.arrays[a].rows;
     s.pages.groups.push_back(std::move(g));
   }
   bool partial = false;
   each_partial_span(L, n, [&](const PageLayout::Array&, int64_t) { partial = true; });
   if (partial) {
-    auto g = std::make_shared<PageGroup>(L.group_floats);
+    auto g = std::make_shared<PageGroup>(L.group_floats, L.arrays.size());
     each_partial_span(L, n, [&](const PageLayout::Array& ar, int64_t used) {
       r.floats(g->data.get() + ar.off, used * ar.dim);
+      g->fill[(size_t)(&ar - L.arrays.data())] = (int)used;
     });
     s.pages.groups.push_back(std::move(g));
   }

@@ -368,7 +368,7 @@ def _rewrite(path: Path, *, fingerprint: str | None = None, version: int | None 
     raw = path.read_bytes()
     h = disk_format.read_header(raw)
     payload = raw[h.header_len:]
-    new = disk_format.encode(fingerprint or h.fingerprint, h.kind, h.tokens, payload)
+    new = disk_format.encode(fingerprint or h.fingerprint, h.kind, h.tokens, payload, h.page_nbytes, h.pages)
     if version is not None:
         new = new[:8] + version.to_bytes(4, "little") + new[12:]
     path.write_bytes(new)
@@ -387,7 +387,7 @@ async def test_bad_files_are_skipped_removed_and_warned_never_restored(loaded, t
         f_trunc, f_foreign, f_version, f_late = (files[len(p)] for p in prompts)
         f_trunc.write_bytes(f_trunc.read_bytes()[:-100])
         _rewrite(f_foreign, fingerprint="some-other-model;snapshot-v1")
-        _rewrite(f_version, version=2)
+        _rewrite(f_version, version=3)
         async with daemon(loaded, sock, **disk):
             listed = await listing(sock)
             # the last file goes bad after the scan: found at load time
@@ -398,7 +398,7 @@ async def test_bad_files_are_skipped_removed_and_warned_never_restored(loaded, t
             out = [await post(sock, b) for b in later]
     bad = {Path(e["path"]).name: e["reason"] for e in events(evs, "checkpoint_file_bad")}
     assert bad == {f_trunc.name: "truncated", f_foreign.name: "foreign fingerprint; left in place",
-                   f_version.name: "wrong version 2 (expected 1)"}
+                   f_version.name: "wrong version 3 (expected 2)"}
     assert [r["tokens"] for r in listed] == [len(prompts[3])]
     late = events(evs, "checkpoint_bad")
     assert len(late) == 1 and late[0]["reason"] == "checksum mismatch" and late[0]["log_level"] == "warning"
@@ -546,7 +546,7 @@ async def test_kill_9_during_writes_leaves_nothing_that_loads(loaded, tiny_model
     prompt = ids(300)
     st = loaded.kernel.State(loaded.model)
     loaded.kernel.prefill(st, np.asarray(prompt, dtype=np.int32), chunk=128)
-    blob = st.snapshot()
+    blob = st.snapshot().tail()      # 300 tokens: one full page group, which this file does not list
     src = tmp_path / "whole.bin"
     src.write_bytes(disk_format.encode(fp, "prompt_end", prompt, blob))
     w = subprocess.Popen([sys.executable, "-c", SLOW_WRITER, str(ckdir), str(src), disk_format.file_name(prompt), fp],
@@ -566,8 +566,9 @@ async def test_kill_9_during_writes_leaves_nothing_that_loads(loaded, tiny_model
     assert any("interrupted write" in e["reason"] for e in events(evs, "checkpoint_file_bad"))
     assert cached(r) == 0                                 # the half-written checkpoint was never loaded
     for f in sub.glob("*.ckpt"):                           # every file left is whole and ours
-        h, payload, _ = disk_io.load(f, fp)
-        assert loaded.kernel.State.restore(loaded.model, payload).n_tokens == h.n_tokens
+        h, tail, pages = disk_io.load(f, fp)
+        snap = loaded.kernel.Snapshot.from_parts(loaded.model, tail, pages)
+        assert loaded.kernel.State.restore(loaded.model, snap).n_tokens == h.n_tokens
 
 
 # --- one checkpoint directory, several daemons ---------------------------------------------------

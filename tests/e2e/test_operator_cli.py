@@ -192,7 +192,7 @@ def test_checkpoints_ls_and_rm(served):
     r = cli(served, "checkpoints", "ls")
     assert r.returncode == 0, r.stderr
     header, *rows = r.stdout.splitlines()
-    assert header.split() == ["ID", "TOKENS", "KIND", "BYTES", "TIER", "HITS", "LAST", "USE"]
+    assert header.split() == ["ID", "TOKENS", "KIND", "BYTES", "OWN", "SHARED", "TIER", "HITS", "LAST", "USE"]
     assert any(ln.split()[0] == row["id"] and ln.split()[1] == str(row["tokens"]) for ln in rows)
 
     r = cli(served, "checkpoints", "rm", row["id"])

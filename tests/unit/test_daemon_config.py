@@ -13,7 +13,7 @@ def parse(argv):
 
 def test_defaults_match_the_issue():
     s = load_settings({}, {"XDG_RUNTIME_DIR": "/run/user/1000"})
-    assert (s.segment, s.chunk, s.checkpoint_slots, s.checkpoint_min_tokens) == (4096, 128, 4, 512)
+    assert (s.segment, s.chunk, s.checkpoint_slots, s.checkpoint_min_tokens) == (4096, 128, 64, 512)
     assert s.checkpoints is True and s.disk_checkpoints is False and s.tcp is None
     assert s.socket == "/run/user/1000/cairn/cairn.sock" and s.socket_mode_int == 0o660
 
@@ -50,7 +50,7 @@ def test_every_setting_has_flag_env_and_key():
     ({"tcp": "0.0.0.0:8000"}, {}, None, ["'tcp'", "loopback", "--api-key"]),
     ({"tcp": "nohost"}, {}, None, ["'tcp'", "HOST:PORT"]),
     ({"log_level": "loud"}, {}, None, ["'log_level'", "debug, info"]),
-    ({"checkpoint_slots": "9"}, {}, None, ["'checkpoint_slots'", "1 to 8"]),
+    ({"checkpoint_slots": "4097"}, {}, None, ["'checkpoint_slots'", "1 to 4096"]),
     ({"segment": "64", "chunk": "128"}, {}, None, ["'segment'", "chunk"]),
 ])
 def test_errors_name_the_setting_source_and_allowed(tmp_path, flags, env, text, words):

@@ -197,7 +197,7 @@ def test_state_bytes_match_the_kernels_state_nbytes(tiny_model_dir):
         _kernel.prefill(st, rng.integers(0, cfg["vocab_size"], n, dtype=np.int32))
         extra = 4 * n + 4 * cfg["vocab_size"]      # token ids and last logits, outside the payload
         assert state_bytes(cfg, n) == st.nbytes + extra, n
-        assert abs(len(st.snapshot()) - state_bytes(cfg, n)) < 256      # the blob: the same plus a header
+        assert abs(len(st.snapshot().to_bytes()) - state_bytes(cfg, n)) < 256   # the blob: the same plus a header
 
 
 def test_per_token_cost_of_v4_flash_is_the_documented_13760_bytes():

@@ -91,11 +91,12 @@ def test_progress_display_lines_off_a_terminal_and_in_place_on_one():
 
 
 def test_checkpoint_table():
-    rows = [{"id": "0ad9bc157df4a625", "tokens": 1822, "kind": "prompt_end", "bytes": 236025, "tier": "memory",
-             "hits": 3, "last_used": 1_800_000_000.0 - 75}]
+    rows = [{"id": "0ad9bc157df4a625", "tokens": 1822, "kind": "prompt_end", "bytes": 236025, "own_bytes": 36025,
+             "shared_bytes": 200000, "tier": "memory", "hits": 3, "last_used": 1_800_000_000.0 - 75}]
     out = format_checkpoints(rows, now=1_800_000_000.0).splitlines()
-    assert out[0].split() == ["ID", "TOKENS", "KIND", "BYTES", "TIER", "HITS", "LAST", "USE"]
-    assert out[1].split() == ["0ad9bc157df4a625", "1822", "prompt_end", "230.5", "KiB", "memory", "3", "1m15s", "ago"]
+    assert out[0].split() == ["ID", "TOKENS", "KIND", "BYTES", "OWN", "SHARED", "TIER", "HITS", "LAST", "USE"]
+    assert out[1].split() == ["0ad9bc157df4a625", "1822", "prompt_end", "230.5", "KiB", "35.2", "KiB", "195.3", "KiB",
+                              "memory", "3", "1m15s", "ago"]
     assert format_checkpoints([]) == "no checkpoints"
 
 

@@ -50,8 +50,9 @@ std::shared_ptr<const PageLayout> make_page_layout(const Config& c, int64_t page
 struct PageGroup {
   const uint64_t id;                    // unique in the process (accounting key), never reused
   const int64_t nfloats;
-  std::unique_ptr<float[]> data;        // [group_floats]
-  explicit PageGroup(int64_t nfloats);
+  std::unique_ptr<float[]> data;        // [group_floats], uninitialised past each array's fill
+  std::vector<int> fill;                // [arrays] rows written so far (a copy copies only these)
+  PageGroup(int64_t nfloats, size_t narrays);
   PageGroup(const PageGroup&) = delete;
   PageGroup& operator=(const PageGroup&) = delete;
   ~PageGroup();

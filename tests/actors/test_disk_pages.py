@@ -1,0 +1,124 @@
+"""Disk checkpoints over pages, with the real kernel on the tiny model (16-token pages): a page is
+stored once and shared by every checkpoint of its prefix; a restore from files gives the same bits;
+a missing or damaged page is a miss that falls back to a shorter intact checkpoint; eviction
+deletes a page file only with the last checkpoint that references it."""
+
+from __future__ import annotations
+
+import numpy as np
+import trio
+from structlog.testing import capture_logs
+
+from cairn.actors.checkpoints import Checkpoints
+from cairn.actors.disk_format import file_name, prefix_hash
+from cairn.actors.messages import WriteCheckpoint
+from cairn.daemon.service.logs import get_logger
+from cairn.daemon.service.main import checkpoint_fingerprint
+
+from daemon_harness import real_loaded
+
+P = 16
+
+
+def prompt(n: int) -> np.ndarray:
+    return np.random.default_rng(5).integers(20, 500, size=n).astype(np.int32)
+
+
+def state_at(loaded, ids):
+    st = loaded.kernel.State(loaded.model)
+    loaded.kernel.prefill(st, ids, chunk=32)
+    return st
+
+
+async def disk_ck(loaded, tmp_path, **kw) -> Checkpoints:
+    ck = Checkpoints(fingerprint=checkpoint_fingerprint(loaded), disk_dir=tmp_path / "ck", log=get_logger(),
+                     rebuild=lambda t, p: loaded.kernel.Snapshot.from_parts(loaded.model, t, p), **kw)
+    await ck.open_disk()
+    assert ck.disk_enabled
+    return ck
+
+
+async def write(ck, loaded, ids, kind="prompt_end"):
+    snap = state_at(loaded, ids).snapshot()
+    ck.capture(ids, kind, snap, "r")
+    await ck.write(WriteCheckpoint(prefix_hash(ids), ids, kind, snap))
+    return snap
+
+
+def continuation(loaded, state, rest) -> np.ndarray:
+    return loaded.kernel.prefill(state, rest, chunk=7, all_logits=True)[1]
+
+
+async def test_pages_are_stored_once_and_a_restore_from_files_gives_the_same_bits(tiny_model_dir, tmp_path):
+    loaded = real_loaded(tiny_model_dir, checkpoint_page_tokens=P)
+    assert loaded.model.page_tokens == P
+    ids = prompt(200)
+    ck = await disk_ck(loaded, tmp_path, disk_max_bytes=1 << 30)
+    await write(ck, loaded, ids[:100], "system")             # 6 full pages
+    await write(ck, loaded, ids[:150])                        # 9 full pages, the first 6 the same
+    pages = sorted((ck.disk_dir / "pages").glob("*.page"))
+    assert len(pages) == 9                                    # not 6 + 9
+    e = ck.store.get(prefix_hash(ids[:150]))
+    own, shared = ck.store.disk_breakdown(e)
+    assert shared == 6 * pages[0].stat().st_size and own == e.disk_nbytes + 3 * pages[0].stat().st_size
+    # a restarted index, a restore from the files alone
+    ck.close_disk()
+    again = await disk_ck(loaded, tmp_path, disk_max_bytes=1 << 30)
+    snap, tier = await again.snapshot_for(prefix_hash(ids[:150]), "r2")
+    assert tier == "disk" and snap.n_tokens == 150
+    restored = loaded.kernel.State.restore(loaded.model, snap)
+    want = continuation(loaded, state_at(loaded, ids[:150]), ids[150:])
+    assert np.array_equal(continuation(loaded, restored, ids[150:]), want)
+
+
+async def test_a_damaged_or_missing_page_is_a_miss_and_the_shorter_checkpoint_still_serves(tiny_model_dir, tmp_path):
+    loaded = real_loaded(tiny_model_dir, checkpoint_page_tokens=P)
+    ids = prompt(200)
+    ck = await disk_ck(loaded, tmp_path, disk_max_bytes=1 << 30)
+    await write(ck, loaded, ids[:40], "system")               # pages 0, 1
+    await write(ck, loaded, ids[:120])                        # pages 0 .. 6
+    await write(ck, loaded, ids[:180])                        # pages 0 .. 10
+    pdir = ck.disk_dir / "pages"
+    from cairn.actors.disk_format import page_key
+    damaged = pdir / f"{page_key(ids, 4, P)}.page"            # only the two longer ones need page 4
+    raw = bytearray(damaged.read_bytes())
+    raw[len(raw) // 2] ^= 0x10
+    damaged.write_bytes(bytes(raw))
+    (pdir / f"{page_key(ids, 9, P)}.page").unlink()           # and page 9 is gone
+    ck.close_disk()
+    again = await disk_ck(loaded, tmp_path, disk_max_bytes=1 << 30)
+    with capture_logs() as evs:
+        got, _ = await again.snapshot_for(prefix_hash(ids[:180]), "r")
+        assert got is None                                     # damaged page 4 (read first): a miss, never a wrong state
+        got, _ = await again.snapshot_for(prefix_hash(ids[:120]), "r")
+        assert got is None                                     # page 4's file went with it: missing, the same
+        snap, tier = await again.snapshot_for(prefix_hash(ids[:40]), "r")
+    bad = [e for e in evs if e["event"] == "checkpoint_bad"]
+    assert [("missing" in e["reason"], "checksum" in e["reason"]) for e in bad] == [(False, True), (True, False)]
+    assert not damaged.exists() and not (again.disk_dir / file_name(ids[:120])).exists()
+    # the intact, shorter checkpoint restores and continues with the same bits
+    assert tier == "disk" and snap.n_tokens == 40
+    want = continuation(loaded, state_at(loaded, ids[:40]), ids[40:])
+    assert np.array_equal(continuation(loaded, loaded.kernel.State.restore(loaded.model, snap), ids[40:]), want)
+    # and only its pages are left
+    assert sorted(p.name for p in pdir.glob("*.page")) == sorted(f"{page_key(ids, k, P)}.page" for k in (0, 1))
+
+
+async def test_disk_eviction_deletes_a_page_file_with_its_last_checkpoint(tiny_model_dir, tmp_path):
+    loaded = real_loaded(tiny_model_dir, checkpoint_page_tokens=P)
+    a, b = prompt(200), prompt(200)[::-1].copy()
+    probe = await disk_ck(loaded, tmp_path / "probe", disk_max_bytes=1 << 30)
+    await write(probe, loaded, a[:160])
+    one = probe.store.disk_usage()                             # one 160-token checkpoint with its pages
+    probe.close_disk()
+    ck = await disk_ck(loaded, tmp_path, disk_max_bytes=int(one * 2.2))
+    await write(ck, loaded, a[:160])
+    await write(ck, loaded, a[:176])                          # shares 10 pages with the first: both fit
+    a_pages = {n for e in ck.store.entries() for n, _ in e.disk_pages}
+    assert {e.n_tokens for e in ck.store.entries() if e.on_disk} == {160, 176}
+    await write(ck, loaded, b[:160])                          # another conversation: the oldest go
+    left = {e.n_tokens: e for e in ck.store.entries() if e.on_disk}
+    assert 160 in left and prefix_hash(b[:160]) == left[160].id and ck.store.disk_usage() <= int(one * 2.2)
+    names = {p.name for p in (ck.disk_dir / "pages").glob("*.page")}
+    assert names == {n for e in left.values() for n, _ in e.disk_pages}   # no orphans, none missing
+    assert a_pages <= names        # the evicted checkpoint's pages live on: 176 still references them
