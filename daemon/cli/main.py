@@ -16,7 +16,8 @@ def _make_model(args: argparse.Namespace) -> int:
         out = make_model(args.preset, args.seed, args.out_dir, dtype=args.dtype,
                          shard_bytes=args.shard_mb * 1024 * 1024 if args.shard_mb else None,
                          official_names=None if args.names is None else args.names == "official",
-                         layers=args.layers, progress=lambda msg: print(msg, file=sys.stderr))
+                         layers=args.layers, first_layer=args.first_layer,
+                         progress=lambda msg: print(msg, file=sys.stderr))
     except ValueError as e:  # e.g. flash-slice without --layers
         print(f"cairn make-model: {e}", file=sys.stderr)
         return 2
@@ -41,7 +42,11 @@ def build_parser() -> argparse.ArgumentParser:
     mk.add_argument("--seed", type=int, default=0)
     mk.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32")
     mk.add_argument("--layers", type=int, default=None,
-                    help="keep the first N layers of the preset (required for flash-slice, V4-Flash's real dimensions)")
+                    help="keep N layers of the preset, from --first-layer (required for flash-slice, V4-Flash's "
+                         "real dimensions)")
+    mk.add_argument("--first-layer", type=int, default=0, metavar="K",
+                    help="the first layer kept (default 0): --first-layer 2 --layers 2 is V4-Flash's layers 2-3 "
+                         "(CSA, HCA), renumbered 0-1; K + N <= the preset's layer count")
     mk.add_argument("--shard-mb", type=int, default=0, help="split the weights into shards of about this size")
     mk.add_argument("out_dir")
     mk.set_defaults(func=_make_model)

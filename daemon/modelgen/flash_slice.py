@@ -1,5 +1,6 @@
-"""`cairn make-model --preset flash-slice --layers N`: DeepSeek-V4-Flash's real dimensions and
-byte layout with the first N layers and random weights, for benchmarks and load tests.
+"""`cairn make-model --preset flash-slice [--first-layer K] --layers N`: DeepSeek-V4-Flash's real
+dimensions and byte layout with N of its layers (K .. K+N-1, renumbered from 0; K defaults to 0) and
+random weights, for benchmarks and load tests.
 
 The directory is what the official release holds, cut to N layers: official tensor names, shard 1
 the embedding, shard L+2 layer L, then head/norm/hc_head, an index json (the flash-shape preset, all 43
@@ -154,8 +155,9 @@ def _layer(p, i: int, seed: int, prefix: str | None = None, kind: str | None = N
     return e
 
 
-def write_flash_slice(p, seed: int, out: Path, progress=None) -> None:
-    """The weights of preset p (flash dimensions, N layers) in the official sharded layout."""
+def flash_slice_shards(p, seed: int) -> list[dict]:
+    """The shards of preset p in the official layout, in file order: each maps tensor name ->
+    (shape, dtype tag, maker). Nothing is drawn until a maker runs, so this is cheap at any width."""
     D, N, V = p.hidden_size, p.hc_mult, p.vocab_size
     first: dict = {"embed.weight": ((V, D), "BF16", _embed_maker(V, D, seed))}
     last: dict = {}
@@ -165,7 +167,12 @@ def write_flash_slice(p, seed: int, out: Path, progress=None) -> None:
     _vec(last, "hc_head_base", (N,), 0.0, 0.5, "F32", seed)
     _vec(last, "hc_head_scale", (1,), 1.0, 0.2, "F32", seed)
     shards = [first] + [_layer(p, i, seed) for i in range(len(p.layer_types))] + [last]
-    shards += [_drafter_block(p, b, seed) for b in range(p.drafter_blocks)]
+    return shards + [_drafter_block(p, b, seed) for b in range(p.drafter_blocks)]
+
+
+def write_flash_slice(p, seed: int, out: Path, progress=None) -> None:
+    """The weights of preset p (flash dimensions, N layers) in the official sharded layout."""
+    shards = flash_slice_shards(p, seed)
     for stale in out.glob("model*.safetensors*"):
         stale.unlink()
     weight_map, total = {}, 0
@@ -206,7 +213,18 @@ def _embed_maker(V: int, D: int, seed: int):
     return make
 
 
-def flash_slice_preset(flash, layers: int):
-    if not 1 <= layers <= len(flash.layer_types):
-        raise ValueError(f"--layers must be in 1..{len(flash.layer_types)}, got {layers}")
-    return replace(flash, layer_types=flash.layer_types[:layers], mlp_layer_types=flash.mlp_layer_types[:layers])
+def flash_slice_preset(flash, layers: int | None, first_layer: int = 0):
+    """Layers first_layer .. first_layer+layers-1 of preset `flash` (layers None: through the last),
+    renumbered from 0. Both per-layer fields (attention kind, MLP kind) are cut from the same range,
+    and config.json lists both explicitly (`layer_types`, `mlp_layer_types`: HF and cairn take them
+    over the legacy "first num_hash_layers layers"), so a slice from layer 2 keeps its hash routing."""
+    n = len(flash.layer_types)
+    if isinstance(first_layer, bool) or not isinstance(first_layer, int) or not 0 <= first_layer < n:
+        raise ValueError(f"--first-layer must be in 0..{n - 1} (the preset has {n} layers), got {first_layer!r}")
+    room = n - first_layer
+    layers = room if layers is None else layers
+    if isinstance(layers, bool) or not isinstance(layers, int) or not 1 <= layers <= room:
+        raise ValueError(f"--layers must be in 1..{room} with --first-layer {first_layer} (--first-layer + "
+                         f"--layers <= {n}, the preset's layer count), got {layers!r}")
+    cut = slice(first_layer, first_layer + layers)
+    return replace(flash, layer_types=flash.layer_types[cut], mlp_layer_types=flash.mlp_layer_types[cut])

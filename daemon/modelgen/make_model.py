@@ -423,11 +423,12 @@ def tokenizer_config(max_len: int) -> dict:
 
 def make_model(preset: str | Preset, seed: int, out_dir: str | os.PathLike, *, dtype: str = "float32",
                shard_bytes: int | None = None, official_names: bool | None = None, layers: int | None = None,
-               progress=None) -> Path:
+               first_layer: int = 0, progress=None) -> Path:
     """Write a model directory. Returns its path. official_names: the official DeepSeek spelling
     (no `model.` prefix, scales `W.scale`) instead of HF's (`model.…`, scales `W.weight_scale_inv`);
-    by default official for quantized presets (as released), HF's otherwise. layers: the first N
-    layers of the preset (flash-slice: required; its weights are always the official layout)."""
+    by default official for quantized presets (as released), HF's otherwise. layers: N layers of the
+    preset, from layer first_layer (default 0; without layers, through the last), renumbered from 0
+    (flash-slice: layers required; its weights are always the official layout)."""
     if isinstance(preset, str) and preset not in PRESETS:
         raise ValueError(f"unknown preset {preset!r}; choose from {', '.join(PRESETS)}")
     if dtype not in ("float32", "bfloat16", "float16"):
@@ -436,8 +437,8 @@ def make_model(preset: str | Preset, seed: int, out_dir: str | os.PathLike, *, d
     flash = preset in DIRECT_CODES
     if preset == "flash-slice" and layers is None:
         raise ValueError("the flash-slice preset needs a layer count (--layers N)")
-    if layers is not None:
-        p = flash_slice_preset(p, layers)
+    if layers is not None or first_layer != 0:
+        p = flash_slice_preset(p, layers, first_layer)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     cfg = hf_config(p)

@@ -158,3 +158,133 @@ def test_flash_slice_layout_loads_and_is_deterministic(tmp_path):
     st = K.State(load_model(md, threads=1))
     _, logits = K.prefill(st, np.arange(40, dtype=np.int32), chunk=16)
     assert np.isfinite(logits).all()
+
+
+FLASH = PRESETS["flash-slice"]
+
+
+@pytest.mark.parametrize("first, n", [(0, 2), (2, 2), (1, 3), (3, 1), (41, 2), (0, 43)])
+def test_flash_slice_preset_has_the_kinds_of_flash_layers_k_to_k_plus_n(first, n):
+    from cairn.daemon.modelgen.flash_slice import flash_slice_preset
+
+    p = flash_slice_preset(FLASH, n, first)
+    assert p.layer_types == FLASH.layer_types[first:first + n]
+    assert p.mlp_layer_types == FLASH.mlp_layer_types[first:first + n]
+    # what the loader resolves from the written config.json is the same per-layer schedule
+    cfg = resolve_config(hf_config(p))
+    assert cfg["num_hidden_layers"] == n
+    assert cfg["layer_types"] == list(FLASH.layer_types[first:first + n])
+    assert cfg["mlp_layer_types"] == list(FLASH.mlp_layer_types[first:first + n])
+
+
+def test_flash_slice_from_layer_2_is_csa_then_hca_with_a_hash_routed_first_layer():
+    """V4-Flash's layers 2 and 3: the first CSA (the last hash-routed layer), the first HCA (top-k)."""
+    from cairn.daemon.modelgen.flash_slice import flash_slice_preset
+    from cairn.daemon.modelgen.make_model import C, H
+
+    p = flash_slice_preset(FLASH, 2, first_layer=2)
+    assert p.layer_types == (C, H) and p.mlp_layer_types == ("hash_moe", "moe")
+    # the other per-layer facts the config carries follow the kinds: one CSA and one HCA compressor
+    # (rates 4 and 128), one hash table
+    shapes = expected_shapes(resolve_config(hf_config(p)))
+    assert shapes["layers.0.attn.compressor.ape"] == (4, 1024) and "layers.0.attn.indexer.wq_b.weight" in shapes
+    assert shapes["layers.1.attn.compressor.ape"] == (128, 512) and "layers.1.attn.indexer.wq_b.weight" not in shapes
+    assert "layers.0.ffn.gate.tid2eid" in shapes and "layers.1.ffn.gate.bias" in shapes
+    assert "layers.1.ffn.gate.tid2eid" not in shapes and "layers.0.ffn.gate.bias" not in shapes
+
+
+def test_hf_config_reads_the_sliced_schedule():
+    """HF's DeepseekV4Config takes the explicit lists (its legacy `num_hash_layers` would mean "the
+    first k layers"): the slice from layer 2 keeps layer 2's hash routing and layer 3's top-k."""
+    from transformers import DeepseekV4Config
+
+    from cairn.daemon.modelgen.flash_slice import flash_slice_preset
+
+    p = flash_slice_preset(FLASH, 2, first_layer=2)
+    hf = DeepseekV4Config(**hf_config(p))
+    assert hf.num_hidden_layers == 2
+    assert hf.layer_types == list(FLASH.layer_types[2:4])
+    assert hf.mlp_layer_types == list(FLASH.mlp_layer_types[2:4]) == ["hash_moe", "moe"]
+
+
+@pytest.mark.parametrize("first, n, message", [
+    (-1, 2, "--first-layer must be in 0..42 (the preset has 43 layers), got -1"),
+    (43, 1, "--first-layer must be in 0..42 (the preset has 43 layers), got 43"),
+    (42, 2, "--layers must be in 1..1 with --first-layer 42 (--first-layer + --layers <= 43"),
+    (2, 42, "--layers must be in 1..41 with --first-layer 2 (--first-layer + --layers <= 43"),
+    (0, 0, "--layers must be in 1..43 with --first-layer 0"),
+    (0, 44, "--layers must be in 1..43 with --first-layer 0"),
+])
+def test_flash_slice_rejects_a_range_outside_the_preset(tmp_path, first, n, message):
+    out = tmp_path / "m"
+    with pytest.raises(ValueError) as e:
+        make_model("flash-slice", 0, out, layers=n, first_layer=first)
+    assert message in str(e.value)
+    assert not out.exists()          # refused before anything is written
+
+
+def test_first_layer_without_layers_keeps_the_rest_of_the_preset(tmp_path):
+    d = make_model("tiny", 1, tmp_path / "m", first_layer=3)
+    cfg = open_model_dir(d).config
+    assert cfg["layer_types"] == list(PRESETS["tiny"].layer_types[3:])
+    assert cfg["mlp_layer_types"] == list(PRESETS["tiny"].mlp_layer_types[3:])
+
+
+def test_cli_rejects_first_layer_past_the_preset(tmp_path):
+    cairn = Path(sys.executable).with_name("cairn")
+    r = subprocess.run([str(cairn), "make-model", "--preset", "flash-slice", "--first-layer", "42", "--layers", "2",
+                        str(tmp_path / "m")], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2
+    assert "cairn make-model: --layers must be in 1..1 with --first-layer 42" in r.stderr
+    assert not (tmp_path / "m").exists()
+
+
+def _sparse_write(path: Path, tensors: dict) -> None:
+    """write_file_lazy's file with the data left a hole: the real header and size, no bytes drawn."""
+    import json
+
+    from cairn.daemon.weights.safetensors_io import DTYPES
+
+    header, offset = {"__metadata__": {"format": "pt"}}, 0
+    for name in sorted(tensors):
+        shape, tag, _ = tensors[name]
+        nbytes = int(np.prod(shape, dtype=np.int64)) * DTYPES[tag].itemsize
+        header[name] = {"dtype": tag, "shape": list(shape), "data_offsets": [offset, offset + nbytes]}
+        offset += nbytes
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)
+    with open(path, "wb") as f:
+        f.write(len(raw).to_bytes(8, "little") + raw)
+        f.truncate(8 + len(raw) + offset)
+
+
+def test_flash_width_slice_from_layer_2_passes_the_loader(tmp_path, monkeypatch):
+    """`make-model --preset flash-slice --first-layer 2 --layers 2` at V4-Flash's real width. Its
+    weights are 9.3 GB and take minutes to draw, so the shards are written sparse (real headers and
+    sizes, data a hole) and the fingerprint's sha256 of 9 GB of holes is stubbed: what is under test
+    is the directory's structure, which open_model_dir checks tensor by tensor (names, shapes,
+    dtypes, FP8/FP4 scale grids) against the config before it hashes anything."""
+    import json
+
+    from cairn.daemon.modelgen import flash_slice
+    from cairn.daemon.weights.weight_digest import DigestCache
+
+    monkeypatch.setattr(flash_slice, "write_file_lazy", _sparse_write)
+    monkeypatch.setattr(DigestCache, "digest_all", lambda self, paths, workers=None: ["00" * 32] * len(paths))
+    d = make_model("flash-slice", 0, tmp_path / "m", layers=2, first_layer=2)
+    md = open_model_dir(d)
+    cfg = md.config
+    assert cfg["layer_types"] == ["compressed_sparse_attention", "heavily_compressed_attention"]
+    assert cfg["mlp_layer_types"] == ["hash_moe", "moe"]
+    assert (cfg["hidden_size"], cfg["n_routed_experts"], cfg["vocab_size"]) == (4096, 256, 129280)
+    assert md.tensors.keys() >= expected_shapes(cfg).keys()
+    index = json.loads((d / "model.safetensors.index.json").read_text())
+    shards = sorted(set(index["weight_map"].values()))
+    assert shards == [f"model-0000{i}-of-00004.safetensors" for i in range(1, 5)]
+    assert index["weight_map"]["layers.0.ffn.gate.tid2eid"] == shards[1]            # layer 0 (flash layer 2)
+    assert index["weight_map"]["layers.1.attn.compressor.ape"] == shards[2]         # layer 1 (flash layer 3)
+    assert md.tensors["layers.0.ffn.experts.255.w1.weight"].dtype == "I8"           # FP4 routed experts
+    assert md.tensors["layers.1.attn.compressor.ape"].shape == (128, 512)           # HCA, rate 128
+    assert index["metadata"]["total_size"] == sum(t.end - t.start for t in md.tensors.values())
+    # ~9.3 GB (docs/model-format.md: 2.1 GB + 3.57 GB per layer), as the real generation writes
+    assert 9.0e9 < sum((d / s).stat().st_size for s in shards) < 9.6e9
