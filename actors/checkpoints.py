@@ -444,6 +444,11 @@ class Checkpoints:
         for p in problems:
             if self.log is not None:
                 self.log.warning("checkpoint_file_bad", path=str(p.path), reason=p.reason, removed=p.removed)
+        for path, files, nbytes in await trio.to_thread.run_sync(disk_io.older_formats, self.disk_root, self.fingerprint):
+            if self.log is not None and files:
+                self.log.warning("checkpoint_files_old_format", dir=str(path), files=files, bytes=nbytes,
+                                 reason="written by an earlier snapshot format (before paged state, or another "
+                                        "page size); never restored", action="delete the directory to reclaim the space")
         if adopted and self.log is not None:
             self.log.info("checkpoint_files_adopted", dir=str(sub), files=len(adopted),
                           reason="moved from the flat layout of an earlier version")

@@ -140,6 +140,27 @@ def lock_model_dir(root: str | os.PathLike, fingerprint: str) -> tuple[Path, Dir
         raise
 
 
+def older_formats(root: str | os.PathLike, fingerprint: str) -> list[tuple[Path, int, int]]:
+    """Subdirectories of ``root`` holding this model's checkpoints in another snapshot format (the
+    fingerprint's part before ``;snapshot-`` matches, the rest does not): (path, files, bytes) each.
+    They are never read (another fingerprint); the operator may delete them."""
+    model = fingerprint.split(";snapshot-")[0]
+    out = []
+    try:
+        subs = [p for p in Path(root).iterdir() if p.is_dir()]
+    except FileNotFoundError:
+        return []
+    for sub in subs:
+        try:
+            fp = (sub / FINGERPRINT_NAME).read_text()
+        except (OSError, UnicodeDecodeError):
+            continue
+        if fp != fingerprint and fp.split(";snapshot-")[0] == model and ";snapshot-" in fp:
+            files = [f for f in sub.rglob("*") if f.is_file() and f.name not in (FINGERPRINT_NAME, "lock")]
+            out.append((sub, len(files), sum(f.stat().st_size for f in files)))
+    return out
+
+
 def adopt_flat_files(root: str | os.PathLike, sub: str | os.PathLike, fingerprint: str) -> list[Path]:
     """Move ``*.ckpt`` files of ``fingerprint`` from the top level of ``root`` (the flat layout of
     earlier versions) into ``sub``; call it holding ``sub``'s lock. Files of other fingerprints,
@@ -187,11 +208,12 @@ def write_checkpoint(directory: str | os.PathLike, fingerprint: str, kind: str,
     pages_dir = ensure_dir(Path(directory) / page_format.DIR) if n_pages else None
     manifest, files = [], []
     for k, key in enumerate(page_keys(ids, n_pages, page_tokens)):
-        view = snapshot.page(k)
         name = page_format.file_name(key)
-        header = page_format.encode_header(view)
-        (crc,) = struct.unpack_from("<I", header, 16)
-        if not _page_matches(pages_dir / name, page_nbytes, crc):
+        crc = _existing_page_crc(pages_dir / name, page_nbytes)
+        if crc is None:                  # new (or torn): checksum and write it; a stored page is never re-read
+            view = snapshot.page(k)
+            header = page_format.encode_header(view)
+            (crc,) = struct.unpack_from("<I", header, 16)
             atomic_write(pages_dir, name, [header, view])
         manifest.append((key, crc))
         files.append((name, page_format.file_size(page_nbytes)))
@@ -202,17 +224,19 @@ def write_checkpoint(directory: str | os.PathLike, fingerprint: str, kind: str,
     return len(header) + len(tail), files
 
 
-def _page_matches(path: Path, page_nbytes: int, crc: int) -> bool:
-    """An existing page file of the right size and CRC (its header's): written before, by us or a
-    peer, for the same prefix. Anything else (absent, torn, damaged) is rewritten."""
+def _existing_page_crc(path: Path, page_nbytes: int) -> int | None:
+    """The CRC in the header of an existing page file of the right size: written before, by us or a
+    peer, for the same prefix (the same bits, since the kernel is deterministic). None when absent or
+    not a whole page file (rewritten). The content is checked against this CRC when it is loaded."""
     try:
         with open(path, "rb") as f:
             head = f.read(page_format.HEADER_SIZE)
             size = os.fstat(f.fileno()).st_size
     except FileNotFoundError:
-        return False
-    return (len(head) == page_format.HEADER_SIZE and size == page_format.file_size(page_nbytes)
-            and head[:8] == page_format.MAGIC and struct.unpack_from("<I", head, 16)[0] == crc)
+        return None
+    if len(head) < page_format.HEADER_SIZE or size != page_format.file_size(page_nbytes) or head[:8] != page_format.MAGIC:
+        return None
+    return struct.unpack_from("<I", head, 16)[0]
 
 
 def touch(directory: str | os.PathLike, times: dict[str, float]) -> None:

@@ -122,3 +122,18 @@ async def test_disk_eviction_deletes_a_page_file_with_its_last_checkpoint(tiny_m
     names = {p.name for p in (ck.disk_dir / "pages").glob("*.page")}
     assert names == {n for e in left.values() for n, _ in e.disk_pages}   # no orphans, none missing
     assert a_pages <= names        # the evicted checkpoint's pages live on: 176 still references them
+
+
+async def test_checkpoints_of_the_format_before_pages_are_reported_never_read(tiny_model_dir, tmp_path):
+    loaded = real_loaded(tiny_model_dir, checkpoint_page_tokens=P)
+    fp = checkpoint_fingerprint(loaded)
+    assert fp.endswith(f";snapshot-v3;pages-{P}")
+    from cairn.actors import disk_io
+    old = disk_io.ensure_dir(disk_io.model_subdir(disk_io.ensure_dir(tmp_path / "ck"), fp.split(";snapshot-")[0] + ";snapshot-v2"))
+    (old / disk_io.FINGERPRINT_NAME).write_text(fp.split(";snapshot-")[0] + ";snapshot-v2")
+    (old / "0123456789abcdef.ckpt").write_bytes(b"x" * 1000)
+    with capture_logs() as evs:
+        ck = await disk_ck(loaded, tmp_path)
+    (ev,) = [e for e in evs if e["event"] == "checkpoint_files_old_format"]
+    assert ev["dir"] == str(old) and ev["files"] == 1 and ev["bytes"] == 1000 and ev["log_level"] == "warning"
+    assert len(ck.store) == 0 and (old / "0123456789abcdef.ckpt").exists()   # never read, never deleted
