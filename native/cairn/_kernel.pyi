@@ -52,6 +52,7 @@ class Model:
         expert_cache_bytes: int = 0,
         expert_policy: str = "hotpin",
         expert_readers: int = 4,
+        page_tokens: int = 0,
     ) -> None: ...
     def expert_cache_info(self) -> dict[str, int | bool]:
         """budget_bytes (0: every expert resident), slot_bytes, slots, expert_bytes_total,
@@ -87,6 +88,55 @@ class Model:
     @property
     def widen_bf16(self) -> bool: ...
     batched_indexer: bool
+    @property
+    def page_tokens(self) -> int:
+        """Tokens per page group of a state's compressed rows (Model(page_tokens=...); 0 picks 256,
+        rounded up to a multiple of every compress rate)."""
+    @property
+    def page_nbytes(self) -> int: ...
+
+class Snapshot:
+    """Immutable snapshot of a State: a copy of its tail (window ring, compressor buffers, tokens,
+    logits) and references to its page groups of compressed rows, shared with the state and with
+    other snapshots (native/include/cairn/pages.h)."""
+    @property
+    def n_tokens(self) -> int: ...
+    @property
+    def tokens(self) -> npt.NDArray[np.int32]: ...
+    @property
+    def page_ids(self) -> npt.NDArray[np.uint64]:
+        """Ids of every page group it holds (the last may be partial), in token order."""
+    @property
+    def page_nbytes(self) -> int: ...
+    @property
+    def page_tokens(self) -> int: ...
+    @property
+    def n_full_pages(self) -> int:
+        """n_tokens // page_tokens: the groups stored as pages on disk."""
+    @property
+    def own_nbytes(self) -> int:
+        """Bytes outside page groups (the copied tail)."""
+    @property
+    def copied_nbytes(self) -> int:
+        """Bytes copied when it was taken (0 for one rebuilt from parts)."""
+    @property
+    def nbytes(self) -> int:
+        """own_nbytes plus every page group it references, shared or not."""
+    def tail(self) -> bytes:
+        """Versioned, checksummed blob of everything but the full page groups."""
+    def page(self, k: int) -> npt.NDArray[np.uint8]:
+        """Full page group k's bytes: a read-only view of the group (no copy)."""
+    def to_bytes(self) -> bytes:
+        """Tail, full groups and a checksum of the groups: one self-contained blob."""
+    @staticmethod
+    def from_parts(model: Model, tail: bytes | bytearray | memoryview,
+                   pages: Sequence[bytes | bytearray | memoryview | npt.NDArray[np.uint8]]) -> Snapshot:
+        """Rebuild from a tail and its full page groups, in order; KernelError on any mismatch."""
+    @staticmethod
+    def from_bytes(model: Model, blob: bytes | bytearray | memoryview) -> Snapshot: ...
+
+def page_pool() -> dict[str, int]:
+    """{'groups', 'bytes'}: page groups alive in this process (states and snapshots share them)."""
 
 class State:
     """Mutable per-sequence state. Single writer: a concurrent second call raises RuntimeError."""
@@ -100,9 +150,18 @@ class State:
         """Bytes of state payload (windows, compressed rows, buffers, overlaps)."""
     @property
     def last_logits(self) -> npt.NDArray[np.float32] | None: ...
-    def snapshot(self) -> bytes: ...
+    @property
+    def page_ids(self) -> npt.NDArray[np.uint64]: ...
+    @property
+    def page_nbytes(self) -> int: ...
+    @property
+    def tail_nbytes(self) -> int:
+        """Bytes a snapshot of it would copy (everything outside page groups)."""
+    def snapshot(self, *, share_pages: bool = True) -> Snapshot:
+        """Tail copied, page groups shared (the state copies a shared group before writing it);
+        share_pages=False copies every group too."""
     @staticmethod
-    def restore(model: Model, blob: bytes | bytearray | memoryview) -> State: ...
+    def restore(model: Model, snapshot: Snapshot) -> State: ...
 
 def prefill(
     state: State,

@@ -328,7 +328,9 @@ async def test_get_and_delete_checkpoints(loaded, tmp_path):
             bad_method = await request(sock, "GET", f"/v1/checkpoints/{rows[0]['id']}")
             r = await post(sock, cmpl(p))
     row = rows[0]
-    assert set(row) == {"id", "object", "tokens", "kind", "bytes", "tier", "hits", "last_used"}
+    assert set(row) == {"id", "object", "tokens", "kind", "bytes", "own_bytes", "shared_bytes", "tier", "hits",
+                        "last_used"}
+    assert row["own_bytes"] + row["shared_bytes"] == row["bytes"]   # loaded: its tail + its pages, shared or not
     assert (row["tokens"], row["kind"], row["tier"], row["hits"]) == (120, "prompt_end", "memory+disk", 0)
     assert row["bytes"] > 0 and t0 - 1 <= row["last_used"] <= time.time() + 1 and len(row["id"]) == 16
     assert d.status == 200 and d.json() == {"id": row["id"], "object": "checkpoint", "deleted": True}
@@ -669,3 +671,42 @@ async def test_a_developer_role_conversation_restores_the_system_checkpoint(load
     assert cached(r1) == 0 and cached(r2) == system["tokens"] >= 32
     assert [h["id"] for h in events(evs, "checkpoint_hit")] == [system["id"]]
     assert_parity([r1, r2], await replay_off(loaded, tmp_path, bodies))
+
+
+# --- pages: checkpoints of one conversation share their prefix's page groups ---------------------
+
+async def test_turns_share_pages_in_memory_and_on_disk_and_answer_as_without_checkpoints(tiny_model_dir, tmp_path):
+    """16-token pages: two conversations on one system prompt, alternating, each turn a checkpoint.
+    Later turns' checkpoints share the earlier ones' groups (listing: shared_bytes), the store holds
+    less than the sum of their whole sizes, a restarted daemon restores from the page files, and
+    every answer equals the one with checkpoints off."""
+    paged = real_loaded(tiny_model_dir, checkpoint_page_tokens=16)
+    sock, ckdir = tmp_path / "p.sock", tmp_path / "ck"
+    disk = dict(disk_checkpoints=True, checkpoint_dir=str(ckdir), **ON)
+    system = ids(100)
+    convs = {"a": system + ids(60), "b": system + ids(45)}
+    bodies, out = [], []
+    with trio.fail_after(120), capture_logs() as evs:
+        async with daemon(paged, sock, **disk):
+            for turn in range(3):
+                for k in "ab":
+                    body = cmpl(convs[k])
+                    r = await post(sock, body)
+                    bodies.append(body)
+                    out.append(r)
+                    convs[k] = convs[k] + ids(30 + 7 * turn)
+            rows = await listing(sock)
+            status = (await request(sock, "GET", "/v1/status")).json()
+            await wait_disk(sock, len(rows))
+        async with daemon(paged, sock, **disk):     # restarted: only the files
+            for k in "ab":
+                body = cmpl(convs[k])
+                out.append(await post(sock, body))
+                bodies.append(body)
+    assert any(r["shared_bytes"] > 0 for r in rows)
+    assert status["checkpoints"]["memory"]["bytes"] < sum(r["bytes"] for r in rows)
+    pages = list((model_ckdir(ckdir, paged) / "pages").glob("*.page"))
+    assert pages and len(pages) < sum(r["tokens"] // 16 for r in rows)       # stored once each
+    assert events(evs, "checkpoint_hit", tier="disk")                         # after the restart
+    assert all(cached(r) > 0 for r in out[2:])                                # every switch back restored
+    assert_parity(out, await replay_off(paged, tmp_path, bodies))
