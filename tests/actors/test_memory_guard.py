@@ -162,3 +162,29 @@ def test_slot_mode_drops_an_idle_slots_state_after_the_checkpoints_and_never_a_b
     else:
         raise AssertionError("no MemoryExceeded")
     assert busy.state is not None and growing.state is not None
+
+
+def test_page_groups_a_live_state_shares_with_checkpoints_count_once_in_the_pool():
+    """A state restored from a checkpoint shares its groups: the pool counts them once, so a growth
+    that fits with sharing evicts nothing (counted twice it would have evicted the checkpoint)."""
+
+    class Snap:            # a checkpoint holding groups 0..9
+        own_nbytes, page_ids, page_nbytes = 1000, list(range(10)), 5000
+
+    class PagedState(fake_kernel.State):
+        page_ids, page_nbytes = np.arange(10, dtype=np.uint64), 5000
+
+    model = fake_kernel.Model(vocab_size=VOCAB)
+    ck = Checkpoints(max_slots=4, max_bytes=1 << 20)
+    ck.capture(np.full(600, 1, dtype=np.int32), "system", Snap(), "r0")
+    engine = Engine(fake_kernel, model, None, 65536, checkpoints=ck)
+    guard = engine.memory = MemoryGuard(fake_plan(states=80_000, checkpoints=40_000), engine)
+    seq = engine.slots[0]
+    seq.state, seq.request_id = PagedState(model), "grow"
+    fake_kernel.prefill(seq.state, np.ones(1000, dtype=np.int32))
+    resident = guard.plan.state_cost.resident_at
+    assert guard.usage()["pool_in_use_bytes"] == resident(1000) + 1000      # the groups once, not twice
+    # 1100 tokens: resident(1100) + 1000 = 97 kB of a 120 kB pool; counted twice it would be 147 kB
+    assert resident(1100) + 1000 <= 120_000 < resident(1100) + 51_000
+    engine.room_for(seq, 100)
+    assert ck.store.stats().memory_entries == 1                             # nothing had to go
