@@ -137,3 +137,46 @@ async def test_checkpoints_of_the_format_before_pages_are_reported_never_read(ti
     (ev,) = [e for e in evs if e["event"] == "checkpoint_files_old_format"]
     assert ev["dir"] == str(old) and ev["files"] == 1 and ev["bytes"] == 1000 and ev["log_level"] == "warning"
     assert len(ck.store) == 0 and (old / "0123456789abcdef.ckpt").exists()   # never read, never deleted
+
+
+def test_shared_eviction_counts_pages_once_and_frees_them_with_their_last_checkpoint():
+    from cairn.actors.shared_evict import FileStat, choose_victims
+
+    pages = (("p0.page", 100), ("p1.page", 100))
+    files = [FileStat("old.ckpt", 50, 1.0, pages), FileStat("new.ckpt", 50, 2.0, pages + (("p2.page", 100),))]
+    # 50 + 50 + 300 of pages: deleting old.ckpt frees only its 50 bytes, its pages stay for new.ckpt
+    assert [f.name for f in choose_victims(files, 350)] == ["old.ckpt"]
+    assert [f.name for f in choose_victims(files, 340)] == ["old.ckpt", "new.ckpt"]
+
+
+async def test_two_daemons_on_a_shared_directory_share_page_files(tiny_model_dir, tmp_path):
+    from cairn.actors import shared_dir
+
+    loaded = real_loaded(tiny_model_dir, checkpoint_page_tokens=P)
+    ids = prompt(200)
+
+    async def shared(**kw):
+        ck = Checkpoints(fingerprint=checkpoint_fingerprint(loaded), disk_dir=tmp_path / "shared", shared=True,
+                         log=get_logger(), rebuild=lambda t, p: loaded.kernel.Snapshot.from_parts(loaded.model, t, p),
+                         **{"disk_max_bytes": 1 << 30, **kw})
+        await ck.open_disk()
+        return ck
+
+    a, b = await shared(), await shared()
+    await write(a, loaded, ids[:100])                         # 6 pages
+    await write(b, loaded, ids[:150])                         # 9 pages: its first 6 are a's files
+    pdir = a.disk_dir / "pages"
+    assert len(list(pdir.glob("*.page"))) == 9
+    await b.refresh(force=True)
+    snap, tier = await b.snapshot_for(prefix_hash(ids[:100]), "r")   # a's checkpoint, read by b
+    assert tier == "disk" and snap.n_tokens == 100
+    want = continuation(loaded, state_at(loaded, ids[:100]), ids[100:])
+    assert np.array_equal(continuation(loaded, loaded.kernel.State.restore(loaded.model, snap), ids[100:]), want)
+    # an eviction pass down to one checkpoint: the older goes; the pages the newer needs stay
+    import os
+    os.utime(a.disk_dir / file_name(ids[:100]), (1, 1))
+    one = (a.disk_dir / file_name(ids[:150])).stat().st_size + 9 * next(pdir.glob("*.page")).stat().st_size
+    res = shared_dir.evict_pass(a.disk_dir, one, page_grace_s=0)
+    assert res.removed == [file_name(ids[:100])] and res.pages_removed == 0 and len(list(pdir.glob("*.page"))) == 9
+    res = shared_dir.evict_pass(a.disk_dir, 0, page_grace_s=0)   # nothing fits: all go, pages too
+    assert res.pages_removed == 9 and not list(pdir.glob("*.page"))
