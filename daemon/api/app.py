@@ -30,7 +30,7 @@ from cairn.daemon.protocol.chat import ChatTemplateError
 from cairn.daemon.protocol.encoding_dsv4 import DSML
 from .asgi import read_body, send_error, send_json
 from .responders import ChatJSON, ChatStream, CompletionOut
-from .responses import parse_responses
+from .responses import as_responses_error, parse_responses
 from .responses_reply import ResponsesJSON, ResponsesStream
 from .schemas import APIError, CommonParams, parse_chat, parse_completion, parse_json_body
 
@@ -301,6 +301,8 @@ class API:
         except ChatTemplateError as e:
             raise APIError(400, str(e), param="tools" if str(e).startswith("tools") else "input",
                            code="invalid_value") from None
+        except APIError as e:    # a grammar that does not compile names response_format: say text.format
+            raise as_responses_error(e) from None
         budget = self._budget(len(ids), req.common.max_tokens, "input", "max_output_tokens")
         rid = self._new_id("resp")
         sampling = self._sampling(req.common, budget, False, 0, constraint, banned=self._no_tool_calls(req))

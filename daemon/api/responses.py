@@ -394,7 +394,12 @@ _RENAMES = {"max_tokens": "max_output_tokens", "max_completion_tokens": "max_out
             "response_format": "text.format", "reasoning_effort": "reasoning.effort", "verbosity": "text.verbosity"}
 
 
-def _renamed(e: APIError, where: list[str]) -> APIError:
+def as_responses_error(e: APIError) -> APIError:
+    """An error of the chat path (rendering, the grammar) in the Responses request's field names."""
+    return _renamed(e, [])
+
+
+def _renamed(e: APIError, where: list) -> APIError:
     """A parse_chat error, said in the Responses request's own field names."""
     param, msg = e.param or "", e.message
     new = _RENAMES.get(param, param)

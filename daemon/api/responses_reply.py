@@ -21,7 +21,7 @@ import time
 
 from cairn.actors.messages import Done, Started, TokenOut, Usage
 
-from .asgi import send_error
+from .asgi import send_error, send_json
 from .responders import StreamProgress, _warn
 from .responses import ResponsesRequest, encrypt_reasoning
 from .schemas import APIError
@@ -48,6 +48,7 @@ class ReplyBuilder:
         self.items: list[dict] = []
         self._open: dict | None = None       # the item being written
         self._calls: dict[int, dict] = {}    # parser tool index -> its function_call item
+        self._index: dict[str, int] = {}     # item id -> output_index
 
     # --- parser events -> stream events ------------------------------------------------------
 
@@ -80,13 +81,14 @@ class ReplyBuilder:
         return None if self._open is None else self._open["type"]
 
     def _add(self, item: dict) -> list[dict]:
+        self._index[item["id"]] = len(self.items)
         self.items.append(item)
         self._open = item
         return [{"type": "response.output_item.added", "output_index": len(self.items) - 1,
                  "item": json.loads(json.dumps(item))}]       # a snapshot: the item grows after
 
     def _at(self, item: dict, kind: str, **kw) -> dict:
-        return {"type": kind, "item_id": item["id"], "output_index": self.items.index(item), **kw}
+        return {"type": kind, "item_id": item["id"], "output_index": self._index[item["id"]], **kw}
 
     def _open_reasoning(self) -> list[dict]:
         item = {"id": _item_id("rs"), "type": "reasoning", "summary": [], "content": [], "status": "in_progress"}
@@ -153,7 +155,7 @@ class ReplyBuilder:
             out.append(self._at(item, "response.function_call_arguments.done", name=item["name"],
                                 arguments=item["arguments"]))
         item["status"] = status
-        out.append({"type": "response.output_item.done", "output_index": self.items.index(item),
+        out.append({"type": "response.output_item.done", "output_index": self._index[item["id"]],
                     "item": json.loads(json.dumps(item))})
         return out
 
@@ -220,8 +222,6 @@ class ResponsesJSON(StreamProgress, _Base):
         self._feed(t)
 
     async def done(self, send, d: Done) -> None:
-        from .asgi import send_json
-
         self._end(d)
         await send_json(send, 200, self._final(d))
 
@@ -274,8 +274,7 @@ class ResponsesStream(StreamProgress, _Base):
             return await send_error(send, err)
         await self._created(send)
         # ResponseError.code takes OpenAI's codes only; cairn's own code rides on the `error` event
-        code = "rate_limit_exceeded" if err.status == 429 else "server_error"
         failed = self.builder.response(self.rid, self.created, self.api.model_id, status="failed",
-                                       error={"code": code, "message": err.message})
+                                       error={"code": "server_error", "message": err.message})
         await self._send(send, [{"type": "error", "code": err.code, "message": err.message, "param": err.param},
                                 {"type": "response.failed", "response": failed}], last=True)

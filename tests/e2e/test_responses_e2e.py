@@ -115,6 +115,10 @@ async def test_function_call_round_trip_through_the_openai_sdk(loaded, tmp_path)
                 call = c.responses.create(input=ask, tool_choice={"type": "function", "name": "shell"}, **kw)
                 streamed = list(c.responses.create(input=ask, tool_choice={"type": "function", "name": "shell"},
                                                    stream=True, **kw))
+                # the SDK's own stream helper accumulates the events into the same final response
+                with c.responses.stream(input=ask, tool_choice={"type": "function", "name": "shell"}, **kw) as s:
+                    helper = s.get_final_response()
+                assert helper.output[-1].arguments == call.output[-1].arguments
                 fc = call.output[-1]
                 back = ask + [item.model_dump(exclude_none=True) for item in call.output] + [
                     {"type": "function_call_output", "call_id": fc.call_id, "output": "README.md\nsrc"}]
@@ -173,8 +177,12 @@ async def test_json_schema_text_format_constrains_the_reply(loaded, tmp_path):
             r = await trio.to_thread.run_sync(use_client)
             bad = await request(sock, "POST", "/v1/responses", {"model": "tiny", "input": "x",
                                                                  "previous_response_id": "resp_1"})
+            too_long = await request(sock, "POST", "/v1/responses", {"model": "tiny", "input": "x",
+                                                                      "max_output_tokens": 1 << 30})
     assert r.status == "completed"
     value = json.loads(r.output_text)
     assert value["verdict"] in ("pass", "fail") and 0 <= value["score"] <= 9 and set(value) == {"verdict", "score"}
     assert bad.status == 400 and bad.json()["error"]["param"] == "previous_response_id"
     assert "keeps no responses" in bad.json()["error"]["message"]
+    err = too_long.json()["error"]
+    assert too_long.status == 400 and err["param"] == "max_output_tokens" and err["code"] == "context_length_exceeded"

@@ -11,7 +11,7 @@ from pydantic import TypeAdapter
 from openai.types.responses import Response, ResponseStreamEvent
 
 from cairn.actors.messages import Done, Started, TokenOut, Usage
-from cairn.daemon.api.responses import ENCRYPTED_PREFIX, parse_responses
+from cairn.daemon.api.responses import ENCRYPTED_PREFIX, as_responses_error, parse_responses
 from cairn.daemon.api.responses_reply import ResponsesJSON, ResponsesStream
 from cairn.daemon.api.schemas import APIError
 from cairn.daemon.service.logs import get_logger
@@ -151,6 +151,14 @@ def test_bad_requests_get_a_400_naming_the_responses_field(body, param, code):
         parse_responses(body)
     assert (e.value.status, e.value.param, e.value.code) == (400, param, code), e.value.message
     assert e.value.message.startswith(param + ":"), e.value.message
+
+
+def test_errors_from_the_shared_chat_path_name_the_responses_field():
+    e = as_responses_error(APIError(400, "response_format: the schema could not be compiled", param="response_format",
+                                    code="invalid_value"))
+    assert (e.param, e.message) == ("text.format", "text.format: the schema could not be compiled")
+    e = as_responses_error(APIError(400, "tool_choice: too many tools", param="tool_choice"))
+    assert (e.param, e.message) == ("tool_choice", "tool_choice: too many tools")
 
 
 # --- replies -----------------------------------------------------------------------------------
