@@ -51,7 +51,10 @@ class StreamProgress(Responder):
 
 
 def _finish(finish: str, parser: OutputParser) -> str:
-    return "tool_calls" if parser.result.tool_calls and finish == "stop" else finish
+    """`tool_calls` only when every started call closed: a stream may already carry the deltas of a call
+    that was then cut off, and a client must not take that finish as "run these"."""
+    r = parser.result
+    return "tool_calls" if r.tool_calls and not r.dropped_call and finish == "stop" else finish
 
 
 def _warn(api, rid: str, parser: OutputParser) -> None:

@@ -71,6 +71,7 @@ class Parsed:
     content: str = ""
     tool_calls: list[ToolCall] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    dropped_call: bool = False    # a call was started but never closed (cut off): it is not a call
 
 
 class OutputParser:
@@ -94,8 +95,11 @@ class OutputParser:
     def finish(self) -> list[Event]:
         events = self._run(final=True)
         if self.state == "block":
-            events += self._malformed("the tool-call block is not closed")
+            self._cut_off()
         elif self.buf:
+            if self.state == "content" and self.tools_on and _held_suffix(self.buf, TOOL_CALLS_OPEN) > 1:
+                # cut off inside the block's opener `<｜DSML｜tool_ca`: the format's text, not content
+                self.buf = self.buf[: len(self.buf) - _held_suffix(self.buf, TOOL_CALLS_OPEN)].rstrip()
             events += self._emit(self.state if self.state != "after" else "content", self.buf)
             self.buf = ""
         return events
@@ -203,18 +207,29 @@ class OutputParser:
 
     def _undecided(self, openers: tuple[str, ...], final: bool) -> list[Event]:
         rest = self.buf.lstrip()
-        if not final and (not rest or any(o.startswith(rest) or rest.startswith(o) for o in openers)):
-            return []        # still could become what is expected: wait for more text
-        if final and not rest:
-            return []
+        if not rest or any(o.startswith(rest) or rest.startswith(o) for o in openers):
+            return []        # still could become what is expected: wait for more text (or cut off: finish)
         return self._malformed(f"expected one of {', '.join(openers)} at {rest[:40]!r}")
 
+    def _cut_off(self) -> None:
+        """The output ended inside the block (max_tokens, a stop string): calls already closed stay;
+        an open call is dropped, not closed, and none of the block's raw text becomes content."""
+        if self._open is not None:
+            self._drop_open()
+            self.result.warnings.append("a tool call was cut off by the end of the output; it was dropped")
+        self.buf = ""
+        self.state = "after"
+
+    def _drop_open(self) -> None:
+        self.result.tool_calls.remove(self._open)
+        self._open = None
+        self.result.dropped_call = True
+
     def _malformed(self, why: str) -> list[Event]:
-        """The block's remaining raw text becomes content; an open call is closed so its JSON parses."""
+        """The block's remaining raw text becomes content; an open call is dropped (an agent would run it)."""
         events: list[Event] = []
         if self._open is not None:
-            events.append(self._args("{}" if self._n_params == 0 else "}"))
-            self._open = None
+            self._drop_open()
         self.result.warnings.append(f"malformed tool-call block: {why}")
         raw = (self._block_raw if not self.result.tool_calls else "") + self.buf
         self.buf = ""

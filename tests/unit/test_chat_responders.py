@@ -24,7 +24,7 @@ class FakeAPI:
         self.log = get_logger()
 
 
-async def run(cls, pieces, *, stream: bool, thinking: bool, **fields):
+async def run(cls, pieces, *, stream: bool, thinking: bool, finish: str = "stop", **fields):
     req = parse_chat({"model": "m", "messages": [{"role": "user", "content": "x"}], "tools": TOOLS,
                       "stream": stream, **fields})
     sent = []
@@ -36,7 +36,7 @@ async def run(cls, pieces, *, stream: bool, thinking: bool, **fields):
     await r.start(send, Started(0, None))
     for i, p in enumerate(pieces):
         await r.token(send, TokenOut(i, p, 0.0, ()))
-    await r.done(send, Done("stop", Usage(3, len(pieces), 0)))
+    await r.done(send, Done(finish, Usage(3, len(pieces), 0)))
     body = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body").decode()
     if not stream:
         return json.loads(body)
@@ -75,6 +75,36 @@ async def test_a_malformed_block_comes_back_as_content_with_a_warning():
     assert msg["content"] == "".join(bad)                     # all of it, whitespace included
     (w,) = [e for e in logs if e["event"] == "model_output_malformed"]
     assert w["log_level"] == "warning" and w["request_id"] == "chatcmpl-1" and "malformed" in w["problem"]
+
+
+CUT = REPLY[:5] + [f"<{D}parameter name=\"path\" string=\"true\">a.t"]     # max_tokens inside the call
+
+
+async def test_a_call_cut_off_by_max_tokens_is_no_call_in_either_mode():
+    whole = await run(ChatJSON, CUT, stream=False, thinking=True, finish="length")
+    choice = whole["choices"][0]
+    assert choice["finish_reason"] == "length" and "tool_calls" not in choice["message"]
+    assert choice["message"]["content"] == "Reading."                 # no raw DSML
+    chunks = await run(ChatStream, CUT, stream=True, thinking=True, finish="length")
+    deltas = [c["choices"][0]["delta"] for c in chunks if c["choices"]]
+    assert "".join(d.get("content") or "" for d in deltas) == "Reading."
+    # what a streaming client has of the call: arguments that do not parse, and no tool_calls finish
+    args = "".join(tc["function"]["arguments"] for d in deltas for tc in d.get("tool_calls", []))
+    try:
+        json.loads(args)
+        closed = True
+    except ValueError:
+        closed = False
+    assert not closed
+    assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+
+
+async def test_a_cut_off_call_never_finishes_as_tool_calls():
+    """The engine stopped (a stop string) inside the call: "stop", not "tool_calls"."""
+    chunks = await run(ChatStream, CUT, stream=True, thinking=True)
+    assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
+    whole = await run(ChatJSON, CUT, stream=False, thinking=True)
+    assert whole["choices"][0]["finish_reason"] == "stop" and "tool_calls" not in whole["choices"][0]["message"]
 
 
 async def test_streamed_chunks_carry_usage_only_when_the_client_asks():

@@ -94,11 +94,26 @@ def test_a_malformed_block_is_returned_as_content_with_a_warning():
     assert r.content == text                                  # all of it, whitespace included
 
 
-def test_an_unclosed_block_keeps_the_finished_calls_and_returns_the_rest():
-    text = BLOCK[: BLOCK.index("<｜DSML｜parameter name=\"limit\"")] + f"<{D}parameter name=\"limit\" stri"
-    r = parse_all(text, thinking=False, tools=TOOLS)
-    assert [json.loads(c.arguments) for c in r.tool_calls] == [{"path": 'a "b".txt'}]
-    assert r.content.endswith('name="limit" stri') and r.warnings
+def test_a_call_cut_off_by_the_end_of_the_output_is_dropped_and_its_text_is_not_content():
+    """max_tokens inside the second call's parameters: the closed call stays, the open one is no call
+    (no closing `}`, no missing-argument call to run) and no raw DSML is left in the content."""
+    second = BLOCK.index(f"</{D}invoke>") + len(f"</{D}invoke>\n")
+    text = "Reading." + BLOCK[:second] + f"<{D}invoke name=\"read\">\n<{D}parameter name=\"path\" string=\"true\">b.t"
+    for step in (1, 3, 1000):
+        p, events = stream(text, thinking=False, step=step)
+        r = p.result
+        assert [c.name for c in r.tool_calls] == ["read"] and r.dropped_call
+        assert json.loads(r.tool_calls[0].arguments)["path"] == 'a "b".txt'
+        assert r.content == "Reading." and D not in r.content
+        assert "cut off" in r.warnings[0]
+
+
+@pytest.mark.parametrize("cut", [f"<{D}tool_ca", f"<{D}tool_calls>\n<{D}invoke name=\"re",
+                                 f"<{D}tool_calls>\n<{D}invoke name=\"read\">\n<{D}parameter name=\"path\" str"])
+def test_output_ending_inside_the_block_header_leaves_only_the_content_before_it(cut):
+    r = parse_all("Sure.\n\n" + cut, thinking=False, tools=TOOLS)
+    assert (r.content, r.tool_calls) == ("Sure.", [])
+    assert r.dropped_call == ("invoke name=\"read\">" in cut)
 
 
 def test_without_tools_dsml_text_is_content():
