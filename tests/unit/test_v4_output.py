@@ -127,3 +127,45 @@ def test_a_parameter_value_nested_past_the_parser_is_kept_as_text():
     text = f"<{D}tool_calls>\n<{D}invoke name=\"read\">\n<{D}parameter name=\"flags\" string=\"false\">{deep}" \
            f"</{D}parameter>\n</{D}invoke>\n</{D}tool_calls>"
     assert json.loads(parse_all(text, thinking=False, tools=TOOLS).tool_calls[0].arguments) == {"flags": deep}
+
+
+def _one_param_call(value: str) -> str:
+    return (f"<{D}tool_calls>\n<{D}invoke name=\"read\">\n<{D}parameter name=\"path\" string=\"true\">{value}"
+            f"</{D}parameter>\n</{D}invoke>\n</{D}tool_calls>")
+
+
+def _scanned_token_by_token(text: str, step: int = 3) -> tuple[int, OutputParser]:
+    p, events = stream(text, thinking=False, step=step)
+    return p.scanned, p
+
+
+def test_a_long_parameter_fed_token_by_token_is_scanned_in_linear_work():
+    """The parser looks at each character a bounded number of times: an 80 KB parameter costs about
+    four times a 20 KB one (a rescan of the buffer on every feed would make it sixteen)."""
+    small, p20 = _scanned_token_by_token(_one_param_call('line "x" = 1\n' * 1540))     # ~20 KB
+    large, p80 = _scanned_token_by_token(_one_param_call('line "x" = 1\n' * 6160))     # ~80 KB
+    assert json.loads(p80.result.tool_calls[0].arguments)["path"] == 'line "x" = 1\n' * 6160
+    assert large / small < 4.5
+    n = len(_one_param_call('line "x" = 1\n' * 6160))
+    assert large < 4 * n            # a few looks per character, not one per feed
+
+
+def test_a_string_parameter_streams_as_it_arrives_json_escaped():
+    p = OutputParser(thinking=False, tools=TOOLS)
+    head = f"<{D}tool_calls>\n<{D}invoke name=\"read\">\n<{D}parameter name=\"path\" string=\"true\">"
+    events = p.feed(head + 'a "quoted"\nfile')
+    args = [e.text for e in events if e.kind == "tool_args"]
+    assert "".join(args) == '{"path": "a \\"quoted\\"\\nfile'    # the value so far, before its end tag
+    events = p.feed(f".txt</{D}parameter>\n</{D}invoke>\n</{D}tool_calls>") + p.finish()
+    args += [e.text for e in events if e.kind == "tool_args"]
+    assert json.loads("".join(args)) == {"path": 'a "quoted"\nfile.txt'}
+    assert "".join(args) == p.result.tool_calls[0].arguments
+
+
+def test_the_end_tag_split_across_feeds_is_held_back_not_streamed():
+    p = OutputParser(thinking=False, tools=TOOLS)
+    p.feed(f"<{D}tool_calls>\n<{D}invoke name=\"read\">\n<{D}parameter name=\"path\" string=\"true\">ab")
+    events = p.feed(f"c</{D}param")
+    assert [e.text for e in events] == ["c"]                  # "</｜DSML｜param" may be the end tag
+    events = p.feed(f"eter>\n</{D}invoke>")
+    assert "".join(e.text for e in events) == '"}'
