@@ -17,6 +17,16 @@ TOOLS = [{"type": "function", "function": {"name": "read", "parameters": {
     "type": "object", "properties": {"path": {"type": "string"}}}}}]
 
 
+class PieceTok:
+    """token id i is the i-th piece of the reply (what the logprob entries name)."""
+
+    def __init__(self, pieces):
+        self.pieces = pieces
+
+    def token_bytes(self, i):
+        return self.pieces[i].encode()
+
+
 class FakeAPI:
     model_id, fingerprint, tok = "m", "fp_x", None
 
@@ -32,10 +42,12 @@ async def run(cls, pieces, *, stream: bool, thinking: bool, finish: str = "stop"
     async def send(msg):
         sent.append(msg)
 
-    r = cls(FakeAPI(), "chatcmpl-1", req, thinking=thinking)
+    api = FakeAPI()
+    api.tok = PieceTok(pieces)
+    r = cls(api, "chatcmpl-1", req, thinking=thinking)
     await r.start(send, Started(0, None))
     for i, p in enumerate(pieces):
-        await r.token(send, TokenOut(i, p, 0.0, ()))
+        await r.token(send, TokenOut(i, p, -0.5, ()))
     await r.done(send, Done(finish, Usage(3, len(pieces), 0)))
     body = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body").decode()
     if not stream:
@@ -115,3 +127,25 @@ async def test_streamed_chunks_carry_usage_only_when_the_client_asks():
     assert all(c["usage"] is None for c in asked[:-1])            # OpenAI's shape: null until the last chunk
     assert asked[-1]["choices"] == [] and asked[-1]["usage"]["prompt_tokens"] == 3
     assert asked[-1]["usage"]["completion_tokens"] == len(REPLY)
+
+
+THOUGHT = ["let me", " see</th", "ink>", "The", " answer", " is\n\n", "42", "."]
+
+
+async def test_streamed_logprobs_ride_on_content_never_on_empty_or_reasoning_deltas():
+    chunks = await run(ChatStream, THOUGHT, stream=True, thinking=True, logprobs=True)
+    deltas = [(c["choices"][0]["delta"], c["choices"][0].get("logprobs")) for c in chunks[1:] if c["choices"]]
+    for delta, lp in deltas:
+        assert delta != {"content": ""} or lp is None             # no empty content delta carries them
+        if "reasoning_content" in delta:
+            assert lp is None
+    tokens = [e["token"] for _, lp in deltas if lp for e in lp["content"]]
+    # the content tokens, each once, in order; " is\n\n" was held back (whitespace before a possible
+    # block) and rides with "42"
+    assert tokens == ["The", " answer", " is\n\n", "42", "."]
+    assert not any(d == {"content": ""} for d, _ in deltas)
+
+
+async def test_whole_reply_logprobs_are_the_content_tokens_too():
+    whole = await run(ChatJSON, THOUGHT, stream=False, thinking=True, logprobs=True)
+    assert [e["token"] for e in whole["choices"][0]["logprobs"]["content"]] == ["The", " answer", " is\n\n", "42", "."]
