@@ -26,7 +26,7 @@ from cairn.actors.turns import turn_boundaries
 from . import worker_info
 from .access import api_key_matches, loopback_host, operator_endpoint
 from cairn.daemon.protocol.agent_protocol import AgentProtocol
-from cairn.daemon.protocol.chat import ChatTemplateError
+from cairn.daemon.protocol.chat import ChatTemplateError, continues_final
 from cairn.daemon.protocol.encoding_dsv4 import DSML
 from .asgi import read_body, send_error, send_json
 from .responders import ChatJSON, ChatStream, CompletionOut
@@ -280,7 +280,9 @@ class API:
         rid = self._new_id("chatcmpl")
         sampling = self._sampling(req.common, budget, req.logprobs, req.top_logprobs, constraint,
                                   banned=self._no_tool_calls(req))
-        out = (ChatStream if req.common.stream else ChatJSON)(self, rid, req, thinking=options.thinking)
+        # a continued assistant message is past its reasoning: the reply goes on with its content
+        thinking = options.thinking and not continues_final(req.messages)
+        out = (ChatStream if req.common.stream else ChatJSON)(self, rid, req, thinking=thinking)
         await self._drive(receive, send, rid, ids, hint, sampling, False, out, received, turn_end)
 
     def _no_tool_calls(self, req) -> tuple[int, ...]:
