@@ -88,6 +88,7 @@ class API:
 
     async def _fail(self, e: BaseException, scope, send) -> None:
         if isinstance(e, APIError):
+            self._log_rejected(e, path=scope.get("path"))
             return await send_error(send, e)
         if isinstance(e, ConnectionAbortedError):
             return
@@ -103,6 +104,12 @@ class API:
                                             code="internal_error"))
         except Exception:
             pass
+
+    def _log_rejected(self, e: APIError, **where) -> None:
+        """One info line per refused request, with the reason as the client got it (never the body)."""
+        if 400 <= e.status < 500:
+            self.log.info("request_rejected", status=e.status, code=e.code, param=e.param, message=e.message,
+                          **where)
 
     async def _lifespan(self, receive, send) -> None:
         while True:
@@ -386,9 +393,10 @@ class API:
             if isinstance(terminal, Done):
                 await out.done(send, terminal)
             elif isinstance(terminal, Rejected):
-                await send_error(send, APIError(
-                    429, "the engine is busy and its queue is full; retry later", code="queue_full",
-                    headers={"Retry-After": str(terminal.retry_after_s)}))
+                err = APIError(429, "the engine is busy and its queue is full; retry later", code="queue_full",
+                               headers={"Retry-After": str(terminal.retry_after_s)})
+                self._log_rejected(err, request_id=rid)
+                await send_error(send, err)
             elif isinstance(terminal, Failed) and terminal.kind == "memory":
                 # the memory plan had no room for this conversation's state (actors/memory_guard.py)
                 await out.failed(send, APIError(507, terminal.message, code="insufficient_memory",
