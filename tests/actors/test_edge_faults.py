@@ -26,3 +26,78 @@ async def test_a_refused_request_leaves_one_info_line_with_the_reason_and_not_th
     assert line["code"] == r.json()["error"]["code"] and line["message"] == r.json()["error"]["message"]
     assert line["path"] == "/v1/chat/completions"
     assert not any(secret in repr(e) for e in logs)
+
+
+class CountingTokenizer:
+    """The daemon's tokenizer, counting the characters each whole-text tokenization was given."""
+
+    def __init__(self, tok) -> None:
+        self._tok = tok
+        self.calls: list[tuple[str, int]] = []
+
+    def __getattr__(self, name):
+        return getattr(self._tok, name)
+
+    def encode(self, text):
+        self.calls.append(("encode", len(text)))
+        return self._tok.encode(text)
+
+    def encode_with_offsets(self, text):
+        self.calls.append(("encode_with_offsets", len(text)))
+        return self._tok.encode_with_offsets(text)
+
+    def boundary_for_byte_offset(self, text, byte_offset):      # tokenizes `text` whole
+        self.calls.append(("boundary_for_byte_offset", len(text)))
+        return self._tok.boundary_for_byte_offset(text, byte_offset)
+
+
+def _counting(tiny_model_dir, **kw):
+    loaded = fake_loaded(tiny_model_dir, **kw)
+    loaded.tokenizer = CountingTokenizer(loaded.tokenizer)
+    return loaded
+
+
+async def test_a_chat_prompt_is_tokenized_once(tiny_model_dir, tmp_path):
+    """System prefix (checkpoint hint) and, in thinking mode, the turn's end: found from the one
+    tokenization's offsets; only the short system prefix is tokenized again (to check it is a boundary)."""
+    loaded = _counting(tiny_model_dir)
+    sock = tmp_path / "c.sock"
+    system, user = "You are terse. " * 20, "explain this " * 2000
+    body = {**CHAT, "messages": [{"role": "system", "content": system}, {"role": "user", "content": user}],
+            "reasoning_effort": "high"}
+    with trio.fail_after(30), capture_logs():
+        async with daemon(loaded, sock):
+            r = await request(sock, "POST", "/v1/chat/completions", body)
+    assert r.status == 200
+    whole = [n for _, n in loaded.tokenizer.calls if n >= len(user)]
+    assert len(whole) == 1                     # was 2: encode, then encode_with_offsets for the boundary
+    assert sum(n for _, n in loaded.tokenizer.calls) < len(user) + 4 * len(system) + 2000
+
+
+async def test_a_prompt_too_large_for_the_context_is_refused_by_its_size_before_tokenizing(tiny_model_dir, tmp_path):
+    loaded = _counting(tiny_model_dir)
+    tok = loaded.tokenizer
+    limit = loaded.context_length * tok.max_token_bytes
+    sock = tmp_path / "c.sock"
+    big = "a" * (limit + 1)
+    with trio.fail_after(60), capture_logs():
+        async with daemon(loaded, sock):
+            chat = await request(sock, "POST", "/v1/chat/completions",
+                                 {**CHAT, "messages": [{"role": "user", "content": big}]})
+            cmpl = await request(sock, "POST", "/v1/completions", {"model": "tiny", "prompt": big, "max_tokens": 1})
+            health = await request(sock, "GET", "/health")
+    for r, param in ((chat, "messages"), (cmpl, "prompt")):
+        err = r.json()["error"]
+        assert r.status == 400 and err["code"] == "context_length_exceeded" and err["param"] == param
+        assert f"at most {limit} bytes" in err["message"] and str(loaded.context_length) in err["message"]
+    assert tok.calls == []                          # neither prompt was tokenized
+    assert health.status == 200
+
+
+def test_the_size_bound_is_the_longest_token_in_bytes(tiny_model_dir):
+    loaded = fake_loaded(tiny_model_dir)
+    tok = loaded.tokenizer
+    assert tok.max_token_bytes == max(len(tok.token_bytes(i)) for i in range(tok.vocab_size))
+    # the bound holds: no text of n bytes is fewer than n / max_token_bytes tokens
+    text = "".join(tok.token_bytes(i).decode("utf-8", "ignore") for i in range(tok.vocab_size))
+    assert len(tok.encode(text)) * tok.max_token_bytes >= len(text.encode())
