@@ -4,6 +4,7 @@ assistant message is continued, and a long prefill progresses across a client's 
 
 from __future__ import annotations
 
+import pytest
 import trio
 from structlog.testing import capture_logs
 
@@ -101,3 +102,38 @@ def test_the_size_bound_is_the_longest_token_in_bytes(tiny_model_dir):
     # the bound holds: no text of n bytes is fewer than n / max_token_bytes tokens
     text = "".join(tok.token_bytes(i).decode("utf-8", "ignore") for i in range(tok.vocab_size))
     assert len(tok.encode(text)) * tok.max_token_bytes >= len(text.encode())
+
+
+@pytest.mark.parametrize("endpoint", ["/v1/completions", "/v1/chat/completions"])
+async def test_a_long_prefill_progresses_across_a_client_that_gives_up_and_retries(tiny_model_dir, tmp_path,
+                                                                                   endpoint):
+    """Claude Code drops a stream after a spell without data and sends the request again. Each try
+    goes on from where the cancelled one stopped (docs/prefill.md, "Resume"): the tries add up to
+    the prompt, with at most one chunk per cancelled try computed twice. Work is counted in prefill
+    tokens the kernel computed (fake_kernel's calls), not in time; the give-up time only sets how
+    many tries it takes."""
+    loaded = fake_loaded(tiny_model_dir, chunk_delay=0.02)
+    sock = tmp_path / "c.sock"
+    chunk, prompt = 16, [5 + (i % 200) for i in range(1200)]       # 75 chunks, ~1.5 s of prefill
+    if endpoint == "/v1/completions":
+        body = {"model": "tiny", "prompt": prompt, "max_tokens": 1, "stream": True}
+    else:
+        text = loaded.tokenizer.decode(prompt)
+        body = {**CHAT, "messages": [{"role": "system", "content": "Be terse."}, {"role": "user", "content": text}],
+                "max_tokens": 1, "stream": True}
+        prompt = loaded.tokenizer.encode(loaded.renderer.render(body["messages"]).text)
+    tries, done = 0, None
+    with trio.fail_after(120), capture_logs() as logs:
+        async with daemon(loaded, sock, chunk=chunk, segment=64):
+            while done is None and tries < 60:
+                tries += 1
+                with trio.move_on_after(0.3):                       # the client's watchdog
+                    done = await request(sock, "POST", endpoint, body)
+    assert done is not None and done.status == 200 and done.events()[-1] == "[DONE]"
+    computed = sum(n for what, n in loaded.model.calls if what == "prefill_chunk")
+    plans = [e for e in logs if e["event"] == "prefill_plan"]
+    assert tries >= 3 and len(plans) == tries                       # it was cut off, and every try was planned
+    assert computed <= len(prompt) + (tries - 1) * chunk            # no more than a chunk redone per try
+    assert [p["reused_tokens"] for p in plans][1:] == sorted(p["reused_tokens"] for p in plans[1:])
+    assert plans[-1]["reused_tokens"] > 0                           # the last try went on from the others
+    print(f"{endpoint}: {len(prompt)} prompt tokens, {tries} tries, {computed} tokens computed")
