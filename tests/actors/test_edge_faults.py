@@ -8,6 +8,7 @@ import pytest
 import trio
 from structlog.testing import capture_logs
 
+from cairn.daemon.protocol.encoding_dsv4 import ChatOptions
 from daemon_harness import daemon, fake_loaded, request
 
 CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
@@ -137,3 +138,22 @@ async def test_a_long_prefill_progresses_across_a_client_that_gives_up_and_retri
     assert [p["reused_tokens"] for p in plans][1:] == sorted(p["reused_tokens"] for p in plans[1:])
     assert plans[-1]["reused_tokens"] > 0                           # the last try went on from the others
     print(f"{endpoint}: {len(prompt)} prompt tokens, {tries} tries, {computed} tokens computed")
+
+
+async def test_a_continued_assistant_message_in_thinking_mode_is_answered_as_content(tiny_model_dir, tmp_path):
+    """aider's prefix continuation with reasoning on: the prompt ends inside the open assistant turn,
+    past `</think>`, so what the model writes next is content (not reasoning waiting for `</think>`)."""
+    loaded = fake_loaded(tiny_model_dir)
+    tok = loaded.tokenizer
+    messages = [{"role": "user", "content": "Write a haiku"}, {"role": "assistant", "content": "Autumn moon,"}]
+    prompt = tok.encode(loaded.renderer.render(messages, options=ChatOptions(thinking=True, effort="high")).text)
+    assert tok.decode(prompt).endswith("</think>Autumn moon,")
+    loaded.model.script, loaded.model.script_after = tok.encode(" a crow"), len(prompt)
+    sock = tmp_path / "c.sock"
+    with trio.fail_after(30), capture_logs():
+        async with daemon(loaded, sock):
+            r = await request(sock, "POST", "/v1/chat/completions",
+                              {**CHAT, "messages": messages, "reasoning_effort": "high",
+                               "max_tokens": len(tok.encode(" a crow")), "temperature": 0})
+    msg = r.json()["choices"][0]["message"]
+    assert r.status == 200 and msg["content"] == " a crow" and not msg.get("reasoning_content")
