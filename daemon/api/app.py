@@ -10,6 +10,7 @@ not turn a finished request into a cancelled one.
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import secrets
 import time
@@ -26,9 +27,9 @@ from cairn.actors.turns import turn_boundaries
 from . import worker_info
 from .access import api_key_matches, loopback_host, operator_endpoint
 from cairn.daemon.protocol.agent_protocol import AgentProtocol
-from cairn.daemon.protocol.chat import ChatTemplateError
+from cairn.daemon.protocol.chat import ChatTemplateError, continues_final
 from cairn.daemon.protocol.encoding_dsv4 import DSML
-from .asgi import read_body, send_error, send_json
+from .asgi import declared_length, read_body, send_error, send_json
 from .responders import ChatJSON, ChatStream, CompletionOut
 from .responses import as_responses_error, parse_responses
 from .responses_reply import ResponsesJSON, ResponsesStream
@@ -36,6 +37,7 @@ from .schemas import APIError, CommonParams, parse_chat, parse_completion, parse
 
 REPLY_BUFFER = 64  # tokens may run ahead of a slow client by this much; then decode waits for it
 PARSE_ON_LOOP = 1 << 20   # bodies up to 1 MiB are parsed on the event loop (milliseconds); larger in a thread
+LARGE_BODIES = 2          # larger bodies are read and parsed this many at a time
 
 
 class API:
@@ -69,6 +71,13 @@ class API:
         # are never abandoned — a cancelled request waits for its own — and one at a time, so the
         # edge never takes more than one core from the kernel.
         self._cpu = trio.CapacityLimiter(1)
+        # Bodies over PARSE_ON_LOOP (or of unknown length) are read and parsed LARGE_BODIES at a time:
+        # a burst of 64 MiB bodies cannot hold gigabytes at once.
+        self._large_bodies = trio.Semaphore(LARGE_BODIES)
+        # A prompt of more UTF-8 bytes than this cannot fit the context (tokenizer.max_token_bytes):
+        # refused by its size, before tokenizing (a 50 MB prompt would take most of a minute).
+        mtb = getattr(tokenizer, "max_token_bytes", None)
+        self.max_prompt_bytes = None if not mtb else context_length * mtb
 
     # --- ASGI ---------------------------------------------------------------------------------
 
@@ -90,6 +99,7 @@ class API:
 
     async def _fail(self, e: BaseException, scope, send) -> None:
         if isinstance(e, APIError):
+            self._log_rejected(e, path=scope.get("path"))
             return await send_error(send, e)
         if isinstance(e, ConnectionAbortedError):
             return
@@ -105,6 +115,12 @@ class API:
                                             code="internal_error"))
         except Exception:
             pass
+
+    def _log_rejected(self, e: APIError, **where) -> None:
+        """One info line per refused request, with the reason as the client got it (never the body)."""
+        if 400 <= e.status < 500:
+            self.log.info("request_rejected", status=e.status, code=e.code, param=e.param, message=e.message,
+                          **where)
 
     async def _lifespan(self, receive, send) -> None:
         while True:
@@ -259,10 +275,24 @@ class API:
 
     async def _parse(self, scope, receive, parse):
         """Read the body (413 before reading when it is too large) and parse it, in a thread when large."""
-        raw = await read_body(receive, scope=scope)
-        if len(raw) <= PARSE_ON_LOOP:
-            return parse(parse_json_body(raw))
-        return await trio.to_thread.run_sync(lambda: parse(parse_json_body(raw)), limiter=self._cpu)
+        n = declared_length(scope)
+        if n is not None and n <= PARSE_ON_LOOP:
+            raw = await read_body(receive, scope=scope)
+            if len(raw) <= PARSE_ON_LOOP:
+                return parse(parse_json_body(raw))
+            return await trio.to_thread.run_sync(lambda: parse(parse_json_body(raw)), limiter=self._cpu)
+        async with self._large_bodies:
+            raw = await read_body(receive, scope=scope)
+            if len(raw) <= PARSE_ON_LOOP:
+                return parse(parse_json_body(raw))
+            return await trio.to_thread.run_sync(lambda: parse(parse_json_body(raw)), limiter=self._cpu)
+
+    def _check_prompt_size(self, n_bytes: int, param: str) -> None:
+        if self.max_prompt_bytes is not None and n_bytes > self.max_prompt_bytes:
+            raise APIError(400, f"{param}: the prompt is {n_bytes} bytes; this model's context of {self.ctx} tokens "
+                           f"holds at most {self.max_prompt_bytes} bytes (a token is at most "
+                           f"{self.max_prompt_bytes // self.ctx} bytes), so it cannot fit", param=param,
+                           code="context_length_exceeded")
 
     async def _chat(self, scope, receive, send) -> None:
         received = trio.current_time()
@@ -283,7 +313,9 @@ class API:
         rid = self._new_id("chatcmpl")
         sampling = self._sampling(req.common, budget, req.logprobs, req.top_logprobs, constraint,
                                   banned=self._no_tool_calls(req))
-        out = (ChatStream if req.common.stream else ChatJSON)(self, rid, req, thinking=options.thinking)
+        # a continued assistant message is past its reasoning: the reply goes on with its content
+        thinking = options.thinking and not continues_final(req.messages)
+        out = (ChatStream if req.common.stream else ChatJSON)(self, rid, req, thinking=thinking)
         await self._drive(receive, send, rid, ids, hint, sampling, False, out, received, turn_end)
 
     async def _responses(self, scope, receive, send) -> None:
@@ -320,27 +352,31 @@ class API:
         """Chat -> token ids, the system-prefix boundary as a token count (checkpoint hint), where the
         next turn will diverge (a token count, or None), and the grammar constraint (or None)."""
         rendered = self.renderer.render(req.messages, tools=req.tools, options=options)
-        ids = self.tok.encode(rendered.text)
-        hint = self._boundary(rendered.text, rendered.system_prefix_bytes, ids)
+        data = rendered.text.encode()
+        self._check_prompt_size(len(data), "messages")
+        # The one tokenization of the whole prompt: ids and where each token ends (for the boundaries).
+        ids, ends = self.tok.encode_with_offsets(rendered.text)
+        hint = self._boundary(data, rendered.system_prefix_bytes, ids, ends)
         turn_end = None
         if rendered.resume_bytes is not None:
             # Before a final special token (V4's `<think>`) the split is exact: the tokenizer cuts the
             # text at special tokens first, so no second tokenization of the whole prompt is needed.
-            tail = rendered.text.encode()[rendered.resume_bytes:].decode()
+            tail = data[rendered.resume_bytes:].decode()
             if ids and self.tok.token_to_id(tail) == ids[-1]:
                 turn_end = len(ids) - 1
             else:
-                turn_end = self._boundary(rendered.text, rendered.resume_bytes, ids)
+                turn_end = self._boundary(data, rendered.resume_bytes, ids, ends)
         constraint = self.agent.constraint(req, options)
         return ids, hint, turn_end, constraint
 
-    def _boundary(self, text: str, byte_offset: int | None, ids: list[int]) -> int | None:
-        """A byte offset of the prompt as a token count, if the text before it tokenizes on its own to
-        the prompt's first ids (then every prompt sharing that text starts with the same ids)."""
+    def _boundary(self, data: bytes, byte_offset: int | None, ids: list[int], ends: list[int]) -> int | None:
+        """A byte offset of the prompt (`data`, its UTF-8) as a token count, if the text before it
+        tokenizes on its own to the prompt's first ids (then every prompt sharing that text starts with
+        the same ids). Only that prefix is tokenized again."""
         if byte_offset is None:
             return None
-        n = self.tok.boundary_for_byte_offset(text, byte_offset)
-        prefix = text.encode()[:byte_offset].decode(errors="ignore")
+        n = bisect.bisect_right(ends, byte_offset)       # the tokens that end at or before it
+        prefix = data[:byte_offset].decode(errors="ignore")
         if not n or list(self.tok.encode(prefix)[:n]) != list(ids[:n]):
             return None
         return n
@@ -357,6 +393,7 @@ class API:
                                param="prompt", code="invalid_value")
             ids = req.prompt_ids
         else:
+            self._check_prompt_size(len(req.prompt_text.encode()), "prompt")
             ids = await trio.to_thread.run_sync(self.tok.encode, req.prompt_text, limiter=self._cpu)
         if not ids:
             raise APIError(400, "prompt: empty; at least one token is needed", param="prompt", code="invalid_value")
@@ -410,9 +447,10 @@ class API:
             if isinstance(terminal, Done):
                 await out.done(send, terminal)
             elif isinstance(terminal, Rejected):
-                await send_error(send, APIError(
-                    429, "the engine is busy and its queue is full; retry later", code="queue_full",
-                    headers={"Retry-After": str(terminal.retry_after_s)}))
+                err = APIError(429, "the engine is busy and its queue is full; retry later", code="queue_full",
+                               headers={"Retry-After": str(terminal.retry_after_s)})
+                self._log_rejected(err, request_id=rid)
+                await send_error(send, err)
             elif isinstance(terminal, Failed) and terminal.kind == "memory":
                 # the memory plan had no room for this conversation's state (actors/memory_guard.py)
                 await out.failed(send, APIError(507, terminal.message, code="insufficient_memory",

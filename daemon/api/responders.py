@@ -51,12 +51,42 @@ class StreamProgress(Responder):
 
 
 def _finish(finish: str, parser: OutputParser) -> str:
-    return "tool_calls" if parser.result.tool_calls and finish == "stop" else finish
+    """`tool_calls` only when every started call closed: a stream may already carry the deltas of a call
+    that was then cut off, and a client must not take that finish as "run these"."""
+    r = parser.result
+    return "tool_calls" if r.tool_calls and not r.dropped_call and finish == "stop" else finish
 
 
 def _warn(api, rid: str, parser: OutputParser) -> None:
     for w in parser.result.warnings:
         api.log.warning("model_output_malformed", request_id=rid, problem=w)
+
+
+class ContentLogprobs:
+    """Which tokens' log-probabilities a chat reply carries: those of content tokens, as OpenAI's
+    `logprobs.content` (reasoning, the think marker and tool-call tokens have none). A token the
+    parser holds back (a possible marker) waits: its entry goes with the next content text, or is
+    dropped when what it held turns out to be reasoning or a tool call."""
+
+    def __init__(self) -> None:
+        self._pending: list = []
+
+    def route(self, events: list[Event], lp=None, held: bool = False) -> list[tuple[Event, list | None]]:
+        """The events, each with the entries that ride on it (None: no logprobs field). `held`: the
+        token was content text the parser holds back (it began and ended in the content state), so
+        its entry waits; a token that produced no content otherwise (the `</think>` marker) has none."""
+        if lp is not None and (held or any(ev.kind == "content" for ev in events)):
+            self._pending.append(lp)
+        out: list[tuple[Event, list | None]] = []
+        for ev in events:
+            if ev.kind == "content" and self._pending:
+                out.append((ev, self._pending))
+                self._pending = []
+            else:
+                if ev.kind != "content":
+                    self._pending = []
+                out.append((ev, None))
+        return out
 
 
 class ChatJSON(Responder):
@@ -66,18 +96,26 @@ class ChatJSON(Responder):
         self.thinking = thinking
         self.parser = OutputParser(thinking=thinking, tools=req.callable_tools)
         self.logprobs: list | None = [] if req.logprobs else None
+        self.routed = ContentLogprobs()
 
     async def start(self, send, msg: Started) -> None:
         pass
 
     async def token(self, send, t: TokenOut) -> None:
-        self.parser.feed(t.text)
+        before = self.parser.state
+        events = self.parser.feed(t.text)
         if self.logprobs is not None:
-            self.logprobs.append(formats.chat_logprob(self.api.tok, t.token_id, t.logprob, t.top))
+            self._keep(events, formats.chat_logprob(self.api.tok, t.token_id, t.logprob, t.top),
+                       held=before == self.parser.state == "content")
+
+    def _keep(self, events: list[Event], lp=None, held: bool = False) -> None:
+        for _, lps in self.routed.route(events, lp, held):
+            self.logprobs.extend(lps or ())
 
     async def done(self, send, d: Done) -> None:
-        self.parser.feed(d.text_tail)
-        self.parser.finish()
+        events = self.parser.feed(d.text_tail) + self.parser.finish()
+        if self.logprobs is not None:
+            self._keep(events)
         _warn(self.api, self.rid, self.parser)
         r = self.parser.result
         message = formats.chat_message(r.content, reasoning=r.reasoning if self.thinking else None,
@@ -96,6 +134,7 @@ class ChatStream(StreamProgress):
         self.req = req
         self.created = int(time.time())
         self.parser = OutputParser(thinking=thinking, tools=req.callable_tools)
+        self.routed = ContentLogprobs()
 
     def _chunk(self, delta, **kw) -> dict:
         return formats.chat_chunk(self.rid, self.created, self.api.model_id, delta,
@@ -105,11 +144,10 @@ class ChatStream(StreamProgress):
         await self._start_stream(send)
         await send_event(send, self._chunk({"role": "assistant", "content": ""}))
 
-    async def _events(self, send, events: list[Event], lp=None) -> None:
-        """One chunk per parser event; logprobs ride on the first (or an empty content delta)."""
-        if not events and lp is not None:
-            events = [Event("content", "")]
-        for ev in events:
+    async def _events(self, send, events: list[Event], lp=None, held: bool = False) -> None:
+        """One chunk per parser event; a content token's logprobs ride on its content (ContentLogprobs):
+        never an empty delta, never on reasoning."""
+        for ev, lps in self.routed.route(events, lp, held):
             if ev.kind == "content":
                 delta = {"content": ev.text}
             elif ev.kind == "reasoning":
@@ -118,12 +156,13 @@ class ChatStream(StreamProgress):
                 delta = {"tool_calls": [formats.tool_call(ev.id, ev.name, "", index=ev.index)]}
             else:
                 delta = {"tool_calls": [{"index": ev.index, "function": {"arguments": ev.text}}]}
-            await send_event(send, self._chunk(delta, logprobs=lp))
-            lp = None
+            await send_event(send, self._chunk(delta, logprobs=lps))
 
     async def token(self, send, t: TokenOut) -> None:
-        lp = [formats.chat_logprob(self.api.tok, t.token_id, t.logprob, t.top)] if self.req.logprobs else None
-        await self._events(send, self.parser.feed(t.text), lp)
+        lp = formats.chat_logprob(self.api.tok, t.token_id, t.logprob, t.top) if self.req.logprobs else None
+        before = self.parser.state
+        events = self.parser.feed(t.text)
+        await self._events(send, events, lp, held=before == self.parser.state == "content")
 
     async def done(self, send, d: Done) -> None:
         await self._events(send, self.parser.feed(d.text_tail) + self.parser.finish())

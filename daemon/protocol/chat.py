@@ -34,6 +34,24 @@ def canonical_roles(messages: list) -> list:
             else m for m in messages]
 
 
+def continues_final(messages) -> bool:
+    """A conversation that ends with an assistant message with text and no tool calls asks for that
+    message to be continued (aider's prefix continuation, DeepSeek's "prefix" completion): the last
+    turn is rendered open — no end-of-turn token — and the reply goes on from its last character."""
+    if not isinstance(messages, list) or not messages or not isinstance(messages[-1], dict):
+        return False
+    last = messages[-1]
+    return last.get("role") == "assistant" and not last.get("tool_calls") and bool(last.get("content"))
+
+
+# One rule for a message's text parts, whichever renderer: parts joined by a blank line.
+PART_SEPARATOR = "\n\n"
+
+
+def join_parts(texts: list[str]) -> str:
+    return PART_SEPARATOR.join(texts)
+
+
 class ChatTemplateError(ValueError):
     """Messages the template cannot render; the message is fit for an HTTP 400 answer."""
 
@@ -82,8 +100,21 @@ class ChatRenderer:
         msgs = check_messages(messages)
         tools = check_tools(tools)
         kw = _template_kwargs(options)
-        text = self._render(msgs, tools, add_generation_prompt, kw)
+        if continues_final(msgs):
+            text = self._open_last_turn(msgs, tools, kw)
+        else:
+            text = self._render(msgs, tools, add_generation_prompt, kw)
         return RenderedChat(text, self._system_prefix_bytes(msgs, tools, text, kw))
+
+    def _open_last_turn(self, msgs: list[dict], tools, kw) -> str:
+        """The conversation without a generation prompt, cut right after the last assistant message's
+        text: whatever the template writes after it (its end-of-turn token) is not rendered."""
+        text = self._render(msgs, tools, False, kw)
+        at = text.rfind(msgs[-1]["content"])
+        if at < 0:
+            _fail(f"messages[{len(msgs) - 1}].content", "the chat template does not write this assistant "
+                  "message's text as is, so it cannot be continued; end the conversation with a user message")
+        return text[: at + len(msgs[-1]["content"])]
 
     def _render(self, msgs: list[dict], tools: list[dict] | None, add_generation_prompt: bool,
                 kwargs: dict | None = None) -> str:
@@ -142,7 +173,7 @@ def _text(value, where: str, *, optional: bool = False) -> str | None:
             if not isinstance(part.get("text"), str):
                 _fail(f"{where}[{j}].text", "expected a string")
             texts.append(part["text"])
-        return "\n".join(texts)
+        return join_parts(texts)
     _fail(where, "expected a string or a list of text parts")
 
 

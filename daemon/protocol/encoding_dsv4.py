@@ -159,6 +159,13 @@ def render_tool_calls(calls: list[dict]) -> str:
 # messages -> turns
 
 
+def _text(content, where: str) -> str:
+    """A message's text: its parts joined as the template path joins them (chat.join_parts)."""
+    from .chat import join_parts
+
+    return join_parts(_parts(content, where))
+
+
 def _parts(content, where: str) -> list[str]:
     if content is None:
         return []
@@ -182,7 +189,7 @@ def _turns(messages: list[dict]) -> list[dict]:
         role = m["role"]
         where = f"messages[{i}].content"
         if role == "tool":
-            block = ("tool", m.get("tool_call_id") or "", "\n\n".join(_parts(m.get("content"), where)))
+            block = ("tool", m.get("tool_call_id") or "", _text(m.get("content"), where))
             if turns and turns[-1]["role"] == "user":
                 turns[-1]["blocks"].append(block)
             else:
@@ -194,14 +201,14 @@ def _turns(messages: list[dict]) -> list[dict]:
             else:
                 turns.append({"role": "user", "blocks": blocks})
         elif role in ("system", "developer"):   # developer: OpenAI's newer name for system
-            turns.append({"role": "system", "text": "\n\n".join(_parts(m.get("content"), where))})
+            turns.append({"role": "system", "text": _text(m.get("content"), where)})
         else:
             calls = [{"id": c.get("id") or "", "name": c["function"]["name"],
                       "arguments": c["function"].get("arguments", "{}")} for c in m.get("tool_calls") or []]
             reasoning = m.get("reasoning_content")
             if reasoning is None:
                 reasoning = m.get("reasoning")
-            turns.append({"role": "assistant", "content": "\n\n".join(_parts(m.get("content"), where)),
+            turns.append({"role": "assistant", "content": _text(m.get("content"), where),
                           "reasoning": reasoning or "", "calls": calls})
         if role == "assistant" and turns[-1]["calls"]:
             call_order = {c["id"]: k for k, c in enumerate(turns[-1]["calls"]) if c["id"]}
@@ -253,8 +260,10 @@ def encode(messages: list[dict], tools: list[dict] | None, opts: ChatOptions, *,
                                           for kind, _, text in t["blocks"]))
         else:
             keep = thinking and (not drop or k > last_user)
+            # the conversation's last message, an assistant prefix: left open for the model to continue
+            open_turn = k == len(turns) - 1 and not t["calls"] and bool(t["content"])
             out.append((t["reasoning"] + END_THINK if keep else "") + t["content"]
-                       + (render_tool_calls(t["calls"]) if t["calls"] else "") + EOS)
+                       + (render_tool_calls(t["calls"]) if t["calls"] else "") + ("" if open_turn else EOS))
         if system_end is None and role != "system":
             system_end = k
         nxt = turns[k + 1]["role"] if k + 1 < len(turns) else None

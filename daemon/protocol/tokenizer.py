@@ -48,6 +48,11 @@ class TextTokenizer:
         self.eos_id: int = self._id_of(eos_token, eos_id, "eos")
         added = tokenizer.get_added_tokens_decoder()
         self._bytes: list[bytes] = [self._piece_bytes(i, added) for i in range(self.vocab_size)]
+        # The most text one token can stand for: n bytes of text are at least n / this many tokens, so
+        # a prompt's size bounds its length before it is tokenized. Only without a normalizer (which
+        # may shrink the text first); None: no bound.
+        self.max_token_bytes: int | None = None if tokenizer.normalizer is not None else \
+            max((len(b) for b in self._bytes), default=0) or None
 
     @classmethod
     def from_file(cls, path, **kw) -> "TextTokenizer":

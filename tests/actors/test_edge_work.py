@@ -26,6 +26,10 @@ class _Tok:
     def encode(self, text):
         return [1] * max(1, len(text) // 4)
 
+    def encode_with_offsets(self, text):
+        ids = self.encode(text)
+        return ids, [min(4 * (i + 1), len(text.encode())) for i in range(len(ids))]
+
     def decode(self, ids):
         return ""
 
@@ -171,3 +175,23 @@ def test_no_max_tokens_means_the_rest_of_the_context_unless_the_operator_set_a_d
     assert unset._budget(1000, 7, "messages") == 7
     assert _api(ctx=4096)._budget(1000, None, "prompt") == 16          # the operator's default
     assert _api(ctx=1010)._budget(1000, None, "prompt") == 10          # still bounded by the context
+
+
+async def test_large_bodies_are_read_two_at_a_time():
+    """Three clients each sending a 2 MiB body: two are read, the third waits (bounded memory)."""
+    reading = []
+
+    def slow_body(i):
+        async def receive():
+            reading.append(i)
+            await trio.sleep_forever()        # the client is still sending
+        return receive
+
+    with trio.fail_after(30):
+        api = _api()
+        async with trio.open_nursery() as nursery:
+            for i in range(3):
+                nursery.start_soon(api, _scope("/v1/chat/completions", 2 << 20), slow_body(i), _Sink())
+            await trio.testing.wait_all_tasks_blocked()
+            assert len(reading) == 2
+            nursery.cancel_scope.cancel()

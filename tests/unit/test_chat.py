@@ -92,7 +92,7 @@ def test_assistant_with_tool_calls_and_tool_turns(renderer):
     ]
     out = renderer.render(messages, tools=TOOLS)
     assert out.text == (
-        f"{BOS}S{TOOLS_TEXT}<｜User｜>read\na.txt"
+        f"{BOS}S{TOOLS_TEXT}<｜User｜>read\n\na.txt"          # parts joined as the native encoder joins them
         "<｜Assistant｜><｜tool▁calls▁begin｜>"
         '<｜tool▁call▁begin｜>read_file<｜tool▁sep｜>{"path": "a.txt"}<｜tool▁call▁end｜>'
         '<｜tool▁call▁begin｜>read_file<｜tool▁sep｜>{"path": "日本.txt"}<｜tool▁call▁end｜>'
@@ -222,3 +222,24 @@ def test_developer_role_renders_exactly_as_system(renderer):
 def test_an_unknown_role_names_the_field_and_the_roles_allowed(renderer):
     with pytest.raises(ChatTemplateError, match=r"messages\[0\]\.role: expected one of .*developer.*'boss'"):
         renderer.render([{"role": "boss", "content": "x"}])
+
+
+def test_a_trailing_assistant_message_is_continued_with_a_template_too(renderer):
+    out = renderer.render([{"role": "user", "content": "Write a haiku"},
+                           {"role": "assistant", "content": "Autumn moon,"}])
+    assert out.text == f"{BOS}<｜User｜>Write a haiku<｜Assistant｜>Autumn moon,"     # no EOS, no new turn
+
+
+def test_a_template_that_rewrites_the_prefix_cannot_continue_it_and_says_so():
+    r = ChatRenderer("{% for m in messages %}{{ m['content'] | upper }}{% endfor %}", BOS, EOS)
+    with pytest.raises(ChatTemplateError, match=r"messages\[1\]\.content: .*cannot be continued"):
+        r.render([{"role": "user", "content": "x"}, {"role": "assistant", "content": "go on"}])
+
+
+def test_text_parts_join_alike_in_the_template_and_the_native_renderer(renderer):
+    from cairn.daemon.protocol.chat_encoding import V4Renderer
+
+    parts = [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]
+    msgs = [{"role": "system", "content": parts}, {"role": "user", "content": parts}]
+    assert f"{BOS}a\n\nb<｜User｜>a\n\nb" in renderer.render(msgs).text
+    assert f"{BOS}a\n\nb<｜User｜>a\n\nb" in V4Renderer().render(msgs).text

@@ -17,6 +17,16 @@ TOOLS = [{"type": "function", "function": {"name": "read", "parameters": {
     "type": "object", "properties": {"path": {"type": "string"}}}}}]
 
 
+class PieceTok:
+    """token id i is the i-th piece of the reply (what the logprob entries name)."""
+
+    def __init__(self, pieces):
+        self.pieces = pieces
+
+    def token_bytes(self, i):
+        return self.pieces[i].encode()
+
+
 class FakeAPI:
     model_id, fingerprint, tok = "m", "fp_x", None
 
@@ -24,7 +34,7 @@ class FakeAPI:
         self.log = get_logger()
 
 
-async def run(cls, pieces, *, stream: bool, thinking: bool, **fields):
+async def run(cls, pieces, *, stream: bool, thinking: bool, finish: str = "stop", **fields):
     req = parse_chat({"model": "m", "messages": [{"role": "user", "content": "x"}], "tools": TOOLS,
                       "stream": stream, **fields})
     sent = []
@@ -32,11 +42,13 @@ async def run(cls, pieces, *, stream: bool, thinking: bool, **fields):
     async def send(msg):
         sent.append(msg)
 
-    r = cls(FakeAPI(), "chatcmpl-1", req, thinking=thinking)
+    api = FakeAPI()
+    api.tok = PieceTok(pieces)
+    r = cls(api, "chatcmpl-1", req, thinking=thinking)
     await r.start(send, Started(0, None))
     for i, p in enumerate(pieces):
-        await r.token(send, TokenOut(i, p, 0.0, ()))
-    await r.done(send, Done("stop", Usage(3, len(pieces), 0)))
+        await r.token(send, TokenOut(i, p, -0.5, ()))
+    await r.done(send, Done(finish, Usage(3, len(pieces), 0)))
     body = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body").decode()
     if not stream:
         return json.loads(body)
@@ -77,6 +89,36 @@ async def test_a_malformed_block_comes_back_as_content_with_a_warning():
     assert w["log_level"] == "warning" and w["request_id"] == "chatcmpl-1" and "malformed" in w["problem"]
 
 
+CUT = REPLY[:5] + [f"<{D}parameter name=\"path\" string=\"true\">a.t"]     # max_tokens inside the call
+
+
+async def test_a_call_cut_off_by_max_tokens_is_no_call_in_either_mode():
+    whole = await run(ChatJSON, CUT, stream=False, thinking=True, finish="length")
+    choice = whole["choices"][0]
+    assert choice["finish_reason"] == "length" and "tool_calls" not in choice["message"]
+    assert choice["message"]["content"] == "Reading."                 # no raw DSML
+    chunks = await run(ChatStream, CUT, stream=True, thinking=True, finish="length")
+    deltas = [c["choices"][0]["delta"] for c in chunks if c["choices"]]
+    assert "".join(d.get("content") or "" for d in deltas) == "Reading."
+    # what a streaming client has of the call: arguments that do not parse, and no tool_calls finish
+    args = "".join(tc["function"]["arguments"] for d in deltas for tc in d.get("tool_calls", []))
+    try:
+        json.loads(args)
+        closed = True
+    except ValueError:
+        closed = False
+    assert not closed
+    assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+
+
+async def test_a_cut_off_call_never_finishes_as_tool_calls():
+    """The engine stopped (a stop string) inside the call: "stop", not "tool_calls"."""
+    chunks = await run(ChatStream, CUT, stream=True, thinking=True)
+    assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
+    whole = await run(ChatJSON, CUT, stream=False, thinking=True)
+    assert whole["choices"][0]["finish_reason"] == "stop" and "tool_calls" not in whole["choices"][0]["message"]
+
+
 async def test_streamed_chunks_carry_usage_only_when_the_client_asks():
     chunks = await run(ChatStream, REPLY, stream=True, thinking=True)
     assert len(chunks) > 3 and all("usage" not in c for c in chunks)
@@ -85,3 +127,25 @@ async def test_streamed_chunks_carry_usage_only_when_the_client_asks():
     assert all(c["usage"] is None for c in asked[:-1])            # OpenAI's shape: null until the last chunk
     assert asked[-1]["choices"] == [] and asked[-1]["usage"]["prompt_tokens"] == 3
     assert asked[-1]["usage"]["completion_tokens"] == len(REPLY)
+
+
+THOUGHT = ["let me", " see</th", "ink>", "The", " answer", " is\n\n", "42", "."]
+
+
+async def test_streamed_logprobs_ride_on_content_never_on_empty_or_reasoning_deltas():
+    chunks = await run(ChatStream, THOUGHT, stream=True, thinking=True, logprobs=True)
+    deltas = [(c["choices"][0]["delta"], c["choices"][0].get("logprobs")) for c in chunks[1:] if c["choices"]]
+    for delta, lp in deltas:
+        assert delta != {"content": ""} or lp is None             # no empty content delta carries them
+        if "reasoning_content" in delta:
+            assert lp is None
+    tokens = [e["token"] for _, lp in deltas if lp for e in lp["content"]]
+    # the content tokens, each once, in order; " is\n\n" was held back (whitespace before a possible
+    # block) and rides with "42"
+    assert tokens == ["The", " answer", " is\n\n", "42", "."]
+    assert not any(d == {"content": ""} for d, _ in deltas)
+
+
+async def test_whole_reply_logprobs_are_the_content_tokens_too():
+    whole = await run(ChatJSON, THOUGHT, stream=False, thinking=True, logprobs=True)
+    assert [e["token"] for e in whole["choices"][0]["logprobs"]["content"]] == ["The", " answer", " is\n\n", "42", "."]

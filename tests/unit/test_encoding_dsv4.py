@@ -79,7 +79,8 @@ def test_chat_mode_renders_past_turns_without_reasoning():
 
 def test_reasoning_after_the_last_user_turn_is_kept():
     msgs = HISTORY[:2] + [{"role": "assistant", "content": "a", "reasoning": "r"}]
-    assert enc(msgs, opts=THINK).text == f"{BOS}S{U}q1{A}<think>r</think>a{EOS}"
+    # (the last message, so it is also left open for continuation: no EOS)
+    assert enc(msgs, opts=THINK).text == f"{BOS}S{U}q1{A}<think>r</think>a"
 
 
 def test_with_tools_nothing_is_dropped_and_every_turn_opens_with_think():
@@ -260,8 +261,26 @@ def test_system_prefix_is_a_token_boundary_shared_by_other_conversations(tiny_md
 def test_list_content_parts_are_joined_by_a_blank_line_in_every_role():
     parts = [{"type": "text", "text": "a"}, {"type": "text", "text": "b", "cache_control": {"type": "ephemeral"}}]
     out = enc([{"role": "system", "content": parts}, {"role": "user", "content": parts},
-               {"role": "assistant", "content": parts}])
-    assert out.text == f"{BOS}a\n\nb{U}a\n\nb{A}</think>a\n\nb{EOS}"
+               {"role": "assistant", "content": parts}, {"role": "user", "content": "c"}])
+    assert out.text == f"{BOS}a\n\nb{U}a\n\nb{A}</think>a\n\nb{EOS}{U}c{A}</think>"
+
+
+@pytest.mark.parametrize("opts,opened", [(CHAT, f"{A}</think>"), (THINK, f"{A}<think>plan</think>")],
+                         ids=["chat", "thinking"])
+def test_a_trailing_assistant_message_is_continued_not_closed(opts, opened):
+    """aider's prefix continuation: the last assistant turn stays open so the model writes on from it."""
+    out = enc([{"role": "user", "content": "Write a haiku"},
+               {"role": "assistant", "content": "Autumn moon,", "reasoning_content": "plan"}], opts=opts)
+    assert out.text.endswith(f"{U}Write a haiku{opened}Autumn moon,")     # no EOS after it
+    assert out.resume_bytes is None
+
+
+def test_a_trailing_assistant_tool_call_or_empty_message_is_closed_as_before():
+    calls = enc([{"role": "user", "content": "read a"},
+                 {"role": "assistant", "content": None, "tool_calls": [call("c1", "read", {"path": "a"})]}], [READ])
+    assert calls.text.endswith(f"</{D}tool_calls>{EOS}")
+    empty = enc([{"role": "user", "content": "hi"}, {"role": "assistant", "content": ""}])
+    assert empty.text.endswith(f"{A}</think>{EOS}")
 
 
 @pytest.mark.parametrize("tools", [None, [READ]], ids=["no-tools", "tools"])

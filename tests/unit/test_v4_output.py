@@ -94,11 +94,26 @@ def test_a_malformed_block_is_returned_as_content_with_a_warning():
     assert r.content == text                                  # all of it, whitespace included
 
 
-def test_an_unclosed_block_keeps_the_finished_calls_and_returns_the_rest():
-    text = BLOCK[: BLOCK.index("<｜DSML｜parameter name=\"limit\"")] + f"<{D}parameter name=\"limit\" stri"
-    r = parse_all(text, thinking=False, tools=TOOLS)
-    assert [json.loads(c.arguments) for c in r.tool_calls] == [{"path": 'a "b".txt'}]
-    assert r.content.endswith('name="limit" stri') and r.warnings
+def test_a_call_cut_off_by_the_end_of_the_output_is_dropped_and_its_text_is_not_content():
+    """max_tokens inside the second call's parameters: the closed call stays, the open one is no call
+    (no closing `}`, no missing-argument call to run) and no raw DSML is left in the content."""
+    second = BLOCK.index(f"</{D}invoke>") + len(f"</{D}invoke>\n")
+    text = "Reading." + BLOCK[:second] + f"<{D}invoke name=\"read\">\n<{D}parameter name=\"path\" string=\"true\">b.t"
+    for step in (1, 3, 1000):
+        p, events = stream(text, thinking=False, step=step)
+        r = p.result
+        assert [c.name for c in r.tool_calls] == ["read"] and r.dropped_call
+        assert json.loads(r.tool_calls[0].arguments)["path"] == 'a "b".txt'
+        assert r.content == "Reading." and D not in r.content
+        assert "cut off" in r.warnings[0]
+
+
+@pytest.mark.parametrize("cut", [f"<{D}tool_ca", f"<{D}tool_calls>\n<{D}invoke name=\"re",
+                                 f"<{D}tool_calls>\n<{D}invoke name=\"read\">\n<{D}parameter name=\"path\" str"])
+def test_output_ending_inside_the_block_header_leaves_only_the_content_before_it(cut):
+    r = parse_all("Sure.\n\n" + cut, thinking=False, tools=TOOLS)
+    assert (r.content, r.tool_calls) == ("Sure.", [])
+    assert r.dropped_call == ("invoke name=\"read\">" in cut)
 
 
 def test_without_tools_dsml_text_is_content():
@@ -112,3 +127,45 @@ def test_a_parameter_value_nested_past_the_parser_is_kept_as_text():
     text = f"<{D}tool_calls>\n<{D}invoke name=\"read\">\n<{D}parameter name=\"flags\" string=\"false\">{deep}" \
            f"</{D}parameter>\n</{D}invoke>\n</{D}tool_calls>"
     assert json.loads(parse_all(text, thinking=False, tools=TOOLS).tool_calls[0].arguments) == {"flags": deep}
+
+
+def _one_param_call(value: str) -> str:
+    return (f"<{D}tool_calls>\n<{D}invoke name=\"read\">\n<{D}parameter name=\"path\" string=\"true\">{value}"
+            f"</{D}parameter>\n</{D}invoke>\n</{D}tool_calls>")
+
+
+def _scanned_token_by_token(text: str, step: int = 3) -> tuple[int, OutputParser]:
+    p, events = stream(text, thinking=False, step=step)
+    return p.scanned, p
+
+
+def test_a_long_parameter_fed_token_by_token_is_scanned_in_linear_work():
+    """The parser looks at each character a bounded number of times: an 80 KB parameter costs about
+    four times a 20 KB one (a rescan of the buffer on every feed would make it sixteen)."""
+    small, p20 = _scanned_token_by_token(_one_param_call('line "x" = 1\n' * 1540))     # ~20 KB
+    large, p80 = _scanned_token_by_token(_one_param_call('line "x" = 1\n' * 6160))     # ~80 KB
+    assert json.loads(p80.result.tool_calls[0].arguments)["path"] == 'line "x" = 1\n' * 6160
+    assert large / small < 4.5
+    n = len(_one_param_call('line "x" = 1\n' * 6160))
+    assert large < 4 * n            # a few looks per character, not one per feed
+
+
+def test_a_string_parameter_streams_as_it_arrives_json_escaped():
+    p = OutputParser(thinking=False, tools=TOOLS)
+    head = f"<{D}tool_calls>\n<{D}invoke name=\"read\">\n<{D}parameter name=\"path\" string=\"true\">"
+    events = p.feed(head + 'a "quoted"\nfile')
+    args = [e.text for e in events if e.kind == "tool_args"]
+    assert "".join(args) == '{"path": "a \\"quoted\\"\\nfile'    # the value so far, before its end tag
+    events = p.feed(f".txt</{D}parameter>\n</{D}invoke>\n</{D}tool_calls>") + p.finish()
+    args += [e.text for e in events if e.kind == "tool_args"]
+    assert json.loads("".join(args)) == {"path": 'a "quoted"\nfile.txt'}
+    assert "".join(args) == p.result.tool_calls[0].arguments
+
+
+def test_the_end_tag_split_across_feeds_is_held_back_not_streamed():
+    p = OutputParser(thinking=False, tools=TOOLS)
+    p.feed(f"<{D}tool_calls>\n<{D}invoke name=\"read\">\n<{D}parameter name=\"path\" string=\"true\">ab")
+    events = p.feed(f"c</{D}param")
+    assert [e.text for e in events] == ["c"]                  # "</｜DSML｜param" may be the end tag
+    events = p.feed(f"eter>\n</{D}invoke>")
+    assert "".join(e.text for e in events) == '"}'
