@@ -13,11 +13,12 @@ through the Messages API renders exactly as the same conversation sent to /v1/ch
 - `tools[].input_schema` -> function parameters; `tool_choice` auto / any / tool / none -> auto /
   required / a named function / none (any and tool go through the grammar constraint);
   `disable_parallel_tool_use` -> parallel_tool_calls false.
-- `thinking` enabled (or adaptive) / disabled -> V4's thinking / chat mode; absent: the server's
-  default (--reasoning). `budget_tokens` is checked as Anthropic checks it but not enforced: V4
-  has no token budget for its reasoning.
+- `thinking` enabled, adaptive or between_tools / disabled -> V4's thinking / chat mode; absent:
+  the server's default (--reasoning). `budget_tokens` is checked as Anthropic checks it but not
+  enforced: V4 has no token budget for its reasoning. `output_config.effort` -> reasoning_effort
+  (V4's effort levels), `output_config.format` (a JSON schema) -> response_format json_schema.
 - `stop_sequences` -> stop; `max_tokens`, `temperature`, `top_p`, `top_k` as they are; `metadata`
-  is checked and not used.
+  is checked and not used; the top-level `cache_control` is accepted (every prefix is cached).
 
 Refused with a 400 naming the field: images and documents (this model reads text), server tools,
 a final assistant message (prefill), and anything malformed. Errors leave this module as
@@ -29,8 +30,10 @@ from __future__ import annotations
 from .schemas import APIError, ChatRequest, CommonParams, MAX_STOP_CHARS, _check_unknown, bad
 
 FIELDS = {"model", "messages", "max_tokens", "system", "tools", "tool_choice", "thinking", "stop_sequences",
-          "temperature", "top_p", "top_k", "metadata", "stream", "service_tier"}
-COUNT_FIELDS = {"model", "messages", "system", "tools", "tool_choice", "thinking"}
+          "temperature", "top_p", "top_k", "metadata", "stream", "service_tier", "cache_control", "output_config"}
+COUNT_FIELDS = {"model", "messages", "system", "tools", "tool_choice", "thinking", "cache_control", "output_config"}
+THINKING_TYPES = ("enabled", "adaptive", "between_tools", "disabled")
+EFFORTS = ("low", "medium", "high", "xhigh", "max")   # output_config.effort: the chat request's reasoning_effort
 MIN_THINKING_BUDGET = 1024     # Anthropic's minimum budget_tokens
 MAX_STOP_SEQUENCES = 16        # each is matched on every streamed piece: a bound keeps that cheap
 TOOL_CHOICES = ("auto", "any", "tool", "none")
@@ -346,11 +349,13 @@ def _thinking(v, max_tokens: int | None):
     """-> the chat request's `thinking` field (None: the server's default mode)."""
     if v is None:
         return None
-    if not isinstance(v, dict) or v.get("type") not in ("enabled", "disabled", "adaptive"):
+    if not isinstance(v, dict) or v.get("type") not in THINKING_TYPES:
         got = v.get("type") if isinstance(v, dict) else v
         raise bad("thinking.type" if isinstance(v, dict) else "thinking",
-                  f'{got!r}; expected {{"type": "enabled", "budget_tokens": N}}, {{"type": "adaptive"}} or '
-                  '{"type": "disabled"}')
+                  f'{got!r}; expected {{"type": "enabled", "budget_tokens": N}} or a type among '
+                  f'{", ".join(THINKING_TYPES)}')
+    if v.get("display") not in (None, "summarized", "omitted"):
+        raise bad("thinking.display", f"{v['display']!r}; expected summarized or omitted")
     if v["type"] == "disabled":
         return {"type": "disabled"}
     if v["type"] == "enabled":
@@ -364,6 +369,23 @@ def _thinking(v, max_tokens: int | None):
 
 
 # --- requests ---------------------------------------------------------------------------------
+
+def _output_config(v) -> tuple[str | None, dict | None]:
+    """-> (reasoning_effort, response_format)."""
+    if v is None:
+        return None, None
+    if not isinstance(v, dict):
+        raise bad("output_config", f"expected an object, got {_kind(v)}", "invalid_type")
+    effort = v.get("effort")
+    if effort is not None and effort not in EFFORTS:
+        raise bad("output_config.effort", f"{effort!r}; expected one of {', '.join(EFFORTS)}")
+    fmt = v.get("format")
+    if fmt is None:
+        return effort, None
+    if not isinstance(fmt, dict) or fmt.get("type") != "json_schema" or not isinstance(fmt.get("schema"), dict):
+        raise bad("output_config.format", 'expected {"type": "json_schema", "schema": {JSON schema}}')
+    return effort, {"type": "json_schema", "json_schema": {"name": "output", "schema": fmt["schema"]}}
+
 
 def _model(d: dict) -> str:
     model = d.get("model")
@@ -380,13 +402,15 @@ def _request(d: dict, *, known: set[str], max_tokens: int | None, stream: bool) 
     tool_choice, parallel = _tool_choice(d.get("tool_choice"), tools)
     thinking = _thinking(d.get("thinking"), max_tokens)
     top_k = _int(d, "top_k", 0)
+    effort, response_format = _output_config(d.get("output_config"))
     common = CommonParams(model=_model(d), stream=stream, include_usage=False,
                           temperature=_num(d, "temperature", 1.0, 0.0, 1.0),
                           top_p=_num(d, "top_p", 1.0, 0.0, 1.0, lo_open=True), top_k=top_k or 0, seed=None,
                           stop=_stop_sequences(d.get("stop_sequences")), max_tokens=max_tokens, ignore_eos=False,
                           ignored=ignored)
     return ChatRequest(common, messages, tools or None, logprobs=False, top_logprobs=0, thinking=thinking,
-                       tool_choice=tool_choice, parallel_tool_calls=parallel)
+                       reasoning_effort=effort, response_format=response_format, tool_choice=tool_choice,
+                       parallel_tool_calls=parallel)
 
 
 def parse_messages(d: dict) -> ChatRequest:

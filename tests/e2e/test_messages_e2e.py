@@ -37,9 +37,10 @@ def loaded(tiny_model_dir):
 
 def _client(sock, **kw):
     import anthropic
+    import httpx2     # the anthropic SDK's own HTTP library (an httpx fork): its client, over the socket
 
     return anthropic.Anthropic(base_url="http://localhost", api_key="unused", max_retries=0,
-                               http_client=httpx.Client(transport=httpx.HTTPTransport(uds=str(sock))), **kw)
+                               http_client=httpx2.Client(transport=httpx2.HTTPTransport(uds=str(sock))), **kw)
 
 
 def _valid(value: dict, schema: dict) -> None:
@@ -64,7 +65,7 @@ def _blocks(message) -> list[dict]:
 
 async def test_forced_tool_call_round_trip_streamed_and_not(loaded, tmp_path):
     sock = tmp_path / "c.sock"
-    kw = dict(model="tiny", max_tokens=300, temperature=0, system=SYSTEM, messages=ASK, tools=TOOLS,
+    kw = dict(model="tiny", max_tokens=300, extra_body={"temperature": 0}, system=SYSTEM, messages=ASK, tools=TOOLS,
               tool_choice={"type": "tool", "name": "open_file"})
     with trio.fail_after(180), capture_logs():
         async with daemon(loaded, sock):
@@ -87,11 +88,11 @@ async def test_forced_tool_call_round_trip_streamed_and_not(loaded, tmp_path):
     assert call.id.startswith("toolu_") and call.name == "open_file"
     _valid(call.input, OPEN_FILE["input_schema"])
     # the stream: Anthropic's event order, and blocks that add up to the same call
-    types = [e.type for e in raw]
-    assert types[:2] == ["message_start", "ping"] and types[-2:] == ["message_delta", "message_stop"]
-    assert types[2:-2] == ["content_block_start"] + ["content_block_delta"] * (len(types) - 6) + ["content_block_stop"]
-    assert raw[2].content_block.type == "tool_use" and raw[2].content_block.name == "open_file"
-    assert json.loads("".join(e.delta.partial_json for e in raw[3:-3])) == call.input
+    types = [e.type for e in raw]        # the SDK drops `ping` (the raw order is checked in the Claude Code test)
+    assert types[0] == "message_start" and types[-2:] == ["message_delta", "message_stop"]
+    assert types[1:-2] == ["content_block_start"] + ["content_block_delta"] * (len(types) - 5) + ["content_block_stop"]
+    assert raw[1].content_block.type == "tool_use" and raw[1].content_block.name == "open_file"
+    assert json.loads("".join(e.delta.partial_json for e in raw[2:-3])) == call.input
     assert raw[-2].delta.stop_reason == "tool_use" and raw[-2].usage.output_tokens == full.usage.output_tokens
     (scall,) = [b for b in streamed.content if b.type == "tool_use"]
     assert (scall.name, scall.input) == (call.name, call.input) and streamed.stop_reason == "tool_use"
@@ -104,7 +105,7 @@ async def test_forced_tool_call_round_trip_streamed_and_not(loaded, tmp_path):
 
 async def test_thinking_blocks_streamed_and_not(loaded, tmp_path):
     sock = tmp_path / "c.sock"
-    kw = dict(model="tiny", max_tokens=1025, temperature=0, system=SYSTEM, messages=ASK,
+    kw = dict(model="tiny", max_tokens=1025, extra_body={"temperature": 0}, system=SYSTEM, messages=ASK,
               thinking={"type": "enabled", "budget_tokens": 1024})
     with trio.fail_after(240), capture_logs():
         async with daemon(loaded, sock):
@@ -118,7 +119,7 @@ async def test_thinking_blocks_streamed_and_not(loaded, tmp_path):
     think = full.content[0]
     assert think.type == "thinking" and think.thinking and think.signature.startswith("cairn.")
     deltas = [e.delta for e in raw if e.type == "content_block_delta"]
-    assert raw[2].type == "content_block_start" and raw[2].content_block.type == "thinking"
+    assert raw[1].type == "content_block_start" and raw[1].content_block.type == "thinking"
     assert "".join(d.thinking for d in deltas if d.type == "thinking_delta") == think.thinking
     assert [d.signature for d in deltas if d.type == "signature_delta"] == [think.signature]
     text = "".join(d.text for d in deltas if d.type == "text_delta")
@@ -128,7 +129,7 @@ async def test_thinking_blocks_streamed_and_not(loaded, tmp_path):
 
 async def test_stop_sequences_end_the_reply_and_say_which(loaded, tmp_path):
     sock = tmp_path / "c.sock"
-    kw = dict(model="tiny", max_tokens=16, temperature=0, messages=ASK, thinking={"type": "disabled"})
+    kw = dict(model="tiny", max_tokens=16, extra_body={"temperature": 0}, messages=ASK, thinking={"type": "disabled"})
     with trio.fail_after(120), capture_logs():
         async with daemon(loaded, sock):
             def use_client():
@@ -165,7 +166,8 @@ async def test_count_tokens_and_errors_in_anthropics_shape(loaded, tmp_path):
                             {"tool_choice": {"type": "tool", "name": "rm_rf"}},
                             {"max_tokens": 70000}):
                     try:
-                        c.messages.create(**{**kw, "max_tokens": 2, **bad})
+                        # timeout: else the SDK refuses a large max_tokens unstreamed before sending it
+                        c.messages.create(**{**kw, "max_tokens": 2, **bad}, timeout=60)
                     except anthropic.APIStatusError as e:
                         errors.append(e)
                 return counted, reply, errors

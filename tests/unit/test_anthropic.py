@@ -102,6 +102,17 @@ def test_thinking_disabled_and_absent():
     assert parse_messages(body()).thinking is None          # the server's --reasoning default
 
 
+def test_output_config_and_the_newer_thinking_types():
+    req = parse_messages(body(thinking={"type": "adaptive", "display": "summarized"}, cache_control={"type": "ephemeral"},
+                              output_config={"effort": "max", "format": {"type": "json_schema", "schema": {
+                                  "type": "object", "properties": {"ok": {"type": "boolean"}}}}}))
+    assert req.thinking == {"type": "enabled"} and req.reasoning_effort == "max"
+    assert req.json_schema == {"type": "object", "properties": {"ok": {"type": "boolean"}}}
+    assert parse_messages(body(thinking={"type": "between_tools"})).thinking == {"type": "enabled"}
+    assert refused(body(output_config={"effort": "extreme"})).param == "output_config.effort"
+    assert refused(body(output_config={"format": {"type": "regex"}})).param == "output_config.format"
+
+
 def test_count_tokens_needs_no_max_tokens():
     req = parse_count_tokens({"model": "m", "messages": [{"role": "user", "content": "hi"}], "system": "S"})
     assert req.common.max_tokens is None and req.messages[0] == {"role": "system", "content": "S"}
