@@ -74,8 +74,10 @@ class Engine:
         store could not keep it, or the memory plan has no room for the copy."""
         nbytes = self.checkpoints.capture_bytes(state)
         why = self.checkpoints.capture_refusal(nbytes)
-        if why is None and self.memory is not None:
-            why = self.memory.capture_refusal(nbytes)
+        if why is None and self.memory is not None:   # the copy itself: the tail (every group when unshared)
+            copied = int(state.tail_nbytes) + (0 if self.checkpoints.share_pages
+                                               else len(state.page_ids) * int(state.page_nbytes))
+            why = self.memory.capture_refusal(copied)
         return nbytes, why
 
     # --- the sequences -----------------------------------------------------------------------------

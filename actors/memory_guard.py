@@ -87,6 +87,12 @@ class MemoryGuard:
         def total() -> int:
             return self._in_use([state] + [st for st, _ in others], state, after)
 
+        # Counting shared groups twice only overestimates: when even that fits (the common case, every
+        # decode step) the exact union is not needed.
+        store = self.engine.checkpoints.store
+        if (self._resident(after) + sum(self._resident(int(st.n_tokens)) for st, _ in others)
+                + store.memory_usage()) <= pool:
+            return
         over = total() - pool
         if over <= 0:
             return

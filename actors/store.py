@@ -154,6 +154,9 @@ class CheckpointStore:
         self._clock = clock or itertools.count(1).__next__
         self._by_id: dict[str, Entry] = {}
         self._held: dict[str, Footprint] = {}   # entry id -> a snapshot queued for the disk writer
+        # memory_usage / memory_pages / memory_own_bytes, computed once per change (the memory guard
+        # asks before every decode step; a tier of many checkpoints references tens of thousands of groups)
+        self._mem_cache: tuple[int, dict[int, int], int] | None = None
 
     # ---- lookup -------------------------------------------------------------------------------
 
@@ -258,13 +261,21 @@ class CheckpointStore:
         out += [fp for i, fp in self._held.items() if not self._in_memory(i)]
         return out
 
+    def _memory(self) -> tuple[int, dict[int, int], int]:
+        if self._mem_cache is None:
+            resident = self._resident()
+            pages = {p: fp.page_nbytes for fp in resident for p in fp.pages}
+            own = sum(fp.own for fp in resident)
+            self._mem_cache = (own + sum(pages.values()), pages, own)
+        return self._mem_cache
+
     def memory_pages(self) -> dict[int, int]:
         """Every page group the memory tier (queued snapshots included) references: id -> bytes."""
-        return {p: fp.page_nbytes for fp in self._resident() for p in fp.pages}
+        return dict(self._memory()[1])
 
     def memory_own_bytes(self) -> int:
         """The memory tier's bytes outside page groups (tails), queued snapshots included."""
-        return sum(fp.own for fp in self._resident())
+        return self._memory()[2]
 
     @staticmethod
     def _disk_page_refs(entries) -> dict[str, int]:
@@ -297,7 +308,7 @@ class CheckpointStore:
 
     def memory_usage(self) -> int:
         """What the memory byte budget bounds: loaded snapshots plus queued ones, pages once."""
-        return self._usage(self._resident())
+        return self._memory()[0]
 
     def can_hold(self, entry_id: str, snapshot: Any) -> bool:
         """Would queueing ``snapshot`` for ``entry_id`` keep the memory budget?"""
@@ -307,9 +318,11 @@ class CheckpointStore:
 
     def hold(self, entry_id: str, snapshot: Any) -> None:
         self._held[entry_id] = footprint(snapshot)
+        self._mem_cache = None
 
     def release(self, entry_id: str) -> None:
         self._held.pop(entry_id, None)
+        self._mem_cache = None
 
     def _in_memory(self, entry_id: str) -> bool:
         e = self._by_id.get(entry_id)
@@ -327,6 +340,7 @@ class CheckpointStore:
         if entry is None:
             return []
         entry.snapshot, entry.mem, entry.nbytes = snapshot, fp, fp.nbytes
+        self._mem_cache = None
         return self._enforce("memory", entry)
 
     def put_disk(self, tokens: Sequence[int] | np.ndarray, kind: Kind, nbytes: int, disk_nbytes: int,
@@ -369,6 +383,7 @@ class CheckpointStore:
             return None
         if tier in (None, "memory"):
             e.snapshot, e.mem = None, None
+            self._mem_cache = None
         if tier in (None, "disk"):
             e.on_disk, e.disk_nbytes = False, 0
         if e.snapshot is None and not e.on_disk:

@@ -31,6 +31,8 @@ from cairn.daemon.protocol.chat import ChatTemplateError
 from cairn.daemon.protocol.encoding_dsv4 import DSML
 from .asgi import read_body, send_error, send_json
 from .responders import ChatJSON, ChatStream, CompletionOut
+from .responses import as_responses_error, parse_responses
+from .responses_reply import ResponsesJSON, ResponsesStream
 from .schemas import APIError, CommonParams, parse_chat, parse_completion, parse_json_body
 
 REPLY_BUFFER = 64  # tokens may run ahead of a slow client by this much; then decode waits for it
@@ -135,6 +137,7 @@ class API:
             ("POST", "/v1/completions"): self._completions,
             ("POST", "/v1/messages"): self._messages,                  # Anthropic: daemon/api/anthropic.py
             ("POST", "/v1/messages/count_tokens"): self._count_tokens,
+            ("POST", "/v1/responses"): self._responses,
         }
         handler = routes.get((method, path))
         if handler is None:
@@ -235,7 +238,7 @@ class API:
 
     # --- building a Submit --------------------------------------------------------------------
 
-    def _budget(self, n_prompt: int, asked: int | None, prompt_param: str) -> int:
+    def _budget(self, n_prompt: int, asked: int | None, prompt_param: str, asked_param: str = "max_tokens") -> int:
         if n_prompt >= self.ctx:
             raise APIError(400, f"{prompt_param}: the prompt is {n_prompt} tokens; this model's context is "
                            f"{self.ctx} tokens", param=prompt_param, code="context_length_exceeded")
@@ -243,8 +246,8 @@ class API:
         if asked is None:
             return room if self.max_tokens_default is None else min(self.max_tokens_default, room)
         if asked > room:
-            raise APIError(400, f"max_tokens: {asked} is too large; the prompt is {n_prompt} tokens and the "
-                           f"context {self.ctx}, so at most {room}", param="max_tokens",
+            raise APIError(400, f"{asked_param}: {asked} is too large; the prompt is {n_prompt} tokens and the "
+                           f"context {self.ctx}, so at most {room}", param=asked_param,
                            code="context_length_exceeded")
         return asked
 
@@ -288,6 +291,29 @@ class API:
         sampling = self._sampling(req.common, budget, req.logprobs, req.top_logprobs, constraint,
                                   banned=self._no_tool_calls(req))
         out = (ChatStream if req.common.stream else ChatJSON)(self, rid, req, thinking=options.thinking)
+        await self._drive(receive, send, rid, ids, hint, sampling, False, out, received, turn_end)
+
+    async def _responses(self, scope, receive, send) -> None:
+        """The Responses API: translated into the chat request (responses.py), then the chat path's
+        rendering and engine; only the reply is its own (responses_reply.py)."""
+        received = trio.current_time()
+        rr = await self._parse(scope, receive, parse_responses)
+        req = rr.chat
+        self._check_model(req.common.model)
+        self.agent.note_ignored(req.common.ignored + tuple(f"tools[].type={t}" for t in rr.dropped_tools))
+        options = self.agent.options(req, self.reasoning)
+        try:
+            ids, hint, turn_end, constraint = await trio.to_thread.run_sync(
+                self._render_chat, req, options, limiter=self._cpu)
+        except ChatTemplateError as e:
+            raise APIError(400, str(e), param="tools" if str(e).startswith("tools") else "input",
+                           code="invalid_value") from None
+        except APIError as e:    # a grammar that does not compile names response_format: say text.format
+            raise as_responses_error(e) from None
+        budget = self._budget(len(ids), req.common.max_tokens, "input", "max_output_tokens")
+        rid = self._new_id("resp")
+        sampling = self._sampling(req.common, budget, False, 0, constraint, banned=self._no_tool_calls(req))
+        out = (ResponsesStream if req.common.stream else ResponsesJSON)(self, rid, rr, thinking=options.thinking)
         await self._drive(receive, send, rid, ids, hint, sampling, False, out, received, turn_end)
 
     def _no_tool_calls(self, req) -> tuple[int, ...]:
