@@ -234,7 +234,8 @@ async def run_decode(engine: Engine, pre: Prefilled, stream_decoder, stats: dict
             finish_reason = "stop"
         else:
             tail += stops.flush()
-    return Done(finish_reason, Usage(len(sub.prompt), n, pre.reused_tokens), text_tail=tail)
+    return Done(finish_reason, Usage(len(sub.prompt), n, pre.reused_tokens), text_tail=tail,
+                stop_sequence=stops.matched)
 
 
 async def decode_turn(pre: Prefilled, seq: Sequence, to_admission, *, engine: Engine, steps: DecodeSteps,

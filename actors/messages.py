@@ -180,6 +180,7 @@ class Done:
     finish_reason: Literal["stop", "length"]
     usage: Usage
     text_tail: str = ""                # text flushed at the end (held-back bytes), after the last TokenOut
+    stop_sequence: str | None = None   # the stop string that ended the reply (Anthropic's stop_sequence)
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,16 +11,18 @@ class StopMatcher:
     def __init__(self, stops: tuple[str, ...]) -> None:
         self._stops = tuple(s for s in stops if s)
         self._held = ""
+        self.matched: str | None = None    # the stop string that ended the text (the earliest in it)
 
     def push(self, text: str) -> tuple[str, bool]:
         """Add streamed text. Returns (text safe to emit now, stopped)."""
         if not self._stops:
             return text, False
         buf = self._held + text
-        hits = [i for i in (buf.find(s) for s in self._stops) if i >= 0]
+        hits = [(i, s) for i, s in ((buf.find(s), s) for s in self._stops) if i >= 0]
         if hits:
             self._held = ""
-            return buf[: min(hits)], True
+            at, self.matched = min(hits, key=lambda h: h[0])
+            return buf[:at], True
         keep = 0
         for s in self._stops:                 # longest suffix of buf that is a proper prefix of s
             for n in range(min(len(s) - 1, len(buf)), keep, -1):

@@ -24,6 +24,11 @@ def api_key_matches(authorization: bytes, api_key: str) -> bool:
     return hmac.compare_digest(authorization, b"Bearer " + api_key.encode("utf-8"))
 
 
+def x_api_key_matches(x_api_key: bytes | None, api_key: str) -> bool:
+    """`x-api-key: <key>` (Anthropic's header), compared as `api_key_matches` compares."""
+    return x_api_key is not None and hmac.compare_digest(x_api_key, api_key.encode("utf-8"))
+
+
 def operator_endpoint(path: str) -> bool:
     """The routes that manage the daemon or show other clients' requests: /v1/status and
     /v1/checkpoints (the listing and DELETE /v1/checkpoints/ID)."""

@@ -24,8 +24,9 @@ from cairn.actors.replies import STALL_S
 from cairn.actors.trace import RequestTrace
 from cairn.actors.turns import turn_boundaries
 
-from . import worker_info
-from .access import api_key_matches, loopback_host, operator_endpoint
+from . import anthropic, worker_info
+from .access import api_key_matches, loopback_host, operator_endpoint, x_api_key_matches
+from .anthropic_reply import MessagesJSON, MessagesStream, send_anthropic_error
 from cairn.daemon.protocol.agent_protocol import AgentProtocol
 from cairn.daemon.protocol.chat import ChatTemplateError, continues_final
 from cairn.daemon.protocol.encoding_dsv4 import DSML
@@ -98,21 +99,23 @@ class API:
             await self._fail(e, scope, send)
 
     async def _fail(self, e: BaseException, scope, send) -> None:
+        # the Anthropic routes answer errors in Anthropic's shape, auth and routing errors included
+        reply = send_anthropic_error if anthropic.is_messages_path(scope.get("path", "")) else send_error
         if isinstance(e, APIError):
             self._log_rejected(e, path=scope.get("path"))
-            return await send_error(send, e)
+            return await reply(send, e)
         if isinstance(e, ConnectionAbortedError):
             return
         if isinstance(e, (trio.BrokenResourceError, trio.ClosedResourceError)):
-            return await send_error(send, APIError(503, "the server is shutting down", code="shutting_down"))
+            return await reply(send, APIError(503, "the server is shutting down", code="shutting_down"))
         if not isinstance(e, Exception):
             raise e
         # A bug here must not take the daemon down; say so in the log.
         self.log.error("handler_failed", path=scope.get("path"), exc_info=e)
         try:
             # generic on purpose: an exception's text may carry internals (paths, library panics)
-            await send_error(send, APIError(500, "internal error; the details are in the server log",
-                                            code="internal_error"))
+            await reply(send, APIError(500, "internal error; the details are in the server log",
+                                       code="internal_error"))
         except Exception:
             pass
 
@@ -148,6 +151,8 @@ class API:
             ("GET", "/v1/loads"): self._loads,
             ("POST", "/v1/chat/completions"): self._chat,
             ("POST", "/v1/completions"): self._completions,
+            ("POST", "/v1/messages"): self._messages,                  # Anthropic: daemon/api/anthropic.py
+            ("POST", "/v1/messages/count_tokens"): self._count_tokens,
             ("POST", "/v1/responses"): self._responses,
         }
         handler = routes.get((method, path))
@@ -165,8 +170,10 @@ class API:
 
     def _check_key(self, scope) -> None:
         headers = dict(scope.get("headers") or [])
-        if not api_key_matches(headers.get(b"authorization", b""), self.api_key):
-            raise APIError(401, "missing or wrong API key (Authorization: Bearer ...)", code="invalid_api_key")
+        # x-api-key: how Anthropic's clients send a key (Claude Code's ANTHROPIC_API_KEY)
+        if not (api_key_matches(headers.get(b"authorization", b""), self.api_key)
+                or x_api_key_matches(headers.get(b"x-api-key"), self.api_key)):
+            raise APIError(401, "missing or wrong API key (Authorization: Bearer ... or x-api-key: ...)", code="invalid_api_key")
 
     def _check_tcp_access(self, scope) -> None:
         headers = dict(scope.get("headers") or [])
@@ -404,6 +411,37 @@ class API:
         out = CompletionOut(self, rid, req, ids)
         await self._drive(receive, send, rid, ids, None, sampling, want_lp and req.echo, out, received)
 
+    async def _messages(self, scope, receive, send) -> None:
+        """POST /v1/messages: Anthropic's shape translated into a chat request (anthropic.py), the
+        chat pipeline, and Anthropic's shape back (anthropic_reply.py)."""
+        received = trio.current_time()
+        req = await self._parse(scope, receive, anthropic.parse_messages)
+        options, ids, hint, turn_end, constraint = await self._messages_prompt(req)
+        anthropic.check_context(len(ids), req.common.max_tokens, self.ctx)
+        rid = self._new_id("msg").replace("-", "_", 1)
+        sampling = self._sampling(req.common, req.common.max_tokens, False, 0, constraint,
+                                  banned=self._no_tool_calls(req))
+        out = (MessagesStream if req.common.stream else MessagesJSON)(self, rid, req, len(ids),
+                                                                      thinking=options.thinking)
+        await self._drive(receive, send, rid, ids, hint, sampling, False, out, received, turn_end)
+
+    async def _count_tokens(self, scope, receive, send) -> None:
+        """POST /v1/messages/count_tokens: the prompt /v1/messages would run, counted."""
+        req = await self._parse(scope, receive, anthropic.parse_count_tokens)
+        _, ids, *_ = await self._messages_prompt(req)
+        await send_json(send, 200, {"input_tokens": len(ids)})
+
+    async def _messages_prompt(self, req):
+        self._check_model(req.common.model)
+        self.agent.note_ignored(req.common.ignored)
+        options = self.agent.options(req, self.reasoning)
+        try:
+            ids, hint, turn_end, constraint = await trio.to_thread.run_sync(
+                self._render_chat, req, options, limiter=self._cpu)
+        except ChatTemplateError as e:
+            raise APIError(400, str(e), param="messages", code="invalid_value") from None
+        return options, ids, hint, turn_end, constraint
+
     # --- the request's life -------------------------------------------------------------------
 
     async def _drive(self, receive, send, rid, ids, hint, sampling, prompt_logprobs, out,
@@ -450,7 +488,7 @@ class API:
                 err = APIError(429, "the engine is busy and its queue is full; retry later", code="queue_full",
                                headers={"Retry-After": str(terminal.retry_after_s)})
                 self._log_rejected(err, request_id=rid)
-                await send_error(send, err)
+                await out.failed(send, err)
             elif isinstance(terminal, Failed) and terminal.kind == "memory":
                 # the memory plan had no room for this conversation's state (actors/memory_guard.py)
                 await out.failed(send, APIError(507, terminal.message, code="insufficient_memory",
