@@ -428,8 +428,10 @@ def open_gguf(first: str | Path, *, digest_cache: str | Path | None = None, log=
             log.warning("weight_digest_cache_not_saved", file=str(digests.file), error=f"{e.strerror or e}")
     h = hashlib.sha256()
     h.update(json.dumps(cfg, sort_keys=True).encode())
-    for f, d in zip(files, file_digests):   # a GGUF's header is inside its file's digest
-        h.update(f.name.encode() + b"\0" + bytes.fromhex(d))
+    # Each part by its place in the set, not its name (a renamed copy is the same model); a GGUF's
+    # header is inside its file's digest.
+    for i, d in enumerate(file_digests):
+        h.update(f"gguf part {i + 1} of {len(files)}".encode() + b"\0" + bytes.fromhex(d))
     h.update(hashlib.sha256(tok_json.encode()).digest())
     h.update(json.dumps([template, bos, eos]).encode())
     return ModelDir(path=first, config=cfg, tensors=tensors, fingerprint=h.hexdigest(), tokenizer_file=first,
