@@ -223,6 +223,16 @@ PRESETS["flash-shape"] = replace(
     qk_rope_head_dim=8, q_lora_rank=32, o_groups=2, o_lora_rank=16, sliding_window=16, hca_rate=16,
     index_n_heads=4, index_head_dim=16, index_topk=8, moe_intermediate_size=32,
     max_position_embeddings=65536, drafter_blocks=3, extra={"dspark_block_size": 5})
+# For GGUF fixtures (tests/fixtures/gguf/, scripts/make_gguf_fixtures.py): the tiny model inside the
+# limits llama.cpp's DeepSeek-V4 loader hard-codes (compression rates 4 and 128, hc_mult 4, indexer head
+# dim >= 64), so its converter writes it as it writes V4-Flash. ~1.3 MB of F32 weights. 16 indexer heads:
+# with 2 or 4 the kernel and HF part from the first top-k selection (~40 tokens; not yet explained).
+PRESETS["gguf-tiny"] = Preset(
+    vocab_size=512, hidden_size=64, layer_types=(S, C, H), mlp_layer_types=("hash_moe", "moe", "moe"),
+    num_attention_heads=2, head_dim=64, qk_rope_head_dim=16, q_lora_rank=32, o_groups=2, o_lora_rank=16,
+    sliding_window=16, csa_rate=4, hca_rate=128, index_n_heads=16, index_head_dim=64, index_topk=8,
+    n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+)
 DIRECT_CODES = ("flash-slice", "experts-fp4", "flash-shape")   # written by flash_slice.write_flash_slice
 
 

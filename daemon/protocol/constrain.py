@@ -69,7 +69,7 @@ class Grammars:
 
     @classmethod
     def from_model_dir(cls, md, tok) -> "Grammars":
-        return cls(md.tokenizer_file.read_text(), int(md.config["vocab_size"]), tok.eos_id, tok)
+        return cls(md.tokenizer_text(), int(md.config["vocab_size"]), tok.eos_id, tok)
 
     def ll_tokenizer(self):
         with self._lock:

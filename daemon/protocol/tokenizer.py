@@ -66,8 +66,14 @@ class TextTokenizer:
 
     @classmethod
     def from_model_dir(cls, md: ModelDir) -> "TextTokenizer":
-        tok = cls.from_file(md.tokenizer_file, bos_token=md.bos_token, eos_token=md.eos_token,
-                            bos_id=md.config.get("bos_token_id"), eos_id=md.config.get("eos_token_id"))
+        kw = dict(bos_token=md.bos_token, eos_token=md.eos_token,
+                  bos_id=md.config.get("bos_token_id"), eos_id=md.config.get("eos_token_id"))
+        if md.tokenizer_json is not None:   # a GGUF: built from its metadata (daemon/weights/gguf_dir.py)
+            from tokenizers import Tokenizer
+
+            tok = cls(Tokenizer.from_str(md.tokenizer_json), **kw)
+        else:
+            tok = cls.from_file(md.tokenizer_file, **kw)
         if tok.vocab_size > md.config["vocab_size"]:
             raise ModelDirError(f"{md.tokenizer_file}: tokenizer has {tok.vocab_size} tokens but config.json "
                                 f"vocab_size is {md.config['vocab_size']} (ids would index past the embedding)")

@@ -41,10 +41,19 @@ class ModelDir:
     chat_template: str | None         # None: no template shipped (the native V4 encoding is used)
     bos_token: str
     eos_token: str
+    tokenizer_json: str | None = None  # a GGUF's tokenizer, built from its metadata (else: tokenizer_file)
 
     @property
     def name(self) -> str:
+        if self.path.suffix == ".gguf":   # a GGUF file (the first of a split set): its stem, no split suffix
+            from .gguf_dir import gguf_model_name
+
+            return gguf_model_name(self.path)
         return self.path.name
+
+    def tokenizer_text(self) -> str:
+        """The tokenizer as tokenizer.json text."""
+        return self.tokenizer_json if self.tokenizer_json is not None else self.tokenizer_file.read_text()
 
 
 # --------------------------------------------------------------------------------------------
@@ -371,11 +380,44 @@ def _token_text(v) -> str | None:
     return v.get("content") if isinstance(v, dict) else v
 
 
+def check_tensors(path: Path, cfg: dict, tensors: dict[str, TensorInfo], *, source: str = "config.json",
+                  spell=None) -> dict[str, TensorInfo]:
+    """Check every tensor the config needs against it (present, shape, float or integer dtype, quantized
+    layout); return the ones the model uses. source: where the expected shapes come from (for the
+    message); spell: canonical name -> the name to report a missing tensor by (the file's spelling)."""
+    want = expected_shapes(cfg)
+    missing = sorted(set(want) - set(tensors))
+    if missing:
+        more = f" (and {len(missing) - 5} more)" if len(missing) > 5 else ""
+        names = [spell(m) if spell else m for m in missing[:5]]
+        raise ModelDirError(f"{path}: missing tensor(s) {', '.join(names)}{more}")
+    quant = cfg.get("quantization")
+    scales: set[str] = set()
+    for name, shape in want.items():
+        info = tensors[name]
+        if info.dtype in QUANTIZED_DTYPES:
+            scales.add(_check_quantized(name, info, shape, tensors, quant))
+            continue
+        if info.shape != shape:
+            raise ModelDirError(
+                f"{info.file}: tensor {info.name!r} has shape {list(info.shape)}, expected {list(shape)} from {source}")
+        is_int = name.endswith("tid2eid")
+        if is_int != (info.dtype in ("I64", "I32")):
+            raise ModelDirError(f"{info.file}: tensor {info.name!r} has dtype {info.dtype}, "
+                                f"expected {'an integer' if is_int else 'a float'} dtype")
+    return {k: v for k, v in tensors.items() if k in want or k in scales}
+
+
 def open_model_dir(path: str | Path, *, digest_cache: str | Path | None = None, log=None) -> ModelDir:
     """Read and check a model directory. Weight bytes are read once, for the fingerprint (every
     byte of every shard, weight_digest.py); with ``digest_cache`` (a file outside the model
     directory) a restart of an unchanged model reads none of them."""
     path = Path(path).expanduser().resolve()
+    from .gguf_dir import find_gguf, open_gguf
+
+    gguf = find_gguf(path)   # a .gguf file, or a directory holding one GGUF set and no config.json
+    if gguf is not None:
+        return open_gguf(gguf, digest_cache=digest_cache, log=log)
     if not path.is_dir():
         raise ModelDirError(f"{path}: model directory does not exist")
     cfg_file = path / "config.json"
@@ -407,26 +449,7 @@ def open_model_dir(path: str | Path, *, digest_cache: str | Path | None = None, 
                 raise ModelDirError(f"{f}: tensor {name!r} duplicates one in {tensors[canon].file.name}")
             tensors[canon] = info
 
-    want = expected_shapes(cfg)
-    missing = sorted(set(want) - set(tensors))
-    if missing:
-        more = f" (and {len(missing) - 5} more)" if len(missing) > 5 else ""
-        raise ModelDirError(f"{path}: missing tensor(s) {', '.join(missing[:5])}{more}")
-    quant = cfg.get("quantization")
-    scales: set[str] = set()
-    for name, shape in want.items():
-        info = tensors[name]
-        if info.dtype in QUANTIZED_DTYPES:
-            scales.add(_check_quantized(name, info, shape, tensors, quant))
-            continue
-        if info.shape != shape:
-            raise ModelDirError(
-                f"{info.file}: tensor {info.name!r} has shape {list(info.shape)}, expected {list(shape)} from config.json")
-        is_int = name.endswith("tid2eid")
-        if is_int != (info.dtype in ("I64", "I32")):
-            raise ModelDirError(f"{info.file}: tensor {info.name!r} has dtype {info.dtype}, "
-                                f"expected {'an integer' if is_int else 'a float'} dtype")
-    tensors = {k: v for k, v in tensors.items() if k in want or k in scales}
+    tensors = check_tensors(path, cfg, tensors)
 
     # Only a directory that passed every check is hashed (every byte; cached: weight_digest.py).
     t0 = time.perf_counter()

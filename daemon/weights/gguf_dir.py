@@ -1,0 +1,454 @@
+"""GGUF files of DeepSeek-V4 as llama.cpp writes them (arch `deepseek4`), read into the same model
+description a model directory gives (model_dir.ModelDir; docs/model-format.md, "GGUF").
+
+Design notes
+ * Parsing is the `gguf` package's (llama.cpp's own reader): metadata and the tensor table. Tensor bytes
+   are not read here: each tensor becomes a TensorInfo (file, byte range, dtype tag, shape) like a
+   safetensors tensor, and map_weights hands the kernel views of one memory map per file. F32 is used
+   in place; BF16 and F16 go to the kernel as stored, the pairs a BF16/F16 safetensors directory gives.
+ * llama.cpp's names map back one to one to the canonical (official) names, with no transform of the
+   bytes: a GGUF shape is the row-major shape reversed (ggml's ne0 is the fastest axis), so a [out, in]
+   matrix is stored exactly as in safetensors, and the routed experts, stacked by the converter into
+   one [n_expert, out, in] tensor per projection and layer, are n_expert contiguous byte ranges: one
+   view each (no copy, no transpose).
+ * The config comes from the `deepseek4.*` metadata, mapped to the HF field names resolve_config reads,
+   so every default and check is the directory's. Float metadata is stored as float32: each value is
+   read back as the shortest decimal that gives the same float32 (1e-06, not 9.99999997e-07), which is
+   what a config.json written for the same model holds.
+ * The tokenizer is rebuilt from tokenizer.ggml.* (tokens, merges, token types, the pre-tokenizer name)
+   as a `tokenizers` BPE with the pre-tokenizer llama.cpp means by that name.
+ * The fingerprint hashes the resolved config, every byte of every file (weight_digest.py, cached),
+   the tokenizer and the template, as the directory's does.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import time
+from pathlib import Path
+
+import numpy as np
+
+from .model_dir import CSA, HCA, SLIDING, ModelDir, ModelDirError, check_tensors, resolve_config
+from .safetensors_io import TensorInfo
+from .weight_digest import DigestCache
+
+ARCH = "deepseek4"
+# GGML type name -> the dtype tag the kernel takes (safetensors_io.DTYPES).
+FLOAT_TYPES = {"F32": "F32", "F16": "F16", "BF16": "BF16"}
+INT_TYPES = {"I32": "I32", "I64": "I64"}   # the hash-routing table (ffn_gate_tid2eid)
+SPLIT_RE = re.compile(r"^(?P<stem>.*)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$")
+
+# llama.cpp tensor name -> canonical name (per layer: the part after `blk.N.` -> after `layers.N.`).
+_TOP = {
+    "token_embd.weight": "embed.weight",
+    "output_norm.weight": "norm.weight",
+    "output.weight": "head.weight",
+    "output_hc_fn.weight": "hc_head_fn",
+    "output_hc_base.weight": "hc_head_base",
+    "output_hc_scale.weight": "hc_head_scale",
+}
+_LAYER = {
+    "attn_norm.weight": "attn_norm.weight",
+    "ffn_norm.weight": "ffn_norm.weight",
+    "hc_attn_fn.weight": "hc_attn_fn",
+    "hc_attn_base.weight": "hc_attn_base",
+    "hc_attn_scale.weight": "hc_attn_scale",
+    "hc_ffn_fn.weight": "hc_ffn_fn",
+    "hc_ffn_base.weight": "hc_ffn_base",
+    "hc_ffn_scale.weight": "hc_ffn_scale",
+    "attn_sinks.weight": "attn.attn_sink",
+    "attn_q_a.weight": "attn.wq_a.weight",
+    "attn_q_a_norm.weight": "attn.q_norm.weight",
+    "attn_q_b.weight": "attn.wq_b.weight",
+    "attn_kv.weight": "attn.wkv.weight",
+    "attn_kv_a_norm.weight": "attn.kv_norm.weight",
+    "attn_output_a.weight": "attn.wo_a.weight",
+    "attn_output_b.weight": "attn.wo_b.weight",
+    "attn_compressor_kv.weight": "attn.compressor.wkv.weight",
+    "attn_compressor_gate.weight": "attn.compressor.wgate.weight",
+    "attn_compressor_ape.weight": "attn.compressor.ape",
+    "attn_compressor_norm.weight": "attn.compressor.norm.weight",
+    "indexer.proj.weight": "attn.indexer.weights_proj.weight",
+    "indexer.attn_q_b.weight": "attn.indexer.wq_b.weight",
+    "indexer_compressor_kv.weight": "attn.indexer.compressor.wkv.weight",
+    "indexer_compressor_gate.weight": "attn.indexer.compressor.wgate.weight",
+    "indexer_compressor_ape.weight": "attn.indexer.compressor.ape",
+    "indexer_compressor_norm.weight": "attn.indexer.compressor.norm.weight",
+    "ffn_gate_inp.weight": "ffn.gate.weight",
+    "exp_probs_b.bias": "ffn.gate.bias",
+    "ffn_gate_tid2eid.weight": "ffn.gate.tid2eid",
+    "ffn_gate_shexp.weight": "ffn.shared_experts.w1.weight",
+    "ffn_down_shexp.weight": "ffn.shared_experts.w2.weight",
+    "ffn_up_shexp.weight": "ffn.shared_experts.w3.weight",
+}
+# stacked routed experts [n_expert, out, in] -> per expert `ffn.experts.{e}.{w}.weight`
+_EXPERTS = {"ffn_gate_exps.weight": "w1", "ffn_down_exps.weight": "w2", "ffn_up_exps.weight": "w3"}
+# written by llama.cpp, not used by cairn: the MTP block (as `mtp.*` in a directory) and the vision
+# router bias of hash layers
+_IGNORED_LAYER = ("nextn.", "exp_probs_b_vl.")
+_CANON_TO_GGUF = {v: k for k, v in _TOP.items()}
+
+
+def gguf_name(canonical: str) -> str:
+    """Canonical name -> llama.cpp's (for messages)."""
+    if canonical in _CANON_TO_GGUF:
+        return _CANON_TO_GGUF[canonical]
+    m = re.match(r"layers\.(\d+)\.(.+)$", canonical)
+    if m:
+        rest = m.group(2)
+        e = re.match(r"ffn\.experts\.(\d+)\.(w[123])\.weight$", rest)
+        if e:
+            stacked = {w: k for k, w in _EXPERTS.items()}[e.group(2)]
+            return f"blk.{m.group(1)}.{stacked} (expert {e.group(1)})"
+        for k, v in _LAYER.items():
+            if v == rest:
+                return f"blk.{m.group(1)}.{k}"
+    return canonical
+
+
+def gguf_model_name(first: Path) -> str:
+    """The model's name from its (first) file: the stem without `-0000K-of-0000N`."""
+    m = SPLIT_RE.match(first.name)
+    return m.group("stem") if m else first.name.removesuffix(".gguf")
+
+
+# --------------------------------------------------------------------------------------------
+# files
+
+
+def find_gguf(path: Path) -> Path | None:
+    """The GGUF file `path` names (a .gguf file, or a directory without config.json that holds one
+    GGUF set); None when path is not a GGUF model (a model directory, or nothing)."""
+    if path.suffix == ".gguf":
+        if not path.is_file():
+            raise ModelDirError(f"{path}: GGUF file does not exist")
+        return path
+    if not path.is_dir() or (path / "config.json").exists():
+        return None
+    files = sorted(path.glob("*.gguf"))
+    if not files:
+        return None
+    sets = {(m.group("stem") if (m := SPLIT_RE.match(f.name)) else f.name) for f in files}
+    if len(sets) > 1:
+        raise ModelDirError(f"{path}: holds {len(sets)} GGUF models ({', '.join(sorted(sets))}); "
+                            "serve one: --model DIR/FILE.gguf")
+    return files[0]
+
+
+def split_files(first: Path) -> list[Path]:
+    """Every file of the set `first` belongs to, in order (one file when it is not split)."""
+    m = SPLIT_RE.match(first.name)
+    if not m:
+        return [first]
+    count = int(m.group("count"))
+    if count < 1:
+        raise ModelDirError(f"{first}: split count 0 in the file name")
+    files = [first.with_name(f"{m.group('stem')}-{i:05d}-of-{count:05d}.gguf") for i in range(1, count + 1)]
+    missing = [f.name for f in files if not f.exists()]
+    if missing:
+        raise ModelDirError(f"{first}: part of a {count}-file GGUF set; missing {', '.join(missing)}")
+    return files
+
+
+def _read(file: Path):
+    from gguf import GGUFReader
+
+    try:
+        return GGUFReader(file)   # memory-maps the file; reads only the header here
+    except (ValueError, OSError, KeyError, IndexError) as e:
+        raise ModelDirError(f"{file}: not a readable GGUF file ({e})") from None
+
+
+def _fields(reader) -> dict:
+    """Metadata key -> value (float32 values as their shortest float32 decimal)."""
+    from gguf import GGUFValueType
+
+    out = {}
+    for key, f in reader.fields.items():
+        if key.startswith("GGUF."):
+            continue
+        v = f.contents()
+        if f.types and GGUFValueType.FLOAT32 in (f.types[0], f.types[-1]):
+            v = [_f32(x) for x in v] if isinstance(v, list) else _f32(v)
+        out[key] = v
+    return out
+
+
+def _f32(x: float) -> float:
+    return float(np.format_float_positional(np.float32(x), unique=True))
+
+
+# --------------------------------------------------------------------------------------------
+# config
+
+
+def config_from_metadata(meta: dict, where: str) -> dict:
+    """deepseek4.* metadata -> the HF config.json fields resolve_config reads."""
+    arch = meta.get("general.architecture")
+    if arch != ARCH:
+        raise ModelDirError(f"{where}: general.architecture is {arch!r}; cairn serves DeepSeek-V4 GGUF files "
+                            f"(architecture {ARCH!r}, as llama.cpp's converter writes them)")
+
+    def key(name: str, kind=(int,), default=None):
+        full = f"{ARCH}.{name}"
+        v = meta.get(full, default)
+        if v is None:
+            raise ModelDirError(f"{where}: metadata key {full!r} is missing")
+        if isinstance(v, bool) and bool not in kind or not isinstance(v, kind):
+            raise ModelDirError(f"{where}: metadata key {full!r} must be {' or '.join(k.__name__ for k in kind)}, "
+                                f"got {v!r}")
+        return v
+
+    num = (int, float)
+    n = key("block_count") - key("nextn_predict_layers", default=0)
+    ratios = key("attention.compress_ratios", (list,))
+    if len(ratios) < n:
+        raise ModelDirError(f"{where}: {ARCH}.attention.compress_ratios has {len(ratios)} entries for {n} layers")
+    kinds = {0: SLIDING, 4: CSA, 128: HCA}   # llama.cpp's: rate 4 has the indexer, 128 does not
+    bad = [r for r in ratios[:n] if r not in kinds]
+    if bad:
+        raise ModelDirError(f"{where}: {ARCH}.attention.compress_ratios has {bad[0]}; allowed: 0, 4, 128")
+    n_hash = key("hash_layer_count")
+    clamp = key("swiglu_clamp_exp", (list, int, float))
+    clamp = clamp if isinstance(clamp, list) else [clamp]
+    if len(set(clamp[:n])) != 1:
+        raise ModelDirError(f"{where}: {ARCH}.swiglu_clamp_exp differs between layers ({clamp}); cairn "
+                            "takes one swiglu_limit")
+    if key("expert_weights_norm", (bool,), True) is not True:
+        raise ModelDirError(f"{where}: {ARCH}.expert_weights_norm is false; DeepSeek-V4 normalises the top-k "
+                            "router weights")
+    gating = key("expert_gating_func")
+    if gating != 4:
+        raise ModelDirError(f"{where}: {ARCH}.expert_gating_func is {gating}; only 4 (sqrtsoftplus) is supported")
+    raw = {
+        "model_type": "deepseek_v4",
+        "vocab_size": len(meta.get("tokenizer.ggml.tokens") or []) or key("vocab_size"),
+        "hidden_size": key("embedding_length"),
+        "num_hidden_layers": n,
+        "num_attention_heads": key("attention.head_count"),
+        "head_dim": key("attention.key_length"),
+        "qk_rope_head_dim": key("rope.dimension_count"),
+        "q_lora_rank": key("attention.q_lora_rank"),
+        "o_groups": key("attention.output_group_count"),
+        "o_lora_rank": key("attention.output_lora_rank"),
+        "sliding_window": key("attention.sliding_window"),
+        "layer_types": [kinds[r] for r in ratios[:n]],
+        "mlp_layer_types": ["hash_moe" if i < n_hash else "moe" for i in range(n)],
+        "compress_rates": {CSA: 4, HCA: 128},
+        "rope_theta": key("rope.freq_base", num),
+        "compress_rope_theta": key("attention.compress_rope_freq_base", num),
+        "hc_mult": key("hyper_connection.count"),
+        "hc_sinkhorn_iters": key("hyper_connection.sinkhorn_iterations"),
+        "hc_eps": key("hyper_connection.epsilon", num),
+        "rms_norm_eps": key("attention.layer_norm_rms_epsilon", num),
+        "n_routed_experts": key("expert_count"),
+        "num_experts_per_tok": key("expert_used_count"),
+        "moe_intermediate_size": key("expert_feed_forward_length"),
+        "n_shared_experts": key("expert_shared_count"),
+        "routed_scaling_factor": key("expert_weights_scale", num),
+        "swiglu_limit": clamp[0],
+        "index_n_heads": key("attention.indexer.head_count"),
+        "index_head_dim": key("attention.indexer.key_length"),
+        "index_topk": key("attention.indexer.top_k"),
+        "max_position_embeddings": key("context_length"),
+        "bos_token_id": meta.get("tokenizer.ggml.bos_token_id", 0),
+        "eos_token_id": meta.get("tokenizer.ggml.eos_token_id", 1),
+    }
+    scaling = meta.get(f"{ARCH}.rope.scaling.type", "none")
+    if scaling == "yarn":   # the compress rope's YaRN (as the official rope_scaling); the main rope is plain
+        raw["rope_scaling"] = {
+            "rope_type": "yarn", "factor": key("rope.scaling.factor", num),
+            "original_max_position_embeddings": key("rope.scaling.original_context_length"),
+            "beta_fast": key("rope.scaling.yarn_beta_fast", num, 32.0),
+            "beta_slow": key("rope.scaling.yarn_beta_slow", num, 1.0),
+            "attention_factor": key("rope.scaling.yarn_attn_factor", num, 1.0)}
+    elif scaling != "none":
+        raise ModelDirError(f"{where}: {ARCH}.rope.scaling.type is {scaling!r}; allowed: 'yarn', 'none'")
+    return raw
+
+
+# --------------------------------------------------------------------------------------------
+# tokenizer
+
+# llama.cpp's pre-tokenizer names (tokenizer.ggml.pre) -> the Hugging Face pre-tokenizer it stands for
+# (src/llama-vocab.cpp's regexes are those of the model's tokenizer.json).
+_DEEPSEEK_V3_SPLITS = (
+    r"\p{N}{1,3}",
+    "[一-龥぀-ゟ゠-ヿ]+",
+    "[!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+|[^\r\n\\p{L}\\p{P}\\p{S}]?[\\p{L}\\p{M}]+|"
+    " ?[\\p{P}\\p{S}]+[\r\n]*|\\s*[\r\n]+|\\s+(?!\\S)|\\s+",
+)
+PRE_TOKENIZERS = ("gpt-2", "deepseek-v3")
+TOKEN_CONTROL, TOKEN_USER_DEFINED = 3, 4   # gguf.TokenType
+
+
+def _pre_tokenizer(name: str, where: str):
+    from tokenizers import Regex, pre_tokenizers
+
+    if name == "gpt-2":
+        return pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    if name == "deepseek-v3":
+        return pre_tokenizers.Sequence(
+            [pre_tokenizers.Split(Regex(p), behavior="isolated") for p in _DEEPSEEK_V3_SPLITS]
+            + [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    raise ModelDirError(f"{where}: tokenizer.ggml.pre is {name!r}; supported: {', '.join(PRE_TOKENIZERS)}")
+
+
+def tokenizer_from_metadata(meta: dict, where: str):
+    """A `tokenizers` Tokenizer equivalent to the one llama.cpp's converter read (byte-level BPE)."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models
+
+    model = meta.get("tokenizer.ggml.model")
+    if model != "gpt2":
+        raise ModelDirError(f"{where}: tokenizer.ggml.model is {model!r}; cairn reads byte-level BPE "
+                            "tokenizers ('gpt2', as DeepSeek-V4's)")
+    tokens = meta.get("tokenizer.ggml.tokens")
+    merges = meta.get("tokenizer.ggml.merges")
+    if not isinstance(tokens, list) or not tokens or not isinstance(merges, list):
+        raise ModelDirError(f"{where}: tokenizer.ggml.tokens and tokenizer.ggml.merges are needed (a vocabulary "
+                            "and its BPE merges)")
+    types = meta.get("tokenizer.ggml.token_type") or [1] * len(tokens)
+    if len(types) != len(tokens):
+        raise ModelDirError(f"{where}: tokenizer.ggml.token_type has {len(types)} entries for {len(tokens)} tokens")
+    vocab: dict[str, int] = {}
+    for i, t in enumerate(tokens):
+        if vocab.setdefault(t, i) != i:
+            raise ModelDirError(f"{where}: tokenizer.ggml.tokens lists {t!r} twice (ids {vocab[t]} and {i})")
+    pairs = []
+    for m in merges:
+        a, sep, b = m.partition(" ")
+        if not sep:
+            raise ModelDirError(f"{where}: tokenizer.ggml.merges entry {m!r} is not two tokens")
+        pairs.append((a, b))
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=pairs))
+    tok.pre_tokenizer = _pre_tokenizer(meta.get("tokenizer.ggml.pre", ""), where)
+    tok.decoder = decoders.ByteLevel()
+    # CONTROL tokens are the special ones, USER_DEFINED the other added ones; both are matched as
+    # whole tokens before the BPE (as the directory's added_tokens are).
+    tok.add_tokens([AddedToken(tokens[i], special=types[i] == TOKEN_CONTROL,
+                               normalized=types[i] != TOKEN_CONTROL)
+                    for i in range(len(tokens)) if types[i] in (TOKEN_CONTROL, TOKEN_USER_DEFINED)])
+    return tok
+
+
+# --------------------------------------------------------------------------------------------
+# tensors
+
+
+def _tensor_infos(file: Path, reader, cfg: dict, tensors: dict[str, TensorInfo]) -> None:
+    """Add the file's tensors to `tensors` by canonical name (experts: one view per expert)."""
+    for t in reader.tensors:
+        name = t.name
+        if name in _TOP:
+            canon = _TOP[name]
+        else:
+            m = re.match(r"blk\.(\d+)\.(.+)$", name)
+            if m is None or m.group(2).startswith(_IGNORED_LAYER) or int(m.group(1)) >= cfg["num_hidden_layers"]:
+                continue   # not one of ours (an MTP block, a vision bias, a name llama.cpp added)
+            layer, rest = m.group(1), m.group(2)
+            canon = f"layers.{layer}.{_LAYER[rest]}" if rest in _LAYER else None
+            if canon is None and rest not in _EXPERTS:
+                continue
+        gtype = t.tensor_type.name
+        is_int = name.endswith("ffn_gate_tid2eid.weight")
+        tag = (INT_TYPES if is_int else FLOAT_TYPES).get(gtype)
+        if tag is None:
+            allowed = ", ".join(INT_TYPES if is_int else FLOAT_TYPES)
+            raise ModelDirError(
+                f"{file}: tensor {name!r} has GGML type {gtype}; cairn loads {allowed} "
+                f"{'for this integer table' if is_int else 'weights'} (quantized GGUF types such as Q8_0, "
+                "Q4_K or MXFP4 are planned, not yet supported: convert without quantizing, or serve the "
+                "safetensors release)")
+        shape = tuple(int(d) for d in reversed(t.shape.tolist()))   # ggml ne (fastest first) -> row-major
+        start = int(t.data_offset)
+        if canon is not None:
+            if canon in tensors:
+                raise ModelDirError(f"{file}: tensor {name!r} duplicates one in {tensors[canon].file.name}")
+            tensors[canon] = TensorInfo(file, name, tag, shape, start, start + int(t.n_bytes))
+            continue
+        w = _EXPERTS[rest]
+        E, I, D = cfg["n_routed_experts"], cfg["moe_intermediate_size"], cfg["hidden_size"]
+        want = (E, D, I) if w == "w2" else (E, I, D)
+        if shape != want:
+            raise ModelDirError(f"{file}: tensor {name!r} has shape {list(shape)} (ggml ne {list(shape[::-1])}), "
+                                f"expected {list(want)} ([n_expert, out, in]) from the GGUF metadata")
+        each = int(t.n_bytes) // E
+        for e in range(E):
+            canon = f"layers.{layer}.ffn.experts.{e}.{w}.weight"
+            if canon in tensors:
+                raise ModelDirError(f"{file}: tensor {name!r} duplicates one in {tensors[canon].file.name}")
+            tensors[canon] = TensorInfo(file, f"{name}[{e}]", tag, want[1:], start + e * each, start + (e + 1) * each)
+
+
+# --------------------------------------------------------------------------------------------
+# the model
+
+
+def open_gguf(first: str | Path, *, digest_cache: str | Path | None = None, log=None) -> ModelDir:
+    """Read and check a GGUF model (one file or a split set named by its first file)."""
+    first = Path(first).expanduser().resolve()
+    m = SPLIT_RE.match(first.name)
+    if m and int(m.group("no")) != 1:
+        first = first.with_name(f"{m.group('stem')}-00001-of-{m.group('count')}.gguf")
+    files = split_files(first)
+    readers = [_read(f) for f in files]
+    meta = _fields(readers[0])
+    where = str(first)
+    if len(files) > 1 or "split.count" in meta:
+        _check_split(files, readers, meta)
+    cfg = resolve_config(config_from_metadata(meta, where), f"{where} (GGUF metadata)")
+    tok = tokenizer_from_metadata(meta, where)
+    tensors: dict[str, TensorInfo] = {}
+    for f, r in zip(files, readers):
+        _tensor_infos(f, r, cfg, tensors)
+    del readers   # their maps close: the kernel's views come from FileMaps (one map per file)
+    tensors = check_tensors(first, cfg, tensors, source="the GGUF metadata", spell=gguf_name)
+
+    template = meta.get("tokenizer.chat_template") or None
+    tokens = meta["tokenizer.ggml.tokens"]
+    bos = tokens[cfg["bos_token_id"]] if 0 <= cfg["bos_token_id"] < len(tokens) else ""
+    eos = tokens[cfg["eos_token_id"]] if 0 <= cfg["eos_token_id"] < len(tokens) else ""
+    tok_json = tok.to_str()
+
+    digests = DigestCache(digest_cache)
+    t0 = time.perf_counter()
+    file_digests = digests.digest_all(files)
+    if digests.hashed and log is not None:
+        secs = time.perf_counter() - t0
+        size = sum(f.stat().st_size for f in digests.hashed)
+        log.info("model_weights_hashed", files=len(digests.hashed), bytes=size, seconds=round(secs, 2),
+                 mb_s=round(size / max(secs, 1e-9) / 1e6), cache=str(digests.file) if digests.file else None)
+    try:
+        digests.save()
+    except OSError as e:
+        if log is not None:
+            log.warning("weight_digest_cache_not_saved", file=str(digests.file), error=f"{e.strerror or e}")
+    h = hashlib.sha256()
+    h.update(json.dumps(cfg, sort_keys=True).encode())
+    # Each part by its place in the set, not its name (a renamed copy is the same model); a GGUF's
+    # header is inside its file's digest.
+    for i, d in enumerate(file_digests):
+        h.update(f"gguf part {i + 1} of {len(files)}".encode() + b"\0" + bytes.fromhex(d))
+    h.update(hashlib.sha256(tok_json.encode()).digest())
+    h.update(json.dumps([template, bos, eos]).encode())
+    return ModelDir(path=first, config=cfg, tensors=tensors, fingerprint=h.hexdigest(), tokenizer_file=first,
+                    chat_template=template, bos_token=bos, eos_token=eos, tokenizer_json=tok_json)
+
+
+def _check_split(files: list[Path], readers: list, meta: dict) -> None:
+    """split.no / split.count / split.tensors.count as llama.cpp's gguf-split (and converter) write them."""
+    total = 0
+    for i, (f, r) in enumerate(zip(files, readers)):
+        kv = _fields(r) if i else meta
+        no, count = kv.get("split.no"), kv.get("split.count")
+        if no != i or count != len(files):
+            raise ModelDirError(f"{f}: split.no {no} / split.count {count}, expected {i} / {len(files)} for "
+                                f"file {i + 1} of {len(files)}")
+        total += len(r.tensors)
+    want = meta.get("split.tensors.count")
+    if want is not None and want != total:
+        raise ModelDirError(f"{files[0]}: split.tensors.count is {want} but the {len(files)} files hold {total} "
+                            "tensors (a file of the set is from another conversion?)")
