@@ -130,9 +130,11 @@ def restore_and_decode(K, model, snap, token: int, rates: list[int], repeat: int
     best_restore, best_steps, first = float("inf"), None, None
     for _ in range(repeat):
         restore_s, st = timed(lambda: K.State.restore(model, snap))
-        steps, logits, tok = [], [], token
+        steps, logits, tok, grew = [], [], token, []
         for _ in range(ref or cow or 1):
+            g0 = K.page_pool()["groups"]
             dt, lg = timed(lambda: K.decode(st, tok))
+            grew.append(K.page_pool()["groups"] - g0)   # the copy-on-write step makes one group
             steps.append(dt)
             logits.append(lg)
             tok = int(lg.argmax())
@@ -146,6 +148,7 @@ def restore_and_decode(K, model, snap, token: int, rates: list[int], repeat: int
     return {"token": token, "restore_s": best_restore, "first_decode_s": best_steps[0],
             "cow_step": cow, "cow_decode_s": best_steps[cow - 1] if cow else None,
             "row_decode_s": best_steps[ref - 1] if ref else None, "decode_steps_s": best_steps,
+            "decode_steps_new_groups": grew,
             "_logits": first[0]}
 
 

@@ -64,6 +64,8 @@ def test_the_copy_on_write_step_is_the_first_that_writes_a_row(quick):
             for c in m["turns"]:
                 assert c["n_tokens"] % 4 == 3 and c["cow_step"] == 1   # offset 99, turns of 512
                 assert len(c["decode_steps_s"]) == 5                    # the next CSA-only row write
+                # the restored state copies the shared partial group there, and only there
+                assert c["decode_steps_new_groups"] == [1, 0, 0, 0, 0]
 
 
 @pytest.mark.parametrize("n, cow, ref", [(611, 1, 5), (612, 4, 8), (624, 4, 8), (639, 1, 17)])
