@@ -31,6 +31,7 @@ Per turn (turns 1.., medians):
                  before pages, is the from_bytes column below.
   pool           `page_pool()` after the turns (live state + every capture alive), and its growth
                  over the state the mode started from.
+The two modes run turn by turn, alternating which goes first, so load on a shared machine hits both.
 
 Then, per length, a restore from serialized parts (what a disk restore costs after reading the
 files): `Snapshot.from_parts(model, tail, pages)` on bytes copies of the last pages capture's tail
@@ -152,49 +153,80 @@ def restore_and_decode(K, model, snap, token: int, rates: list[int], repeat: int
             "_logits": first[0]}
 
 
-def run_mode(K, model, base_snap, mode: str, turn_toks: list[np.ndarray], chunk: int, rates: list[int],
-             repeat: int) -> dict:
-    share = mode == "pages"
-    pool0 = K.page_pool()
-    st = K.State.restore(model, base_snap)       # both modes start from the same state
-    caps, prev_ids, prev_full = [], set(), set()
-    keep = []                                     # every capture stays alive, as in a store
-    for t, toks in enumerate(turn_toks):
+class ModeRun:
+    """One mode's copy of the state and every capture it took (alive, as in a store)."""
+
+    def __init__(self, K, model, base_snap, mode: str):
+        self.K, self.model, self.mode, self.share = K, model, mode, mode == "pages"
+        self.st = K.State.restore(model, base_snap)      # both modes start from the same state
+        self.caps: list[dict] = []
+        self.keep: list = []
+        self.prev_ids: set[int] = set()
+        self.prev_full: set[int] = set()
+
+    def turn(self, toks: np.ndarray, chunk: int, rates: list[int], repeat: int) -> None:
+        K, st, share = self.K, self.st, self.share
         prefill_s = timed(lambda: K.prefill(st, toks, chunk=chunk))[0] if len(toks) else 0.0
         # best of `repeat` captures (the others are dropped at once: they copied or shared the same)
-        capture_s = min(timed(lambda: st.snapshot(share_pages=share))[0] for _ in range(repeat - 1)) \
-            if repeat > 1 else float("inf")
+        capture_s = min((timed(lambda: st.snapshot(share_pages=share))[0] for _ in range(repeat - 1)),
+                        default=float("inf"))
         dt, snap = timed(lambda: st.snapshot(share_pages=share))
         capture_s = min(capture_s, dt)
-        keep.append(snap)
+        self.keep.append(snap)
         ids = [int(i) for i in snap.page_ids]
         full_ids = set(ids[:snap.n_full_pages])
-        new_groups = [i for i in ids if i not in prev_ids]
-        new_full = full_ids - prev_full
-        tail_n = len(snap.tail())
+        new_groups = [i for i in ids if i not in self.prev_ids]
+        new_full = full_ids - self.prev_full
         bpt = st.nbytes / st.n_tokens              # at this capture's length
         cap = {
-            "turn": t, "n_tokens": snap.n_tokens, "prefill_s": prefill_s, "capture_s": capture_s,
+            "turn": len(self.caps), "n_tokens": snap.n_tokens, "prefill_s": prefill_s, "capture_s": capture_s,
             "copied_nbytes": snap.copied_nbytes, "own_nbytes": snap.own_nbytes, "nbytes": snap.nbytes,
             "new_groups": len(new_groups),
             "capture_bytes": snap.nbytes if not share else snap.copied_nbytes + len(new_groups) * snap.page_nbytes,
-            "disk_bytes": tail_n + (snap.n_full_pages if not share else len(new_full)) * snap.page_nbytes,
+            "disk_bytes": len(snap.tail()) + (snap.n_full_pages if not share else len(new_full)) * snap.page_nbytes,
             "state_nbytes": st.nbytes, "bytes_per_token": bpt,
             "bound_bytes": 2 * len(toks) * bpt + snap.own_nbytes,
         }
-        cap.update(restore_and_decode(K, model, snap, int(st.last_logits.argmax()), rates, repeat))
-        caps.append(cap)
-        prev_ids, prev_full = set(ids), full_ids
-    pool = K.page_pool()
-    out = {"mode": mode, "turns": caps, "pool_bytes": pool["bytes"], "pool_groups": pool["groups"],
-           "pool_growth_bytes": pool["bytes"] - pool0["bytes"], "_last_logits": st.last_logits,
-           "_last_snap": keep[-1]}
-    later = caps[1:] or caps
-    for key in ("capture_bytes", "disk_bytes", "bound_bytes", "capture_s", "prefill_s", "restore_s",
-                "first_decode_s", "cow_decode_s", "row_decode_s"):
-        vals = [c[key] for c in later if c[key] is not None]
-        out[key] = statistics.median(vals) if vals else None
-    return out
+        cap.update(restore_and_decode(K, self.model, snap, int(st.last_logits.argmax()), rates, repeat))
+        self.caps.append(cap)
+        self.prev_ids, self.prev_full = set(ids), full_ids
+
+    def summary(self) -> dict:
+        out = {"mode": self.mode, "turns": self.caps}
+        later = self.caps[1:] or self.caps
+        for key in ("capture_bytes", "disk_bytes", "bound_bytes", "capture_s", "prefill_s", "restore_s",
+                    "first_decode_s", "cow_decode_s", "row_decode_s"):
+            vals = [c[key] for c in later if c[key] is not None]
+            out[key] = statistics.median(vals) if vals else None
+        return out
+
+
+def run_turns(K, model, base_snap, turn_toks: list[np.ndarray], chunk: int, rates: list[int],
+              repeat: int, n: int) -> tuple[dict, dict]:
+    """Both modes, turn by turn, alternating which goes first (a busy minute hits both alike).
+    Returns their summaries and what the rest of the run needs from them."""
+    pool0 = K.page_pool()["bytes"]
+    runs = {m: ModeRun(K, model, base_snap, m) for m in ("full", "pages")}
+    for t, toks in enumerate(turn_toks):
+        for m in (("full", "pages") if t % 2 == 0 else ("pages", "full")):
+            runs[m].turn(toks, chunk, rates, repeat)
+        log(f"{n}: turn {t} captured at {runs['full'].st.n_tokens} tokens")
+    both = K.page_pool()["bytes"]
+    out = {m: r.summary() for m, r in runs.items()}
+    same = bool(np.array_equal(runs["full"].st.last_logits, runs["pages"].st.last_logits) and all(
+        np.array_equal(a["_logits"], b["_logits"]) for a, b in zip(runs["full"].caps, runs["pages"].caps)))
+    last_snap, last_cap = runs["pages"].keep[-1], dict(runs["pages"].caps[-1])
+    # The modes share only the base's groups, so dropping full's objects leaves base + pages in
+    # the pool: each mode's growth over the base is exact (page_pool counts the process).
+    del runs["full"]
+    pages_pool = K.page_pool()["bytes"]
+    out["pages"]["pool_bytes"], out["pages"]["pool_growth_bytes"] = pages_pool, pages_pool - pool0
+    out["full"]["pool_bytes"], out["full"]["pool_growth_bytes"] = pool0 + both - pages_pool, both - pages_pool
+    for m in out.values():
+        for c in m["turns"]:
+            c.pop("_logits")
+    return out, {"identical": same, "last_snap": last_snap, "last_logits": last_cap["_logits"],
+                 "last_token": last_cap["token"]}
 
 
 def from_parts_row(K, model, snap, repeat: int, restored_logits: np.ndarray, token: int) -> dict:
@@ -235,26 +267,11 @@ def run(args) -> dict:
                     [rng.integers(0, vocab, args.turn_tokens, dtype=np.int32) for _ in range(args.turns)]
         base_snap = base.snapshot()
         row = {"n": n, "build_s": build_s, "state_nbytes": base.nbytes, "load_avg": os.getloadavg()[0]}
-        modes = {}
-        for mode in ("full", "pages"):
-            log(f"{n}: {mode} turns")
-            modes[mode] = run_mode(K, model, base_snap, mode, turn_toks, args.chunk, rates, args.repeat)
-            if mode == "pages":
-                last = modes[mode]["_last_snap"]
-                lt = modes[mode]["turns"][-1]
-                row["from_parts"] = from_parts_row(K, model, last, args.repeat, lt["_logits"], lt["token"])
-            for c in modes[mode]["turns"]:
-                c["logits"] = c.pop("_logits")
-            del modes[mode]["_last_snap"]                 # frees this mode's captures before the next
-        f, p = modes["full"], modes["pages"]
-        row["identical"] = bool(
-            np.array_equal(f["_last_logits"], p["_last_logits"])
-            and all(np.array_equal(a["logits"], b["logits"]) for a, b in zip(f["turns"], p["turns"]))
-            and row["from_parts"]["identical"])
-        for m in modes.values():
-            m.pop("_last_logits")
-            for c in m["turns"]:
-                c.pop("logits")
+        modes, keep = run_turns(K, model, base_snap, turn_toks, args.chunk, rates, args.repeat, n)
+        row["from_parts"] = from_parts_row(K, model, keep["last_snap"], args.repeat, keep["last_logits"],
+                                           keep["last_token"])
+        row["identical"] = keep["identical"] and row["from_parts"]["identical"]
+        del keep
         row["modes"] = modes
         res["rows"].append(row)
         del base_snap
