@@ -63,7 +63,7 @@ def log(msg: str) -> None:
 
 
 def machine() -> dict:
-    """CPU model and the vector flags the kernel cares about, plus the load at the time."""
+    """CPU model (lscpu) and the vector flags the kernel's micro-kernels choose between."""
     out = {"cpu": "", "avx512f": False, "avx2": False, "nproc": os.cpu_count()}
     try:
         text = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10).stdout
@@ -343,6 +343,8 @@ def main(argv=None) -> int:
     for name in ("turn_tokens", "turns", "repeat"):
         if getattr(args, name) < 1:
             ap.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if not 1 <= args.chunk <= 512:
+        ap.error(f"--chunk must be in 1..512 (the kernel's largest chunk), got {args.chunk}")
     if args.turn_offset < 0:
         ap.error(f"--turn-offset must be >= 0 (tokens before the first capture), got {args.turn_offset}")
     tmp = None

@@ -83,5 +83,8 @@ def test_bad_arguments_name_the_flag(tmp_path, capsys):
         bench.main(["--model", str(tmp_path)])
     assert "no config.json" in capsys.readouterr().err
     with pytest.raises(SystemExit):
+        bench.main(["--quick", "--chunk", "1024"])
+    assert "--chunk must be in 1..512" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
         bench.main(["--lengths", "512"])
     assert "--model is required" in capsys.readouterr().err
