@@ -5,9 +5,10 @@
     .venv/bin/python bench/kernel.py models/small --peer llama.cpp --chunk 512 --rounds 2
 
 Default (HF): prefill tok/s at each length (chunked, --chunk), decode tok/s after the longest prefill,
-snapshot/restore time and size at the longest length, for the kernel and then for HF transformers
-through its own cached, chunked path on the same token ids (up to --hf-max-len). Both compute the
-logits of the last position only (HF with logits_to_keep=1; the kernel never computes the others).
+snapshot/restore time and size at the longest length (bytes referenced, and bytes copied: the page
+groups are shared), for the kernel and then for HF transformers through its own cached, chunked path
+on the same token ids (up to --hf-max-len). Both compute the logits of the last position only (HF
+with logits_to_keep=1; the kernel never computes the others).
 
 --peer llama.cpp: the kernel and llama.cpp (llama-server, built and fed an F32 GGUF of the same
 directory by the llama-peer tools, see bench/llama_peer.py) on the same token ids, --rounds times,
@@ -183,12 +184,13 @@ def bench_kernel(model, threads: int, prompts: dict[int, np.ndarray], chunk: int
     print(f"  kernel decode at {lengths[-1]}: {n_decode / dt:.1f} tok/s", file=sys.stderr)
     if snapshot:
         t = _now()
-        blob = state.snapshot()
+        snap = state.snapshot()
         out["snapshot_s"] = _now() - t
-        out["snapshot_bytes"] = len(blob)
+        out["snapshot_bytes"] = snap.nbytes           # everything it references (shared page groups too)
+        out["snapshot_copied_bytes"] = snap.copied_nbytes   # what taking it copied: the tail
         out["state_nbytes"] = state.nbytes
         t = _now()
-        restored = K.State.restore(model, blob)
+        restored = K.State.restore(model, snap)
         out["restore_s"] = _now() - t
         assert restored.n_tokens == state.n_tokens
         out["snapshot_at"] = state.n_tokens
@@ -274,7 +276,8 @@ def run_hf_mode(args, res: dict) -> None:
     print(f"| decode tok/s after {k['decode_at']} | {k['decode_tok_s']:.2f} | "
           + (f"{hd:.2f} | {k['decode_tok_s'] / hd:.2f}× |" if hd else "— | |"))
     print(f"| snapshot / restore at {k['snapshot_at']} | {k['snapshot_s'] * 1e3:.1f} / "
-          f"{k['restore_s'] * 1e3:.1f} ms, {k['snapshot_bytes'] / 1e6:.2f} MB | — | |")
+          f"{k['restore_s'] * 1e3:.1f} ms, {k['snapshot_bytes'] / 1e6:.2f} MB ({k['snapshot_copied_bytes'] / 1e6:.2f} "
+          f"MB copied, the rest shared pages) | — | |")
     print_limits(res, wb, gbs, {"cairn kernel": k["decode_tok_s"]})
 
 

@@ -56,15 +56,16 @@ def gemm_rate(threads: int) -> float:
 
 
 def identity_checks(model, vocab: int) -> dict:
-    """On the slice itself: any chunking, decode, and snapshot -> restore -> continue give the same
-    bits (the fp32 reference on dequantized weights is checked on the tiny presets in the tests; the
-    slice's dequantized fp32 weights would need 26 GB)."""
+    """On the slice itself: any chunking, decode, and snapshot -> bytes -> restore -> continue give the
+    same bits (the fp32 reference on dequantized weights is checked on the tiny presets in the tests;
+    the slice's dequantized fp32 weights would need 26 GB)."""
     toks = np.random.default_rng(1).integers(0, vocab, 96).astype(np.int32)
     ref = K.prefill(K.State(model), toks, chunk=96, all_logits=True)[1]
     chunked = K.prefill(K.State(model), toks, chunk=37, all_logits=True)[1]
     st = K.State(model)
     rows = [K.prefill(st, toks[:50], chunk=16, all_logits=True)[1]]
-    restored = K.State.restore(model, st.snapshot())
+    # through the serialized form, as a disk restore goes (an in-memory restore shares the groups)
+    restored = K.State.restore(model, K.Snapshot.from_bytes(model, st.snapshot().to_bytes()))
     rows.append(K.prefill(restored, toks[50:80], chunk=64, all_logits=True)[1])
     rows += [K.decode(restored, int(t))[None] for t in toks[80:]]
     return {"chunk_37_equals_96": bool(np.array_equal(chunked, ref)),
