@@ -304,18 +304,8 @@ class API:
     async def _chat(self, scope, receive, send) -> None:
         received = trio.current_time()
         req = await self._parse(scope, receive, parse_chat)
-        self._check_model(req.common.model)
-        self.agent.note_ignored(req.common.ignored)
-        options = self.agent.options(req, self.reasoning)
-        try:
-            # Rendering and tokenizing a long conversation takes a while, and so may compiling a
-            # grammar: off the event loop, and not abandoned on a cancel (the thread would go on
-            # burning a core for a request that is gone); its time is bounded by the body limit.
-            ids, hint, turn_end, constraint = await trio.to_thread.run_sync(
-                self._render_chat, req, options, limiter=self._cpu)
-        except ChatTemplateError as e:
-            param = str(e).split(":", 1)[0] if str(e).startswith(("messages", "tools")) else "messages"
-            raise APIError(400, str(e), param=param, code="invalid_value") from None
+        options, ids, hint, turn_end, constraint = await self._chat_prompt(
+            req, param=lambda m: m.split(":", 1)[0] if m.startswith(("messages", "tools")) else "messages")
         budget = self._budget(len(ids), req.common.max_tokens, "messages")
         rid = self._new_id("chatcmpl")
         sampling = self._sampling(req.common, budget, req.logprobs, req.top_logprobs, constraint,
@@ -331,15 +321,10 @@ class API:
         received = trio.current_time()
         rr = await self._parse(scope, receive, parse_responses)
         req = rr.chat
-        self._check_model(req.common.model)
-        self.agent.note_ignored(req.common.ignored + tuple(f"tools[].type={t}" for t in rr.dropped_tools))
-        options = self.agent.options(req, self.reasoning)
         try:
-            ids, hint, turn_end, constraint = await trio.to_thread.run_sync(
-                self._render_chat, req, options, limiter=self._cpu)
-        except ChatTemplateError as e:
-            raise APIError(400, str(e), param="tools" if str(e).startswith("tools") else "input",
-                           code="invalid_value") from None
+            options, ids, hint, turn_end, constraint = await self._chat_prompt(
+                req, ignored=tuple(f"tools[].type={t}" for t in rr.dropped_tools),
+                param=lambda m: "tools" if m.startswith("tools") else "input")
         except APIError as e:    # a grammar that does not compile names response_format: say text.format
             raise as_responses_error(e) from None
         budget = self._budget(len(ids), req.common.max_tokens, "input", "max_output_tokens")
@@ -416,7 +401,7 @@ class API:
         chat pipeline, and Anthropic's shape back (anthropic_reply.py)."""
         received = trio.current_time()
         req = await self._parse(scope, receive, anthropic.parse_messages)
-        options, ids, hint, turn_end, constraint = await self._messages_prompt(req)
+        options, ids, hint, turn_end, constraint = await self._chat_prompt(req)
         anthropic.check_context(len(ids), req.common.max_tokens, self.ctx)
         rid = self._new_id("msg").replace("-", "_", 1)
         sampling = self._sampling(req.common, req.common.max_tokens, False, 0, constraint,
@@ -428,18 +413,23 @@ class API:
     async def _count_tokens(self, scope, receive, send) -> None:
         """POST /v1/messages/count_tokens: the prompt /v1/messages would run, counted."""
         req = await self._parse(scope, receive, anthropic.parse_count_tokens)
-        _, ids, *_ = await self._messages_prompt(req)
+        _, ids, *_ = await self._chat_prompt(req)
         await send_json(send, 200, {"input_tokens": len(ids)})
 
-    async def _messages_prompt(self, req):
+    async def _chat_prompt(self, req, *, ignored: tuple[str, ...] = (), param=lambda m: "messages"):
+        """The step every chat-shaped API shares: the model, the options, the prompt rendered and
+        tokenized; a template error is a 400 naming `param(message)`. Rendering and tokenizing a
+        long conversation takes a while, and so may compiling a grammar: off the event loop, and
+        not abandoned on a cancel (the thread would go on burning a core for a request that is
+        gone); its time is bounded by the body limit."""
         self._check_model(req.common.model)
-        self.agent.note_ignored(req.common.ignored)
+        self.agent.note_ignored(req.common.ignored + ignored)
         options = self.agent.options(req, self.reasoning)
         try:
             ids, hint, turn_end, constraint = await trio.to_thread.run_sync(
                 self._render_chat, req, options, limiter=self._cpu)
         except ChatTemplateError as e:
-            raise APIError(400, str(e), param="messages", code="invalid_value") from None
+            raise APIError(400, str(e), param=param(str(e)), code="invalid_value") from None
         return options, ids, hint, turn_end, constraint
 
     # --- the request's life -------------------------------------------------------------------

@@ -26,12 +26,11 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-import time
 from pathlib import Path
 
 import numpy as np
 
-from .model_dir import CSA, HCA, SLIDING, ModelDir, ModelDirError, check_tensors, resolve_config
+from .model_dir import CSA, HCA, SLIDING, ModelDir, ModelDirError, check_tensors, hash_weight_files, resolve_config
 from .safetensors_io import TensorInfo
 from .weight_digest import DigestCache
 
@@ -414,18 +413,7 @@ def open_gguf(first: str | Path, *, digest_cache: str | Path | None = None, log=
     tok_json = tok.to_str()
 
     digests = DigestCache(digest_cache)
-    t0 = time.perf_counter()
-    file_digests = digests.digest_all(files)
-    if digests.hashed and log is not None:
-        secs = time.perf_counter() - t0
-        size = sum(f.stat().st_size for f in digests.hashed)
-        log.info("model_weights_hashed", files=len(digests.hashed), bytes=size, seconds=round(secs, 2),
-                 mb_s=round(size / max(secs, 1e-9) / 1e6), cache=str(digests.file) if digests.file else None)
-    try:
-        digests.save()
-    except OSError as e:
-        if log is not None:
-            log.warning("weight_digest_cache_not_saved", file=str(digests.file), error=f"{e.strerror or e}")
+    file_digests = hash_weight_files(digests, files, log)
     h = hashlib.sha256()
     h.update(json.dumps(cfg, sort_keys=True).encode())
     # Each part by its place in the set, not its name (a renamed copy is the same model); a GGUF's

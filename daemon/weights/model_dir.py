@@ -452,18 +452,7 @@ def open_model_dir(path: str | Path, *, digest_cache: str | Path | None = None, 
     tensors = check_tensors(path, cfg, tensors)
 
     # Only a directory that passed every check is hashed (every byte; cached: weight_digest.py).
-    t0 = time.perf_counter()
-    headers = [h + bytes.fromhex(d) for h, d in zip(headers, digests.digest_all(files))]
-    if digests.hashed and log is not None:
-        secs = time.perf_counter() - t0
-        size = sum(f.stat().st_size for f in digests.hashed)
-        log.info("model_weights_hashed", files=len(digests.hashed), bytes=size, seconds=round(secs, 2),
-                 mb_s=round(size / max(secs, 1e-9) / 1e6), cache=str(digests.file) if digests.file else None)
-    try:
-        digests.save()
-    except OSError as e:   # costs a rehash at the next start, nothing else
-        if log is not None:
-            log.warning("weight_digest_cache_not_saved", file=str(digests.file), error=f"{e.strerror or e}")
+    headers = [h + bytes.fromhex(d) for h, d in zip(headers, hash_weight_files(digests, files, log))]
 
     h = hashlib.sha256()
     h.update(json.dumps(cfg, sort_keys=True).encode())
@@ -498,6 +487,24 @@ def packed_cache_file(md: ModelDir, cache_dir: str | Path, widen_bf16: bool = Fa
     from .packed_cache import source_key
 
     return Path(cache_dir) / f"{source_key(md.path)}-{md.fingerprint[:32]}{'-widened' if widen_bf16 else ''}.pack"
+
+
+def hash_weight_files(digests, files, log=None) -> list[str]:
+    """Every file's digest (weight_digest.DigestCache: cached by size and mtime), one log line for
+    what had to be read, the cache saved (a failure costs a rehash at the next start, nothing else)."""
+    t0 = time.perf_counter()
+    out = digests.digest_all(files)
+    if digests.hashed and log is not None:
+        secs = time.perf_counter() - t0
+        size = sum(f.stat().st_size for f in digests.hashed)
+        log.info("model_weights_hashed", files=len(digests.hashed), bytes=size, seconds=round(secs, 2),
+                 mb_s=round(size / max(secs, 1e-9) / 1e6), cache=str(digests.file) if digests.file else None)
+    try:
+        digests.save()
+    except OSError as e:
+        if log is not None:
+            log.warning("weight_digest_cache_not_saved", file=str(digests.file), error=f"{e.strerror or e}")
+    return out
 
 
 def load_model(path: str | Path | ModelDir, threads: int = 0, *, widen_bf16: bool = False,
