@@ -377,6 +377,11 @@ def run_sub_agents(args) -> int:
     shape = Shape(args.system_tokens or shape.system_tokens, args.main_turn_tokens or shape.main_turn_tokens,
                   args.sub_turn_tokens or shape.sub_turn_tokens, args.agent_turns or shape.turns,
                   args.max_tokens or shape.max_tokens)
+    for flag, value, least in (("--system-tokens", shape.system_tokens, 2), ("--main-turn-tokens", shape.main_turn_tokens, 4),
+                               ("--sub-turn-tokens", shape.sub_turn_tokens, 4), ("--agent-turns", shape.turns, 2),
+                               ("--max-tokens", shape.max_tokens, 1)):
+        if value < least:   # a turn is <｜User｜> + content + <｜Assistant｜></think>; a switch back needs 2 turns
+            raise SystemExit(f"{flag}: {value} is too small; at least {least}")
     context = int(json.loads((model / "config.json").read_text())["max_position_embeddings"])
     if longest_prompt(shape) + shape.max_tokens > context:
         raise SystemExit(f"shape: the main conversation's last prompt reaches {longest_prompt(shape)} tokens "
