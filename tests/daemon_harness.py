@@ -150,3 +150,12 @@ def unix_get(path: str, url: str = "/health", timeout: float = 30.0) -> bytes:
         while chunk := s.recv(65536):
             data += chunk
     return data
+
+
+def openai_client(sock: Path):
+    """The official openai SDK, talking to a daemon over its Unix socket."""
+    import httpx
+    import openai
+
+    return openai.OpenAI(base_url="http://localhost/v1", api_key="unused",
+                         http_client=httpx.Client(transport=httpx.HTTPTransport(uds=str(sock))))

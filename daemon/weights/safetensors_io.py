@@ -161,24 +161,29 @@ def write_file(path: Path, tensors: dict[str, tuple[np.ndarray, str]]) -> None:
     os.replace(tmp, path)
 
 
-def write_file_lazy(path: Path, tensors: dict[str, tuple[tuple[int, ...], str, object]]) -> None:
-    """write_file for tensors too large to hold together: name -> (shape, dtype tag, make), where
-    make() returns the array or an iterable of row blocks; each is made only when it is written."""
+def lazy_header(tensors: dict[str, tuple[tuple[int, ...], str, object]]) -> tuple[bytes, int]:
+    """The JSON header (padded to 8 bytes) for tensors given as name -> (shape, dtype tag, _), in
+    name order, and the data bytes that follow it."""
     header: dict[str, object] = {"__metadata__": {"format": "pt"}}
     offset = 0
-    order = sorted(tensors)
-    for name in order:
+    for name in sorted(tensors):
         shape, tag, _ = tensors[name]
         nbytes = int(np.prod(shape, dtype=np.int64)) * DTYPES[tag].itemsize
         header[name] = {"dtype": tag, "shape": list(shape), "data_offsets": [offset, offset + nbytes]}
         offset += nbytes
     raw = json.dumps(header, separators=(",", ":")).encode()
-    raw += b" " * (-len(raw) % 8)
+    return raw + b" " * (-len(raw) % 8), offset
+
+
+def write_file_lazy(path: Path, tensors: dict[str, tuple[tuple[int, ...], str, object]]) -> None:
+    """write_file for tensors too large to hold together: name -> (shape, dtype tag, make), where
+    make() returns the array or an iterable of row blocks; each is made only when it is written."""
+    raw, _ = lazy_header(tensors)
     tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "wb") as f:
         f.write(len(raw).to_bytes(8, "little"))
         f.write(raw)
-        for name in order:
+        for name in sorted(tensors):
             shape, tag, make = tensors[name]
             made = make()
             blocks = [made] if isinstance(made, np.ndarray) else made

@@ -12,7 +12,7 @@ import pytest
 import trio
 from structlog.testing import capture_logs
 
-from daemon_harness import daemon, real_loaded, request
+from daemon_harness import daemon, openai_client, real_loaded, request
 
 OPEN_FILE = {"type": "function", "function": {
     "name": "open_file", "description": "Open a file at a line",
@@ -58,14 +58,6 @@ def loaded(tiny_model_dir):
     return real_loaded(tiny_model_dir)
 
 
-def _client(sock):
-    import httpx
-    import openai
-
-    return openai.OpenAI(base_url="http://localhost/v1", api_key="unused",
-                         http_client=httpx.Client(transport=httpx.HTTPTransport(uds=str(sock))))
-
-
 MSGS = [{"role": "system", "content": "You are a coding agent."}, {"role": "user", "content": "Open the readme."}]
 
 
@@ -74,7 +66,7 @@ async def test_forced_tool_call_streamed_and_not_through_the_openai_sdk(loaded, 
     with trio.fail_after(120), capture_logs():
         async with daemon(loaded, sock):
             def use_client():
-                c = _client(sock)
+                c = openai_client(sock)
                 kw = dict(model="tiny", messages=MSGS, tools=TOOLS, max_tokens=500, temperature=0,
                           tool_choice={"type": "function", "function": {"name": "open_file"}})
                 return c.chat.completions.create(**kw), list(c.chat.completions.create(**kw, stream=True))
@@ -118,7 +110,7 @@ async def test_json_schema_response_validates_with_random_weights(loaded, tmp_pa
     with trio.fail_after(120), capture_logs():
         async with daemon(loaded, sock):
             def use_client():
-                return _client(sock).chat.completions.create(
+                return openai_client(sock).chat.completions.create(
                     model="tiny", messages=MSGS, max_tokens=100, temperature=0.7, seed=3,
                     response_format={"type": "json_schema", "json_schema": {"name": "review", "schema": schema}})
 
@@ -258,7 +250,7 @@ async def test_reasoning_is_returned_streamed_and_not_in_thinking_mode(loaded, t
     with trio.fail_after(60), capture_logs():
         async with daemon(loaded, sock, reasoning="thinking"):       # the server default: thinking
             def use_client():
-                c = _client(sock)
+                c = openai_client(sock)
                 kw = dict(model="tiny", messages=MSGS, max_tokens=12, temperature=0)
                 chat = c.chat.completions.create(**kw, reasoning_effort="none")   # the request wins
                 return (chat, c.chat.completions.create(**kw),

@@ -13,7 +13,7 @@ import pytest
 import trio
 from structlog.testing import capture_logs
 
-from daemon_harness import daemon, real_loaded, request
+from daemon_harness import daemon, openai_client, real_loaded, request
 
 SHELL = {"type": "function", "name": "shell", "description": "Runs a shell command and returns its output",
          "strict": False, "parameters": {"type": "object", "properties": {
@@ -26,14 +26,6 @@ INSTRUCTIONS = "You are Codex, a coding agent running in the Codex CLI. " + " ".
 @pytest.fixture(scope="module")
 def loaded(tiny_model_dir):
     return real_loaded(tiny_model_dir)
-
-
-def _client(sock):
-    import httpx
-    import openai
-
-    return openai.OpenAI(base_url="http://localhost/v1", api_key="unused",
-                         http_client=httpx.Client(transport=httpx.HTTPTransport(uds=str(sock))))
 
 
 def codex_turn(input_items: list) -> dict:
@@ -108,7 +100,7 @@ async def test_function_call_round_trip_through_the_openai_sdk(loaded, tmp_path)
     with trio.fail_after(180), capture_logs():
         async with daemon(loaded, sock, checkpoint_min_tokens=16):
             def use_client():
-                c = _client(sock)
+                c = openai_client(sock)
                 kw = dict(model="tiny", instructions=INSTRUCTIONS, tools=[SHELL], reasoning={"effort": "none"},
                           temperature=0, max_output_tokens=200, store=False)
                 ask = [{"role": "user", "content": "List the files."}]
@@ -148,7 +140,7 @@ async def test_reasoning_streamed_and_not_through_the_openai_sdk(loaded, tmp_pat
     with trio.fail_after(120), capture_logs():
         async with daemon(loaded, sock):
             def use_client():
-                c = _client(sock)
+                c = openai_client(sock)
                 kw = dict(model="tiny", input="Name a colour.", reasoning={"effort": "high", "summary": "detailed"},
                           temperature=0, max_output_tokens=10)
                 return c.responses.create(**kw), list(c.responses.create(**kw, stream=True))
@@ -170,7 +162,7 @@ async def test_json_schema_text_format_constrains_the_reply(loaded, tmp_path):
     with trio.fail_after(120), capture_logs():
         async with daemon(loaded, sock):
             def use_client():
-                return _client(sock).responses.create(
+                return openai_client(sock).responses.create(
                     model="tiny", input="Review it.", reasoning={"effort": "none"}, temperature=0.7,
                     max_output_tokens=60, text={"format": {"type": "json_schema", "name": "review", "schema": schema}})
 

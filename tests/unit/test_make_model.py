@@ -241,21 +241,12 @@ def test_cli_rejects_first_layer_past_the_preset(tmp_path):
 
 def _sparse_write(path: Path, tensors: dict) -> None:
     """write_file_lazy's file with the data left a hole: the real header and size, no bytes drawn."""
-    import json
+    from cairn.daemon.weights.safetensors_io import lazy_header
 
-    from cairn.daemon.weights.safetensors_io import DTYPES
-
-    header, offset = {"__metadata__": {"format": "pt"}}, 0
-    for name in sorted(tensors):
-        shape, tag, _ = tensors[name]
-        nbytes = int(np.prod(shape, dtype=np.int64)) * DTYPES[tag].itemsize
-        header[name] = {"dtype": tag, "shape": list(shape), "data_offsets": [offset, offset + nbytes]}
-        offset += nbytes
-    raw = json.dumps(header, separators=(",", ":")).encode()
-    raw += b" " * (-len(raw) % 8)
+    raw, data = lazy_header(tensors)
     with open(path, "wb") as f:
         f.write(len(raw).to_bytes(8, "little") + raw)
-        f.truncate(8 + len(raw) + offset)
+        f.truncate(8 + len(raw) + data)
 
 
 def test_flash_width_slice_from_layer_2_passes_the_loader(tmp_path, monkeypatch):
