@@ -21,6 +21,7 @@
 #include "bind.h"
 #include "cairn/expert_cache.h"
 #include "cairn/kernels.h"
+#include "codecs/codec.h"
 
 namespace py = pybind11;
 using namespace cairn;
@@ -113,12 +114,48 @@ struct Loader {
       if (tag == "BF16") m.bf16_sources.insert(dst);
       return dst;
     }
-    throw py::value_error("weight '" + name + "' has unsupported dtype tag '" + tag + "' (want F32/BF16/F16)");
+    if (tag.rfind("GGML:", 0) == 0) {  // a GGUF block format in a tensor read as floats: widened at load
+      const BlockCodec* c = codec_of(name, tag);
+      const int64_t in = want.empty() ? 1 : want.back(), rows = in ? n / in : 0;
+      const uint8_t* q = ggml_rows(name, t, c, rows, in);
+      m.owned.push_back(std::unique_ptr<float[]>(new float[(size_t)std::max<int64_t>(n, 1)]));
+      float* dst = m.owned.back().get();
+      for (int64_t r = 0; r < rows; ++r) c->decode_blocks(q + (size_t)r * (in / c->block) * c->bytes, (int)(in / c->block), dst + r * in);
+      return dst;
+    }
+    throw py::value_error("weight '" + name + "' has unsupported dtype tag '" + tag +
+                          "' (want F32/BF16/F16, F8_E4M3/I8 with scales, or GGML:<type>)");
+  }
+  // The GGUF block format a "GGML:<type>" tag names, or an error listing the supported ones.
+  static const BlockCodec* codec_of(const std::string& name, const std::string& tag) {
+    const BlockCodec* c = find_codec(tag.substr(5));
+    if (c) return c;
+    std::string names;
+    for (const BlockCodec* k : all_codecs()) names += (names.empty() ? "" : ", ") + std::string(k->name);
+    throw py::value_error("weight '" + name + "' has GGML type " + tag.substr(5) + ", which cairn cannot compute on; "
+                          "supported: " + names);
+  }
+  // The stored rows of a GGUF block tensor: a byte array [rows, in/block*bytes], pinned while loading.
+  const uint8_t* ggml_rows(const std::string& name, const py::tuple& t, const BlockCodec* c, int64_t rows, int64_t in) {
+    if (in % c->block)
+      throw py::value_error("weight '" + name + "' is " + c->name + " (blocks of " + std::to_string(c->block) +
+                            ") but its rows hold " + std::to_string(in) + " weights, not a multiple of the block");
+    return bytes(name, t, {rows, in / c->block * c->bytes});
   }
   // The embedding: BF16 stays in the mapping (rows widened per lookup), others as f32().
   void embedding(const std::string& name, int V, int D) {
     py::tuple t = entry(name);
-    if (std::string(py::str(t[1])) != "BF16") {
+    const std::string tag = py::str(t[1]);
+    if (tag.rfind("GGML:", 0) == 0) {  // stays in the mapping: a row is decoded when it is looked up
+      const BlockCodec* c = codec_of(name, tag);
+      const uint8_t* q = ggml_rows(name, t, c, V, D);
+      m.keep.push_back(transient.back());
+      transient.pop_back();
+      m.embedq = q;
+      m.embed_codec = c;
+      return;
+    }
+    if (tag != "BF16") {
       m.embed = f32(name, {V, D});
       return;
     }
@@ -189,6 +226,13 @@ struct Loader {
     py::tuple t = entry(name);
     const std::string tag = py::str(t[1]);
     if (tag == "F8_E4M3" || tag == "I8") return qlin(name, tag, t, out, in);
+    if (tag.rfind("GGML:", 0) == 0) {  // a GGUF block format: packed as stored, computed on as stored
+      Linear L{nullptr, nullptr, out, in};
+      L.qf = QFmt::Ggml;
+      L.codec = codec_of(name, tag);
+      L.q = ggml_rows(name, t, L.codec, out, in);
+      return L;
+    }
     const size_t kept = m.keep.size(), converts = jobs.size();
     Linear L{f32(name, {out, in}), nullptr, out, in};
     if (jobs.size() > converts) jobs.back().matrix = true;

@@ -13,6 +13,7 @@
 #include <cstring>
 
 #include "cairn/forward.h"
+#include "codecs/codec.h"
 #include "cairn/kernels.h"
 #include "cairn/profile.h"
 
@@ -137,6 +138,9 @@ static void run_layers(const Model& m, const AttnSeg* segs, int nseg, const int3
         const uint32_t b = (uint32_t)e[d] << 16;
         std::memcpy(&h0[d], &b, 4);
       }
+    } else if (m.embedq) {  // GGUF blocks used from the mapping: a row is decoded when it is looked up
+      const BlockCodec& c = *m.embed_codec;
+      c.decode_blocks(m.embedq + (size_t)tokens[i] * (D / c.block) * c.bytes, D / c.block, h0);
     } else {
       std::memcpy(h0, m.embed + (size_t)tokens[i] * D, sizeof(float) * D);
     }

@@ -8,6 +8,8 @@
 #include <stdexcept>
 #include <unordered_set>
 
+#include "formats/formats.h"
+#include "codecs/codec.h"
 #include "packed_file.h"
 
 namespace cairn {
@@ -62,6 +64,7 @@ void page_out(const void* p, size_t n) {
 }
 
 size_t source_bytes(const Linear& L) {
+  if (L.q && L.qf == QFmt::Ggml) return (size_t)L.out * (L.in / L.codec->block) * L.codec->bytes;
   if (L.q) return (size_t)L.out * (L.qf == QFmt::E2M1 ? L.in / 2 : L.in);
   return L.w ? (size_t)L.out * L.in * sizeof(float) : 0;
 }
@@ -89,7 +92,8 @@ PackPlan plan_packing(Model& m) {
   // gate/up pairs: both quantized alike, or both float
   auto fused = [&](Linear& dst, const Linear& g, const Linear& u) {
     if (g.q || u.q) {
-      if (g.qf != u.qf) throw std::runtime_error("gate and up projections of one expert must share a format");
+      if (g.qf != u.qf || g.codec != u.codec)
+        throw std::runtime_error("gate and up projections of one expert must share a format");
       jobs.push_back({&dst, &g, &u, 0, 0, false, g.qf});
     } else {
       jobs.push_back({&dst, &g, &u, 0, 0, bf16(g) && bf16(u), QFmt::None});
@@ -146,8 +150,9 @@ PackPlan plan_packing(Model& m) {
     const PackJob& J = jobs[j];
     if (J.qf != QFmt::None) {
       const int n = J.nrows();
-      P.code_bytes[j] = (qpanel_code_bytes(J.qf, n, J.dst->in) + 63) / 64 * 64;
-      P.bytes[j] = P.code_bytes[j] + qpanel_scale_bytes(J.qf, n, J.dst->in);
+      const PanelCodec& C = panel_codec(J.qf);
+      P.code_bytes[j] = (C.code_bytes(J.src->codec, n, J.dst->in) + 63) / 64 * 64;
+      P.bytes[j] = P.code_bytes[j] + C.scale_bytes(n, J.dst->in);
     } else {
       P.bytes[j] = packed_floats(J.nrows(), J.dst->in) * (J.bf16 ? sizeof(uint16_t) : sizeof(float));
     }
@@ -184,7 +189,8 @@ PackPlan plan_packing(Model& m) {
   uint64_t layout = fnv(fnv(pack_layout_key(pack_layout()), dense), slot);
   for (size_t j = 0; j < nj; ++j) {
     const PackJob& J = jobs[j];
-    for (uint64_t v : {(uint64_t)J.qf, (uint64_t)J.bf16, (uint64_t)J.nrows(), (uint64_t)J.dst->in, (uint64_t)P.offset[j]})
+    const uint64_t codec = J.src->codec ? (uint64_t)J.src->codec->ggml_type + 1 : 0;
+    for (uint64_t v : {(uint64_t)J.qf, codec, (uint64_t)J.bf16, (uint64_t)J.nrows(), (uint64_t)J.dst->in, (uint64_t)P.offset[j]})
       layout = fnv(layout, v);
   }
   P.layout = layout;
@@ -195,7 +201,7 @@ void pack_job(const PackPlan& plan, size_t j, void* buf) {
   const PackJob& J = plan.jobs[j];
   std::memset(buf, 0, plan.span[j]);  // padding is zero: the file's bytes depend on the weights only
   if (J.qf != QFmt::None)
-    pack_panels_q(J.qf, J.qrows(), J.dst->in, (uint8_t*)buf, (uint8_t*)buf + plan.code_bytes[j]);
+    panel_codec(J.qf).pack(J.qrows(), J.dst->in, (uint8_t*)buf, (uint8_t*)buf + plan.code_bytes[j]);
   else if (J.bf16) pack_panels_bf16(J.rows(), J.dst->in, (uint16_t*)buf);
   else pack_panels(J.rows(), J.dst->in, (float*)buf);
 }
@@ -204,7 +210,10 @@ void bind_panels(const PackPlan& plan, const std::vector<void*>& bufs) {
   for (size_t j = 0; j < plan.jobs.size(); ++j) {
     const PackJob& J = plan.jobs[j];
     Linear& D = *J.dst;
-    if (J.qf != QFmt::None) D.qf = J.qf;
+    if (J.qf != QFmt::None) {
+      D.qf = J.qf;
+      D.codec = J.src->codec;
+    }
     if (!bufs[j]) continue;  // a paged expert: the Linear keeps its shape and format, a slot has the panels
     if (J.qf != QFmt::None) {
       D.pq = (const uint8_t*)bufs[j];

@@ -1,4 +1,4 @@
-// Built by test_isa_paths.py for each x86-64 level: the quantized panels (packed.cpp) must give
+// Built by test_isa_paths.py for each x86-64 level: the quantized panels (packed.cpp, formats/) must give
 // the same bits as fp32 panels of the dequantized weights on the AVX2 and scalar paths too, which
 // the AVX-512 build the rest of the suite uses never runs. Exit status 0 = bit-identical.
 #include <cmath>
@@ -7,6 +7,7 @@
 #include <random>
 #include <vector>
 #include "cairn/kernels.h"
+#include "../../native/src/formats/formats.h"
 using namespace cairn;
 static float e4m3(uint8_t c) { int e = (c >> 3) & 15, m = c & 7; float v = e ? std::ldexp(8.f + m, e - 10) : std::ldexp((float)m, -9); return c & 0x80 ? -v : v; }
 static const float E2M1[8] = {0, .5f, 1, 1.5f, 2, 3, 4, 6};
@@ -32,8 +33,9 @@ int main() {
     Linear src{nullptr, nullptr, N, K}; src.qf = f; src.q = q.data(); src.qs = qs.data();
     std::vector<QRow> rows; std::vector<const float*> frows;
     for (int r = 0; r < N; ++r) { rows.push_back({&src, r}); frows.push_back(&W[(size_t)r * K]); }
-    std::vector<uint8_t> codes(qpanel_code_bytes(f, N, K) + 64), scales(qpanel_scale_bytes(f, N, K) + 64);
-    pack_panels_q(f, rows, K, codes.data(), scales.data());
+    const PanelCodec& C = panel_codec(f);
+    std::vector<uint8_t> codes(C.code_bytes(nullptr, N, K) + 64), scales(C.scale_bytes(N, K) + 64);
+    C.pack(rows, K, codes.data(), scales.data());
     std::vector<float> P(packed_floats(N, K));
     pack_panels(frows, K, P.data());
     Linear LQ{nullptr, nullptr, N, K}; LQ.qf = f; LQ.pq = codes.data(); LQ.pqs = scales.data();

@@ -15,24 +15,23 @@ constexpr int64_t kParMinWork = 1 << 17;
 // kPackM input rows x kPackN panels. Each output = fma chain over k ascending from 0, so it
 // depends only on (x row, w row, K).
 constexpr int kPanel = 16;
+// BF16 matrices stay BF16 panels (formats/bf16.cpp: widened a span at a time, half the bytes).
+constexpr bool kBf16Panels = true;
 #if defined(__AVX512F__)
-constexpr bool kBf16Panels = true;  // BF16 matrices may stay BF16 panels (widened in registers)
 constexpr int kPackM = 6, kPackN = 4;  // 24 zmm accumulators + 4 panel vectors + 1 broadcast
 #elif defined(__AVX2__)
-constexpr bool kBf16Panels = false;
 constexpr int kPackM = 2, kPackN = 2;  // 8 ymm-pair accumulators in 16 registers
 #else
-constexpr bool kBf16Panels = false;
 constexpr int kPackM = 2, kPackN = 2;
 #endif
 size_t packed_floats(int N, int K);
 // rows: logical rows of the matrix (nullptr = zero row), K floats each -> P (packed_floats)
 void pack_panels(const std::vector<const float*>& rows, int K, float* P);
 // The same panels as BF16 bit patterns; the rows must hold BF16-representable values
-// (used when kBf16Panels).
+// (formats/bf16.cpp).
 void pack_panels_bf16(const std::vector<const float*>& rows, int K, uint16_t* P);
-// Quantized panels (QFmt): one logical row is (source matrix with q/qs set, row index), or a
-// zero row when src is null. Codes and per-lane scale exponents, sizes below.
+// Quantized panels (QFmt, formats/): one logical row is (source matrix with q/qs set, row
+// index), or a zero row when src is null.
 struct QRow {
   const Linear* src;
   int r;
@@ -40,15 +39,12 @@ struct QRow {
 // Stored lane scale = ue8m0 exponent + qbias (the widened code carries 2^-qbias); code bytes per k.
 constexpr int qbias(QFmt f) { return f == QFmt::E2M1 ? 1 : 8; }
 constexpr int qstride(QFmt f) { return f == QFmt::E2M1 ? kPanel / 2 : kPanel; }
-size_t qpanel_code_bytes(QFmt f, int N, int K);
-size_t qpanel_scale_bytes(QFmt f, int N, int K);
-void pack_panels_q(QFmt f, const std::vector<QRow>& rows, int K, uint8_t* codes, uint8_t* scales);
 // Largest ue8m0 scale byte a format's panels can hold (the loader refuses larger ones).
 int qscale_max(QFmt f);
 // rows: K rows of N floats (a [K, N] matrix) -> the panels of its transpose (W[N, K] = rows^T)
 void pack_panels_kn(const float* const* rows, int K, int N, float* P);
-// out[M][np*16] = rows x[0..M) times L's panels [p0, p0 + np) (np <= kPackN), fp32 or BF16
-// panels; K in blocks (the same sums as one pass).
+// out[M][np*16] = rows x[0..M) times L's panels [p0, p0 + np) (np <= kPackN), of any format;
+// K in blocks (the same sums as one pass).
 void packed_panels(const float* const* x, int M, const Linear& L, int p0, int np, float* out);
 // Y[M, out] (ldy) = X[M, in] (ldx) W^T through L's packed panels, tasks split over threads.
 void linear(const float* X, int M, int ldx, const Linear& L, float* Y, int ldy, int threads);

@@ -67,7 +67,9 @@ enum class QFmt : uint8_t {
   None = 0,
   E4M3 = 1,  // FP8 e4m3fn, one ue8m0 scale per 128x128 block
   E2M1 = 2,  // FP4 e2m1, two per byte (low nibble = even column), one ue8m0 scale per row per 32
+  Ggml = 3,  // a GGUF block format (Linear::codec): rows of blocks as llama.cpp stores them
 };
+struct BlockCodec;  // codecs/codec.h
 constexpr int kFp8Block = 128, kFp4Group = 32;
 // Scale group along k in quantized panels (one scale byte per lane per group).
 constexpr int qgroup(QFmt f) { return f == QFmt::E2M1 ? kFp4Group : kFp8Block; }
@@ -81,10 +83,13 @@ struct Linear {  // W [out, in]
   // (E4M3) or [..][in][8] (E2M1, lane pairs in a byte) and per-lane scale exponents
   // [ceil(out/16)][ceil(in/group)][16].
   QFmt qf = QFmt::None;
+  // Ggml: pq holds panels of 16 stored rows, [ceil(out/16)][16][in/block*bytes], and no scales.
   const uint8_t* pq = nullptr;
   const uint8_t* pqs = nullptr;
+  const BlockCodec* codec = nullptr;  // Ggml: the GGUF block format of q / pq
   // Quantized row-major source (only while packing): codes [out][in] or [out][in/2], scales
-  // [ceil(out/128)][ceil(in/128)] (E4M3) or [out][in/32] (E2M1), ue8m0 bytes.
+  // [ceil(out/128)][ceil(in/128)] (E4M3) or [out][in/32] (E2M1), ue8m0 bytes; Ggml: the stored
+  // rows [out][in/block*bytes], no scales.
   const uint8_t* q = nullptr;
   const uint8_t* qs = nullptr;
 };
@@ -126,6 +131,8 @@ struct Model {
   std::shared_ptr<const PageLayout> page_layout;  // how states page their entries (cairn/pages.h)
   const float *embed = nullptr, *norm = nullptr;  // [V,D] [D]
   const uint16_t* embed16 = nullptr;  // instead of embed: BF16 rows, widened per lookup (the mapping)
+  const uint8_t* embedq = nullptr;    // instead of embed: GGUF block rows [V][D/block*bytes], decoded per lookup
+  const BlockCodec* embed_codec = nullptr;
   Linear head;                                    // [V,D]
   Linear hc_head;  // [N, N*D]
   const float *hc_head_base = nullptr, *hc_head_scale = nullptr;  // [N] [1]

@@ -1,0 +1,102 @@
+// cairn kernel: 16 fp32 lanes (one panel row) as GCC vector types. A codec's widening is written
+// once against these; the compiler emits it for the build's ISA (one zmm on AVX-512, two ymm on
+// AVX2, NEON quads on aarch64, scalar code elsewhere). docs/architecture.md says why not Highway.
+#pragma once
+#include <cstdint>
+#include <cstring>
+#if defined(__AVX2__)
+#include <immintrin.h>
+#endif
+
+#include "cairn/kernels.h"
+
+namespace cairn::lanes {
+
+static_assert(kPanel == 16, "a panel row is 16 lanes");
+typedef float f32x16 __attribute__((vector_size(64)));
+typedef uint32_t u32x16 __attribute__((vector_size(64)));
+typedef int32_t i32x16 __attribute__((vector_size(64)));
+typedef uint8_t u8x16 __attribute__((vector_size(16)));
+typedef uint16_t u16x16 __attribute__((vector_size(32)));
+typedef uint64_t u64x2 __attribute__((vector_size(16)));
+
+// Widening loads: GCC 12 turns __builtin_convertvector of a loaded byte vector into byte-by-byte
+// inserts, so where the ISA has a widening load it is named here (and only here).
+inline u32x16 load_u8(const uint8_t* p) {  // 16 bytes, zero-extended
+#if defined(__AVX512F__)
+  return (u32x16)_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)p));
+#elif defined(__AVX2__)
+  const __m128i b = _mm_loadu_si128((const __m128i*)p);
+  u32x16 r;
+  const __m256i lo = _mm256_cvtepu8_epi32(b), hi = _mm256_cvtepu8_epi32(_mm_srli_si128(b, 8));
+  std::memcpy(&r, &lo, 32);
+  std::memcpy((char*)&r + 32, &hi, 32);
+  return r;
+#else
+  u32x16 r;
+  for (int l = 0; l < 16; ++l) r[l] = p[l];
+  return r;
+#endif
+}
+inline u32x16 load_u16(const uint16_t* p) {
+#if defined(__AVX512F__)
+  return (u32x16)_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)p));
+#elif defined(__AVX2__)
+  u32x16 r;
+  const __m256i lo = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)p));
+  const __m256i hi = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)(p + 8)));
+  std::memcpy(&r, &lo, 32);
+  std::memcpy((char*)&r + 32, &hi, 32);
+  return r;
+#else
+  u32x16 r;
+  for (int l = 0; l < 16; ++l) r[l] = p[l];
+  return r;
+#endif
+}
+// 8 bytes -> lane l holds nibble l&1 (low first) of byte l/2
+inline u32x16 load_nibbles(const uint8_t* p) {
+  uint64_t x;
+  std::memcpy(&x, p, 8);
+  const u8x16 q = (u8x16)(u64x2){x, 0};  // one 8-byte load (a byte-wise copy into a vector stalls on store forwarding)
+  const u8x16 hi = q >> 4;
+  const u8x16 nib = __builtin_shufflevector(q, hi, 0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23) & 15;
+  return __builtin_convertvector(nib, u32x16);
+}
+inline f32x16 load_f32(const float* p) {
+  f32x16 v;
+  std::memcpy(&v, p, 64);
+  return v;
+}
+inline void store(float* p, f32x16 v) { std::memcpy(p, &v, 64); }
+inline f32x16 bits(u32x16 x) { return (f32x16)x; }
+inline u32x16 bits(f32x16 x) { return (u32x16)x; }
+inline f32x16 to_f32(u32x16 x) { return __builtin_convertvector((i32x16)x, f32x16); }
+// table[idx[l]] for a 16-entry table (a permute on AVX-512)
+inline f32x16 lookup(f32x16 table, u32x16 idx) { return __builtin_shuffle(table, (i32x16)idx); }
+// 16 FP8 e4m3fn codes' values times 2^-8, exact (subnormals included; the NaN pattern reads as the
+// finite 480 its bits spell). With F16C: the sign-extended byte << 7 with bit 14 cleared is the
+// FP16 pattern of that value; elsewhere it is built from the bits.
+inline f32x16 e4m3_x256(const uint8_t* p) {
+#if defined(__AVX512F__)
+  const __m256i h = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)p));
+  return (f32x16)_mm512_cvtph_ps(_mm256_and_si256(_mm256_slli_epi16(h, 7), _mm256_set1_epi16((short)0xBF80)));
+#elif defined(__AVX2__) && defined(__F16C__)
+  const __m128i b = _mm_loadu_si128((const __m128i*)p), mask = _mm_set1_epi16((short)0xBF80);
+  const __m256 lo = _mm256_cvtph_ps(_mm_and_si128(_mm_slli_epi16(_mm_cvtepi8_epi16(b), 7), mask));
+  const __m256 hi = _mm256_cvtph_ps(_mm_and_si128(_mm_slli_epi16(_mm_cvtepi8_epi16(_mm_srli_si128(b, 8)), 7), mask));
+  f32x16 r;
+  std::memcpy(&r, &lo, 32);
+  std::memcpy((char*)&r + 32, &hi, 32);
+  return r;
+#else
+  const u32x16 q = load_u8(p), sg = (q & 0x80u) << 24, e = (q >> 3) & 15u, m = q & 7u;
+  const f32x16 normal = bits(sg | ((e + 112u) << 23) | (m << 20));
+  const f32x16 sub = bits(bits(to_f32(m) * 0x1p-17f) | sg);  // m * 2^-9 * 2^-8
+  return e != 0u ? normal : sub;
+#endif
+}
+// 2^(e - 127) per lane from exponent bytes (e < 255)
+inline f32x16 exp2_bytes(const uint8_t* e) { return bits(load_u8(e) << 23); }
+
+}  // namespace cairn::lanes

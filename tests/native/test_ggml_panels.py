@@ -1,0 +1,152 @@
+"""GGUF block formats computed on as stored (native/src/formats/ggml_blocks.cpp over the block codecs
+in native/src/codecs/): a model whose matrices, embedding and other tensors hold GGUF blocks gives
+the bits of cairn's fp32 path on the weights gguf.quants.dequantize makes of them — all-position
+logits for any chunking, decode, batched decode, and after a snapshot restore."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as T
+from gguf.constants import GGML_QUANT_SIZES
+from gguf.quants import dequantize
+
+import cairn._kernel as K
+from cairn.daemon.modelgen.make_model import make_model, preset_with
+from cairn.daemon.weights.model_dir import map_weights, open_model_dir
+
+QUANT = ["Q8_0", "Q4_K", "Q5_K", "Q6_K", "Q2_K", "Q3_K", "IQ2_XXS", "MXFP4"]
+PROMPT = 150
+
+
+def random_blocks(qtype: str, n: int, rng) -> np.ndarray:
+    """n random blocks of a type: random bytes, with every scale field a sane finite value (the
+    weights come out ~1e-2, as trained ones; the bits are whatever the format's reference makes)."""
+    block, nbytes = GGML_QUANT_SIZES[T[qtype]]
+    b = rng.integers(0, 256, (n, nbytes), dtype=np.uint8)
+
+    def f16(col, lo=-2e-3, hi=2e-3):
+        b[:, col:col + 2] = rng.uniform(lo, hi, n).astype(np.float16).view(np.uint8).reshape(n, 2)
+
+    if qtype in ("Q8_0", "IQ2_XXS", "Q4_K", "Q5_K"):
+        f16(0, 1e-4, 2e-3 if qtype != "Q8_0" else 5e-4)
+        if qtype in ("Q4_K", "Q5_K"):
+            f16(2, 0, 1e-4)
+    elif qtype == "Q6_K":
+        f16(nbytes - 2, 1e-5, 1e-4)
+    elif qtype == "Q2_K":
+        f16(nbytes - 4, 1e-4, 1e-3)
+        f16(nbytes - 2, 0, 1e-4)
+    elif qtype == "Q3_K":
+        f16(nbytes - 2, 1e-5, 2e-4)
+    elif qtype == "MXFP4":
+        b[:, 0] = rng.integers(118, 122, n)     # e8m0: 2^-9 .. 2^-5 (x 0.5: the format's half unit)
+    return b
+
+
+class GgmlCase:
+    """A tiny model whose tensors are GGUF blocks where the type's block divides the row."""
+
+    def __init__(self, root):
+        p = preset_with("tiny", hidden_size=256, q_lora_rank=256, moe_intermediate_size=256, o_lora_rank=32)
+        self.dir = make_model(p, 5, root / "ggml")
+        self.md = open_model_dir(self.dir)
+        w = map_weights(self.md)
+        rng = np.random.default_rng(11)
+        self.quant, self.ref, self.types = {}, {}, {}
+        i = 0
+        for name, (arr, tag) in sorted(w.items()):
+            if tag != "F32" or arr.ndim != 2 or name.endswith("ape"):
+                self.quant[name] = self.ref[name] = (arr, tag)
+                continue
+            rows, cols = arr.shape
+            fits = [q for q in QUANT if cols % GGML_QUANT_SIZES[T[q]][0] == 0]
+            if not fits:
+                self.quant[name] = self.ref[name] = (arr, tag)
+                continue
+            q = fits[i % len(fits)]
+            i += 1
+            block, nbytes = GGML_QUANT_SIZES[T[q]]
+            blocks = random_blocks(q, rows * cols // block, rng)
+            self.quant[name] = (blocks.reshape(rows, cols // block * nbytes), f"GGML:{q}")
+            self.ref[name] = (dequantize(blocks.reshape(-1), T[q]).reshape(rows, cols).astype(np.float32), "F32")
+            self.types[name] = q
+        self.prompt = rng.integers(0, self.md.config["vocab_size"], PROMPT).astype(np.int32)
+
+    def model(self, weights, threads=2):
+        return K.Model(self.md.config, weights, self.md.fingerprint, threads)
+
+
+@pytest.fixture(scope="module")
+def ggml(tmp_path_factory):
+    return GgmlCase(tmp_path_factory.mktemp("ggml"))
+
+
+def bits(a):
+    return np.ascontiguousarray(a, dtype=np.float32).view(np.uint32)
+
+
+def test_every_type_is_used_for_matrices_and_the_embedding(ggml):
+    used = set(ggml.types.values())
+    assert used == set(QUANT), f"types not covered: {set(QUANT) - used}"
+    assert "embed.weight" in ggml.types and "head.weight" in ggml.types
+
+
+def test_blocks_give_the_bits_of_fp32_on_dequantized_weights_for_any_chunking(ggml):
+    mq, mf = ggml.model(ggml.quant), ggml.model(ggml.ref)
+    ref = K.prefill(K.State(mf), ggml.prompt, chunk=PROMPT, all_logits=True)[1]
+    assert np.isfinite(ref).all() and np.abs(ref).max() > 0
+    for chunk in (PROMPT, 37, 1):
+        got = K.prefill(K.State(mq), ggml.prompt, chunk=chunk, all_logits=True)[1]
+        assert np.array_equal(bits(got), bits(ref)), f"chunk {chunk}"
+
+
+def test_decode_batched_decode_and_restore_give_the_fp32_bits(ggml):
+    mq, mf = ggml.model(ggml.quant), ggml.model(ggml.ref)
+    sq, sf = K.State(mq), K.State(mf)
+    K.prefill(sq, ggml.prompt[:100], chunk=64)
+    K.prefill(sf, ggml.prompt[:100], chunk=64)
+    snap = sq.snapshot()
+    want = [K.decode(sf, int(t)) for t in ggml.prompt[100:110]]
+    got = [K.decode(sq, int(t)) for t in ggml.prompt[100:110]]
+    assert all(np.array_equal(bits(a), bits(b)) for a, b in zip(got, want))
+    restored = K.State.restore(mq, snap)
+    again = [K.decode(restored, int(t)) for t in ggml.prompt[100:110]]
+    assert all(np.array_equal(bits(a), bits(b)) for a, b in zip(again, want))
+    # two sequences in one batched call give each one's decode bits
+    a, b = K.State(mq), K.State(mq)
+    K.prefill(a, ggml.prompt[:40], chunk=40)
+    K.prefill(b, ggml.prompt[:70], chunk=70)
+    la, lb = K.decode_batch([a, b], [int(ggml.prompt[40]), int(ggml.prompt[70])])
+    a1, b1 = K.State(mf), K.State(mf)
+    K.prefill(a1, ggml.prompt[:40], chunk=40)
+    K.prefill(b1, ggml.prompt[:70], chunk=70)
+    assert np.array_equal(bits(la), bits(K.decode(a1, int(ggml.prompt[40]))))
+    assert np.array_equal(bits(lb), bits(K.decode(b1, int(ggml.prompt[70]))))
+
+
+def test_resident_panels_hold_the_stored_bytes(ggml):
+    stored = sum(a.nbytes for n, (a, _) in ggml.quant.items() if n in ggml.types and n != "embed.weight")
+    m = ggml.model(ggml.quant)
+    fp32 = ggml.model(ggml.ref)
+    saved = sum(ggml.ref[n][0].nbytes for n in ggml.types if n != "embed.weight") - stored
+    # the packed arena shrinks by what the blocks save against fp32 panels (padding aside)
+    assert fp32.packed_bytes - m.packed_bytes >= 0.9 * saved
+
+
+def test_an_unsupported_type_names_the_tensor_and_the_supported_types(ggml):
+    w = dict(ggml.quant)
+    name = "layers.0.attn.wq_a.weight"
+    w[name] = (np.zeros((256, 256 // 32 * 18), np.uint8), "GGML:Q4_0")
+    with pytest.raises(ValueError) as e:
+        ggml.model(w)
+    msg = str(e.value)
+    assert name in msg and "Q4_0" in msg and all(q in msg for q in ("Q8_0",))
+
+
+def test_a_row_that_is_not_whole_blocks_is_refused(ggml):
+    w = dict(ggml.quant)
+    name = "layers.0.attn.wq_a.weight"
+    w[name] = (np.zeros((256, 7), np.uint8), "GGML:Q8_0")
+    with pytest.raises(ValueError, match="wq_a"):
+        ggml.model(w)
