@@ -1,4 +1,5 @@
-// cairn._kernel: registration only; bindings live in bind_*.cpp, kernels in the other files.
+// cairn._kernel_<isa>: registration only; bindings live in bind_*.cpp, kernels in the other files.
+// cairn/_kernel.py imports the build for the CPU it runs on (CMakeLists.txt).
 #include <pybind11/pybind11.h>
 
 #include "bind.h"
@@ -7,8 +8,9 @@
 
 namespace py = pybind11;
 
-PYBIND11_MODULE(_kernel, m) {
+PYBIND11_MODULE(CAIRN_MODULE, m) {
   m.doc() = "cairn DeepSeek-V4 kernel (fp32, CPU)";
+  m.attr("ISA") = CAIRN_ISA;
   m.attr("MAX_CHUNK") = cairn::MAX_CHUNK;
   m.attr("SNAPSHOT_VERSION") = cairn::SNAPSHOT_VERSION;
   register_model(m);
