@@ -16,4 +16,5 @@ PYBIND11_MODULE(_kernel, m) {
   register_bench(m);
   register_experts(m);
   register_packed(m);
+  register_codecs(m);
 }
