@@ -35,7 +35,8 @@ def bits(a: np.ndarray) -> np.ndarray:
 
 
 def assert_bit_identical(name: str, blocks: np.ndarray) -> None:
-    ref = quants.dequantize(blocks.reshape(-1), T[name]).reshape(-1)
+    with np.errstate(over="ignore"):   # MXFP4's largest exponent times 12 is inf, in both
+        ref = quants.dequantize(blocks.reshape(-1), T[name]).reshape(-1)
     got = K.codec_dequantize(int(T[name]), blocks)
     assert got.shape == ref.shape
     diff = np.flatnonzero(bits(got) != bits(ref))

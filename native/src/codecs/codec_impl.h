@@ -24,11 +24,11 @@ inline uint32_t le32(const uint8_t* p) {
 inline float f16_to_f32(uint16_t h) {
   const uint32_t em = (uint32_t)(h & 0x7fff) << 13;     // exponent and mantissa, in float position
   const uint32_t e = em & 0x0f800000u;
-  const uint32_t normal = em + (112u << 23);             // rebias 15 -> 127
-  const uint32_t infnan = em + (224u << 23);             // exponent 31 -> 255, payload kept
+  const uint32_t is_max = 0u - (uint32_t)(e == 0x0f800000u), is_sub = 0u - (uint32_t)(e == 0);
+  // rebias 15 -> 127, and exponent 31 -> 255 with the payload kept; masks, not branches
+  const uint32_t normal = em + (112u << 23) + (is_max & (112u << 23));
   const uint32_t sub = f32_bits((float)(h & 0x3ff) * 0x1p-24f);  // subnormal (and zero): exact
-  const uint32_t r = e == 0x0f800000u ? infnan : (e == 0 ? sub : normal);
-  return bits_f32(r | ((uint32_t)(h & 0x8000) << 16));
+  return bits_f32(((normal & ~is_sub) | (sub & is_sub)) | ((uint32_t)(h & 0x8000) << 16));
 }
 inline float f16_at(const uint8_t* p) { return f16_to_f32(le16(p)); }
 
