@@ -24,7 +24,7 @@ F16_FIELDS = {
     "IQ2_XXS": [0], "MXFP4": [],
 }
 FLOATS = ["F32", "F16", "BF16"]
-TYPES = FLOATS + ["Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"]
+TYPES = FLOATS + ["Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ2_XXS"]
 # The types gguf.quants.quantize implements, with the decimal exponent range of the test data's row
 # magnitudes: as wide as the format's scale can hold (f16 scales overflow past ~6e4 * the code range).
 QUANTIZABLE = {"F32": (-38, 30), "F16": (-9, 4), "BF16": (-38, 30), "Q8_0": (-9, 6)}
