@@ -24,10 +24,10 @@ F16_FIELDS = {
     "IQ2_XXS": [0], "MXFP4": [],
 }
 FLOATS = ["F32", "F16", "BF16"]
-TYPES = FLOATS + ["Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ2_XXS"]
+TYPES = FLOATS + list(F16_FIELDS)
 # The types gguf.quants.quantize implements, with the decimal exponent range of the test data's row
 # magnitudes: as wide as the format's scale can hold (f16 scales overflow past ~6e4 * the code range).
-QUANTIZABLE = {"F32": (-38, 30), "F16": (-9, 4), "BF16": (-38, 30), "Q8_0": (-9, 6)}
+QUANTIZABLE = {"F32": (-38, 30), "F16": (-9, 4), "BF16": (-38, 30), "Q8_0": (-9, 6), "MXFP4": (-38, 30)}
 
 
 def bits(a: np.ndarray) -> np.ndarray:
@@ -75,7 +75,7 @@ def test_the_table_lists_every_format_with_the_packages_block_and_byte_sizes():
         assert (block, size) == GGML_QUANT_SIZES[T[name]]
 
 
-@pytest.mark.parametrize("name", [n for n in TYPES if n in F16_FIELDS])
+@pytest.mark.parametrize("name", list(F16_FIELDS))
 def test_random_blocks_decode_bit_identically_to_the_reference(name):
     assert_bit_identical(name, random_blocks(name, 3000, seed=int(T[name])))
 

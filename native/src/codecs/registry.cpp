@@ -8,8 +8,8 @@ namespace cairn {
 const std::vector<const BlockCodec*>& all_codecs() {
   // GGML type order; the codec objects are constant-initialised, so no static-order hazard.
   static const std::vector<const BlockCodec*> table = {
-      &codecs::F32, &codecs::F16, &codecs::Q8_0, &codecs::Q2_K, &codecs::Q3_K, &codecs::Q4_K,
-      &codecs::Q5_K, &codecs::Q6_K, &codecs::IQ2_XXS, &codecs::BF16};
+      &codecs::F32,  &codecs::F16,  &codecs::Q8_0,    &codecs::Q2_K, &codecs::Q3_K, &codecs::Q4_K,
+      &codecs::Q5_K, &codecs::Q6_K, &codecs::IQ2_XXS, &codecs::BF16, &codecs::MXFP4};
   return table;
 }
 
