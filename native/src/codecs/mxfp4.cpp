@@ -5,6 +5,10 @@
 #include "codec_impl.h"
 #include "tables.h"
 
+// kvalue_bits() below takes a 64-byte vector by value; it is internal and always inlined, so the
+// note that such a signature's ABI differs without AVX-512 (a CAIRN_PORTABLE build) is moot.
+#pragma GCC diagnostic ignored "-Wpsabi"
+
 namespace cairn::codecs {
 namespace {
 
