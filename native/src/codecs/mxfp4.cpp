@@ -5,8 +5,8 @@
 #include "codec_impl.h"
 #include "tables.h"
 
-// kvalue_bits() below takes a 64-byte vector by value; it is internal and always inlined, so the
-// note that such a signature's ABI differs without AVX-512 (a CAIRN_PORTABLE build) is moot.
+// kvalue_bits() below returns a 64-byte vector; it is internal to this file (inlined), so the
+// warning that such a return differs in ABI without AVX-512 (a CAIRN_PORTABLE build) is moot.
 #pragma GCC diagnostic ignored "-Wpsabi"
 
 namespace cairn::codecs {
@@ -20,7 +20,7 @@ inline float e8m0_half(uint8_t e) {
 // 2^e * (1 + m/2), e == 0 is m (0 or 1); code 8 is +0, as the table's integer 0 converts. Masks
 // only (no table lookup, no variable shift, no branch), written once for a scalar or a vector U.
 template <class U>
-constexpr U kvalue_bits(U c) {
+constexpr U kvalue_bits(const U& c) {
   const U e = (c >> 1) & 3, m = c & 1;
   const U normal = ((e + 127) << 23) | (m << 22);
   const U is_sub = ((e | (0 - e)) >> 31) - 1;          // all ones where e == 0
