@@ -29,3 +29,4 @@ void register_state(pybind11::module_& m);
 void register_bench(pybind11::module_& m);
 void register_experts(pybind11::module_& m);  // expert cache: Model methods + policy replay
 void register_packed(pybind11::module_& m);   // packed cache file: layout description and keys
+void register_codecs(pybind11::module_& m);   // GGUF block codecs: test hooks (codec_dequantize, codec_types)

@@ -18,4 +18,5 @@ PYBIND11_MODULE(CAIRN_MODULE, m) {
   register_bench(m);
   register_experts(m);
   register_packed(m);
+  register_codecs(m);
 }

@@ -1,0 +1,89 @@
+// cairn bindings: test hooks for the GGUF block codecs (codecs/codec.h), checked bit for bit against
+// gguf.quants.dequantize by tests/native/test_codecs.py.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <chrono>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "bind.h"
+#include "codecs/codec.h"
+
+namespace py = pybind11;
+using namespace cairn;
+
+namespace {
+
+std::string supported_names() {
+  std::string s;
+  for (const BlockCodec* c : all_codecs()) s += (s.empty() ? "" : ", ") + std::string(c->name) + " (" +
+                                                std::to_string(c->ggml_type) + ")";
+  return s;
+}
+
+}  // namespace
+
+void register_codecs(py::module_& m) {
+  m.def("codec_types", [] {
+    std::vector<std::tuple<std::string, int, int, int>> out;
+    for (const BlockCodec* c : all_codecs()) out.emplace_back(c->name, c->ggml_type, c->block, c->bytes);
+    return out;
+  }, "The GGUF storage formats the kernel decodes: (name, GGML type, weights per block, bytes per block).");
+  m.def("codec_dequantize", [](int ggml_type, py::array_t<uint8_t, py::array::c_style> blocks) {
+    const BlockCodec* c = find_codec(ggml_type);
+    if (!c)
+      throw py::value_error("codec_dequantize: ggml_type " + std::to_string(ggml_type) +
+                            " is not a supported GGUF storage format; supported: " + supported_names());
+    if (blocks.ndim() != 2 || blocks.shape(1) != c->bytes)
+      throw py::value_error("codec_dequantize: blocks must be a uint8 array of shape (n, " +
+                            std::to_string(c->bytes) + ") for " + c->name + " (" + std::to_string(c->bytes) +
+                            " bytes per block); got " + std::to_string(blocks.ndim()) + " dimensions, last " +
+                            (blocks.ndim() ? std::to_string(blocks.shape(blocks.ndim() - 1)) : "-"));
+    const py::ssize_t n = blocks.shape(0);
+    if (n > (py::ssize_t)INT32_MAX)
+      throw py::value_error("codec_dequantize: at most 2^31-1 blocks per call, got " + std::to_string(n));
+    py::array_t<float> out(n * c->block);
+    const uint8_t* src = blocks.data();
+    float* dst = out.mutable_data();
+    {
+      py::gil_scoped_release rel;
+      c->decode_blocks(src, (int)n, dst);
+    }
+    return out;
+  }, py::arg("ggml_type"), py::arg("blocks"),
+     "Weights of n blocks of one GGUF format (blocks: uint8 [n, bytes]) as float32 [n * block], through the "
+     "codec's decode_blocks.");
+  m.def("_codec_decode_each", [](int ggml_type, py::array_t<uint8_t, py::array::c_style> blocks) {
+    // The single-block decode(), block by block: tests check it agrees with decode_blocks.
+    const BlockCodec* c = find_codec(ggml_type);
+    if (!c || blocks.ndim() != 2 || blocks.shape(1) != c->bytes)
+      throw py::value_error("_codec_decode_each: want a supported ggml_type and uint8 blocks [n, bytes]");
+    const py::ssize_t n = blocks.shape(0);
+    py::array_t<float> out(n * c->block);
+    for (py::ssize_t b = 0; b < n; ++b) c->decode(blocks.data() + b * c->bytes, out.mutable_data() + b * c->block);
+    return out;
+  }, py::arg("ggml_type"), py::arg("blocks"));
+  m.def("_codec_bench", [](int ggml_type, py::array_t<uint8_t, py::array::c_style> blocks, int reps) {
+    // Seconds per decode_blocks call over all n blocks (one thread), for speed figures; not API.
+    const BlockCodec* c = find_codec(ggml_type);
+    if (!c || blocks.ndim() != 2 || blocks.shape(1) != c->bytes || reps < 1)
+      throw py::value_error("_codec_bench: want a supported ggml_type, uint8 blocks [n, bytes], reps >= 1");
+    const int n = (int)blocks.shape(0);
+    std::vector<float> out((size_t)n * c->block);
+    const uint8_t* src = blocks.data();
+    double dt;
+    {
+      py::gil_scoped_release rel;
+      const auto t0 = std::chrono::steady_clock::now();
+      for (int r = 0; r < reps; ++r) {
+        c->decode_blocks(src, n, out.data());
+        asm volatile("" : : "r"(out.data()) : "memory");   // keep every rep's stores
+      }
+      dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / reps;
+    }
+    return dt;
+  }, py::arg("ggml_type"), py::arg("blocks"), py::arg("reps") = 1);
+}

@@ -1,0 +1,28 @@
+// The codec table: every GGUF storage format the kernel can compute on, by GGML type and name.
+#include <cstring>
+
+#include "codec_impl.h"
+
+namespace cairn {
+
+const std::vector<const BlockCodec*>& all_codecs() {
+  // GGML type order; the codec objects are constant-initialised, so no static-order hazard.
+  static const std::vector<const BlockCodec*> table = {
+      &codecs::F32,  &codecs::F16,  &codecs::Q8_0,    &codecs::Q2_K, &codecs::Q3_K, &codecs::Q4_K,
+      &codecs::Q5_K, &codecs::Q6_K, &codecs::IQ2_XXS, &codecs::BF16, &codecs::MXFP4};
+  return table;
+}
+
+const BlockCodec* find_codec(int ggml_type) {
+  for (const BlockCodec* c : all_codecs())
+    if (c->ggml_type == ggml_type) return c;
+  return nullptr;
+}
+
+const BlockCodec* find_codec(const std::string& name) {
+  for (const BlockCodec* c : all_codecs())
+    if (name == c->name) return c;
+  return nullptr;
+}
+
+}  // namespace cairn

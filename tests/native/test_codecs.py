@@ -1,0 +1,142 @@
+"""GGUF block codecs (native/src/codecs/): every format's decoder is bit-identical to the reference,
+gguf.quants.dequantize (llama.cpp's Python package), on random blocks and on blocks the package
+quantizes itself; the single-block and the multi-block entry points agree; the table's block and
+byte sizes are the package's; an unsupported type is refused by name."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from gguf import quants
+from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType as T
+
+import cairn._kernel as K
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# Byte offsets of each format's f16 scale fields (llama.cpp's block structs): random bytes there
+# would be NaN or inf now and then, which real files never carry, so the random-block test puts
+# finite f16 values there. MXFP4's e8m0 byte is finite for every value and stays random.
+F16_FIELDS = {
+    "Q8_0": [0], "Q2_K": [80, 82], "Q3_K": [108], "Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208],
+    "IQ2_XXS": [0], "MXFP4": [],
+}
+FLOATS = ["F32", "F16", "BF16"]
+TYPES = FLOATS + list(F16_FIELDS)
+# The types gguf.quants.quantize implements, with the decimal exponent range of the test data's row
+# magnitudes: as wide as the format's scale can hold (f16 scales overflow past ~6e4 * the code range).
+QUANTIZABLE = {"F32": (-38, 30), "F16": (-9, 4), "BF16": (-38, 30), "Q8_0": (-9, 6), "MXFP4": (-38, 30)}
+
+
+def bits(a: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(a, dtype=np.float32).view(np.uint32)
+
+
+def assert_bit_identical(name: str, blocks: np.ndarray) -> None:
+    with np.errstate(over="ignore"):   # MXFP4's largest exponent times 12 is inf, in both
+        ref = quants.dequantize(blocks.reshape(-1), T[name]).reshape(-1)
+    got = K.codec_dequantize(int(T[name]), blocks)
+    assert got.shape == ref.shape
+    diff = np.flatnonzero(bits(got) != bits(ref))
+    if diff.size:
+        i = diff[0]
+        block = GGML_QUANT_SIZES[T[name]][0]
+        pytest.fail(f"{name}: {diff.size} of {ref.size} weights differ; first at {i} (block {i // block}): "
+                    f"got {got[i]!r} ({bits(got)[i]:#010x}), reference {ref[i]!r} ({bits(ref)[i]:#010x})")
+
+
+def finite_f16(rng: np.random.Generator, n: int) -> np.ndarray:
+    """n finite f16 bit patterns, every exponent equally likely (subnormals, both zeros and negatives
+    included), with the edge values always present."""
+    h = rng.integers(0, 1 << 16, n, dtype=np.uint32).astype(np.uint16)
+    h = np.where((h & 0x7C00) == 0x7C00, h & ~np.uint16(0x4000), h).astype(np.uint16)  # exp 31 -> 15
+    edges = np.array([0x0000, 0x8000, 0x0001, 0x8001, 0x03FF, 0x0400, 0x7BFF, 0xFBFF, 0x3C00, 0xBC00],
+                     dtype=np.uint16)
+    h[: min(n, edges.size)] = edges[: min(n, edges.size)]
+    return h
+
+
+def random_blocks(name: str, n: int, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    block, size = GGML_QUANT_SIZES[T[name]]
+    blocks = rng.integers(0, 256, (n, size), dtype=np.uint8)
+    for off in F16_FIELDS.get(name, []):
+        blocks[:, off:off + 2] = finite_f16(rng, n).view(np.uint8).reshape(n, 2)
+    return blocks
+
+
+def test_the_table_lists_every_format_with_the_packages_block_and_byte_sizes():
+    listed = K.codec_types()
+    assert [t[0] for t in listed] == sorted(TYPES, key=lambda n: int(T[n])), "fixed GGML type order"
+    for name, ggml_type, block, size in listed:
+        assert T(ggml_type).name == name
+        assert (block, size) == GGML_QUANT_SIZES[T[name]]
+
+
+@pytest.mark.parametrize("name", list(F16_FIELDS))
+def test_random_blocks_decode_bit_identically_to_the_reference(name):
+    assert_bit_identical(name, random_blocks(name, 3000, seed=int(T[name])))
+
+
+@pytest.mark.parametrize("name", FLOATS)
+def test_every_float_bit_pattern_widens_like_the_reference(name):
+    # F16 and BF16: all 65536 patterns (NaN payloads and signalling NaNs included); F32: random bits.
+    size = GGML_QUANT_SIZES[T[name]][1]
+    if size == 2:
+        blocks = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.uint8).reshape(-1, 2)
+    else:
+        blocks = np.random.default_rng(0).integers(0, 256, (1 << 16, 4), dtype=np.uint8)
+    assert_bit_identical(name, blocks)
+
+
+@pytest.mark.parametrize("name", list(QUANTIZABLE))
+def test_blocks_the_package_quantizes_decode_bit_identically(name):
+    lo, hi = QUANTIZABLE[name]
+    rng = np.random.default_rng(int(T[name]) + 100)
+    block = GGML_QUANT_SIZES[T[name]][0]
+    rows = 64
+    # Rows of very different magnitudes: small ones push the scales into the subnormal range.
+    data = rng.standard_normal((rows, 8 * max(block, 32))).astype(np.float32)
+    data *= (10.0 ** rng.uniform(lo, hi, (rows, 1))).astype(np.float32)
+    data[0] = 0.0
+    q = np.ascontiguousarray(quants.quantize(data, T[name])).view(np.uint8)
+    assert_bit_identical(name, q.reshape(-1, GGML_QUANT_SIZES[T[name]][1]))
+
+
+@pytest.mark.parametrize("name", TYPES)
+def test_single_block_decode_agrees_with_decode_blocks(name):
+    blocks = random_blocks(name, 257, seed=7)
+    a = K.codec_dequantize(int(T[name]), blocks)
+    b = K._codec_decode_each(int(T[name]), blocks)
+    assert np.array_equal(bits(a), bits(b))
+    # and a span starting mid-row decodes as the same blocks did in the longer run
+    block = GGML_QUANT_SIZES[T[name]][0]
+    c = K.codec_dequantize(int(T[name]), blocks[100:103].copy())
+    assert np.array_equal(bits(c), bits(a[100 * block:103 * block]))
+
+
+def test_an_unsupported_type_is_refused_by_name_listing_the_supported_ones():
+    blocks = np.zeros((1, GGML_QUANT_SIZES[T.Q4_0][1]), dtype=np.uint8)
+    with pytest.raises(ValueError) as e:
+        K.codec_dequantize(int(T.Q4_0), blocks)
+    msg = str(e.value)
+    assert f"ggml_type {int(T.Q4_0)}" in msg
+    for name in TYPES:
+        assert f"{name} ({int(T[name])})" in msg
+    with pytest.raises(ValueError, match="ggml_type 9999"):
+        K.codec_dequantize(9999, blocks)
+
+
+def test_a_wrong_block_size_is_refused_naming_the_format_and_the_expected_bytes():
+    with pytest.raises(ValueError, match=r"shape \(n, 34\) for Q8_0 .*2 dimensions, last 33"):
+        K.codec_dequantize(int(T.Q8_0), np.zeros((2, 33), dtype=np.uint8))
+    with pytest.raises(ValueError, match=r"shape \(n, 34\) for Q8_0 .*1 dimensions, last 34"):
+        K.codec_dequantize(int(T.Q8_0), np.zeros(34, dtype=np.uint8))
+
+
+def test_the_generated_tables_header_matches_the_installed_package():
+    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "gen_codec_tables.py"), "--check"],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
