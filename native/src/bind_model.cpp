@@ -126,6 +126,19 @@ struct Loader {
     throw py::value_error("weight '" + name + "' has unsupported dtype tag '" + tag +
                           "' (want F32/BF16/F16, F8_E4M3/I8 with scales, or GGML:<type>)");
   }
+  // Gate and up are packed as one matrix (16 rows of each per panel pair): one stored format.
+  static void fused_pair(const std::string& gn, const Linear& g, const std::string& un, const Linear& u) {
+    auto fmt = [](const Linear& L) -> std::string {
+      if (L.qf == QFmt::Ggml) return L.codec->name;
+      if (L.qf == QFmt::E4M3) return "F8_E4M3";
+      if (L.qf == QFmt::E2M1) return "FP4 (I8)";
+      return "float";
+    };
+    if (g.qf != u.qf || g.codec != u.codec)
+      throw py::value_error("weights '" + gn + "' (" + fmt(g) + ") and '" + un + "' (" + fmt(u) +
+                            ") are one expert's gate and up projections and must share a storage format "
+                            "(requantize the file with the same type for both)");
+  }
   // The GGUF block format a "GGML:<type>" tag names, or an error listing the supported ones.
   static const BlockCodec* codec_of(const std::string& name, const std::string& tag) {
     const BlockCodec* c = find_codec(tag.substr(5));
@@ -411,11 +424,13 @@ BoundModel::BoundModel(py::dict config, py::dict weights, std::string fp, int nt
       L.w1.push_back(ld.lin(x + "w1.weight", c.I, D));
       L.w2.push_back(ld.lin(x + "w2.weight", D, c.I));
       L.w3.push_back(ld.lin(x + "w3.weight", c.I, D));
+      ld.fused_pair(x + "w1.weight", L.w1.back(), x + "w3.weight", L.w3.back());
     }
     const int Is = c.I * c.n_shared;
     L.sw1 = ld.lin(f + "shared_experts.w1.weight", Is, D);
     L.sw2 = ld.lin(f + "shared_experts.w2.weight", D, Is);
     L.sw3 = ld.lin(f + "shared_experts.w3.weight", Is, D);
+    ld.fused_pair(f + "shared_experts.w1.weight", L.sw1, f + "shared_experts.w3.weight", L.sw3);
   }
   {
     py::gil_scoped_release rel;

@@ -64,8 +64,11 @@ class GgmlCase:
             if not fits:
                 self.quant[name] = self.ref[name] = (arr, tag)
                 continue
-            q = fits[i % len(fits)]
-            i += 1
+            if ".w3." in name and name.replace(".w3.", ".w1.") in self.types:
+                q = self.types[name.replace(".w3.", ".w1.")]   # gate and up share a format (one fused matrix)
+            else:
+                q = fits[i % len(fits)]
+                i += 1
             block, nbytes = GGML_QUANT_SIZES[T[q]]
             blocks = random_blocks(q, rows * cols // block, rng)
             self.quant[name] = (blocks.reshape(rows, cols // block * nbytes), f"GGML:{q}")
@@ -142,6 +145,18 @@ def test_an_unsupported_type_names_the_tensor_and_the_supported_types(ggml):
         ggml.model(w)
     msg = str(e.value)
     assert name in msg and "Q4_0" in msg and all(q in msg for q in ("Q8_0",))
+
+
+def test_gate_and_up_in_different_formats_are_refused_by_name(ggml):
+    w = dict(ggml.quant)
+    gate, up = "layers.1.ffn.experts.0.w1.weight", "layers.1.ffn.experts.0.w3.weight"
+    other = "Q8_0" if ggml.types[gate] != "Q8_0" else "Q4_K"
+    block, nbytes = GGML_QUANT_SIZES[T[other]]
+    rows, cols = ggml.ref[up][0].shape
+    w[up] = (np.zeros((rows, cols // block * nbytes), np.uint8), f"GGML:{other}")
+    with pytest.raises(ValueError) as e:
+        ggml.model(w)
+    assert gate in str(e.value) and up in str(e.value) and other in str(e.value)
 
 
 def test_a_row_that_is_not_whole_blocks_is_refused(ggml):
