@@ -102,13 +102,23 @@ static void ptile(const float* const* x, int k0, int kc, const W& w, float* r, b
   for (int i = 0; i < MR; ++i)
     for (int j = 0; j < 2 * NP; ++j) _mm256_storeu_ps(r + i * NP * kPanel + j * 8, acc[i][j]);
 #else
+  // Other targets (aarch64's NEON, x86-64-v2): GCC's vector types. `acc + a * b` is contracted to
+  // one fused multiply-add where the target has one (as fmadd in kernels.h), so the chain rounds
+  // like the hand-written paths above.
+  using lanes::f32x16;
+  f32x16 acc[MR][NP];
   for (int i = 0; i < MR; ++i)
-    for (int j = 0; j < NP; ++j)
-      for (int l = 0; l < kPanel; ++l) {
-        float a = cont ? r[(i * NP + j) * kPanel + l] : 0.f;
-        for (int k = 0; k < kc; ++k) a = fmadd(x[i][k0 + k], w(j, k)[l], a);
-        r[(i * NP + j) * kPanel + l] = a;
-      }
+    for (int j = 0; j < NP; ++j) acc[i][j] = cont ? lanes::load_f32(r + (i * NP + j) * kPanel) : f32x16{};
+  for (int k = 0; k < kc; ++k) {
+    f32x16 b[NP];
+    for (int j = 0; j < NP; ++j) b[j] = w(j, k);
+    for (int i = 0; i < MR; ++i) {
+      const float a = x[i][k0 + k];
+      for (int j = 0; j < NP; ++j) acc[i][j] = lanes::fmadd_lanes(a, b[j], acc[i][j]);
+    }
+  }
+  for (int i = 0; i < MR; ++i)
+    for (int j = 0; j < NP; ++j) lanes::store(r + (i * NP + j) * kPanel, acc[i][j]);
 #endif
 }
 

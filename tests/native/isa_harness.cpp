@@ -1,16 +1,52 @@
-// Built by test_isa_paths.py for each x86-64 level: the quantized panels (packed.cpp, formats/) must give
-// the same bits as fp32 panels of the dequantized weights on the AVX2 and scalar paths too, which
-// the AVX-512 build the rest of the suite uses never runs. Exit status 0 = bit-identical.
+// Built by test_isa_paths.py for each x86-64 level and for aarch64 (run under qemu): every stored
+// format's panels (packed.cpp, formats/, codecs/) must give the same bits as fp32 panels of the
+// dequantized weights, on paths the suite's own build never runs. It prints a digest of every
+// product, so builds for different CPUs can be compared too. Exit status 0 = bit-identical.
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <random>
 #include <vector>
-#include "cairn/kernels.h"
+
+#include "../../native/src/codecs/codec.h"
 #include "../../native/src/formats/formats.h"
+#include "cairn/kernels.h"
 using namespace cairn;
+
 static float e4m3(uint8_t c) { int e = (c >> 3) & 15, m = c & 7; float v = e ? std::ldexp(8.f + m, e - 10) : std::ldexp((float)m, -9); return c & 0x80 ? -v : v; }
 static const float E2M1[8] = {0, .5f, 1, 1.5f, 2, 3, 4, 6};
+static uint64_t digest = 1469598103934665603ull;
+static void mix(const std::vector<float>& y) {
+  for (float v : y) {
+    uint32_t b;
+    std::memcpy(&b, &v, 4);
+    digest = (digest ^ b) * 1099511628211ull;
+  }
+}
+
+// Y = X W^T through the quantized Linear and through fp32 panels of W; counts differences.
+static int compare(const char* what, const Linear& LQ, const std::vector<float>& W, int N, int K, std::mt19937& rng) {
+  std::vector<const float*> frows;
+  for (int r = 0; r < N; ++r) frows.push_back(&W[(size_t)r * K]);
+  std::vector<float> P(packed_floats(N, K));
+  pack_panels(frows, K, P.data());
+  Linear LF{nullptr, P.data(), N, K};
+  int bad = 0;
+  for (int M : {1, 2, 3, 7, 13}) {
+    std::vector<float> X((size_t)M * K), Y1((size_t)M * N), Y2((size_t)M * N);
+    std::normal_distribution<float> nd;
+    for (auto& x : X) x = nd(rng);
+    linear(X.data(), M, LQ, Y1.data(), 1);
+    linear(X.data(), M, LF, Y2.data(), 1);
+    mix(Y1);
+    if (std::memcmp(Y1.data(), Y2.data(), Y1.size() * 4)) {
+      ++bad;
+      std::printf("%s M %d differs: %g vs %g\n", what, M, Y1[0], Y2[0]);
+    }
+  }
+  return bad;
+}
+
 int main() {
   std::mt19937 rng(1);
   int bad = 0;
@@ -31,24 +67,40 @@ int main() {
         W[(size_t)r * K + k] = v * s;
       }
     Linear src{nullptr, nullptr, N, K}; src.qf = f; src.q = q.data(); src.qs = qs.data();
-    std::vector<QRow> rows; std::vector<const float*> frows;
-    for (int r = 0; r < N; ++r) { rows.push_back({&src, r}); frows.push_back(&W[(size_t)r * K]); }
+    std::vector<QRow> rows;
+    for (int r = 0; r < N; ++r) rows.push_back({&src, r});
     const PanelCodec& C = panel_codec(f);
     std::vector<uint8_t> codes(C.code_bytes(nullptr, N, K) + 64), scales(C.scale_bytes(N, K) + 64);
     C.pack(rows, K, codes.data(), scales.data());
-    std::vector<float> P(packed_floats(N, K));
-    pack_panels(frows, K, P.data());
     Linear LQ{nullptr, nullptr, N, K}; LQ.qf = f; LQ.pq = codes.data(); LQ.pqs = scales.data();
-    Linear LF{nullptr, P.data(), N, K};
-    for (int M : {1, 2, 3, 7, 13}) {
-      std::vector<float> X((size_t)M * K), Y1((size_t)M * N), Y2((size_t)M * N);
-      std::normal_distribution<float> nd;
-      for (auto& x : X) x = nd(rng);
-      linear(X.data(), M, LQ, Y1.data(), 1);
-      linear(X.data(), M, LF, Y2.data(), 1);
-      if (std::memcmp(Y1.data(), Y2.data(), Y1.size() * 4)) { ++bad; std::printf("fmt %d M %d differs: %g vs %g\n", fmt, M, Y1[0], Y2[0]); }
-    }
+    bad += compare(f == QFmt::E4M3 ? "F8_E4M3" : "FP4", LQ, W, N, K, rng);
   }
-  std::printf("%s\n", bad ? "FAIL" : "bit-identical");
+  // GGUF block formats: random blocks, kept only where every weight decodes finite
+  for (const BlockCodec* c : all_codecs()) {
+    if (c->block == 1) continue;  // F32/F16/BF16 rows: the widening alone, tested in test_codecs.py
+    const int N = 40, K = 2 * 256 + (c->block < 256 ? c->block : 0) * 3, nb = K / c->block;
+    std::vector<uint8_t> q((size_t)N * nb * c->bytes);
+    std::vector<float> W((size_t)N * K), tmp(c->block);
+    for (int b = 0; b < N * nb; ++b) {
+      uint8_t* blk = &q[(size_t)b * c->bytes];
+      for (int tries = 0;; ++tries) {
+        for (int i = 0; i < c->bytes; ++i) blk[i] = rng() & 0xff;
+        c->decode(blk, tmp.data());
+        bool ok = true;
+        for (float v : tmp) ok = ok && std::isfinite(v) && std::fabs(v) < 1e4f;
+        if (ok) break;
+      }
+      c->decode(blk, &W[(size_t)b * c->block]);
+    }
+    Linear src{nullptr, nullptr, N, K}; src.qf = QFmt::Ggml; src.codec = c; src.q = q.data();
+    std::vector<QRow> rows;
+    for (int r = 0; r < N; ++r) rows.push_back({&src, r});
+    const PanelCodec& C = panel_codec(QFmt::Ggml);
+    std::vector<uint8_t> codes(C.code_bytes(c, N, K));
+    C.pack(rows, K, codes.data(), nullptr);
+    Linear LQ{nullptr, nullptr, N, K}; LQ.qf = QFmt::Ggml; LQ.codec = c; LQ.pq = codes.data();
+    bad += compare(c->name, LQ, W, N, K, rng);
+  }
+  std::printf("digest %016llx\n%s\n", (unsigned long long)digest, bad ? "FAIL" : "bit-identical");
   return bad;
 }

@@ -53,12 +53,17 @@ void linear_rows(const float* const* x, int M, const Linear& L, float* Y, int ld
 inline void linear(const float* X, int M, const Linear& L, float* Y, int threads) {
   linear(X, M, L.in, L, Y, L.out, threads);
 }
-// a*b + c rounded once where the build has FMA instructions -- the rounding of the vector paths,
-// so scalar tails and reference loops match their lanes bit for bit. A build without FMA
-// (CAIRN_PORTABLE) has no vector paths to match and uses a multiply and an add (std::fma would
-// be a slow library call there).
+// a*b + c rounded once where the target has fused multiply-adds (x86 FMA3, every aarch64) -- the
+// rounding of the vector paths, so scalar tails and reference loops match their lanes bit for bit,
+// and builds for different CPUs give the same bits. A target without them (x86-64-v2) has no fused
+// paths to match and uses a multiply and an add (std::fma would be a slow library call there).
+#if defined(__FMA__) || defined(__ARM_FEATURE_FMA)
+#define CAIRN_HAS_FMA 1
+#else
+#define CAIRN_HAS_FMA 0
+#endif
 inline float fmadd(float a, float b, float c) {
-#if defined(__FMA__)
+#if CAIRN_HAS_FMA
   return __builtin_fmaf(a, b, c);
 #else
   return a * b + c;

@@ -96,6 +96,16 @@ inline f32x16 e4m3_x256(const uint8_t* p) {
   return e != 0u ? normal : sub;
 #endif
 }
+// b * a + c per lane, rounded once where the target has fused multiply-adds (kernels.h: fmadd)
+inline f32x16 fmadd_lanes(float a, f32x16 b, f32x16 c) {
+#if CAIRN_HAS_FMA
+  f32x16 r;
+  for (int l = 0; l < 16; ++l) r[l] = __builtin_fmaf(a, b[l], c[l]);  // vectorized to fma / fmla
+  return r;
+#else
+  return a * b + c;
+#endif
+}
 // 2^(e - 127) per lane from exponent bytes (e < 255)
 inline f32x16 exp2_bytes(const uint8_t* e) { return bits(load_u8(e) << 23); }
 
