@@ -240,7 +240,7 @@ PRESETS["gguf-tiny"] = Preset(
 # experts top-1 (routing still picks), vocabulary 320. 16 indexer heads, as gguf-tiny.
 PRESETS["gguf-quant"] = Preset(
     vocab_size=320, hidden_size=256, layer_types=(C,), mlp_layer_types=("moe",),
-    num_attention_heads=4, head_dim=64, qk_rope_head_dim=16, q_lora_rank=256, o_groups=1, o_lora_rank=256,
+    num_attention_heads=2, head_dim=128, qk_rope_head_dim=16, q_lora_rank=256, o_groups=1, o_lora_rank=256,
     sliding_window=16, csa_rate=4, hca_rate=128, index_n_heads=16, index_head_dim=64, index_topk=8,
     n_routed_experts=2, num_experts_per_tok=1, moe_intermediate_size=256,
 )

@@ -157,11 +157,41 @@ def split_files(first: Path) -> list[Path]:
     return files
 
 
-def _read(file: Path):
-    from gguf import GGUFReader
+class _PartialRows(Exception):
+    """A quantized tensor whose rows are not whole blocks: (tensor name, GGML type, row length, block)."""
 
+
+def _row_error(file: Path, name: str, gtype: str, ncols: int, block: int) -> ModelDirError:
+    return ModelDirError(f"{file}: tensor {name!r} is {gtype} with rows of {ncols} values, not a whole number "
+                         f"of its {block}-value blocks")
+
+
+def _reader_class():
+    from gguf import GGUFReader
+    from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    class Reader(GGUFReader):
+        # gguf's reader refuses such a tensor too, but without its name: look first.
+        def _build_tensors(self, start_offs, fields):
+            for field in fields:
+                _, name, _, dims, raw_dtype, _ = field.parts
+                try:
+                    qtype = GGMLQuantizationType(int(raw_dtype[0]))
+                except ValueError:
+                    continue   # an unknown type id: the reader's own error says so
+                block = GGML_QUANT_SIZES[qtype][0]
+                if len(dims) and int(dims[0]) % block:   # dims[0] is ne0, the row
+                    raise _PartialRows(bytes(name).decode("utf-8", "replace"), qtype.name, int(dims[0]), block)
+            super()._build_tensors(start_offs, fields)
+
+    return Reader
+
+
+def _read(file: Path):
     try:
-        return GGUFReader(file)   # memory-maps the file; reads only the header here
+        return _reader_class()(file)   # memory-maps the file; reads only the header here
+    except _PartialRows as e:
+        raise _row_error(file, *e.args) from None
     except (ValueError, OSError, KeyError, IndexError) as e:
         raise ModelDirError(f"{file}: not a readable GGUF file ({e})") from None
 
@@ -359,9 +389,8 @@ def _dtype_tag(file: Path, name: str, gtype: str, shape: tuple[int, ...]) -> str
             "(requantize with llama-quantize to one of these, or serve an unquantized file)")
     tag = ggml_types.tag(gtype)
     block, _ = ggml_types.block_of(tag)
-    if not shape or shape[-1] % block:
-        raise ModelDirError(f"{file}: tensor {name!r} is {gtype} with rows of {shape[-1] if shape else 0} values, "
-                            f"not a whole number of its {block}-value blocks")
+    if not shape or shape[-1] % block:   # (_read has looked already; this keeps the mapping safe without it)
+        raise _row_error(file, name, gtype, shape[-1] if shape else 0, block)
     return tag
 
 

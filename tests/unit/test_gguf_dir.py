@@ -21,7 +21,9 @@ from cairn.daemon.protocol.tokenizer import TextTokenizer
 from cairn.daemon.weights.model_dir import ModelDirError, map_weights, open_model_dir
 
 FIX = Path(__file__).resolve().parent.parent / "fixtures" / "gguf"
-MANIFEST = json.loads((FIX / "MANIFEST.json").read_text())["fixtures"]
+# the float fixtures (the gguf-quant-* ones: tests/unit/test_gguf_quant.py)
+MANIFEST = {k: v for k, v in json.loads((FIX / "MANIFEST.json").read_text())["fixtures"].items()
+            if v["preset"] == "gguf-tiny"}
 FILES = {"f32": "gguf-tiny-f32.gguf", "bf16": "gguf-tiny-bf16.gguf", "f16": "gguf-tiny-f16.gguf",
          "split": "gguf-tiny-split-00001-of-00003.gguf"}
 
