@@ -174,11 +174,11 @@ def _reader_class():
         # gguf's reader refuses such a tensor too, but without its name: look first.
         def _build_tensors(self, start_offs, fields):
             for field in fields:
-                _, name, _, dims, raw_dtype, _ = field.parts
                 try:
+                    _, name, _, dims, raw_dtype, _ = field.parts
                     qtype = GGMLQuantizationType(int(raw_dtype[0]))
-                except ValueError:
-                    continue   # an unknown type id: the reader's own error says so
+                except (ValueError, TypeError, IndexError):
+                    continue   # an unknown type id (or another gguf version's layout): the reader's checks stand
                 block = GGML_QUANT_SIZES[qtype][0]
                 if len(dims) and int(dims[0]) % block:   # dims[0] is ne0, the row
                     raise _PartialRows(bytes(name).decode("utf-8", "replace"), qtype.name, int(dims[0]), block)
