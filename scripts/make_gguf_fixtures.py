@@ -3,11 +3,14 @@
 through the shared llama-peer shim (../shared/tools/llama-peer/convert_hf_v4.py: its run-time patches for
 HF-written directories; no llama.cpp file is edited, nothing is compiled).
 
-    .venv/bin/python scripts/make_gguf_fixtures.py [--llama-cpp SRC] [--out tests/fixtures/gguf]
+    .venv/bin/python scripts/make_gguf_fixtures.py [--llama-cpp SRC] [--llama-bin BIN] [--only float|quant]
+                                                   [--out tests/fixtures/gguf]
 
 SRC is a llama.cpp source tree; by default the one the llama-cpp-python sdist vendors, downloaded from
 PyPI and unpacked into ~/.cache/llama-peer/ (build.sh's download step, without its build). Needs torch,
-transformers and pyyaml (the oracle and bench extras).
+transformers and pyyaml (the oracle and bench extras). BIN holds llama.cpp's `llama-quantize` and
+`llama-imatrix` for the quantized fixtures (default SRC/build/bin, as ../shared/tools/llama-peer/build.sh
+builds them). --only: write one of the two sets (the other's files and MANIFEST entries are kept).
 
 Fixtures (the model directory each came from is `make_model("gguf-tiny", 0, dtype=...)`, regenerated
 by the tests; MANIFEST.json lists the inputs, SHA256SUMS the bytes):
@@ -15,6 +18,24 @@ by the tests; MANIFEST.json lists the inputs, SHA256SUMS the bytes):
   gguf-tiny-bf16.gguf                      BF16 source: matrices BF16, vectors/norms/experts F32 (the converter's choice)
   gguf-tiny-f16.gguf                       F16 source, --outtype f16: matrices F16, vectors/norms/experts F32
   gguf-tiny-split-0000K-of-00003.gguf      F32, split by the converter (--split-max-tensors 40)
+
+Quantized fixtures (issue 23): `make_model("gguf-quant", 0)` (every matrix's rows a whole number of 256-value
+blocks), converted with --outtype f32, then `llama-quantize` into one file per mix; MANIFEST.json records
+each file's tensor types (from gguf.GGUFReader), per tensor and counted:
+  gguf-quant-q8_0.gguf        Q8_0
+  gguf-quant-q4_k_m.gguf      Q4_K_M  (Q4_K, Q6_K)
+  gguf-quant-q5_k_m.gguf      Q5_K_M  (Q5_K, Q6_K)
+  gguf-quant-q6_k.gguf        Q6_K
+  gguf-quant-q2_k.gguf        Q2_K    (Q2_K, Q3_K, Q6_K)
+  gguf-quant-q3_k_m.gguf      Q3_K_M  (Q3_K, Q4_K, Q6_K)
+  gguf-quant-iq2_xxs.gguf     IQ2_XXS (IQ2_XXS, Q2_K, Q5_K), with an importance matrix computed by
+                              llama-imatrix on text make_model synthesises (its tokenizer's corpus)
+  gguf-quant-mxfp4_moe.gguf   MXFP4_MOE (routed experts MXFP4, other matrices Q8_0)
+Vectors and norms stay F32 (llama-quantize's rule), the router and tid2eid are never quantized. Where
+llama.cpp would fall back to a type cairn does not load (the 128-wide indexer position bias: Q5_0, Q4_0,
+IQ4_NL...), or needs an importance matrix it cannot have (IQ2_XXS on the position biases and the head's
+hyper-connection, which are no matrix products), the type is forced (--tensor-type, below); a file holding
+any type outside ggml_types.SUPPORTED + F32/F16/BF16 stops the script.
 """
 
 from __future__ import annotations
@@ -41,6 +62,25 @@ FIXTURES = {
     "gguf-tiny-f16": ("float16", "f16", 0),
     "gguf-tiny-split": ("float32", "f32", 40),
 }
+QUANT_PRESET = "gguf-quant"
+# The indexer's compressor position bias is [4, 128]: no K-quant or IQ2 block fits its rows.
+_APE_IDX = ["--tensor-type", "indexer_compressor_ape=q8_0"]
+QUANT_FIXTURES = {
+    # file stem -> (llama-quantize type, extra arguments, with the importance matrix)
+    "gguf-quant-q8_0": ("Q8_0", [], False),
+    "gguf-quant-q4_k_m": ("Q4_K_M", _APE_IDX, False),
+    "gguf-quant-q5_k_m": ("Q5_K_M", _APE_IDX, False),
+    "gguf-quant-q6_k": ("Q6_K", _APE_IDX, False),
+    "gguf-quant-q2_k": ("Q2_K", _APE_IDX, False),
+    "gguf-quant-q3_k_m": ("Q3_K_M", _APE_IDX, False),
+    # IQ2_XXS needs importance data for every tensor of that type; llama-imatrix sees matrix products
+    # only: both position biases to Q8_0, the head's hyper-connection matrix to Q2_K.
+    "gguf-quant-iq2_xxs": ("IQ2_XXS", ["--tensor-type", "compressor_ape=q8_0",
+                                       "--tensor-type", "output_hc_fn=q2_K"], True),
+    "gguf-quant-mxfp4_moe": ("MXFP4_MOE", [], False),
+}
+# the importance matrix: llama-imatrix over this many words of make_model's synthetic corpus, in chunks
+IMATRIX_WORDS, IMATRIX_CTX, IMATRIX_CHUNKS = 4000, 128, 8
 
 
 def llama_cpp_source(given: str | None) -> Path:
@@ -68,9 +108,88 @@ def convert_one(src: str, hf_dir: str, out: str, outtype: str, split: int) -> No
     conv.main()
 
 
+def llama_bin(given: str | None, src: Path) -> Path:
+    bin_dir = Path(given) if given else src / "build" / "bin"
+    missing = [t for t in ("llama-quantize", "llama-imatrix") if not (bin_dir / t).is_file()]
+    if missing:
+        raise SystemExit(f"{bin_dir}: no {', '.join(missing)}; build them with "
+                         "../shared/tools/llama-peer/build.sh, or name their directory with --llama-bin")
+    return bin_dir
+
+
+def _run(cmd: list[str], what: str, cwd: Path | None = None) -> None:
+    r = subprocess.run(cmd, capture_output=True, text=True, errors="replace", cwd=cwd)   # llama.cpp logs token bytes
+    if r.returncode != 0:
+        raise SystemExit(f"{what} failed:\n{(r.stdout + r.stderr)[-3000:]}")
+
+
+def _convert(src: Path, hf: Path, target: Path, outtype: str, split: int, stem: str) -> None:
+    _run([sys.executable, __file__, "--convert-one", str(src), str(hf), str(target), outtype, str(split)],
+         f"converting {stem}")
+
+
+def tensor_types(path: Path) -> dict[str, str]:
+    """GGUF tensor name -> GGML type name, as gguf.GGUFReader reads the file."""
+    from gguf import GGUFReader
+
+    return {t.name: t.tensor_type.name for t in GGUFReader(path).tensors}
+
+
+def write_float_fixtures(src: Path, out: Path, tmp: Path, manifest: dict) -> None:
+    from cairn.daemon.modelgen.make_model import make_model
+
+    for stem, (dtype, outtype, split) in FIXTURES.items():
+        hf = tmp / dtype / PRESET   # the directory name becomes general.name: keep it fixed
+        if not hf.exists():
+            make_model(PRESET, SEED, hf, dtype=dtype)
+        _convert(src, hf, out / f"{stem}.gguf", outtype, split, stem)
+        manifest[stem] = {"preset": PRESET, "seed": SEED, "dtype": dtype, "outtype": outtype,
+                          "split_max_tensors": split}
+
+
+def write_quant_fixtures(src: Path, bin_dir: Path, out: Path, tmp: Path, manifest: dict) -> None:
+    from cairn.daemon.modelgen.make_model import _corpus, make_model
+    from cairn.daemon.weights import ggml_types
+
+    hf = tmp / "quant" / QUANT_PRESET
+    make_model(QUANT_PRESET, SEED, hf)
+    work = tmp / "quant"   # llama-quantize records the importance matrix by the path it was given:
+    f32 = work / f"{QUANT_PRESET}-f32.gguf"   # run in this directory, with relative names
+    _convert(src, hf, f32, "f32", 0, f32.stem)
+    text, imatrix = f"{QUANT_PRESET}-imatrix.txt", f"{QUANT_PRESET}-imatrix.gguf"
+    (work / text).write_text("\n".join(_corpus(IMATRIX_WORDS)) + "\n")
+    # one thread: the sums are then in one order (the file is the same whatever the machine's cores)
+    _run([str(bin_dir / "llama-imatrix"), "-m", f32.name, "-f", text, "-o", imatrix, "-c", str(IMATRIX_CTX),
+          "--chunks", str(IMATRIX_CHUNKS), "-t", "1"], "llama-imatrix", cwd=work)
+    imatrix_sha = hashlib.sha256((work / imatrix).read_bytes()).hexdigest()
+    allowed = set(ggml_types.SUPPORTED) | {"F32", "F16", "BF16", "I32"}
+    for stem, (qtype, extra, use_imatrix) in QUANT_FIXTURES.items():
+        target = out / f"{stem}.gguf"
+        args = [*extra, *(["--imatrix", imatrix] if use_imatrix else [])]
+        _run([str(bin_dir / "llama-quantize"), *args, f32.name, str(target), qtype, "1"],
+             f"llama-quantize {qtype}", cwd=work)
+        types = tensor_types(target)
+        bad = sorted({t for t in types.values() if t not in allowed})
+        if bad:
+            raise SystemExit(f"{target.name}: llama-quantize gave tensor types {', '.join(bad)} "
+                             f"({', '.join(n for n, t in types.items() if t in bad)}); force them into one of "
+                             f"{', '.join(sorted(allowed))} with --tensor-type in QUANT_FIXTURES")
+        counts: dict[str, int] = {}
+        for t in types.values():
+            counts[t] = counts.get(t, 0) + 1
+        entry = {"preset": QUANT_PRESET, "seed": SEED, "dtype": "float32", "outtype": "f32",
+                 "llama_quantize": {"type": qtype, "args": args}, "tensor_types": types, "type_counts": counts}
+        if use_imatrix:
+            entry["imatrix"] = {"text": f"make_model._corpus({IMATRIX_WORDS})", "ctx": IMATRIX_CTX,
+                                "chunks": IMATRIX_CHUNKS, "sha256": imatrix_sha}
+        manifest[stem] = entry
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--llama-cpp", help="llama.cpp source tree (default: the PyPI sdist's, downloaded once)")
+    ap.add_argument("--llama-bin", help="directory of llama-quantize and llama-imatrix (default: SRC/build/bin)")
+    ap.add_argument("--only", choices=("float", "quant"), help="write only this set of fixtures")
     ap.add_argument("--out", default=str(REPO / "tests" / "fixtures" / "gguf"))
     ap.add_argument("--convert-one", nargs=5, metavar=("SRC", "HF", "OUT", "OUTTYPE", "SPLIT"), help=argparse.SUPPRESS)
     a = ap.parse_args()
@@ -79,28 +198,28 @@ def main() -> None:
         convert_one(s, hf, out, outtype, int(split))
         return
 
-    from cairn.daemon.modelgen.make_model import make_model
-
     src = llama_cpp_source(a.llama_cpp)
+    sets = [a.only] if a.only else ["float", "quant"]
+    bin_dir = llama_bin(a.llama_bin, src) if "quant" in sets else None
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    for old in out.glob("*.gguf"):
-        old.unlink()
-    manifest = {"llama_cpp": f"llama-cpp-python {SDIST_VERSION} sdist (vendor/llama.cpp)",
-                "converter": "../shared/tools/llama-peer/convert_hf_v4.py patches + convert_hf_to_gguf.main()",
-                "fixtures": {}}
+    old = out / "MANIFEST.json"
+    manifest = json.loads(old.read_text()) if old.exists() else {}
+    manifest.update({"llama_cpp": f"llama-cpp-python {SDIST_VERSION} sdist (vendor/llama.cpp)",
+                     "converter": "../shared/tools/llama-peer/convert_hf_v4.py patches + convert_hf_to_gguf.main()"})
+    fixtures = manifest.setdefault("fixtures", {})
+    stems = {"float": FIXTURES, "quant": QUANT_FIXTURES}
+    for s in sets:   # a set is written whole: its old files and entries go first
+        for stem in stems[s]:
+            fixtures.pop(stem, None)
+            for f in out.glob(f"{stem}*.gguf"):
+                if f.name == f"{stem}.gguf" or f.name.startswith(f"{stem}-0"):
+                    f.unlink()
     with tempfile.TemporaryDirectory() as tmp:
-        for stem, (dtype, outtype, split) in FIXTURES.items():
-            hf = Path(tmp) / dtype / PRESET   # the directory name becomes general.name: keep it fixed
-            if not hf.exists():
-                make_model(PRESET, SEED, hf, dtype=dtype)
-            target = out / f"{stem}.gguf"
-            r = subprocess.run([sys.executable, __file__, "--convert-one", str(src), str(hf), str(target),
-                                outtype, str(split)], capture_output=True, text=True)
-            if r.returncode != 0:
-                raise SystemExit(f"converting {stem} failed:\n{r.stderr[-3000:]}")
-            manifest["fixtures"][stem] = {"preset": PRESET, "seed": SEED, "dtype": dtype, "outtype": outtype,
-                                          "split_max_tensors": split}
+        if "float" in sets:
+            write_float_fixtures(src, out, Path(tmp), fixtures)
+        if "quant" in sets:
+            write_quant_fixtures(src, bin_dir, out, Path(tmp), fixtures)
     (out / "MANIFEST.json").write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
     sums = []
     for f in sorted(out.glob("*.gguf")):

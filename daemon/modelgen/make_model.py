@@ -233,6 +233,17 @@ PRESETS["gguf-tiny"] = Preset(
     sliding_window=16, csa_rate=4, hca_rate=128, index_n_heads=16, index_head_dim=64, index_topk=8,
     n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
 )
+# For the quantized GGUF fixtures (issue 23; llama-quantize on its F32 conversion): gguf-tiny's limits,
+# and every matrix's input width (hidden, q_lora_rank, heads x head_dim / o_groups, o_groups x
+# o_lora_rank, moe_intermediate_size, hc_mult x hidden) a multiple of 256, the K-quants' block, at the
+# fewest weights that allows (~1.5 M): one CSA layer (the matrix kinds of every layer kind), two
+# experts top-1 (routing still picks), vocabulary 320. 16 indexer heads, as gguf-tiny.
+PRESETS["gguf-quant"] = Preset(
+    vocab_size=320, hidden_size=256, layer_types=(C,), mlp_layer_types=("moe",),
+    num_attention_heads=2, head_dim=128, qk_rope_head_dim=16, q_lora_rank=256, o_groups=1, o_lora_rank=256,
+    sliding_window=16, csa_rate=4, hca_rate=128, index_n_heads=16, index_head_dim=64, index_topk=8,
+    n_routed_experts=2, num_experts_per_tok=1, moe_intermediate_size=256,
+)
 DIRECT_CODES = ("flash-slice", "experts-fp4", "flash-shape")   # written by flash_slice.write_flash_slice
 
 

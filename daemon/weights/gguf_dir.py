@@ -6,6 +6,9 @@ Design notes
    are not read here: each tensor becomes a TensorInfo (file, byte range, dtype tag, shape) like a
    safetensors tensor, and map_weights hands the kernel views of one memory map per file. F32 is used
    in place; BF16 and F16 go to the kernel as stored, the pairs a BF16/F16 safetensors directory gives.
+   A block-quantized tensor (Q8_0, the K-quants, IQ2_XXS, MXFP4: ggml_types.SUPPORTED) goes as its
+   bytes, tag `GGML:<TYPE>`, uint8 [rows..., row_bytes]; its TensorInfo keeps the logical shape, so
+   the shape checks are the float ones. Any other GGML type is refused by name.
  * llama.cpp's names map back one to one to the canonical (official) names, with no transform of the
    bytes: a GGUF shape is the row-major shape reversed (ggml's ne0 is the fastest axis), so a [out, in]
    matrix is stored exactly as in safetensors, and the routed experts, stacked by the converter into
@@ -30,12 +33,14 @@ from pathlib import Path
 
 import numpy as np
 
+from . import ggml_types
 from .model_dir import CSA, HCA, SLIDING, ModelDir, ModelDirError, check_tensors, hash_weight_files, resolve_config
 from .safetensors_io import TensorInfo
 from .weight_digest import DigestCache
 
 ARCH = "deepseek4"
-# GGML type name -> the dtype tag the kernel takes (safetensors_io.DTYPES).
+# GGML type name -> the dtype tag the kernel takes (safetensors_io.DTYPES; the block-quantized types
+# are ggml_types.SUPPORTED, tag `GGML:<TYPE>`).
 FLOAT_TYPES = {"F32": "F32", "F16": "F16", "BF16": "BF16"}
 INT_TYPES = {"I32": "I32", "I64": "I64"}   # the hash-routing table (ffn_gate_tid2eid)
 SPLIT_RE = re.compile(r"^(?P<stem>.*)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$")
@@ -152,11 +157,41 @@ def split_files(first: Path) -> list[Path]:
     return files
 
 
-def _read(file: Path):
-    from gguf import GGUFReader
+class _PartialRows(Exception):
+    """A quantized tensor whose rows are not whole blocks: (tensor name, GGML type, row length, block)."""
 
+
+def _row_error(file: Path, name: str, gtype: str, ncols: int, block: int) -> ModelDirError:
+    return ModelDirError(f"{file}: tensor {name!r} is {gtype} with rows of {ncols} values, not a whole number "
+                         f"of its {block}-value blocks")
+
+
+def _reader_class():
+    from gguf import GGUFReader
+    from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    class Reader(GGUFReader):
+        # gguf's reader refuses such a tensor too, but without its name: look first.
+        def _build_tensors(self, start_offs, fields):
+            for field in fields:
+                try:
+                    _, name, _, dims, raw_dtype, _ = field.parts
+                    qtype = GGMLQuantizationType(int(raw_dtype[0]))
+                except (ValueError, TypeError, IndexError):
+                    continue   # an unknown type id (or another gguf version's layout): the reader's checks stand
+                block = GGML_QUANT_SIZES[qtype][0]
+                if len(dims) and int(dims[0]) % block:   # dims[0] is ne0, the row
+                    raise _PartialRows(bytes(name).decode("utf-8", "replace"), qtype.name, int(dims[0]), block)
+            super()._build_tensors(start_offs, fields)
+
+    return Reader
+
+
+def _read(file: Path):
     try:
-        return GGUFReader(file)   # memory-maps the file; reads only the header here
+        return _reader_class()(file)   # memory-maps the file; reads only the header here
+    except _PartialRows as e:
+        raise _row_error(file, *e.args) from None
     except (ValueError, OSError, KeyError, IndexError) as e:
         raise ModelDirError(f"{file}: not a readable GGUF file ({e})") from None
 
@@ -337,6 +372,28 @@ def tokenizer_from_metadata(meta: dict, where: str):
 # tensors
 
 
+def _dtype_tag(file: Path, name: str, gtype: str, shape: tuple[int, ...]) -> str:
+    """The kernel's dtype tag for a tensor of GGML type `gtype`: a float type as stored, a supported
+    block-quantized type as `GGML:<TYPE>` (its bytes, ggml_types.py); anything else is refused."""
+    if name.endswith("ffn_gate_tid2eid.weight"):
+        if gtype not in INT_TYPES:
+            raise ModelDirError(f"{file}: tensor {name!r} has GGML type {gtype}; cairn loads {', '.join(INT_TYPES)} "
+                                "for this integer table")
+        return INT_TYPES[gtype]
+    if gtype in FLOAT_TYPES:
+        return FLOAT_TYPES[gtype]
+    if gtype not in ggml_types.SUPPORTED:
+        raise ModelDirError(
+            f"{file}: tensor {name!r} has GGML type {gtype}; cairn loads weights of the float types "
+            f"{', '.join(FLOAT_TYPES)} and the quantized types {', '.join(ggml_types.SUPPORTED)} "
+            "(requantize with llama-quantize to one of these, or serve an unquantized file)")
+    tag = ggml_types.tag(gtype)
+    block, _ = ggml_types.block_of(tag)
+    if not shape or shape[-1] % block:   # (_read has looked already; this keeps the mapping safe without it)
+        raise _row_error(file, name, gtype, shape[-1] if shape else 0, block)
+    return tag
+
+
 def _tensor_infos(file: Path, reader, cfg: dict, tensors: dict[str, TensorInfo]) -> None:
     """Add the file's tensors to `tensors` by canonical name (experts: one view per expert)."""
     for t in reader.tensors:
@@ -352,16 +409,8 @@ def _tensor_infos(file: Path, reader, cfg: dict, tensors: dict[str, TensorInfo])
             if canon is None and rest not in _EXPERTS:
                 continue
         gtype = t.tensor_type.name
-        is_int = name.endswith("ffn_gate_tid2eid.weight")
-        tag = (INT_TYPES if is_int else FLOAT_TYPES).get(gtype)
-        if tag is None:
-            allowed = ", ".join(INT_TYPES if is_int else FLOAT_TYPES)
-            raise ModelDirError(
-                f"{file}: tensor {name!r} has GGML type {gtype}; cairn loads {allowed} "
-                f"{'for this integer table' if is_int else 'weights'} (quantized GGUF types such as Q8_0, "
-                "Q4_K or MXFP4 are planned, not yet supported: convert without quantizing, or serve the "
-                "safetensors release)")
         shape = tuple(int(d) for d in reversed(t.shape.tolist()))   # ggml ne (fastest first) -> row-major
+        tag = _dtype_tag(file, name, gtype, shape)
         start = int(t.data_offset)
         if canon is not None:
             if canon in tensors:

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
+from . import ggml_types
+
 # safetensors dtype tag -> numpy dtype of the stored bytes. BF16 and the 8-bit float formats
 # have no numpy dtype: they are carried as their raw bit patterns (uint16 / uint8) and widened by
 # the kernel. I8 is how the official DeepSeek-V4 checkpoints store FP4 (e2m1) expert weights, two
@@ -115,14 +117,20 @@ class FileMaps:
         return m
 
     def tensor(self, info: TensorInfo) -> np.ndarray:
-        count = math.prod(info.shape)
+        """The tensor's stored values; a GGUF block-quantized one (tag `GGML:<TYPE>`, logical shape
+        [rows..., in]) as its bytes, uint8 [rows..., row_bytes] (ggml_types.py)."""
+        if ggml_types.is_ggml(info.dtype):
+            shape, dtype = ggml_types.stored_shape(info.dtype, info.shape), np.dtype("u1")
+        else:
+            shape, dtype = info.shape, DTYPES[info.dtype]
+        count = math.prod(shape)
         if count == 0:
-            return np.zeros(info.shape, DTYPES[info.dtype])
+            return np.zeros(shape, dtype)
         m = self._map(info.file)
         if info.end > len(m):   # the file shrank since its header was read
             raise SafetensorsError(f"{info.file}: tensor {info.name!r} lies past the end of the file "
                                    f"({info.end} > {len(m)} bytes): was it rewritten while loading?")
-        return np.frombuffer(m, dtype=DTYPES[info.dtype], count=count, offset=info.start).reshape(info.shape)
+        return np.frombuffer(m, dtype=dtype, count=count, offset=info.start).reshape(shape)
 
     def drop_resident(self) -> None:
         """Drop the maps' pages from this process's resident set (they stay in the page cache and fault

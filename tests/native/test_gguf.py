@@ -16,7 +16,9 @@ from cairn.daemon.weights import model_dir
 from hf_oracle import torch  # a missing oracle is an ImportError that says how to install it
 
 FIX = Path(__file__).resolve().parent.parent / "fixtures" / "gguf"
-MANIFEST = json.loads((FIX / "MANIFEST.json").read_text())["fixtures"]
+# the float fixtures (the gguf-quant-* ones: tests/unit/test_gguf_quant.py)
+MANIFEST = {k: v for k, v in json.loads((FIX / "MANIFEST.json").read_text())["fixtures"].items()
+            if v["preset"] == "gguf-tiny"}
 FIRST = {"gguf-tiny-f32": "gguf-tiny-f32.gguf", "gguf-tiny-bf16": "gguf-tiny-bf16.gguf",
          "gguf-tiny-f16": "gguf-tiny-f16.gguf", "gguf-tiny-split": "gguf-tiny-split-00001-of-00003.gguf"}
 TOKENS = np.random.default_rng(1).integers(0, 512, 300).astype(np.int32)   # past the HCA rate (128) twice

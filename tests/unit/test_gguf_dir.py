@@ -21,7 +21,9 @@ from cairn.daemon.protocol.tokenizer import TextTokenizer
 from cairn.daemon.weights.model_dir import ModelDirError, map_weights, open_model_dir
 
 FIX = Path(__file__).resolve().parent.parent / "fixtures" / "gguf"
-MANIFEST = json.loads((FIX / "MANIFEST.json").read_text())["fixtures"]
+# the float fixtures (the gguf-quant-* ones: tests/unit/test_gguf_quant.py)
+MANIFEST = {k: v for k, v in json.loads((FIX / "MANIFEST.json").read_text())["fixtures"].items()
+            if v["preset"] == "gguf-tiny"}
 FILES = {"f32": "gguf-tiny-f32.gguf", "bf16": "gguf-tiny-bf16.gguf", "f16": "gguf-tiny-f16.gguf",
          "split": "gguf-tiny-split-00001-of-00003.gguf"}
 
@@ -224,20 +226,22 @@ def test_the_rewrite_helper_itself_gives_an_identical_model(tmp_path):
     assert all(np.array_equal(wa[k][0], wb[k][0]) and wa[k][1] == wb[k][1] for k in wb)
 
 
-@pytest.mark.parametrize("qtype", [GGMLQuantizationType.Q8_0, GGMLQuantizationType.Q4_0])
-def test_a_quantized_tensor_is_refused_naming_it_its_type_and_the_supported_ones(tmp_path, qtype):
+@pytest.mark.parametrize("qtype", [GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q5_0])
+def test_an_unsupported_quantized_type_is_refused_naming_it_its_type_and_the_supported_ones(tmp_path, qtype):
     path = rewrite(FIX / FILES["f32"], tmp_path / "q.gguf", as_type={"blk.1.attn_q_b.weight": qtype})
     with pytest.raises(ModelDirError) as e:
         open_model_dir(path)
     msg = str(e.value)
-    assert f"tensor 'blk.1.attn_q_b.weight' has GGML type {qtype.name}" in msg
-    assert "F32, F16, BF16" in msg and "planned" in msg
+    assert str(path) in msg and f"tensor 'blk.1.attn_q_b.weight' has GGML type {qtype.name}" in msg
+    assert "float types F32, F16, BF16" in msg
+    listed = msg.split("quantized types ", 1)[1].split(" (", 1)[0].split(", ")
+    assert sorted(listed) == sorted(["Q8_0", "Q4_K", "Q5_K", "Q6_K", "Q2_K", "Q3_K", "IQ2_XXS", "MXFP4"])
 
 
-def test_a_quantized_expert_stack_is_refused_by_its_gguf_name(tmp_path):
+def test_an_unsupported_quantized_expert_stack_is_refused_by_its_gguf_name(tmp_path):
     path = rewrite(FIX / FILES["f32"], tmp_path / "q.gguf",
-                   as_type={"blk.2.ffn_up_exps.weight": GGMLQuantizationType.Q8_0})
-    with pytest.raises(ModelDirError, match=r"tensor 'blk.2.ffn_up_exps.weight' has GGML type Q8_0"):
+                   as_type={"blk.2.ffn_up_exps.weight": GGMLQuantizationType.Q4_0})
+    with pytest.raises(ModelDirError, match=r"tensor 'blk.2.ffn_up_exps.weight' has GGML type Q4_0"):
         open_model_dir(path)
 
 
