@@ -88,6 +88,17 @@ struct Loader {
   const float* f32(const std::string& name, const std::vector<int64_t>& want) {
     py::tuple t = entry(name);
     std::string tag = py::str(t[1]);
+    if (tag.rfind("GGML:", 0) == 0) {  // a GGUF block format in a tensor read as floats: widened at load
+      const BlockCodec* c = codec_of(name, tag);
+      int64_t n = 1;
+      for (auto d : want) n *= d;
+      const int64_t in = want.empty() ? 1 : want.back(), rows = in ? n / in : 0;
+      const uint8_t* q = ggml_rows(name, t, c, std::vector<int64_t>(want.begin(), want.end() - (want.empty() ? 0 : 1)), in);
+      m.owned.push_back(std::unique_ptr<float[]>(new float[(size_t)std::max<int64_t>(n, 1)]));
+      float* dst = m.owned.back().get();
+      for (int64_t r = 0; r < rows; ++r) c->decode_blocks(q + (size_t)r * (in / c->block) * c->bytes, (int)(in / c->block), dst + r * in);
+      return dst;
+    }
     py::array a = py::array::ensure(t[0]);
     if (!a) throw py::value_error("weight '" + name + "' is not an array");
     check_shape(name, a, want);
@@ -112,15 +123,6 @@ struct Loader {
       float* dst = m.owned.back().get();
       jobs.push_back({c.data(), dst, n, tag == "BF16"});
       if (tag == "BF16") m.bf16_sources.insert(dst);
-      return dst;
-    }
-    if (tag.rfind("GGML:", 0) == 0) {  // a GGUF block format in a tensor read as floats: widened at load
-      const BlockCodec* c = codec_of(name, tag);
-      const int64_t in = want.empty() ? 1 : want.back(), rows = in ? n / in : 0;
-      const uint8_t* q = ggml_rows(name, t, c, rows, in);
-      m.owned.push_back(std::unique_ptr<float[]>(new float[(size_t)std::max<int64_t>(n, 1)]));
-      float* dst = m.owned.back().get();
-      for (int64_t r = 0; r < rows; ++r) c->decode_blocks(q + (size_t)r * (in / c->block) * c->bytes, (int)(in / c->block), dst + r * in);
       return dst;
     }
     throw py::value_error("weight '" + name + "' has unsupported dtype tag '" + tag +
@@ -148,12 +150,14 @@ struct Loader {
     throw py::value_error("weight '" + name + "' has GGML type " + tag.substr(5) + ", which cairn cannot compute on; "
                           "supported: " + names);
   }
-  // The stored rows of a GGUF block tensor: a byte array [rows, in/block*bytes], pinned while loading.
-  const uint8_t* ggml_rows(const std::string& name, const py::tuple& t, const BlockCodec* c, int64_t rows, int64_t in) {
+  // The stored rows of a GGUF block tensor: a byte array [lead..., in/block*bytes], pinned while loading.
+  const uint8_t* ggml_rows(const std::string& name, const py::tuple& t, const BlockCodec* c, std::vector<int64_t> lead,
+                           int64_t in) {
     if (in % c->block)
       throw py::value_error("weight '" + name + "' is " + c->name + " (blocks of " + std::to_string(c->block) +
                             ") but its rows hold " + std::to_string(in) + " weights, not a multiple of the block");
-    return bytes(name, t, {rows, in / c->block * c->bytes});
+    lead.push_back(in / c->block * c->bytes);
+    return bytes(name, t, lead);
   }
   // The embedding: BF16 stays in the mapping (rows widened per lookup), others as f32().
   void embedding(const std::string& name, int V, int D) {
@@ -161,7 +165,7 @@ struct Loader {
     const std::string tag = py::str(t[1]);
     if (tag.rfind("GGML:", 0) == 0) {  // stays in the mapping: a row is decoded when it is looked up
       const BlockCodec* c = codec_of(name, tag);
-      const uint8_t* q = ggml_rows(name, t, c, V, D);
+      const uint8_t* q = ggml_rows(name, t, c, {V}, D);
       m.keep.push_back(transient.back());
       transient.pop_back();
       m.embedq = q;
@@ -243,7 +247,7 @@ struct Loader {
       Linear L{nullptr, nullptr, out, in};
       L.qf = QFmt::Ggml;
       L.codec = codec_of(name, tag);
-      L.q = ggml_rows(name, t, L.codec, out, in);
+      L.q = ggml_rows(name, t, L.codec, {out}, in);
       return L;
     }
     const size_t kept = m.keep.size(), converts = jobs.size();

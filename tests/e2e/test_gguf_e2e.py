@@ -1,5 +1,6 @@
-"""GGUF models through the daemon (issue 23, float types): the BF16 fixture answers as HF transformers
-does on the same (bf16-rounded) weights, the F32 fixture exactly as its safetensors directory does, the
+"""GGUF models through the daemon (issue 23): every quantized fixture (Q8_0, K-quants, IQ2_XXS, MXFP4, as
+llama-quantize wrote them) answers as HF transformers does on the weights gguf.quants.dequantize makes
+of it; the BF16 fixture answers as HF does on the same (bf16-rounded) weights, the F32 fixture exactly as its safetensors directory does, the
 chat template from the GGUF metadata is checked against the native encoder as a directory's is, and
 `cairn serve --model X.gguf` serves the file under its name."""
 
@@ -25,6 +26,10 @@ from transformers import DeepseekV4ForCausalLM
 from cairn.daemon.modelgen.make_model import make_model
 
 FIX = Path(__file__).resolve().parent.parent / "fixtures" / "gguf"
+sys.path.insert(0, str(FIX.parents[2] / "scripts"))
+from dequantize_gguf import dequantized_model_dir  # noqa: E402
+
+QUANT = sorted(s for s in json.loads((FIX / "MANIFEST.json").read_text())["fixtures"] if s.startswith("gguf-quant-"))
 TOL = 1e-4                        # as in docs/validation.md
 PROMPT = [int(t) for t in np.random.default_rng(5).integers(20, 500, size=300)]
 
@@ -56,6 +61,37 @@ async def answer(loaded, sock: Path, model: str) -> dict:
                 "temperature": 0})
             assert chat.status == 200, chat.body
     return r.json()
+
+
+def hf_greedy(model_dir: Path, prompt: list[int], n: int) -> tuple[list[int], np.ndarray]:
+    """HF's greedy tokens after prompt (with its cache) and their log-probabilities (one full pass)."""
+    hf = DeepseekV4ForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    with torch.no_grad():
+        out = hf(input_ids=torch.tensor([prompt]), use_cache=True, logits_to_keep=1)
+        toks = [int(out.logits[0, -1].argmax())]
+        for _ in range(n - 1):
+            out = hf(input_ids=torch.tensor([[toks[-1]]]), cache=out.past_key_values, use_cache=True)
+            toks.append(int(out.logits[0, -1].argmax()))
+        full = hf(input_ids=torch.tensor([prompt + toks[:-1]]), use_cache=False, logits_to_keep=n).logits[0]
+    rows = torch.log_softmax(full.double(), dim=-1).numpy()
+    assert [int(t) for t in rows.argmax(1)] == toks
+    return toks, rows[np.arange(n), toks]
+
+
+@pytest.mark.parametrize("stem", QUANT)
+async def test_quantized_gguf_answers_as_hf_on_its_dequantized_weights(stem, tmp_path):
+    loaded = real_loaded(copy_fixture(f"{stem}.gguf", tmp_path))
+    prompt = [int(t) for t in np.random.default_rng(5).integers(20, 300, size=300)]
+    with trio.fail_after(120):
+        async with daemon(loaded, tmp_path / "q.sock"):
+            r = await request(tmp_path / "q.sock", "POST", "/v1/completions", {
+                "model": stem, "prompt": prompt, "temperature": 0, "max_tokens": 4, "logprobs": 1})
+            assert r.status == 200, r.body
+    toks, want = hf_greedy(dequantized_model_dir(FIX / f"{stem}.gguf", tmp_path / "deq"), prompt, 4)
+    lp = r.json()["choices"][0]["logprobs"]
+    assert lp["tokens"] == token_strings(loaded, toks)
+    diff = float(np.abs(np.asarray(lp["token_logprobs"]) - want).max())
+    assert diff <= TOL, f"max |dlogprob| {diff:.3g}"
 
 
 async def test_bf16_gguf_answers_as_hf_on_its_weights(tmp_path, bf16_src):

@@ -75,3 +75,27 @@ def test_hf_loads_the_dequantized_fixture_and_cairns_fp32_path_matches_it(stem, 
     ref = hf_logits(d, tokens)
     n, got = K.prefill(K.State(model_dir.load_model(md, threads=2)), tokens, chunk=64, all_logits=True)
     assert n == len(tokens) and np.abs(got - ref).max() <= 1e-4
+
+
+@pytest.mark.parametrize("stem", QUANT)
+def test_the_quantized_file_computes_the_bits_of_fp32_on_its_dequantized_weights(stem, tmp_path):
+    """The file served as stored (GGUF blocks in the kernel's panels) against cairn's fp32 path on the
+    directory gguf.quants.dequantize makes of it: all-position logits for several chunkings, decode,
+    and decode after a snapshot restore, bit for bit."""
+    gguf = FIX / f"{stem}.gguf"
+    fp32 = model_dir.load_model(model_dir.open_model_dir(dequantized_model_dir(gguf, tmp_path / stem)), threads=2)
+    quant = model_dir.load_model(model_dir.open_model_dir(gguf), threads=2)
+    assert quant.packed_bytes < fp32.packed_bytes / 2           # the panels hold the stored blocks
+    tokens = np.random.default_rng(3).integers(0, 320, 160).astype(np.int32)
+    ref = K.prefill(K.State(fp32), tokens, chunk=160, all_logits=True)[1]
+    for chunk in (160, 37, 1):
+        got = K.prefill(K.State(quant), tokens, chunk=chunk, all_logits=True)[1]
+        assert np.array_equal(got.view(np.uint32), ref.view(np.uint32)), f"chunk {chunk}"
+    sq, sf = K.State(quant), K.State(fp32)
+    K.prefill(sq, tokens[:100], chunk=64)
+    K.prefill(sf, tokens[:100], chunk=64)
+    snap = sq.snapshot()
+    want = [K.decode(sf, int(t)) for t in tokens[100:108]]
+    assert all(np.array_equal(K.decode(sq, int(t)), w) for t, w in zip(tokens[100:108], want))
+    restored = K.State.restore(quant, snap)
+    assert all(np.array_equal(K.decode(restored, int(t)), w) for t, w in zip(tokens[100:108], want))
