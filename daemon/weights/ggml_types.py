@@ -35,7 +35,8 @@ def _kernel_types() -> tuple[tuple[str, int, int, int], ...] | None:
     codec_types = getattr(_kernel, "codec_types", None)
     if codec_types is None:
         return None
-    return tuple((str(n), int(t), int(b), int(s)) for n, t, b, s in codec_types())
+    # block-quantized ones only: F32/F16/BF16 (block 1) load as the float types they are
+    return tuple((str(n), int(t), int(b), int(s)) for n, t, b, s in codec_types() if b > 1)
 
 
 SUPPORTED: dict[str, tuple[int, int, int]] = {n: (t, b, s) for n, t, b, s in (_kernel_types() or QUANT_TYPES)}

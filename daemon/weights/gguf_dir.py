@@ -34,7 +34,8 @@ from pathlib import Path
 import numpy as np
 
 from . import ggml_types
-from .model_dir import CSA, HCA, SLIDING, ModelDir, ModelDirError, check_tensors, hash_weight_files, resolve_config
+from .model_dir import (CSA, HCA, SLIDING, ModelDir, ModelDirError, check_tensors, hash_weight_files, log_ignored,
+                        resolve_config)
 from .safetensors_io import TensorInfo
 from .weight_digest import DigestCache
 
@@ -394,16 +395,21 @@ def _dtype_tag(file: Path, name: str, gtype: str, shape: tuple[int, ...]) -> str
     return tag
 
 
-def _tensor_infos(file: Path, reader, cfg: dict, tensors: dict[str, TensorInfo]) -> None:
-    """Add the file's tensors to `tensors` by canonical name (experts: one view per expert)."""
+def _tensor_infos(file: Path, reader, cfg: dict, tensors: dict[str, TensorInfo], ignored: list[int]) -> None:
+    """Add the file's tensors to `tensors` by canonical name (experts: one view per expert); count the
+    speculative heads' blocks past the last layer (MTP, a drafter) into ignored [tensors, bytes]."""
     for t in reader.tensors:
         name = t.name
         if name in _TOP:
             canon = _TOP[name]
         else:
             m = re.match(r"blk\.(\d+)\.(.+)$", name)
-            if m is None or m.group(2).startswith(_IGNORED_LAYER) or int(m.group(1)) >= cfg["num_hidden_layers"]:
-                continue   # not one of ours (an MTP block, a vision bias, a name llama.cpp added)
+            if m is not None and int(m.group(1)) >= cfg["num_hidden_layers"]:
+                ignored[0] += 1
+                ignored[1] += int(t.n_bytes)
+                continue
+            if m is None or m.group(2).startswith(_IGNORED_LAYER):
+                continue   # not one of ours (a vision bias, a name llama.cpp added)
             layer, rest = m.group(1), m.group(2)
             canon = f"layers.{layer}.{_LAYER[rest]}" if rest in _LAYER else None
             if canon is None and rest not in _EXPERTS:
@@ -450,8 +456,10 @@ def open_gguf(first: str | Path, *, digest_cache: str | Path | None = None, log=
     cfg = resolve_config(config_from_metadata(meta, where), f"{where} (GGUF metadata)")
     tok = tokenizer_from_metadata(meta, where)
     tensors: dict[str, TensorInfo] = {}
+    ignored = [0, 0]
     for f, r in zip(files, readers):
-        _tensor_infos(f, r, cfg, tensors)
+        _tensor_infos(f, r, cfg, tensors, ignored)
+    log_ignored(log, *ignored, f"blk.{cfg['num_hidden_layers']}+")
     del readers   # their maps close: the kernel's views come from FileMaps (one map per file)
     tensors = check_tensors(first, cfg, tensors, source="the GGUF metadata", spell=gguf_name)
 

@@ -433,6 +433,7 @@ def open_model_dir(path: str | Path, *, digest_cache: str | Path | None = None, 
 
     headers: list[bytes] = []
     tensors: dict[str, TensorInfo] = {}
+    ignored = [0, 0]   # tensors, bytes: the release's speculative heads (mtp.*: MTP, or 0731's DSpark drafter)
     digests = DigestCache(digest_cache)
     files = _weight_files(path)
     for f in files:
@@ -444,12 +445,15 @@ def open_model_dir(path: str | Path, *, digest_cache: str | Path | None = None, 
         for name, info in infos.items():
             canon = canonical_name(name)
             if canon is None:
+                ignored[0] += 1
+                ignored[1] += info.end - info.start
                 continue
             if canon in tensors:
                 raise ModelDirError(f"{f}: tensor {name!r} duplicates one in {tensors[canon].file.name}")
             tensors[canon] = info
 
     tensors = check_tensors(path, cfg, tensors)
+    log_ignored(log, *ignored, "mtp.*")
 
     # Only a directory that passed every check is hashed (every byte; cached: weight_digest.py).
     headers = [h + bytes.fromhex(d) for h, d in zip(headers, hash_weight_files(digests, files, log))]
@@ -464,6 +468,13 @@ def open_model_dir(path: str | Path, *, digest_cache: str | Path | None = None, 
     return ModelDir(path=path, config=cfg, tensors=tensors, fingerprint=h.hexdigest(),
                     tokenizer_file=tok_file, chat_template=template,
                     bos_token=bos, eos_token=eos)
+
+
+def log_ignored(log, tensors: int, nbytes: int, where: str) -> None:
+    """One line for the tensors a model carries that cairn does not run (the speculative heads)."""
+    if tensors and log is not None:
+        log.info("model_tensors_ignored", tensors=tensors, bytes=nbytes, names=where,
+                 why="speculative-decoding heads (MTP, or V4-Flash-0731's DSpark drafter): not run by cairn")
 
 
 def map_weights(md: ModelDir, maps: FileMaps | None = None) -> dict[str, tuple[np.ndarray, str]]:

@@ -52,6 +52,22 @@ def test_flash_shape_has_the_release_structure(flash_shape_dir):
     assert PRESETS["flash-shape"].layer_types == PRESETS["flash-slice"].layer_types
 
 
+def test_the_drafter_is_ignored_with_one_log_line(flash_shape_dir):
+    class Log:
+        lines: list = []
+
+        def info(self, event, **kw):
+            self.lines.append((event, kw))
+
+    log = Log()
+    index = json.loads((flash_shape_dir / "model.safetensors.index.json").read_text())["weight_map"]
+    drafter = [n for n in index if n.startswith("mtp.")]
+    open_model_dir(flash_shape_dir, log=log)
+    ignored = [kw for event, kw in log.lines if event == "model_tensors_ignored"]
+    assert len(ignored) == 1 and ignored[0]["tensors"] == len(drafter) and ignored[0]["names"] == "mtp.*"
+    assert ignored[0]["bytes"] > 0 and "DSpark" in ignored[0]["why"]
+
+
 def test_fingerprint_reads_every_shard_once_then_comes_from_the_digest_cache(flash_shape_dir, tmp_path):
     cache = tmp_path / "digests.json"
     first = open_model_dir(flash_shape_dir, digest_cache=cache)
