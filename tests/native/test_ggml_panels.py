@@ -165,3 +165,27 @@ def test_a_row_that_is_not_whole_blocks_is_refused(ggml):
     w[name] = (np.zeros((256, 7), np.uint8), "GGML:Q8_0")
     with pytest.raises(ValueError, match="wq_a"):
         ggml.model(w)
+
+
+def test_routed_experts_of_blocks_page_from_disk_with_the_resident_bits(ggml, tmp_path):
+    """--expert-cache on GGUF blocks: the experts' panels (the stored blocks) are read from the packed
+    file into a slot pool on demand, as for the official FP4 experts; outputs keep every bit."""
+    packed = str(tmp_path / "packed.bin")
+    resident = ggml.model(ggml.quant)
+    K.Model(ggml.md.config, ggml.quant, ggml.md.fingerprint, 2, packed_cache=packed)   # writes the file
+    info = resident.expert_cache_info()
+    k = ggml.md.config["num_experts_per_tok"]
+    paged = K.Model(ggml.md.config, ggml.quant, ggml.md.fingerprint, 2, packed_cache=packed,
+                    expert_cache_bytes=k * info["slot_bytes"])
+    assert paged.expert_cache_info()["paging"]
+    out = []
+    for m in (resident, paged):
+        st = K.State(m)
+        out.append((K.prefill(st, ggml.prompt, chunk=29, all_logits=True)[1], [K.decode(st, int(t)) for t in (3, 141)]))
+    assert np.array_equal(bits(out[1][0]), bits(out[0][0]))
+    assert all(np.array_equal(a, b) for a, b in zip(out[1][1], out[0][1]))
+    # a slot holds the largest expert's stored blocks (fused gate/up, then down), rounded to pages
+    cfg = ggml.md.config
+    largest = max(sum(ggml.quant[f"layers.{l}.ffn.experts.{e}.w{i}.weight"][0].nbytes for i in (1, 2, 3))
+                  for l in range(cfg["num_hidden_layers"]) for e in range(cfg["n_routed_experts"]))
+    assert largest <= info["slot_bytes"] < largest + 3 * 4096
