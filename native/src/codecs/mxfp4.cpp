@@ -2,6 +2,7 @@
 // (low nibbles are weights 0-15, high nibbles 16-31). The scale is half of 2^(e - 127), as
 // ggml_e8m0_to_fp32_half builds it (subnormal for e < 2), and the table holds doubled e2m1 values:
 // w = fl(scale * kvalue).
+#include "../formats/lanes.h"
 #include "codec_impl.h"
 #include "tables.h"
 
@@ -44,9 +45,9 @@ static_assert(kvalues_match(), "MXFP4: kvalue_bits() disagrees with codec_tables
 // The 16 code bytes hold weights 0-15 in their low nibbles and 16-31 in their high ones, a layout
 // GCC's loop vectorizer does not see through; GCC/Clang vector types (lowered to whatever the
 // target has) take the 16 bytes at once.
-typedef uint8_t u8x16 __attribute__((vector_size(16)));
-typedef uint32_t u32x16 __attribute__((vector_size(64)));
-typedef float f32x16 __attribute__((vector_size(64)));
+using lanes::f32x16;
+using lanes::u32x16;
+using lanes::u8x16;
 
 inline void decode(const uint8_t* __restrict blk, float* __restrict out) {
   const float d = e8m0_half(blk[0]);
@@ -59,8 +60,20 @@ inline void decode(const uint8_t* __restrict blk, float* __restrict out) {
   std::memcpy(out + 16, &b, 64);
 }
 
+// 16 rows at once (codec.h, decode_lanes): e8m0_half and kvalue_bits lane-wise.
+void decode_lanes(const uint8_t* __restrict b, float* __restrict out) {
+  using namespace lanes;
+  const u32x16 e = load_u8(b);
+  const f32x16 d = bits(e < 2u ? 0x00200000u << e : (e - 1u) << 23);
+  for (int i = 0; i < 16; ++i) {
+    const u32x16 q = load_u8(b + 16 * (1 + i));
+    store(out + 16 * i, d * bits(kvalue_bits(q & 0xFu)));
+    store(out + 16 * (16 + i), d * bits(kvalue_bits(q >> 4)));
+  }
+}
+
 }  // namespace
 
-const BlockCodec MXFP4{"MXFP4", 39, 32, 17, decode, decode_each<decode, 32, 17>};
+const BlockCodec MXFP4{"MXFP4", 39, 32, 17, decode, decode_each<decode, 32, 17>, decode_lanes};
 
 }  // namespace cairn::codecs
