@@ -64,7 +64,9 @@ inline void decode(const uint8_t* __restrict blk, float* __restrict out) {
 void decode_lanes(const uint8_t* __restrict b, float* __restrict out) {
   using namespace lanes;
   const u32x16 e = load_u8(b);
-  const f32x16 d = bits(e < 2u ? 0x00200000u << e : (e - 1u) << 23);
+  // e8m0_half: e < 2 is (e + 1) << 21 (0x00200000 << e); masks, not a compare (lanes.h, half_to_f32)
+  const u32x16 e1 = e >> 1, low = ((e1 | (0u - e1)) >> 31) - 1u;   // all ones where e < 2
+  const f32x16 d = bits((((e + 1u) << 21) & low) | (((e - 1u) << 23) & ~low));
   for (int i = 0; i < 16; ++i) {
     const u32x16 q = load_u8(b + 16 * (1 + i));
     store(out + 16 * i, d * bits(kvalue_bits(q & 0xFu)));

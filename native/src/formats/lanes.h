@@ -100,7 +100,9 @@ inline f32x16 to_f32(i32x16 x) { return __builtin_convertvector(x, f32x16); }
 // weights go through here too; the few integer operations per lane are cheap next to a block's work.
 inline f32x16 half_to_f32(u32x16 h) {
   const u32x16 em = (h & 0x7fffu) << 13, e = em & 0x0f800000u;
-  const u32x16 is_max = (u32x16)(e == 0x0f800000u), is_sub = (u32x16)(e == 0u);  // all ones / zero
+  // all ones where the exponent is 31 / 0; carries, not compares (GCC 12 turns a compare of a vector
+  // wider than the ISA's into lane-by-lane scalar code)
+  const u32x16 is_max = 0u - ((e + (1u << 23)) >> 28), is_sub = ((e | (0u - e)) >> 31) - 1u;
   const u32x16 normal = em + (112u << 23) + (is_max & (112u << 23));
   const u32x16 sub = bits(to_f32(h & 0x3ffu) * 0x1p-24f);  // subnormal (and zero): exact
   return bits(((normal & ~is_sub) | (sub & is_sub)) | ((h & 0x8000u) << 16));
@@ -125,7 +127,24 @@ inline u32x16 gather_u32(const uint32_t* table, u32x16 idx) {
 #endif
 }
 // table[idx[l]] for a 16-entry table (a permute on AVX-512)
-inline f32x16 lookup(f32x16 table, u32x16 idx) { return __builtin_shuffle(table, (i32x16)idx); }
+inline f32x16 lookup(f32x16 table, u32x16 idx) {
+#if defined(__AVX2__) && !defined(__AVX512F__)
+  // GCC 12 lowers the 16-lane shuffle to lane-by-lane extracts on AVX2: two 8-entry permutes per
+  // half, chosen by index bit 3
+  __m256 t[2], r[2];
+  __m256i i[2];
+  std::memcpy(t, &table, 64);
+  std::memcpy(i, &idx, 64);
+  for (int h = 0; h < 2; ++h)
+    r[h] = _mm256_blendv_ps(_mm256_permutevar8x32_ps(t[0], i[h]), _mm256_permutevar8x32_ps(t[1], i[h]),
+                            _mm256_castsi256_ps(_mm256_slli_epi32(i[h], 28)));
+  f32x16 out;
+  std::memcpy(&out, r, 64);
+  return out;
+#else
+  return __builtin_shuffle(table, (i32x16)idx);
+#endif
+}
 // 16 FP8 e4m3fn codes' values times 2^-8, exact (subnormals included; the NaN pattern reads as the
 // finite 480 its bits spell). With F16C: the sign-extended byte << 7 with bit 14 cleared is the
 // FP16 pattern of that value; elsewhere it is built from the bits.
