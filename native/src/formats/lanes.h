@@ -127,24 +127,7 @@ inline u32x16 gather_u32(const uint32_t* table, u32x16 idx) {
 #endif
 }
 // table[idx[l]] for a 16-entry table (a permute on AVX-512)
-inline f32x16 lookup(f32x16 table, u32x16 idx) {
-#if defined(__AVX2__) && !defined(__AVX512F__)
-  // GCC 12 lowers the 16-lane shuffle to lane-by-lane extracts on AVX2: two 8-entry permutes per
-  // half, chosen by index bit 3
-  __m256 t[2], r[2];
-  __m256i i[2];
-  std::memcpy(t, &table, 64);
-  std::memcpy(i, &idx, 64);
-  for (int h = 0; h < 2; ++h)
-    r[h] = _mm256_blendv_ps(_mm256_permutevar8x32_ps(t[0], i[h]), _mm256_permutevar8x32_ps(t[1], i[h]),
-                            _mm256_castsi256_ps(_mm256_slli_epi32(i[h], 28)));
-  f32x16 out;
-  std::memcpy(&out, r, 64);
-  return out;
-#else
-  return __builtin_shuffle(table, (i32x16)idx);
-#endif
-}
+inline f32x16 lookup(f32x16 table, u32x16 idx) { return __builtin_shuffle(table, (i32x16)idx); }
 // 16 FP8 e4m3fn codes' values times 2^-8, exact (subnormals included; the NaN pattern reads as the
 // finite 480 its bits spell). With F16C: the sign-extended byte << 7 with bit 14 cleared is the
 // FP16 pattern of that value; elsewhere it is built from the bits.
