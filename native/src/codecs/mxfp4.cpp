@@ -7,7 +7,7 @@
 #include "tables.h"
 
 // kvalue_bits() below returns a 64-byte vector; it is internal to this file (inlined), so the
-// warning that such a return differs in ABI without AVX-512 (a CAIRN_PORTABLE build) is moot.
+// warning that such a return differs in ABI without AVX-512 (the v2, v3 and aarch64 builds) is moot.
 #pragma GCC diagnostic ignored "-Wpsabi"
 
 namespace cairn::codecs {
