@@ -29,7 +29,8 @@ inline void decode(const uint8_t* __restrict blk, float* __restrict out) {
 
 // Lane form. The grid's magnitudes are 8, 25 and 43 only, so a grid point packs into 16 bits, two
 // per magnitude code c (0, 1, 2): one 32-bit gather per 8 weights of 16 rows, then the magnitude is
-// 8 + 17c + c / 2, in integers (no table lookup: GCC 12 makes a 16-lane shuffle scalar on AVX2).
+// 8 + 17c + c / 2, by a register permute on AVX-512 and in integers elsewhere (GCC 12 makes a
+// 16-lane shuffle scalar on AVX2).
 // The sign bytes are the 7 index bits with their parity as bit 7, computed rather than looked up.
 struct Grid2 {
   uint32_t code[256];
@@ -68,6 +69,7 @@ static_assert(ksigns_match(), "IQ2_XXS: ksign() disagrees with codec_tables::iq2
 void decode_lanes(const uint8_t* __restrict b, float* __restrict out) {
   using namespace lanes;
   const f32x16 d = half_to_f32(load_le16(b));
+  const f32x16 kMags = {8.0f, 25.0f, 43.0f};   // a register permute where lookup() is one (lanes.h)
   for (int g = 0; g < 8; ++g) {
     const uint8_t* p = b + 16 * (2 + 8 * g);
     const u32x16 aux1 = load_le32(p + 16 * 4);
@@ -78,7 +80,10 @@ void decode_lanes(const uint8_t* __restrict b, float* __restrict out) {
       for (int m = 0; m < 8; ++m) {
         const f32x16 sign = bits(0x3f800000u | (((neg >> m) & 1u) << 31));  // +-1.0f
         const u32x16 c = (code >> (2 * m)) & 3u;
-        store(out + 16 * (32 * g + 8 * i + m), db * to_f32((c << 4) + c + (c >> 1) + 8u) * sign);
+        f32x16 mag;
+        if constexpr (kLookupPermutes) mag = lookup(kMags, c);
+        else mag = to_f32((c << 4) + c + (c >> 1) + 8u);
+        store(out + 16 * (32 * g + 8 * i + m), db * mag * sign);
       }
     }
   }

@@ -2,6 +2,8 @@
 // (low nibbles are weights 0-15, high nibbles 16-31). The scale is half of 2^(e - 127), as
 // ggml_e8m0_to_fp32_half builds it (subnormal for e < 2), and the table holds doubled e2m1 values:
 // w = fl(scale * kvalue).
+#include <utility>
+
 #include "../formats/lanes.h"
 #include "codec_impl.h"
 #include "tables.h"
@@ -60,17 +62,29 @@ inline void decode(const uint8_t* __restrict blk, float* __restrict out) {
   std::memcpy(out + 16, &b, 64);
 }
 
-// 16 rows at once (codec.h, decode_lanes): e8m0_half and kvalue_bits lane-wise.
+// The doubled e2m1 values as floats, for lanes::lookup (kvalues_match: the same bits as kvalue_bits).
+template <size_t... C>
+constexpr lanes::f32x16 kvalue_table(std::index_sequence<C...>) {
+  return lanes::f32x16{(float)codec_tables::mxfp4_kvalues[C]...};
+}
+
+// 16 rows at once (codec.h, decode_lanes): e8m0_half and the kvalues lane-wise, from a register
+// table where that is one permute, else kvalue_bits.
 void decode_lanes(const uint8_t* __restrict b, float* __restrict out) {
   using namespace lanes;
+  constexpr f32x16 table = kvalue_table(std::make_index_sequence<16>());
+  const auto kvalue = [&](u32x16 c) {
+    if constexpr (kLookupPermutes) return lookup(table, c);
+    else return bits(kvalue_bits(c));
+  };
   const u32x16 e = load_u8(b);
   // e8m0_half: e < 2 is (e + 1) << 21 (0x00200000 << e); masks, not a compare (lanes.h, half_to_f32)
   const u32x16 e1 = e >> 1, low = ((e1 | (0u - e1)) >> 31) - 1u;   // all ones where e < 2
   const f32x16 d = bits((((e + 1u) << 21) & low) | (((e - 1u) << 23) & ~low));
   for (int i = 0; i < 16; ++i) {
     const u32x16 q = load_u8(b + 16 * (1 + i));
-    store(out + 16 * i, d * bits(kvalue_bits(q & 0xFu)));
-    store(out + 16 * (16 + i), d * bits(kvalue_bits(q >> 4)));
+    store(out + 16 * i, d * kvalue(q & 0xFu));
+    store(out + 16 * (16 + i), d * kvalue(q >> 4));
   }
 }
 

@@ -127,6 +127,13 @@ inline u32x16 gather_u32(const uint32_t* table, u32x16 idx) {
 #endif
 }
 // table[idx[l]] for a 16-entry table (a permute on AVX-512)
+// Whether lookup() is one register permute (AVX-512): elsewhere GCC 12 lowers it lane by lane, and
+// a codec with an arithmetic form of its table uses that instead (`if constexpr`).
+#if defined(__AVX512F__)
+constexpr bool kLookupPermutes = true;
+#else
+constexpr bool kLookupPermutes = false;
+#endif
 inline f32x16 lookup(f32x16 table, u32x16 idx) { return __builtin_shuffle(table, (i32x16)idx); }
 // 16 FP8 e4m3fn codes' values times 2^-8, exact (subnormals included; the NaN pattern reads as the
 // finite 480 its bits spell). With F16C: the sign-extended byte << 7 with bit 14 cleared is the
