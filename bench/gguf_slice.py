@@ -52,19 +52,28 @@ def cairn_one(path: str, threads: int, prompt_n: int, decode_n: int, seed: int) 
     model = load_model(md, threads=threads)
     load_s, rss_load = time.perf_counter() - t, status("VmRSS")
     st = K.State(model)
+    K._profile(True)
     t = time.perf_counter()
     _, logits = K.prefill(st, prompt, chunk=prompt_n)
     prefill_s = time.perf_counter() - t
+    prof_prefill = K._profile(True)
     finite = bool(np.isfinite(logits).all())
     t = time.perf_counter()
     for tok in steps:
         out = K.decode(st, int(tok))
     decode_s = time.perf_counter() - t
+    prof_decode = K._profile(True)
     finite = finite and bool(np.isfinite(out).all())
     return {"engine": "cairn", "load_s": round(load_s, 1), "prefill_tok_s": prompt_n / prefill_s,
             "decode_tok_s": decode_n / decode_s, "rss_before_load": rss0, "rss_after_load": rss_load,
             "rss_after_run": status("VmRSS"), "rss_peak": status("VmHWM"), "packed_bytes": int(model.packed_bytes),
-            "logits_finite": finite, "last_argmax": int(out.argmax()), "packed_from_cache": bool(model.packed_from_cache)}
+            "logits_finite": finite, "last_argmax": int(out.argmax()), "packed_from_cache": bool(model.packed_from_cache),
+            # seconds per forward section (K._profile), the top ones: where each phase's time goes
+            "sections_prefill_s": top_sections(prof_prefill), "sections_decode_s": top_sections(prof_decode)}
+
+
+def top_sections(prof: dict, n: int = 6) -> dict:
+    return {k: round(v, 2) for k, v in sorted(prof.items(), key=lambda kv: -kv[1])[:n]}
 
 
 def run_cairn(path: Path, a) -> dict:
@@ -141,6 +150,7 @@ def main() -> None:
                     best.setdefault(key, {}).setdefault(k, 0.0)
                     best[key][k] = max(best[key][k], r[k])
                 best[key]["last"] = r
+                best[key].setdefault("load_s", []).append(r.get("load_s"))
     print(f"\n| file | stored GB | engine | prefill {a.prompt} tok/s | decode tok/s | resident GB | load s |")
     print("|---|---|---|---|---|---|---|")
     for (name, engine), b in best.items():
@@ -148,7 +158,7 @@ def main() -> None:
         if engine == "cairn":
             res = (f"{r['rss_after_run'] / 1e9:.2f} (after load {r['rss_after_load'] / 1e9:.2f}, "
                    f"packed {r['packed_bytes'] / 1e9:.2f})")
-            load = f"{r['load_s']}"
+            load = "–".join(f"{x}" for x in sorted(set(b["load_s"])))
         else:
             res = f"{r['rss_peak'] / 1e9:.2f} peak (model_size {r['model_size'] / 1e9:.2f})"
             load = "mmap"
