@@ -66,6 +66,65 @@ void register_codecs(py::module_& m) {
     for (py::ssize_t b = 0; b < n; ++b) c->decode(blocks.data() + b * c->bytes, out.mutable_data() + b * c->block);
     return out;
   }, py::arg("ggml_type"), py::arg("blocks"));
+  m.def("_codec_decode_lanes", [](int ggml_type, py::array_t<uint8_t, py::array::c_style> blocks16) {
+    // decode_lanes over n groups of 16 byte-interleaved blocks (uint8 [n, bytes * 16]) -> float32
+    // [n, block, 16] (weight k of lane l at [g, k, l]): tests hold it to each row's reference.
+    const BlockCodec* c = find_codec(ggml_type);
+    if (!c)
+      throw py::value_error("_codec_decode_lanes: ggml_type " + std::to_string(ggml_type) +
+                            " is not a supported GGUF storage format; supported: " + supported_names());
+    if (!c->decode_lanes)
+      throw py::value_error(std::string("_codec_decode_lanes: ") + c->name + " has no lane-form decoder");
+    if (blocks16.ndim() != 2 || blocks16.shape(1) != (py::ssize_t)c->bytes * 16)
+      throw py::value_error("_codec_decode_lanes: blocks16 must be uint8 [n, " + std::to_string(c->bytes * 16) +
+                            "] for " + c->name + " (16 interleaved blocks of " + std::to_string(c->bytes) + " bytes)");
+    const py::ssize_t n = blocks16.shape(0);
+    py::array_t<float> out({n, (py::ssize_t)c->block, (py::ssize_t)16});
+    const uint8_t* src = blocks16.data();
+    float* dst = out.mutable_data();
+    {
+      py::gil_scoped_release rel;
+      for (py::ssize_t g = 0; g < n; ++g)
+        c->decode_lanes(src + g * c->bytes * 16, dst + g * c->block * 16);
+    }
+    return out;
+  }, py::arg("ggml_type"), py::arg("blocks16"));
+  m.def("_codec_bench_lanes", [](int ggml_type, py::array_t<uint8_t, py::array::c_style> blocks16, int reps,
+                                 bool transpose) {
+    // Seconds per pass (one thread) over n blocks of 16 rows into the k-major tile out[k*16 + l],
+    // for speed figures; not API. transpose: each row's n blocks through decode_blocks, then laid
+    // into the tile one float at a time (formats/ggml_blocks.cpp today); else decode_lanes per block.
+    const BlockCodec* c = find_codec(ggml_type);
+    if (!c || blocks16.ndim() != 2 || blocks16.shape(1) != (py::ssize_t)c->bytes * 16 || reps < 1 ||
+        (!transpose && !c->decode_lanes))
+      throw py::value_error("_codec_bench_lanes: want a supported ggml_type (with decode_lanes unless "
+                            "transpose), uint8 blocks16 [n, bytes * 16], reps >= 1");
+    const int n = (int)blocks16.shape(0), B = c->block, S = c->bytes;
+    const uint8_t* src = blocks16.data();
+    std::vector<uint8_t> rows((size_t)16 * n * S);  // row l's n blocks, back to back
+    for (int g = 0; g < n; ++g)
+      for (int i = 0; i < S; ++i)
+        for (int l = 0; l < 16; ++l) rows[((size_t)l * n + g) * S + i] = src[((size_t)g * S + i) * 16 + l];
+    std::vector<float> out((size_t)n * B * 16), row((size_t)n * B);
+    double dt;
+    {
+      py::gil_scoped_release rel;
+      const auto t0 = std::chrono::steady_clock::now();
+      for (int r = 0; r < reps; ++r) {
+        if (transpose) {
+          for (int l = 0; l < 16; ++l) {
+            c->decode_blocks(rows.data() + (size_t)l * n * S, n, row.data());
+            for (size_t k = 0; k < (size_t)n * B; ++k) out[k * 16 + l] = row[k];
+          }
+        } else {
+          for (int g = 0; g < n; ++g) c->decode_lanes(src + (size_t)g * S * 16, out.data() + (size_t)g * B * 16);
+        }
+        asm volatile("" : : "r"(out.data()) : "memory");   // keep every rep's stores
+      }
+      dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / reps;
+    }
+    return dt;
+  }, py::arg("ggml_type"), py::arg("blocks16"), py::arg("reps") = 1, py::arg("transpose") = false);
   m.def("_codec_bench", [](int ggml_type, py::array_t<uint8_t, py::array::c_style> blocks, int reps) {
     // Seconds per decode_blocks call over all n blocks (one thread), for speed figures; not API.
     const BlockCodec* c = find_codec(ggml_type);

@@ -9,8 +9,10 @@
 //    call, which dominates for the 30-130-row expert GEMMs of a chunk).
 //  * Reduction order: every output is acc = fma(x[k], w[k], acc) for k = 0, 1, ..., K-1 from 0.
 //    That depends only on (x row, w row, K) -- not on the tile shape, the row count, the
-//    thread split or the ISA (AVX-512, AVX2 and the scalar fmadd fallback round alike) -- so
-//    a token's numbers are the same in a 1-token decode and a 512-token chunk.
+//    thread split or the ISA (AVX-512, AVX2 and the vector-type fallback round alike where the
+//    target has FMA) -- so a token's numbers are the same in a 1-token decode and a 512-token chunk.
+//  * Stored formats (formats/): the micro-kernel takes the weights through a widening functor, so
+//    it is written once for fp32 panels and every codec.
 #include <omp.h>
 
 #include <algorithm>

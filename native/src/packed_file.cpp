@@ -41,7 +41,7 @@ PackLayout pack_layout() {
       {"e2m1_scale_bias", n(qbias(QFmt::E2M1))},
       {"scale_order", "[ceil(N/panel_rows)][ceil(K/group)][panel_rows]"},
       {"fused_gate_up", "gate panel q, up panel q, ..."},
-      {"ggml_panels", "[ceil(N/panel_rows)][panel_rows][K/block*block_bytes]: GGUF rows as stored, no scales"},
+      {"ggml_panels", "[ceil(N/panel_rows)][K/block][block_bytes][panel_rows]: GGUF blocks byte-interleaved, no scales"},
       {"matrix_align", n(64)},
       {"scales_align", n(64)},
       {"dense_align", n(kPage)},

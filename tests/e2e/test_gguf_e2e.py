@@ -19,6 +19,7 @@ import pytest
 import trio
 
 from daemon_harness import daemon, real_loaded, request, token_strings, unix_get
+from hf_greedy import hf_answer
 
 import torch                                     # the oracle: missing is an error, never a skip
 from transformers import DeepseekV4ForCausalLM
@@ -63,21 +64,6 @@ async def answer(loaded, sock: Path, model: str) -> dict:
     return r.json()
 
 
-def hf_greedy(model_dir: Path, prompt: list[int], n: int) -> tuple[list[int], np.ndarray]:
-    """HF's greedy tokens after prompt (with its cache) and their log-probabilities (one full pass)."""
-    hf = DeepseekV4ForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    with torch.no_grad():
-        out = hf(input_ids=torch.tensor([prompt]), use_cache=True, logits_to_keep=1)
-        toks = [int(out.logits[0, -1].argmax())]
-        for _ in range(n - 1):
-            out = hf(input_ids=torch.tensor([[toks[-1]]]), cache=out.past_key_values, use_cache=True)
-            toks.append(int(out.logits[0, -1].argmax()))
-        full = hf(input_ids=torch.tensor([prompt + toks[:-1]]), use_cache=False, logits_to_keep=n).logits[0]
-    rows = torch.log_softmax(full.double(), dim=-1).numpy()
-    assert [int(t) for t in rows.argmax(1)] == toks
-    return toks, rows[np.arange(n), toks]
-
-
 @pytest.mark.parametrize("stem", QUANT)
 async def test_quantized_gguf_answers_as_hf_on_its_dequantized_weights(stem, tmp_path):
     loaded = real_loaded(copy_fixture(f"{stem}.gguf", tmp_path))
@@ -87,7 +73,10 @@ async def test_quantized_gguf_answers_as_hf_on_its_dequantized_weights(stem, tmp
             r = await request(tmp_path / "q.sock", "POST", "/v1/completions", {
                 "model": stem, "prompt": prompt, "temperature": 0, "max_tokens": 4, "logprobs": 1})
             assert r.status == 200, r.body
-    toks, want = hf_greedy(dequantized_model_dir(FIX / f"{stem}.gguf", tmp_path / "deq"), prompt, 4)
+    hf = DeepseekV4ForCausalLM.from_pretrained(dequantized_model_dir(FIX / f"{stem}.gguf", tmp_path / "deq"),
+                                               dtype=torch.float32).eval()
+    toks, rows = hf_answer(hf, prompt, 4)
+    want = rows[np.arange(4), toks]
     lp = r.json()["choices"][0]["logprobs"]
     assert lp["tokens"] == token_strings(loaded, toks)
     diff = float(np.abs(np.asarray(lp["token_logprobs"]) - want).max())

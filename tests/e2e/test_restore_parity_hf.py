@@ -12,6 +12,7 @@ import trio
 from structlog.testing import capture_logs
 
 from daemon_harness import daemon, real_loaded, request, token_strings
+from hf_greedy import hf_answer
 
 import torch                                     # the oracle: missing is an error, never a skip
 from transformers import DeepseekV4ForCausalLM
@@ -43,19 +44,6 @@ async def post(sock, body) -> dict:
     r = await request(sock, "POST", "/v1/completions", body)
     assert r.status == 200, r.body
     return r.json()
-
-
-def hf_answer(hf, prompt: list[int], n: int = 4) -> tuple[list[int], np.ndarray]:
-    """HF's greedy continuation (cached decode) and, from one full no-cache forward over the prompt
-    and it, the log-probability rows [n, V] at each answer position (float64)."""
-    with torch.no_grad():
-        out = hf(input_ids=torch.tensor([prompt]), use_cache=True, logits_to_keep=1)
-        toks = [int(out.logits[0, -1].argmax())]
-        for _ in range(n - 1):
-            out = hf(input_ids=torch.tensor([[toks[-1]]]), cache=out.past_key_values, use_cache=True)
-            toks.append(int(out.logits[0, -1].argmax()))
-        full = hf(input_ids=torch.tensor([prompt + toks[:-1]]), use_cache=False, logits_to_keep=n).logits[0]
-    return toks, torch.log_softmax(full.double(), dim=-1).numpy()
 
 
 def assert_matches_hf(hf, loaded, prompt: list[int], body: dict) -> float:

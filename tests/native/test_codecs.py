@@ -117,6 +117,54 @@ def test_single_block_decode_agrees_with_decode_blocks(name):
     assert np.array_equal(bits(c), bits(a[100 * block:103 * block]))
 
 
+# Formats with a lane-form decoder (codecs/codec.h, decode_lanes: 16 rows' blocks byte-interleaved).
+LANE_TYPES = list(F16_FIELDS)
+
+
+def interleave16(blocks: np.ndarray) -> np.ndarray:
+    """[16n, bytes] blocks (row l of group g at 16g + l) -> [n, bytes * 16] with byte i of row l's
+    block at 16i + l, as a panel of 16 rows stores them."""
+    n16, size = blocks.shape
+    return np.ascontiguousarray(blocks.reshape(n16 // 16, 16, size).transpose(0, 2, 1)).reshape(-1, size * 16)
+
+
+@pytest.mark.parametrize("name", LANE_TYPES)
+def test_lane_form_decode_of_16_interleaved_rows_is_each_rows_reference(name):
+    n = 200
+    blocks = random_blocks(name, 16 * n, seed=int(T[name]) + 200)
+    block = GGML_QUANT_SIZES[T[name]][0]
+    got = K._codec_decode_lanes(int(T[name]), interleave16(blocks))       # [n, block, 16]
+    with np.errstate(over="ignore"):
+        ref = quants.dequantize(blocks.reshape(-1), T[name]).reshape(n, 16, block).transpose(0, 2, 1)
+    assert got.shape == ref.shape
+    diff = np.argwhere(bits(got) != bits(np.ascontiguousarray(ref)))
+    if diff.size:
+        g, k, l = diff[0]
+        pytest.fail(f"{name}: {len(diff)} of {ref.size} weights differ; first: group {g}, weight {k}, lane {l}: "
+                    f"got {got[g, k, l]!r}, reference {ref[g, k, l]!r}")
+
+
+@pytest.mark.parametrize("name", FLOATS)
+def test_lane_form_widens_every_float_bit_pattern_like_the_reference(name):
+    # F16 and BF16: all 65536 patterns in 4096 groups of 16 rows (NaN payloads, signalling NaNs and
+    # subnormals included); F32: random bits.
+    size = GGML_QUANT_SIZES[T[name]][1]
+    if size == 2:
+        blocks = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.uint8).reshape(-1, 2)
+    else:
+        blocks = np.random.default_rng(1).integers(0, 256, (1 << 16, 4), dtype=np.uint8)
+    got = K._codec_decode_lanes(int(T[name]), interleave16(blocks)).reshape(-1)
+    ref = quants.dequantize(blocks.reshape(-1), T[name]).reshape(-1)
+    diff = np.flatnonzero(bits(got) != bits(ref))
+    assert diff.size == 0, f"{name}: {diff.size} patterns differ; first row {diff[0]}: got {bits(got)[diff[0]]:#010x}, " \
+                           f"reference {bits(ref)[diff[0]]:#010x}"
+
+
+def test_lane_form_decode_refuses_a_wrong_width_naming_the_expected_bytes():
+    with pytest.raises(ValueError, match=r"\[n, 544\] for Q8_0"):
+        K._codec_decode_lanes(int(T.Q8_0), np.zeros((2, 34), dtype=np.uint8))
+
+
 def test_an_unsupported_type_is_refused_by_name_listing_the_supported_ones():
     blocks = np.zeros((1, GGML_QUANT_SIZES[T.Q4_0][1]), dtype=np.uint8)
     with pytest.raises(ValueError) as e:

@@ -83,7 +83,7 @@ struct Linear {  // W [out, in]
   // (E4M3) or [..][in][8] (E2M1, lane pairs in a byte) and per-lane scale exponents
   // [ceil(out/16)][ceil(in/group)][16].
   QFmt qf = QFmt::None;
-  // Ggml: pq holds panels of 16 stored rows, [ceil(out/16)][16][in/block*bytes], and no scales.
+  // Ggml: pq holds panels of 16 rows' blocks byte-interleaved, [ceil(out/16)][in/block][bytes][16], no scales.
   const uint8_t* pq = nullptr;
   const uint8_t* pqs = nullptr;
   const BlockCodec* codec = nullptr;  // Ggml: the GGUF block format of q / pq

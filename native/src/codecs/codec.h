@@ -14,6 +14,9 @@ struct BlockCodec {
   void (*decode)(const uint8_t* blk, float* out);  // out[block]
   // Decode n consecutive blocks (a whole row, or a span of one) into out[n*block]; may be faster.
   void (*decode_blocks)(const uint8_t* blk, int n, float* out);
+  // 16 rows' blocks byte-interleaved (blk16[i*16 + l] = byte i of row l's block) -> out[k*16 + l]
+  // = weight k of row l (block x 16 floats), the same bits as decode() of each row's block.
+  void (*decode_lanes)(const uint8_t* blk16, float* out);
 };
 const BlockCodec* find_codec(int ggml_type);        // nullptr: not supported
 const BlockCodec* find_codec(const std::string& name);

@@ -2,11 +2,14 @@
 // (low nibbles are weights 0-15, high nibbles 16-31). The scale is half of 2^(e - 127), as
 // ggml_e8m0_to_fp32_half builds it (subnormal for e < 2), and the table holds doubled e2m1 values:
 // w = fl(scale * kvalue).
+#include <utility>
+
+#include "../formats/lanes.h"
 #include "codec_impl.h"
 #include "tables.h"
 
 // kvalue_bits() below returns a 64-byte vector; it is internal to this file (inlined), so the
-// warning that such a return differs in ABI without AVX-512 (a CAIRN_PORTABLE build) is moot.
+// warning that such a return differs in ABI without AVX-512 (the v2, v3 and aarch64 builds) is moot.
 #pragma GCC diagnostic ignored "-Wpsabi"
 
 namespace cairn::codecs {
@@ -44,9 +47,9 @@ static_assert(kvalues_match(), "MXFP4: kvalue_bits() disagrees with codec_tables
 // The 16 code bytes hold weights 0-15 in their low nibbles and 16-31 in their high ones, a layout
 // GCC's loop vectorizer does not see through; GCC/Clang vector types (lowered to whatever the
 // target has) take the 16 bytes at once.
-typedef uint8_t u8x16 __attribute__((vector_size(16)));
-typedef uint32_t u32x16 __attribute__((vector_size(64)));
-typedef float f32x16 __attribute__((vector_size(64)));
+using lanes::f32x16;
+using lanes::u32x16;
+using lanes::u8x16;
 
 inline void decode(const uint8_t* __restrict blk, float* __restrict out) {
   const float d = e8m0_half(blk[0]);
@@ -59,8 +62,34 @@ inline void decode(const uint8_t* __restrict blk, float* __restrict out) {
   std::memcpy(out + 16, &b, 64);
 }
 
+// The doubled e2m1 values as floats, for lanes::lookup (kvalues_match: the same bits as kvalue_bits).
+template <size_t... C>
+constexpr lanes::f32x16 kvalue_table(std::index_sequence<C...>) {
+  return lanes::f32x16{(float)codec_tables::mxfp4_kvalues[C]...};
+}
+
+// 16 rows at once (codec.h, decode_lanes): e8m0_half and the kvalues lane-wise, from a register
+// table where that is one permute, else kvalue_bits.
+void decode_lanes(const uint8_t* __restrict b, float* __restrict out) {
+  using namespace lanes;
+  constexpr f32x16 table = kvalue_table(std::make_index_sequence<16>());
+  const auto kvalue = [&](u32x16 c) {
+    if constexpr (kLookupPermutes) return lookup(table, c);
+    else return bits(kvalue_bits(c));
+  };
+  const u32x16 e = load_u8(b);
+  // e8m0_half: e < 2 is (e + 1) << 21 (0x00200000 << e); masks, not a compare (lanes.h, half_to_f32)
+  const u32x16 e1 = e >> 1, low = ((e1 | (0u - e1)) >> 31) - 1u;   // all ones where e < 2
+  const f32x16 d = bits((((e + 1u) << 21) & low) | (((e - 1u) << 23) & ~low));
+  for (int i = 0; i < 16; ++i) {
+    const u32x16 q = load_u8(b + 16 * (1 + i));
+    store(out + 16 * i, d * kvalue(q & 0xFu));
+    store(out + 16 * (16 + i), d * kvalue(q >> 4));
+  }
+}
+
 }  // namespace
 
-const BlockCodec MXFP4{"MXFP4", 39, 32, 17, decode, decode_each<decode, 32, 17>};
+const BlockCodec MXFP4{"MXFP4", 39, 32, 17, decode, decode_each<decode, 32, 17>, decode_lanes};
 
 }  // namespace cairn::codecs

@@ -1,6 +1,7 @@
 // Q4_K: 256 weights per 144-byte block: f16 d, f16 dmin, 12 bytes of eight 6-bit (scale, min)
 // pairs, 128 bytes of 4-bit codes. Sub-block s (32 weights): D = fl(d * sc_s), M = fl(dmin * m_s),
 // w = fl(fl(D * q) - M).
+#include "../formats/lanes.h"
 #include "q_k_scales.h"
 
 namespace cairn::codecs {
@@ -20,8 +21,23 @@ inline void decode(const uint8_t* __restrict blk, float* __restrict out) {
     }
 }
 
+// 16 rows at once (codec.h, decode_lanes): the same operations, one lane per row.
+void decode_lanes(const uint8_t* __restrict b, float* __restrict out) {
+  using namespace lanes;
+  const f32x16 d = half_to_f32(load_le16(b)), dmin = half_to_f32(load_le16(b + 16 * 2));
+  f32x16 D[8], M[8];
+  k_scale_min_lanes(b + 16 * 4, d, dmin, D, M);
+  const uint8_t* qs = b + 16 * 16;
+  for (int c = 0; c < 4; ++c)
+    for (int l = 0; l < 32; ++l) {
+      const u32x16 q = load_u8(qs + 16 * (32 * c + l));
+      store(out + 16 * (64 * c + l), D[2 * c] * to_f32(q & 0xFu) - M[2 * c]);
+      store(out + 16 * (64 * c + 32 + l), D[2 * c + 1] * to_f32(q >> 4) - M[2 * c + 1]);
+    }
+}
+
 }  // namespace
 
-const BlockCodec Q4_K{"Q4_K", 12, 256, 144, decode, decode_each<decode, 256, 144>};
+const BlockCodec Q4_K{"Q4_K", 12, 256, 144, decode, decode_each<decode, 256, 144>, decode_lanes};
 
 }  // namespace cairn::codecs

@@ -36,16 +36,4 @@ const PanelCodec& bf16_codec();
 // The per-lane scale bytes FP8 and FP4 panels share: [ceil(N/16)][ceil(K/group)][16], each the
 // row's ue8m0 exponent + bias (the widened code carries 2^-bias).
 void pack_lane_scales(QFmt f, const std::vector<QRow>& rows, int K, uint8_t* scales);
-inline float scale_of(uint8_t e) {  // 2^(e - 127) from the exponent byte (e < 255)
-  const uint32_t b = (uint32_t)e << 23;
-  float f;
-  __builtin_memcpy(&f, &b, 4);
-  return f;
-}
-inline float bits_float(uint32_t b) {
-  float f;
-  __builtin_memcpy(&f, &b, 4);
-  return f;
-}
-
 }  // namespace cairn

@@ -1,7 +1,8 @@
-// cairn kernel: GGUF block formats (codecs/: Q8_0, the K-quants, IQ2_XXS, MXFP4, ...). A panel is
-// 16 stored rows back to back, [ceil(N/16)][16][K/block*bytes]: the file's bytes, regrouped only
-// where rows are interleaved (fused gate/up), so resident memory is the stored bytes. A k-span is
-// widened a row at a time by the block codec, then laid into the fp32 panel tile.
+// cairn kernel: GGUF block formats (codecs/: Q8_0, the K-quants, IQ2_XXS, MXFP4, ...). A panel holds
+// its 16 rows' blocks byte-interleaved, [ceil(N/16)][K/block][bytes][16]: byte i of every lane's
+// block b side by side, a permutation of the stored bytes (resident memory is the stored bytes). A
+// codec's lane decoder then widens 16 rows' block at once into the fp32 tile, one vector per column;
+// a codec without one decodes each lane's block and transposes.
 #include <algorithm>
 #include <cstring>
 
@@ -22,21 +23,34 @@ void pack(const std::vector<QRow>& rows, int K, uint8_t* codes, uint8_t*) {
   for (size_t n = 0; n < rows.size(); ++n) {
     if (!rows[n].src) continue;  // a zero row: zero bytes decode to 0 in every block format
     const Linear& L = *rows[n].src;
-    const size_t rb = row_bytes(L.codec, K);
-    std::memcpy(codes + n * rb, L.q + (size_t)rows[n].r * rb, rb);
+    const BlockCodec& c = *L.codec;
+    const size_t rb = row_bytes(&c, K), p = n / kPanel, l = n % kPanel;
+    const uint8_t* src = L.q + (size_t)rows[n].r * rb;
+    uint8_t* dst = codes + p * kPanel * rb + l;
+    for (size_t i = 0; i < rb; ++i) dst[i * kPanel] = src[i];  // block b's byte j lands at (b*bytes + j)*16 + l
+  }
+}
+
+// Without a lane decoder: each lane's block gathered, decoded, and laid into its lane.
+void decode_lanes_by_row(const BlockCodec& c, const uint8_t* blk16, float* out) {
+  uint8_t one[512];
+  float row[256];
+  for (int l = 0; l < kPanel; ++l) {
+    for (int i = 0; i < c.bytes; ++i) one[i] = blk16[i * kPanel + l];
+    c.decode(one, row);
+    for (int k = 0; k < c.block; ++k) out[k * kPanel + l] = row[k];
   }
 }
 
 void decode(const Linear& L, int p0, int np, int k0, int kc, float* out) {
   const BlockCodec& c = *L.codec;
-  const size_t rb = row_bytes(&c, L.in), b0 = (size_t)(k0 / c.block) * c.bytes;
-  thread_local std::vector<float> row;
-  row.resize((size_t)kc);
+  const size_t rb = row_bytes(&c, L.in), stride = (size_t)c.bytes * kPanel;  // bytes of one 16-lane block
   for (int j = 0; j < np; ++j) {
+    const uint8_t* blk = L.pq + (size_t)(p0 + j) * kPanel * rb + (size_t)(k0 / c.block) * stride;
     float* o = out + (size_t)j * kc * kPanel;
-    for (int l = 0; l < kPanel; ++l) {
-      c.decode_blocks(L.pq + ((size_t)(p0 + j) * kPanel + l) * rb + b0, kc / c.block, row.data());
-      for (int k = 0; k < kc; ++k) o[(size_t)k * kPanel + l] = row[k];
+    for (int k = 0; k < kc; k += c.block, blk += stride, o += (size_t)c.block * kPanel) {
+      if (c.decode_lanes) c.decode_lanes(blk, o);
+      else decode_lanes_by_row(c, blk, o);
     }
   }
 }

@@ -63,6 +63,27 @@ inline u32x16 load_nibbles(const uint8_t* p) {
   const u8x16 nib = __builtin_shufflevector(q, hi, 0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23) & 15;
   return __builtin_convertvector(nib, u32x16);
 }
+// 16 bytes, sign-extended (int8 codes)
+inline i32x16 load_i8(const uint8_t* p) {
+#if defined(__AVX512F__)
+  return (i32x16)_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)p));
+#elif defined(__AVX2__)
+  const __m128i b = _mm_loadu_si128((const __m128i*)p);
+  i32x16 r;
+  const __m256i lo = _mm256_cvtepi8_epi32(b), hi = _mm256_cvtepi8_epi32(_mm_srli_si128(b, 8));
+  std::memcpy(&r, &lo, 32);
+  std::memcpy((char*)&r + 32, &hi, 32);
+  return r;
+#else
+  i32x16 r;
+  for (int l = 0; l < 16; ++l) r[l] = (int8_t)p[l];
+  return r;
+#endif
+}
+// Byte-interleaved blocks of 16 rows (codecs/codec.h, decode_lanes: byte i of lane l at p[16i + l]):
+// the little-endian 16- and 32-bit fields starting at byte i, from p + 16i.
+inline u32x16 load_le16(const uint8_t* p) { return load_u8(p) | (load_u8(p + 16) << 8); }
+inline u32x16 load_le32(const uint8_t* p) { return load_le16(p) | (load_le16(p + 32) << 16); }
 inline f32x16 load_f32(const float* p) {
   f32x16 v;
   std::memcpy(&v, p, 64);
@@ -72,7 +93,47 @@ inline void store(float* p, f32x16 v) { std::memcpy(p, &v, 64); }
 inline f32x16 bits(u32x16 x) { return (f32x16)x; }
 inline u32x16 bits(f32x16 x) { return (u32x16)x; }
 inline f32x16 to_f32(u32x16 x) { return __builtin_convertvector((i32x16)x, f32x16); }
+inline f32x16 to_f32(i32x16 x) { return __builtin_convertvector(x, f32x16); }
+// IEEE half bit patterns (low 16 bits of each lane) -> float, exact: the integer construction of
+// codecs/codec_impl.h's f16_to_f32, lane-wise, so NaN payloads (signalling ones too) are kept as
+// numpy's float16 -> float32 cast keeps them. Not F16C's cvtph: it quiets signalling NaNs, and F16
+// weights go through here too; the few integer operations per lane are cheap next to a block's work.
+inline f32x16 half_to_f32(u32x16 h) {
+  const u32x16 em = (h & 0x7fffu) << 13, e = em & 0x0f800000u;
+  // all ones where the exponent is 31 / 0; carries, not compares (GCC 12 turns a compare of a vector
+  // wider than the ISA's into lane-by-lane scalar code)
+  const u32x16 is_max = 0u - ((e + (1u << 23)) >> 28), is_sub = ((e | (0u - e)) >> 31) - 1u;
+  const u32x16 normal = em + (112u << 23) + (is_max & (112u << 23));
+  const u32x16 sub = bits(to_f32(h & 0x3ffu) * 0x1p-24f);  // subnormal (and zero): exact
+  return bits(((normal & ~is_sub) | (sub & is_sub)) | ((h & 0x8000u) << 16));
+}
+// table[idx[l]] for a table of 32-bit words (a gather where the ISA has one)
+inline u32x16 gather_u32(const uint32_t* table, u32x16 idx) {
+#if defined(__AVX512F__)
+  return (u32x16)_mm512_i32gather_epi32((__m512i)idx, (const int*)table, 4);
+#elif defined(__AVX2__)
+  __m256i i[2];
+  std::memcpy(i, &idx, 64);
+  const __m256i lo = _mm256_i32gather_epi32((const int*)table, i[0], 4);
+  const __m256i hi = _mm256_i32gather_epi32((const int*)table, i[1], 4);
+  u32x16 r;
+  std::memcpy(&r, &lo, 32);
+  std::memcpy((char*)&r + 32, &hi, 32);
+  return r;
+#else
+  u32x16 r;
+  for (int l = 0; l < 16; ++l) r[l] = table[idx[l]];
+  return r;
+#endif
+}
 // table[idx[l]] for a 16-entry table (a permute on AVX-512)
+// Whether lookup() is one register permute (AVX-512): elsewhere GCC 12 lowers it lane by lane, and
+// a codec with an arithmetic form of its table uses that instead (`if constexpr`).
+#if defined(__AVX512F__)
+constexpr bool kLookupPermutes = true;
+#else
+constexpr bool kLookupPermutes = false;
+#endif
 inline f32x16 lookup(f32x16 table, u32x16 idx) { return __builtin_shuffle(table, (i32x16)idx); }
 // 16 FP8 e4m3fn codes' values times 2^-8, exact (subnormals included; the NaN pattern reads as the
 // finite 480 its bits spell). With F16C: the sign-extended byte << 7 with bit 14 cleared is the
