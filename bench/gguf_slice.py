@@ -2,7 +2,10 @@
 
     .venv/bin/python bench/gguf_slice.py [--llama-bin DIR] [--rounds 2] [--prompt 512] [--decode 32] FILE.gguf ...
 
-Per file and round, one fresh process per engine, alternated A, B, A, B (the machine is shared and noisy):
+Per file and round, one fresh process per engine, alternated A, B, A, B (the machine is shared and noisy);
+before each pair the run waits for the 1-minute load average to drop below --quiet-load (polled every 30 s,
+at most --wait-budget seconds over the whole run), and every JSON line records the load average and UTC
+time at its start and end:
   cairn      load_model(FILE, threads) packing in memory (no packed_cache: its panels live in anonymous
              memory; the load, packing included, is timed apart), then a State: prefill of PROMPT seeded
              random ids (one chunk of the whole prompt, last-position logits) and DECODE decode steps fed
@@ -14,6 +17,12 @@ Per file and round, one fresh process per engine, alternated A, B, A, B (the mac
              `-d PROMPT -p 0` for tg at depth PROMPT (cairn's decode runs after its prompt). Reported:
              its avg tok/s, its model_size, the process's maximum RSS (mapped file pages included).
 The table printed at the end: the best round of each engine (max tok/s), with every round in the JSON lines.
+
+The issue 23 run (docs/benchmarks.md, "GGUF as stored: the flash slice (layers 2-3) in Q4_K and the q2 mix"):
+    bench/gguf_quantize_slice.sh /work/gguf23        # the slice, its MXFP4 GGUF, the imatrix, Q4_K and the q2 mix
+    .venv/bin/python bench/gguf_slice.py --llama-bin $LLAMA_SRC/build/bin --rounds 2 \
+        /work/gguf23/flash23-q4k.gguf /work/gguf23/flash23-q2mix.gguf      (twice)
+    .venv/bin/python bench/gguf_slice.py --llama-bin $LLAMA_SRC/build/bin --rounds 2 /work/gguf23/flash23-mxfp4.gguf
 """
 
 from __future__ import annotations
@@ -68,12 +77,12 @@ def cairn_one(path: str, threads: int, prompt_n: int, decode_n: int, seed: int) 
             "decode_tok_s": decode_n / decode_s, "rss_before_load": rss0, "rss_after_load": rss_load,
             "rss_after_run": status("VmRSS"), "rss_peak": status("VmHWM"), "packed_bytes": int(model.packed_bytes),
             "logits_finite": finite, "last_argmax": int(out.argmax()), "packed_from_cache": bool(model.packed_from_cache),
-            # seconds per forward section (K._profile), the top ones: where each phase's time goes
+            # seconds per forward section (K._profile), largest first: where each phase's time goes
             "sections_prefill_s": top_sections(prof_prefill), "sections_decode_s": top_sections(prof_decode)}
 
 
-def top_sections(prof: dict, n: int = 6) -> dict:
-    return {k: round(v, 2) for k, v in sorted(prof.items(), key=lambda kv: -kv[1])[:n]}
+def top_sections(prof: dict, n: int = 9) -> dict:
+    return {k: round(v, 3) for k, v in sorted(prof.items(), key=lambda kv: -kv[1])[:n]}
 
 
 def run_cairn(path: Path, a) -> dict:
@@ -115,6 +124,18 @@ def loadavg() -> str:
     return " ".join(Path("/proc/loadavg").read_text().split()[:3])
 
 
+def wait_for_quiet(a, waited: list[float]) -> float:
+    """Before a pair: poll the 1-minute load average every 30 s until it is below --quiet-load, within a
+    total budget of --wait-budget seconds over the whole run (then run anyway). Returns the seconds waited."""
+    t0 = time.monotonic()
+    while (float(Path("/proc/loadavg").read_text().split()[0]) >= a.quiet_load
+           and waited[0] + time.monotonic() - t0 < a.wait_budget):
+        time.sleep(30)
+    dt = time.monotonic() - t0
+    waited[0] += dt
+    return round(dt)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("files", nargs="*")
@@ -127,6 +148,10 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--no-depth-decode", dest="depth_decode", action="store_false",
                     help="llama.cpp's decode at depth 0 only (skip the -d PROMPT run)")
+    ap.add_argument("--quiet-load", type=float, default=1.0,
+                    help="before each pair wait for the 1-minute load average to drop below this (default 1.0)")
+    ap.add_argument("--wait-budget", type=float, default=2400,
+                    help="total seconds of such waiting over the run, then run anyway (default 2400)")
     ap.add_argument("--cairn-one", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.cairn_one:
@@ -137,13 +162,16 @@ def main() -> None:
     print(f"# cpu: {cpu}; {os.cpu_count()} cpus; threads {a.threads}; prompt {a.prompt}, decode {a.decode}; "
           f"load {loadavg()}", flush=True)
     best: dict[tuple[str, str], dict] = {}
+    waited = [0.0]
     for rnd in range(a.rounds):
         for f in map(Path, a.files):
+            wait_s = wait_for_quiet(a, waited)
             for engine, fn in (("cairn", run_cairn), ("llama.cpp", run_llama)):
-                before = loadavg()
+                before, start = loadavg(), time.strftime("%H:%M:%S", time.gmtime())
                 r = fn(f, a)
                 r.update(file=f.name, round=rnd, stored_bytes=f.stat().st_size, load_before=before,
-                         load_after=loadavg())
+                         load_after=loadavg(), start_utc=start, end_utc=time.strftime("%H:%M:%S", time.gmtime()),
+                         waited_s=wait_s)
                 print(json.dumps(r), flush=True)
                 key = (f.name, engine)
                 for k in ("prefill_tok_s", "decode_tok_s"):
