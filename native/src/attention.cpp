@@ -210,8 +210,12 @@ void attention_rows(const Model& m, int layer, const AttnSeg* segs, int nseg, co
     std::memcpy(&keys[(size_t)a * Dh], &ls.win[(size_t)((kbase + a) % ring) * Dh], sizeof(float) * Dh);
   float* kvnew = &keys[(size_t)nprev * Dh];
   std::memcpy(kvnew, &kvall[(size_t)R0 * Dh], sizeof(float) * (size_t)S * Dh);
-  for (int64_t p = std::max<int64_t>(pos0, pos0 + S - ring); p < pos0 + S; ++p)
+  // Rows a later row of the chunk overwrites are skipped, except in a journaled call: rewinding
+  // into the chunk must find each position's own write to undo to.
+  for (int64_t p = st.journal.j ? pos0 : std::max<int64_t>(pos0, pos0 + S - ring); p < pos0 + S; ++p) {
+    st.will_write(&ls.win[(size_t)(p % ring) * Dh], Dh, p);
     std::memcpy(&ls.win[(size_t)(p % ring) * Dh], &kvnew[(size_t)(p - pos0) * Dh], sizeof(float) * Dh);
+  }
 
   // compressors + indexer
   std::vector<std::vector<int>> sel;  // CSA: selected entries per query

@@ -128,6 +128,58 @@ py::array_t<float> vec_to_array(const std::vector<float>& v) {
   return out;
 }
 
+// The states of a multi-state call: each a State of states[0]'s model, none twice.
+std::vector<PyState*> distinct_states(const py::sequence& states) {
+  const py::ssize_t B = py::len(states);
+  std::vector<PyState*> ps((size_t)B);
+  std::unordered_set<PyState*> seen;
+  for (py::ssize_t b = 0; b < B; ++b) {
+    py::object o = states[b];
+    if (!py::isinstance<PyState>(o)) throw KernelError("states[" + std::to_string(b) + "] is not a State");
+    PyState* s = o.cast<PyState*>();
+    if (b && s->model.get() != ps[0]->model.get())
+      throw KernelError("states[" + std::to_string(b) + "] belongs to another model than states[0]");
+    if (!seen.insert(s).second)
+      throw KernelError("states[" + std::to_string(b) + "] appears twice; each state advances once per step");
+    ps[b] = s;
+  }
+  return ps;
+}
+
+// Every state of a multi-state call claimed before any is touched, released when the call ends;
+// on a conflict those already claimed are released.
+struct Claim {
+  std::vector<PyState*>& ps;
+  size_t n = 0;
+  explicit Claim(std::vector<PyState*>& states) : ps(states) {
+    for (; n < ps.size(); ++n)
+      if (ps[n]->busy.exchange(true)) {
+        const size_t bad = n;
+        release();
+        throw std::runtime_error("states[" + std::to_string(bad) + "] is already in use by another call");
+      }
+  }
+  void release() {
+    for (size_t b = 0; b < n; ++b) ps[b]->busy.store(false);
+    n = 0;
+  }
+  ~Claim() { release(); }
+};
+
+// verify's token rows: one int32 array per state, 1..MAX_CHUNK ids in range each.
+std::vector<int32_t> check_draft(const PyState& s, const py::handle& obj, const std::string& what) {
+  std::vector<int32_t> t;
+  try {
+    t = check_tokens(s, obj);
+  } catch (const KernelError& e) {
+    throw KernelError(what + ": " + e.what());
+  }
+  if (t.size() > (size_t)MAX_CHUNK)
+    throw KernelError(what + " has " + std::to_string(t.size()) + " tokens; one verify takes 1.." +
+                      std::to_string(MAX_CHUNK));
+  return t;
+}
+
 }  // namespace
 
 void register_state(py::module_& m) {
@@ -155,6 +207,10 @@ void register_state(py::module_& m) {
            }),
            py::arg("model"))
       .def_property_readonly("n_tokens", [](const PyState& s) { return s.st.n; })
+      .def_property_readonly("rewindable", [](const PyState& s) {
+        const Journal* j = s.st.journal.j.get();
+        return j ? j->n1 - j->n0 : (int64_t)0;
+      }, "How many of its last tokens rewind can take back: those its last call, a verify, fed (0 otherwise).")
       .def_property_readonly("tokens", [](const PyState& s) {
         py::array_t<int32_t> out((py::ssize_t)s.st.tokens.size());
         if (!s.st.tokens.empty()) std::memcpy(out.mutable_data(), s.st.tokens.data(), 4 * s.st.tokens.size());
@@ -349,18 +405,10 @@ void register_state(py::module_& m) {
     if ((py::ssize_t)py::len(tokens) != B)
       throw KernelError("tokens has " + std::to_string(py::len(tokens)) + " entries, states has " +
                         std::to_string(B) + "; they must match");
-    std::vector<PyState*> ps((size_t)B);
+    std::vector<PyState*> ps = distinct_states(states);
     std::vector<State*> sts((size_t)B);
     std::vector<int32_t> tok((size_t)B);
-    std::unordered_set<PyState*> seen;
     for (py::ssize_t b = 0; b < B; ++b) {
-      py::object o = states[b];
-      if (!py::isinstance<PyState>(o)) throw KernelError("states[" + std::to_string(b) + "] is not a State");
-      PyState* s = o.cast<PyState*>();
-      if (b && s->model.get() != ps[0]->model.get())
-        throw KernelError("states[" + std::to_string(b) + "] belongs to another model than states[0]");
-      if (!seen.insert(s).second)
-        throw KernelError("states[" + std::to_string(b) + "] appears twice; each state advances once per step");
       py::object tb = tokens[b];
       if (!PyIndex_Check(tb.ptr()) || PyBool_Check(tb.ptr()))
         throw KernelError("tokens[" + std::to_string(b) + "] must be an integer token id");
@@ -370,45 +418,88 @@ void register_state(py::module_& m) {
       } catch (const py::cast_error&) {
         throw KernelError("tokens[" + std::to_string(b) + "] is not a 64-bit integer");
       }
-      const int V = s->model->cfg.vocab;
+      const int V = ps[b]->model->cfg.vocab;
       if (t < 0 || t >= V)
         throw KernelError("tokens[" + std::to_string(b) + "]: token id " + std::to_string(t) +
                           " is out of range [0, " + std::to_string(V) + ")");
-      ps[b] = s;
-      sts[b] = &s->st;
+      sts[b] = &ps[b]->st;
       tok[b] = (int32_t)t;
     }
-    // Claim every state before touching any; on a conflict release those already claimed.
-    py::ssize_t claimed = 0;
-    for (; claimed < B; ++claimed)
-      if (ps[claimed]->busy.exchange(true)) break;
-    auto release = [&] {
-      for (py::ssize_t b = 0; b < claimed; ++b) ps[b]->busy.store(false);
-    };
-    if (claimed < B) {
-      release();
-      throw std::runtime_error("states[" + std::to_string(claimed) + "] is already in use by another call");
-    }
+    Claim claim(ps);
     const int V = ps[0]->model->cfg.vocab;
     py::array_t<float> out;
-    try {
-      if (abort && abort->v.load()) {
-        out = py::array_t<float>(std::vector<py::ssize_t>{0, (py::ssize_t)V});
-      } else {
-        out = py::array_t<float>(std::vector<py::ssize_t>{B, (py::ssize_t)V});
-        float* o = out.mutable_data();
-        py::gil_scoped_release rel;
-        forward_batch(sts.data(), tok.data(), (int)B, o);
-      }
-    } catch (...) {
-      release();
-      throw;
+    if (abort && abort->v.load()) {
+      out = py::array_t<float>(std::vector<py::ssize_t>{0, (py::ssize_t)V});
+    } else {
+      out = py::array_t<float>(std::vector<py::ssize_t>{B, (py::ssize_t)V});
+      float* o = out.mutable_data();
+      py::gil_scoped_release rel;
+      forward_batch(sts.data(), tok.data(), (int)B, o);
     }
-    release();
     return out;
   }, py::arg("states"), py::arg("tokens"), py::kw_only(), py::arg("abort") = nullptr,
      "One decode step for several distinct states of one model: tokens[b] is fed to states[b]. "
      "Returns float32 logits [B, V], bit-identical to decode(states[b], tokens[b]) for each b; "
      "every dense weight is read once for all of them. If abort is set before the step, nothing "
      "runs and the result has 0 rows.");
+
+  m.def("verify", [](PyState& s, py::handle tokens) {
+    std::vector<int32_t> tok = check_draft(s, tokens, "tokens");
+    BusyGuard g(s);
+    py::array_t<float> out({(py::ssize_t)tok.size(), (py::ssize_t)s.model->cfg.vocab});
+    float* o = out.mutable_data();
+    State* st = &s.st;
+    const int n = (int)tok.size();
+    {
+      py::gil_scoped_release rel;
+      verify_batch(&st, tok.data(), &n, 1, o);
+    }
+    return out;
+  }, py::arg("state"), py::arg("tokens"),
+     "A speculative step: feed tokens (a decoded token and the draft after it) in one call and return "
+     "every row's float32 logits [S, V], the same bits as decoding them one by one. Until the state's "
+     "next call, rewind(state, k) can take back any of the last tokens it fed.");
+
+  m.def("verify_batch", [](py::sequence states, py::sequence tokens) {
+    const py::ssize_t B = py::len(states);
+    if (B == 0) throw KernelError("states is empty");
+    if ((py::ssize_t)py::len(tokens) != B)
+      throw KernelError("tokens has " + std::to_string(py::len(tokens)) + " entries, states has " +
+                        std::to_string(B) + "; they must match");
+    std::vector<PyState*> ps = distinct_states(states);
+    std::vector<int32_t> all;
+    std::vector<int> lens((size_t)B);
+    for (py::ssize_t b = 0; b < B; ++b) {
+      std::vector<int32_t> t = check_draft(*ps[b], tokens[b], "tokens[" + std::to_string(b) + "]");
+      lens[b] = (int)t.size();
+      all.insert(all.end(), t.begin(), t.end());
+    }
+    if (all.size() > (size_t)MAX_CHUNK)
+      throw KernelError("verify_batch feeds " + std::to_string(all.size()) + " tokens in all; one call takes up to " +
+                        std::to_string(MAX_CHUNK));
+    std::vector<State*> sts((size_t)B);
+    for (py::ssize_t b = 0; b < B; ++b) sts[b] = &ps[b]->st;
+    Claim claim(ps);
+    const int V = ps[0]->model->cfg.vocab;
+    py::array_t<float> out({(py::ssize_t)all.size(), (py::ssize_t)V});
+    float* o = out.mutable_data();
+    {
+      py::gil_scoped_release rel;
+      verify_batch(sts.data(), all.data(), lens.data(), (int)B, o);
+    }
+    py::list rows;
+    for (py::ssize_t b = 0, r = 0; b < B; r += lens[b], ++b) rows.append(out[py::slice(r, r + lens[b], 1)]);
+    return rows;
+  }, py::arg("states"), py::arg("tokens"),
+     "verify for several distinct states of one model in one call (tokens[b]: an int32 array for "
+     "states[b]); every dense weight is read once for all rows. Returns one [len(tokens[b]), V] "
+     "float32 array per state, bit-identical to verify of each alone.");
+
+  m.def("rewind", [](PyState& s, int64_t k) {
+    BusyGuard g(s);
+    rewind(s.st, k);
+  }, py::arg("state"), py::arg("k"),
+     "Take back the last k tokens the state's last call, a verify, fed: afterwards the state (its "
+     "snapshot, byte for byte, and last_logits) is that of plain decoding of the tokens it keeps. "
+     "Raises KernelError when the last call was not a verify or k is out of range.");
 }

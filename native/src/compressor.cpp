@@ -46,8 +46,12 @@ static void emit_entry(const Model& m, const CompressorW& w, State& st, CompStat
   }
   rmsnorm(out.data(), w.norm, out.data(), dim, m.cfg.rms_eps);
   rope(out.data(), dim, m.cfg.r, m.inv_freq_comp.data(), widx * R);
+  const int64_t pos = (widx + 1) * R - 1;  // the token that completed the window
+  st.will_append(cs, pos);
   st.append_entry(cs, out.data());
   if (overlap) {  // keep this window's Ca (gate biased) for the next entry
+    st.will_write(cs.ov_kv.data(), (int64_t)cs.ov_kv.size(), pos);
+    st.will_write(cs.ov_gate.data(), (int64_t)cs.ov_gate.size(), pos);
     for (int j = 0; j < R; ++j)
       for (int c = 0; c < dim; ++c) {
         cs.ov_kv[(size_t)j * dim + c] = cs.buf_kv[(size_t)j * cw + c];
@@ -62,6 +66,8 @@ void compressor_feed(const Model& m, const CompressorW& w, State& st, CompState&
   for (int i = 0; i < S; ++i) {
     const int64_t p = pos0 + i;
     const int slot = (int)(p % R);
+    st.will_write(&cs.buf_kv[(size_t)slot * cw], cw, p);
+    st.will_write(&cs.buf_gate[(size_t)slot * cw], cw, p);
     std::memcpy(&cs.buf_kv[(size_t)slot * cw], kv + (size_t)i * cw, sizeof(float) * cw);
     std::memcpy(&cs.buf_gate[(size_t)slot * cw], gate + (size_t)i * cw, sizeof(float) * cw);
     if (slot == R - 1) emit_entry(m, w, st, cs, overlap, p / R);

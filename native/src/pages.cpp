@@ -99,6 +99,18 @@ float* PageTable::write_row(int arr, int64_t i) {
   return grp->data.get() + a.off + (int64_t)r * a.dim;
 }
 
+void PageTable::drop_last_row(int arr, int64_t i) {
+  const PageLayout::Array& a = layout->arrays[arr];
+  const size_t g = (size_t)(i / a.rows);
+  if (g >= groups.size() || groups[g]->fill[arr] != (int)(i % a.rows) + 1)
+    throw std::logic_error("page table: only the last row of an array can be dropped");
+  std::shared_ptr<PageGroup>& grp = groups[g];
+  if (grp.use_count() > 1) grp = copy_group(*layout, *grp);
+  grp->fill[arr] = (int)(i % a.rows);
+  while (!groups.empty() && std::all_of(groups.back()->fill.begin(), groups.back()->fill.end(), [](int f) { return f == 0; }))
+    groups.pop_back();
+}
+
 void PageTable::unshare() {
   for (auto& grp : groups) grp = copy_group(*layout, *grp);
 }

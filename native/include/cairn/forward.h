@@ -23,6 +23,16 @@ int64_t prefill(State& st, const int32_t* tokens, int64_t n, int chunk, const st
 // dense weight is read once for all B rows. logits_out: [B, V] (may be null).
 void forward_batch(State* const* states, const int32_t* tokens, int B, float* logits_out);
 
+// A speculative call (drafts under verification): lens[b] tokens fed to states[b] (the tokens of
+// all states back to back), every row's logits into logits_out [sum lens, V]: the same bits as
+// feeding them one by one. Each state keeps a journal of the call (state.h) until its next call,
+// so rewind can take back any number of the tokens it fed.
+void verify_batch(State* const* states, const int32_t* tokens, const int* lens, int B, float* logits_out);
+// Drop the last k tokens of the state's journaled call (0 <= k <= the tokens of it still kept):
+// afterwards its snapshot is byte for byte that of plain decoding of the tokens it keeps, and
+// last_logits are theirs. Throws std::invalid_argument when there is no such call or k is too large.
+void rewind(State& st, int64_t k);
+
 // Rows r0..r0+S-1 of a multi-sequence call: S tokens of one state at positions pos0..
 struct AttnSeg {
   State* st;       // its entries live in st->pages

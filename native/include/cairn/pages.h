@@ -75,6 +75,10 @@ struct PageTable {
   // The row to write for array arr's row i: allocates the group when it is new, copies it first
   // when another table or snapshot holds it.
   float* write_row(int arr, int64_t i);
+  // Forget array arr's row i, its last (a rewound speculative token's): the group's fill drops to
+  // i (a shared group is copied first, so no other holder sees it), and a trailing group left with
+  // no rows is released, as if the row had never been written.
+  void drop_last_row(int arr, int64_t i);
   // Replace every group with a private copy (a snapshot that shares nothing: today's full copy).
   void unshare();
 };

@@ -13,6 +13,7 @@
 #pragma once
 #include <cstdint>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "cairn/model.h"
@@ -35,6 +36,38 @@ struct LayerState {
   CompState icomp;         // CSA indexer compressor (keys, dim = Di)
 };
 
+// The undo record of one speculative call (verify): what its tokens overwrote in the state's own
+// tail and which compressed rows they appended, each tagged with the position of the token that
+// did it. Undoing, newest first, everything tagged >= n' leaves every location as the last write of
+// a position < n' left it: the state plain decoding of the first n' tokens gives, because a token's
+// writes are the same bits whatever the chunk (forward.h). Bounded by the call's length.
+struct Journal {
+  int64_t n0 = 0, n1 = 0;                     // the call fed positions [n0, n1); rewind keeps >= n0
+  struct Write {
+    float* dst;
+    int64_t pos, off, len;                    // saved[off, off + len) held dst's floats before
+  };
+  std::vector<Write> writes;
+  std::vector<float> saved;
+  std::vector<std::pair<CompState*, int64_t>> appends;  // (compressor, position) per appended row
+  std::vector<float> logits;                  // [n1 - n0, V]: last_logits after each position
+  std::vector<float> logits_before;           // last_logits before the call
+  void save(float* dst, int64_t len, int64_t pos) {
+    writes.push_back({dst, pos, (int64_t)saved.size(), len});
+    saved.insert(saved.end(), dst, dst + len);
+  }
+};
+
+// Owns a state's journal; a copy (a snapshot, a restored state) starts without one.
+struct JournalSlot {
+  std::unique_ptr<Journal> j;
+  JournalSlot() = default;
+  JournalSlot(const JournalSlot&) {}
+  JournalSlot(JournalSlot&&) = default;
+  JournalSlot& operator=(const JournalSlot&) { j.reset(); return *this; }
+  JournalSlot& operator=(JournalSlot&&) = default;
+};
+
 // A State copies as a snapshot does: the tail is copied, every page group is shared.
 struct State {
   const Model* model = nullptr;
@@ -43,6 +76,7 @@ struct State {
   std::vector<float> last_logits;   // [V] or empty
   std::vector<LayerState> layers;
   PageTable pages;                  // every compressor's entries, in token order
+  JournalSlot journal;              // set only by a speculative call (forward.h: verify), until the next call
 
   explicit State(const Model& m);
   const float* entry(const CompState& cs, int64_t i) const { return pages.row(cs.arr, i); }
@@ -50,6 +84,14 @@ struct State {
   int64_t payload_bytes() const;  // the live state: tail and rows, as the digest counts them
   int64_t tail_bytes() const;     // what a snapshot copies (everything but the full page groups)
   int64_t full_groups() const { return n / pages.layout->page_tokens; }
+  // Journaled writes: the hooks attention and the compressors call before they overwrite
+  // (no-ops outside a speculative call).
+  void will_write(float* dst, int64_t len, int64_t pos) {
+    if (journal.j) journal.j->save(dst, len, pos);
+  }
+  void will_append(CompState& cs, int64_t pos) {
+    if (journal.j) journal.j->appends.emplace_back(&cs, pos);
+  }
 };
 
 // Serialized snapshot: a tail blob (everything a state holds but its full page groups) plus the
