@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Awaitable, Callable
 
+import numpy as np
 import trio
 
 from .engine import Engine
@@ -39,6 +40,7 @@ from .penalties import Shaper
 from .sequence import Sequence
 from .replies import finish, reply
 from .sampling import choose, log_softmax, make_rng, top_logprobs
+from .speculation import Speculation
 from .stops import StopMatcher
 
 
@@ -70,30 +72,60 @@ class _Step:
     seq: Sequence
     token: int
     done: trio.Event = field(default_factory=trio.Event)
-    logits: Any = None
+    logits: Any = None         # [V]; [1 + len(draft), V] when the step was a speculative one
     error: BaseException | None = None
     tally: Any = None          # expert_io.ExpertTally of the request (None: not counted)
+    draft: tuple = ()          # draft tokens fed after `token` in the same call (verify)
+    rewind: int = 0            # tokens of the state's last verify to take back first
+    ran: bool = False          # taken into a step (the kernel saw it)
+    call_s: float = 0.0        # the step's kernel call time
+    plain_s: float | None = None   # a plain step of the same batch size, recently (None: not measured)
+
+
+PLAIN_DECAY = 0.2              # weight of the newest plain step in DecodeSteps.plain_s
+
+
+def _speculative_step(kernel, states: list, rewinds: list[int], feeds: list) -> list:
+    """In the kernel thread: take back what each state owes from its last verify, then one verify call
+    for all of them (a sequence without a draft feeds its one token: the same bits as decode)."""
+    for st, k in zip(states, rewinds):
+        if k:
+            kernel.rewind(st, k)
+    if len(states) == 1:
+        return [kernel.verify(states[0], feeds[0])]
+    return kernel.verify_batch(states, feeds)
 
 
 class DecodeSteps:
     """The decode worker's batched step: `step` hands a token in, `run` runs the steps."""
 
-    def __init__(self, engine: Engine, *, gather_s: float = 0.005) -> None:
+    def __init__(self, engine: Engine, *, gather_s: float = 0.005, speculate: bool | None = None) -> None:
         self._engine, self.gather_s = engine, gather_s
+        # drafts are verified when the engine asks for it and the kernel can (verify, rewind)
+        self.speculate = (engine.speculate if speculate is None else speculate) and hasattr(engine.kernel, "verify")
         self._pending: list[_Step] = []
         self._arrived = trio.Event()
         self.steps = 0                          # kernel steps made (metrics, tests)
         self.rows = 0                           # sequence-steps they advanced
+        self.plain_s: dict[int, float] = {}     # batch size -> moving average of a plain step's time
 
-    def submit(self, seq: Sequence, token: int, tally: Any = None) -> _Step:
-        """Hand `token` in for `seq`'s next step (it does not wait). `tally` gets the whole step's
-        expert-cache work: the experts a step reads serve every sequence in it (shared). The memory
-        plan's check runs here, in the request's own task: a MemoryExceeded ends only this request."""
-        self._engine.room_for(seq, 1)           # the step grows this state by one token
-        entry = _Step(seq, int(token), tally=tally)
+    def submit(self, seq: Sequence, token: int, tally: Any = None, draft: tuple = (), rewind: int = 0) -> _Step:
+        """Hand `token` in for `seq`'s next step (it does not wait), with a draft to verify after it and
+        the tokens of its last verify to take back first. `tally` gets the whole step's expert-cache
+        work: the experts a step reads serve every sequence in it (shared). The memory plan's check
+        runs here, in the request's own task: a MemoryExceeded ends only this request."""
+        self._engine.room_for(seq, 1 + len(draft))   # the step grows this state by these tokens
+        entry = _Step(seq, int(token), tally=tally, draft=tuple(int(t) for t in draft), rewind=int(rewind))
         self._pending.append(entry)
         self._arrived.set()
         return entry
+
+    async def rewind(self, seq: Sequence, k: int) -> None:
+        """Take back the last k tokens `seq`'s last verify fed (a request ending inside its draft)."""
+        state = seq.state
+        if k <= 0 or state is None or int(state.rewindable) < k:   # discarded, or nothing to take back
+            return
+        await self._engine.run(DECODE, self._engine.kernel.rewind, state, k)
 
     async def wait(self, entry: _Step):
         """The logits [V] of the step `entry` was in."""
@@ -106,13 +138,15 @@ class DecodeSteps:
             raise entry.error
         return entry.logits
 
-    async def let_go(self, entry: _Step) -> None:
-        """The request is ending: once this returns the kernel does not touch its state for `entry`."""
+    async def let_go(self, entry: _Step) -> bool:
+        """The request is ending: once this returns the kernel does not touch its state for `entry`.
+        Whether the step ran (False: it was withdrawn before the kernel saw it)."""
         if entry in self._pending:              # not taken into a step: withdraw it, nothing ran
             self._pending.remove(entry)
-            return
+            return False
         with trio.CancelScope(shield=True):      # in the running step: wait until the kernel lets go
             await entry.done.wait()
+        return entry.ran
 
     async def step(self, seq: Sequence, token: int, tally: Any = None):
         """Feed `token` to `seq`'s state in the next step; its logits [V]."""
@@ -143,12 +177,26 @@ class DecodeSteps:
         kernel = engine.kernel
         try:
             step_io = ExpertTally()
-            if len(batch) == 1:                 # one sequence: the kernel's single-state step, the same bits
+            speculative = any(e.draft or e.rewind for e in batch)
+            for e in batch:
+                e.ran = True
+            t0 = trio.current_time()
+            if speculative:
+                feeds = [np.array((e.token, *e.draft), dtype=np.int32) for e in batch]
+                out = await engine.runner.run(_speculative_step, kernel, [e.seq.state for e in batch],
+                                              [e.rewind for e in batch], feeds, tally=step_io)
+            elif len(batch) == 1:               # one sequence: the kernel's single-state step, the same bits
                 e = batch[0]
                 out = [await engine.runner.run(kernel.decode, e.seq.state, e.token, tally=step_io)]
             else:
                 out = await engine.runner.run(kernel.decode_batch, [e.seq.state for e in batch],
                                               [e.token for e in batch], tally=step_io)
+            call_s = trio.current_time() - t0
+            plain = self.plain_s.get(len(batch))
+            if not speculative:
+                self.plain_s[len(batch)] = call_s if plain is None else (1 - PLAIN_DECAY) * plain + PLAIN_DECAY * call_s
+            for e in batch:
+                e.call_s, e.plain_s = call_s, plain
             for e in batch:
                 if e.tally is not None:
                     e.tally.add(step_io.io)
@@ -173,13 +221,23 @@ class DecodeSteps:
 @dataclass(frozen=True)
 class Feed:
     """How a request's decode loop feeds its tokens to its sequence (DecodeSteps, or a test's)."""
-    submit: Callable[[int, Any], Any]          # (token, tally) -> a handle; does not wait
-    wait: Callable[[Any], Awaitable[Any]]      # handle -> next-token logits
-    let_go: Callable[[Any], Awaitable[None]]   # handle -> once the kernel no longer uses it
+    submit: Callable[..., Any]                 # (token, tally, draft, rewind) -> a handle; does not wait
+    wait: Callable[[Any], Awaitable[Any]]      # handle -> next-token logits ([1 + len(draft), V] with a draft)
+    let_go: Callable[[Any], Awaitable[bool]]   # handle -> once the kernel no longer uses it; whether it ran
+    rewind: Callable[[int], Awaitable[None]] | None = None   # take back k tokens of the last verify
+    speculative: bool = False                  # the kernel verifies drafts (verify, rewind)
 
 
 def feed_of(steps: DecodeSteps, seq: Sequence) -> Feed:
-    return Feed(lambda tok, tally: steps.submit(seq, tok, tally), steps.wait, steps.let_go)
+    return Feed(lambda tok, tally, draft=(), rewind=0: steps.submit(seq, tok, tally, draft, rewind), steps.wait,
+                steps.let_go, lambda k: steps.rewind(seq, k), speculative=steps.speculate)
+
+
+def _grammar_prefix(constraint, draft: list[int]) -> list[int]:
+    """The part of a draft the request's grammar allows from here: a forbidden token ends it."""
+    if constraint is None or not draft:
+        return draft
+    return draft[:constraint.allowed_prefix(draft)]
 
 
 async def run_decode(engine: Engine, pre: Prefilled, stream_decoder, stats: dict, feed: Feed) -> Done:
@@ -196,37 +254,96 @@ async def run_decode(engine: Engine, pre: Prefilled, stream_decoder, stats: dict
     by_stop_string = False
     off_loop = int(engine.model.vocab_size) >= OFF_LOOP_VOCAB
     shaper = Shaper(s, len(logits))
-    while n < budget:
-        allowed = None
-        if s.constraint is not None:  # the grammar mask, off the event loop (llguidance drops the GIL)
-            allowed = await trio.to_thread.run_sync(s.constraint.allowed)
-        if off_loop:   # never abandoned: the thread owns `rng` until it returns (it is bounded)
-            tok, lp, top = await trio.to_thread.run_sync(_pick, logits, shaper, allowed, s, rng)
-        else:
-            tok, lp, top = _pick(logits, shaper, allowed, s, rng)
-        shaper.accept(tok)
-        n += 1
-        stats["completion_tokens"] = n
-        if n == 1:
-            stats["first_token_at"] = trio.current_time()
-        if tok == eos and not s.ignore_eos:
-            finish_reason = "stop"
-            break
-        text, stopped = stops.push(stream_decoder.push(tok))
-        if stopped or n == budget:   # the last token is never fed: nothing needs its logits
-            await _send(sub, TokenOut(tok, text, lp, top))
-            if stopped:
-                finish_reason, by_stop_string = "stop", True
-            break
-        # Hand the token in before sending it: the kernel computes the next logits while this token
-        # goes out to the client.
-        fed = feed.submit(tok, sub.trace.decode_experts)
-        try:
-            await _send(sub, TokenOut(tok, text, lp, top))
-        except BaseException:                   # client gone, or cancelled: its step ends first
-            await feed.let_go(fed)
-            raise
-        logits = await feed.wait(fed)
+    # Speculation (actors/speculation.py): `ahead` holds the draft tokens the last verify fed that are
+    # not picked yet, each with the logits after it; `owed` counts fed tokens the reply did not keep,
+    # taken back with the next kernel call or when the turn ends.
+    spec = Speculation.over(sub.prompt) if feed.speculative and budget > 1 else None
+    ahead: list[tuple[int, Any]] = []
+    owed = 0
+    verified: tuple[int, float, float | None] | None = None   # (drafted, call_s, plain_s) of the open draft
+    accepted = 0
+
+    def close_draft() -> None:
+        nonlocal verified, accepted
+        if verified is not None:
+            drafted, call_s, plain_s = verified
+            spec.record(drafted, accepted, call_s, plain_s)
+            if engine.metrics is not None:
+                engine.metrics.spec_drafts.inc()
+                engine.metrics.spec_draft_tokens.inc(drafted)
+                engine.metrics.spec_accepted_tokens.inc(accepted)
+        verified, accepted = None, 0
+
+    try:
+        while n < budget:
+            allowed = None
+            if s.constraint is not None:  # the grammar mask, off the event loop (llguidance drops the GIL)
+                allowed = await trio.to_thread.run_sync(s.constraint.allowed)
+            if off_loop:   # never abandoned: the thread owns `rng` until it returns (it is bounded)
+                tok, lp, top = await trio.to_thread.run_sync(_pick, logits, shaper, allowed, s, rng)
+            else:
+                tok, lp, top = _pick(logits, shaper, allowed, s, rng)
+            shaper.accept(tok)
+            n += 1
+            stats["completion_tokens"] = n
+            if engine.metrics is not None:
+                engine.metrics.decode_tokens.inc()
+            if n == 1:
+                stats["first_token_at"] = trio.current_time()
+            kept = bool(ahead) and tok == ahead[0][0]   # the draft guessed it: it is fed already
+            if kept:
+                _, after = ahead.pop(0)
+                accepted += 1
+            else:
+                owed += len(ahead)
+                ahead = []
+            if spec is not None:
+                spec.push(tok)
+                if not ahead:
+                    close_draft()
+            if tok == eos and not s.ignore_eos:
+                finish_reason = "stop"
+                owed += kept             # the last token is never fed (below): a drafted one is taken back
+                break
+            text, stopped = stops.push(stream_decoder.push(tok))
+            if stopped or n == budget:   # the last token is never fed: nothing needs its logits
+                owed += kept
+                await _send(sub, TokenOut(tok, text, lp, top))
+                if stopped:
+                    finish_reason, by_stop_string = "stop", True
+                break
+            if kept:
+                await _send(sub, TokenOut(tok, text, lp, top))
+                logits = after
+                continue
+            draft = _grammar_prefix(s.constraint, spec.draft(budget - n - 1)) if spec is not None else []
+            # Hand the token in before sending it: the kernel computes the next logits while this token
+            # goes out to the client.
+            fed = feed.submit(tok, sub.trace.decode_experts, draft, owed)
+            try:
+                await _send(sub, TokenOut(tok, text, lp, top))
+            except BaseException:                   # client gone, or cancelled: its step ends first
+                if await feed.let_go(fed):
+                    owed = len(draft)               # what was owed went with the step; its draft is owed now
+                raise
+            out = await feed.wait(fed)
+            owed = 0
+            if spec is not None:
+                spec.stats["calls"] += 1
+            if draft:
+                logits, ahead = out[0], list(zip(draft, out[1:]))
+                verified = (len(draft), getattr(fed, "call_s", 0.0), getattr(fed, "plain_s", None))
+            else:
+                logits = out if out.ndim == 1 else out[0]
+    finally:
+        owed += len(ahead)
+        if spec is not None:
+            close_draft()
+            stats["speculation"] = spec.stats
+        if owed and feed.rewind is not None:
+            # The live state keeps exactly the reply's fed tokens, so the next turn can extend it.
+            with trio.CancelScope(shield=True):
+                await feed.rewind(owed)
     tail = ""
     if not by_stop_string:
         tail, stopped = stops.push(stream_decoder.flush())
@@ -257,7 +374,8 @@ async def decode_turn(pre: Prefilled, seq: Sequence, to_admission, *, engine: En
     first = stats["first_token_at"]
     common = dict(arrived_at=pre.arrived_at, reused=pre.reused_tokens, first_token_at=first,
                   completion_tokens=stats["completion_tokens"],
-                  decode_s=(trio.current_time() - first) if first is not None else 0.0, slot=seq.index)
+                  decode_s=(trio.current_time() - first) if first is not None else 0.0, slot=seq.index,
+                  speculation=stats.get("speculation"))
     done = turn.result
     if turn.cancelled:
         log_request(log, sub, metrics=engine.metrics, outcome="cancelled", **common)

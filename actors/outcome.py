@@ -8,7 +8,7 @@ import trio
 def log_request(log, submit, *, outcome: str, arrived_at: float, reused: int,
                 first_token_at: float | None = None, completion_tokens: int = 0,
                 decode_s: float = 0.0, finish_reason: str | None = None, error: str | None = None,
-                metrics=None, slot: int | None = None) -> None:
+                metrics=None, slot: int | None = None, speculation: dict | None = None) -> None:
     now = trio.current_time()
     if metrics is not None:
         metrics.requests.inc(outcome=outcome)
@@ -33,5 +33,6 @@ def log_request(log, submit, *, outcome: str, arrived_at: float, reused: int,
         finish_reason=finish_reason,
         **({"error": error} if error else {}),
         **({"slot": slot} if slot is not None else {}),   # which sequence slot's live state served it
+        **({"speculation": speculation} if speculation else {}),   # drafts, drafted, accepted, calls, off
         **({"experts": experts} if (experts := submit.trace.experts()) is not None else {}),
     )

@@ -196,6 +196,14 @@ class Constraint:
             raise ValueError(f"constrained decoding: token {token_id} refused "
                              f"({_reason(self.m.get_error() or '', 'the grammar engine failed')})")
 
+    def allowed_prefix(self, tokens: list[int]) -> int:
+        """How many of `tokens`, in order from here, the grammar would accept (nothing is consumed):
+        a speculative draft ends at the first token it forbids. Before the trigger every token is
+        free up to the trigger itself (what follows it is not known to the grammar yet)."""
+        if not self.armed:
+            return tokens.index(self.trigger) + 1 if self.trigger in tokens else len(tokens)
+        return int(self.m.validate_tokens(list(tokens)))
+
     @property
     def error(self) -> str | None:
         return self.m.get_error() if self.m.is_error() else None

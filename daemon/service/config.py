@@ -133,6 +133,8 @@ FIELDS: tuple[Field, ...] = (
           "steps batched across them); 1: one request at a time; unset: from the memory plan (1..4)",
           _range(1, 64), optional=True),
     Field("queue_size", int, 8, "requests that may wait for the engine; more get HTTP 429", _range(0, 10_000)),
+    Field("speculate", str, "on", "exact speculative decoding: prompt-lookup drafts verified in one kernel call, "
+          "the same output as without (auto-off per request while drafts lose): on or off", _one_of("on", "off")),
     Field("threads", int, 0, "kernel threads (0: all cores)", _range(0, 1024)),
     Field("log_level", str, "info", "log level", _one_of("debug", "info", "warning", "error")),
     # Unset (as vLLM does): an agent that sends no max_tokens is not cut off mid-answer at an arbitrary length.
@@ -182,6 +184,7 @@ class Settings:
     progress_interval_ms: int
     slots: int | None          # None: chosen at start by the memory plan (daemon/service/memory_plan.py)
     queue_size: int
+    speculate: str
     threads: int
     log_level: str
     max_tokens_default: int | None

@@ -198,7 +198,7 @@ async def run_daemon(settings: Settings, loaded: Loaded, *, handle_signals: bool
     log.info("slots", slots=slots.slots, reason=slots.reason)
     engine = Engine(loaded.kernel, loaded.model, loaded.tokenizer, loaded.context_length,
                     segment=settings.segment, chunk=settings.chunk, metrics=metrics,
-                    progress_interval_s=settings.progress_interval_ms / 1000,
+                    progress_interval_s=settings.progress_interval_ms / 1000, speculate=settings.speculate == "on",
                     checkpoints=make_checkpoints(settings, loaded, log, metrics))
     if loaded.memory_plan is not None:
         from cairn.actors.memory_guard import MemoryGuard

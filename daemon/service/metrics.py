@@ -250,6 +250,13 @@ class Metrics:
         self.decode_step_rows = r.counter("cairn_decode_step_rows_total",
                                           "Sequence tokens advanced by batched decode steps (rows / steps: "
                                           "the mean batch).")
+        # exact speculative decoding (actors/speculation.py): tokens per kernel call =
+        # (decode tokens) / decode_steps; acceptance = accepted / draft tokens
+        self.decode_tokens = r.counter("cairn_decode_tokens_total", "Tokens decode picked (all requests).")
+        self.spec_drafts = r.counter("cairn_spec_drafts_total", "Drafts verified (one verify call each, per sequence).")
+        self.spec_draft_tokens = r.counter("cairn_spec_draft_tokens_total", "Draft tokens fed for verification.")
+        self.spec_accepted_tokens = r.counter("cairn_spec_accepted_tokens_total",
+                                              "Draft tokens the reply kept (each one a token without its own step).")
         # the memory plan (daemon/service/memory_plan.py) and its guard (actors/memory_guard.py)
         self.memory_refused = r.counter("cairn_memory_refused_total",
                                         "Requests ended because their state could not grow within the memory plan.")

@@ -1,0 +1,88 @@
+"""Prompt-lookup drafts (actors/drafts.py) and the per-request drafting policy (actors/speculation.py)."""
+
+import numpy as np
+import pytest
+
+from cairn.actors.drafts import PromptLookup, longest_match
+from cairn.actors.speculation import FIRST_DRAFT, FIRST_PAUSE, MAX_DRAFT, WARMUP_CALLS, Speculation
+
+
+def test_lookup_equals_a_plain_scan_as_tokens_arrive():
+    """Incremental lookup gives the reference scan's draft after every token (small alphabet: many
+    matches, of every length)."""
+    rng = np.random.default_rng(0)
+    for trial in range(20):
+        seq = [int(t) for t in rng.integers(0, 4 + trial % 5, 120)]
+        pl = PromptLookup(seq[:30])
+        for i in range(30, len(seq)):
+            for k in (1, 3, 8):
+                assert pl.draft(k) == longest_match(seq[:i], k), (trial, i, k)
+            pl.append(seq[i])
+
+
+def test_the_longest_suffix_wins_and_the_latest_occurrence_of_it():
+    #          0  1  2  3  4  5  6  7  8  9 10 11
+    pl = PromptLookup([5, 1, 2, 9, 7, 1, 2, 8, 3, 5, 1, 2])
+    assert pl.draft(2) == [9, 7]            # "5 1 2" occurred at 0..2 (followed by 9), "1 2" last at 5..6 (by 8)
+    pl2 = PromptLookup([1, 2, 9, 1, 2, 8, 4, 1, 2])
+    assert pl2.draft(3) == [8, 4, 1]        # only "1 2" matches: its latest earlier occurrence
+    assert PromptLookup([1, 2, 3]).draft(4) == []       # nothing repeats
+    assert PromptLookup([1, 2, 1, 2]).draft(0) == []
+
+
+def test_draft_stops_at_the_end_of_the_history():
+    pl = PromptLookup([7, 8, 9, 7, 8])
+    assert pl.draft(10) == [9, 7, 8]
+
+
+def test_bad_ngram_lengths_are_refused():
+    with pytest.raises(ValueError, match="min_ngram <= max_ngram"):
+        PromptLookup(max_ngram=2, min_ngram=3)
+
+
+def _spec(prompt=(1, 2, 3, 4, 5, 6, 7, 8, 9, 1, 2, 3)):
+    return Speculation.over(prompt)
+
+
+def test_draft_length_doubles_on_full_acceptance_and_shrinks_on_rejection():
+    s = _spec()
+    assert s.k == FIRST_DRAFT
+    s.record(FIRST_DRAFT, FIRST_DRAFT, 1.0, None)
+    assert s.k == 2 * FIRST_DRAFT
+    for _ in range(5):
+        s.record(s.k, s.k, 1.0, None)
+    assert s.k == MAX_DRAFT
+    s.record(MAX_DRAFT, 2, 1.0, None)
+    assert s.k == 3
+    s.record(3, 0, 1.0, None)
+    assert s.k == 1
+    assert s.stats["drafts"] == 8 and s.stats["accepted"] == 4 + 8 + 16 * 4 + 2
+
+
+def test_drafting_pauses_when_it_loses_and_comes_back_longer_paused_each_time():
+    s = _spec()
+    assert s.draft(8) == [4, 5, 6, 7]         # "1 2 3" matched: what followed it, FIRST_DRAFT long
+    for _ in range(WARMUP_CALLS):             # nothing accepted, a verify call costs 1.5 plain steps
+        s.record(4, 0, 1.5, 1.0)
+    assert s.paused_for == FIRST_PAUSE and s.stats["off"] == 1
+    assert s.draft(8) == []
+    for t in range(FIRST_PAUSE):
+        s.push(t % 3)
+    assert s.paused_for == 0 and s.draft(8) != []
+    for _ in range(WARMUP_CALLS):
+        s.record(4, 0, 1.5, 1.0)
+    assert s.paused_for == 2 * FIRST_PAUSE
+
+
+def test_drafting_that_wins_stays_on():
+    s = _spec()
+    for _ in range(20):
+        s.record(4, 3, 1.3, 1.0)              # 4 tokens per call at 1.3 plain steps: a gain of ~3
+    assert s.paused_for == 0 and s.stats["off"] == 0
+    assert s.gain == pytest.approx(4 / 1.3)
+
+
+def test_no_room_no_draft():
+    s = _spec()
+    assert s.draft(0) == []
+    assert s.draft(2) == [4, 5]
