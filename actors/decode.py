@@ -254,6 +254,7 @@ async def run_decode(engine: Engine, pre: Prefilled, stream_decoder, stats: dict
     by_stop_string = False
     off_loop = int(engine.model.vocab_size) >= OFF_LOOP_VOCAB
     shaper = Shaper(s, len(logits))
+    metrics = getattr(engine, "metrics", None)
     # Speculation (actors/speculation.py): `ahead` holds the draft tokens the last verify fed that are
     # not picked yet, each with the logits after it; `owed` counts fed tokens the reply did not keep,
     # taken back with the next kernel call or when the turn ends.
@@ -268,10 +269,10 @@ async def run_decode(engine: Engine, pre: Prefilled, stream_decoder, stats: dict
         if verified is not None:
             drafted, call_s, plain_s = verified
             spec.record(drafted, accepted, call_s, plain_s)
-            if engine.metrics is not None:
-                engine.metrics.spec_drafts.inc()
-                engine.metrics.spec_draft_tokens.inc(drafted)
-                engine.metrics.spec_accepted_tokens.inc(accepted)
+            if metrics is not None:
+                metrics.spec_drafts.inc()
+                metrics.spec_draft_tokens.inc(drafted)
+                metrics.spec_accepted_tokens.inc(accepted)
         verified, accepted = None, 0
 
     try:
@@ -286,8 +287,8 @@ async def run_decode(engine: Engine, pre: Prefilled, stream_decoder, stats: dict
             shaper.accept(tok)
             n += 1
             stats["completion_tokens"] = n
-            if engine.metrics is not None:
-                engine.metrics.decode_tokens.inc()
+            if metrics is not None:
+                metrics.decode_tokens.inc()
             if n == 1:
                 stats["first_token_at"] = trio.current_time()
             kept = bool(ahead) and tok == ahead[0][0]   # the draft guessed it: it is fed already
@@ -319,7 +320,8 @@ async def run_decode(engine: Engine, pre: Prefilled, stream_decoder, stats: dict
             draft = _grammar_prefix(s.constraint, spec.draft(budget - n - 1)) if spec is not None else []
             # Hand the token in before sending it: the kernel computes the next logits while this token
             # goes out to the client.
-            fed = feed.submit(tok, sub.trace.decode_experts, draft, owed)
+            fed = (feed.submit(tok, sub.trace.decode_experts, draft, owed) if spec is not None
+                   else feed.submit(tok, sub.trace.decode_experts))
             try:
                 await _send(sub, TokenOut(tok, text, lp, top))
             except BaseException:                   # client gone, or cancelled: its step ends first

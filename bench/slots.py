@@ -80,12 +80,12 @@ def kernel_part(model_dir: str, threads: int, context: int, steps: int, rounds: 
 
 
 class Daemon:
-    def __init__(self, model_dir: str, threads: int, chunk: int, slots: int) -> None:
+    def __init__(self, model_dir: str, threads: int, chunk: int, slots: int, extra: tuple[str, ...] = ()) -> None:
         self.tmp = tempfile.TemporaryDirectory()
         self.sock = os.path.join(self.tmp.name, "c.sock")
         log = open(os.path.join(self.tmp.name, "log"), "w")
         cmd = [sys.executable, "-m", "cairn.daemon.cli.main", "serve", "--model", model_dir, "--socket", self.sock,
-               "--threads", str(threads), "--chunk", str(chunk), "--slots", str(slots), "--no-checkpoints"]
+               "--threads", str(threads), "--chunk", str(chunk), "--slots", str(slots), "--no-checkpoints", *extra]
         self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "NO_COLOR": "1"})
         wait_socket(self.sock, self.proc)
         self.model = json.loads(self._get("/v1/models"))["data"][0]["id"]
