@@ -258,7 +258,10 @@ async def run_decode(engine: Engine, pre: Prefilled, stream_decoder, stats: dict
     # Speculation (actors/speculation.py): `ahead` holds the draft tokens the last verify fed that are
     # not picked yet, each with the logits after it; `owed` counts fed tokens the reply did not keep,
     # taken back with the next kernel call or when the turn ends.
-    spec = Speculation.over(sub.prompt) if feed.speculative and budget > 1 else None
+    spec = None
+    if feed.speculative and budget > 1:     # a long prompt's lookup is built off the event loop
+        spec = (Speculation.over(sub.prompt) if len(sub.prompt) <= 4096
+                else await trio.to_thread.run_sync(Speculation.over, sub.prompt))
     ahead: list[tuple[int, Any]] = []
     owed = 0
     verified: tuple[int, float, float | None] | None = None   # (drafted, call_s, plain_s) of the open draft

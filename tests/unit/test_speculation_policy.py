@@ -20,6 +20,18 @@ def test_lookup_equals_a_plain_scan_as_tokens_arrive():
             pl.append(seq[i])
 
 
+def test_bulk_extend_builds_what_appending_one_by_one_builds():
+    rng = np.random.default_rng(1)
+    seq = [int(t) for t in rng.integers(0, 6, 300)]
+    one = PromptLookup()
+    for t in seq:
+        one.append(t)
+    bulk = PromptLookup(seq[:7])
+    for a, b in [(7, 8), (8, 100), (100, 101), (101, 300)]:
+        bulk.extend(seq[a:b])
+    assert bulk.tokens == one.tokens and bulk._next == one._next
+
+
 def test_the_longest_suffix_wins_and_the_latest_occurrence_of_it():
     #          0  1  2  3  4  5  6  7  8  9 10 11
     pl = PromptLookup([5, 1, 2, 9, 7, 1, 2, 8, 3, 5, 1, 2])
