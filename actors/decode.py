@@ -327,11 +327,11 @@ async def run_decode(engine: Engine, pre: Prefilled, stream_decoder, stats: dict
                    else feed.submit(tok, sub.trace.decode_experts))
             try:
                 await _send(sub, TokenOut(tok, text, lp, top))
-            except BaseException:                   # client gone, or cancelled: its step ends first
+                out = await feed.wait(fed)
+            except BaseException:                   # client gone, cancelled, or the step failed: it ends first
                 if await feed.let_go(fed):
                     owed = len(draft)               # what was owed went with the step; its draft is owed now
                 raise
-            out = await feed.wait(fed)
             owed = 0
             if spec is not None:
                 spec.stats["calls"] += 1

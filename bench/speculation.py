@@ -9,12 +9,11 @@ to pay for: a draft of S - 1 tokens wins when the tokens it yields exceed verify
 
 Part 2, daemon: two `cairn serve` children on the same model, `--speculate on` and `off`, each
 request sent to both, alternating which goes first, streamed; decode tok/s = (tokens - 1) / (last
-token event - first token event). Two workloads:
-  * edit: a source snippet in the prompt and a reply that rewrites it (`# file: ...`, the snippet,
-    `# edited:`; the format scripts/train_edit_model.py trains `models/cairn-code-edit` on, whose
-    greedy replies copy the snippet with its edits), snippets from this repository's files that
-    training held out;
-  * chat: prompts with nothing to copy (the first lines of held-out files, continued).
+token event - first token event). Two workloads, `--edit-prompts` of each, from this repository's Python files:
+  * edit: a file's snippet in the prompt, then the start of its rewrite; the reply is the model's
+    own greedy continuation (on models/cairn-code, which does not follow an instruction to edit, it
+    writes the code again and repeats itself: text that is in the prompt, as an edit's is);
+  * chat: a chat question whose answer is not in the prompt (nothing to copy).
 Greedy (temperature 0), so the two daemons' replies must be identical: the script checks it. The
 acceptance counters come from each daemon's /metrics. `--expert-cache 25%` pages routed experts.
 Results: docs/benchmarks.md.
@@ -46,6 +45,10 @@ def kernel_part(model_dir: str, threads: int, rounds: int, sizes=(1, 2, 4, 8, 16
     base = K.State(model)
     K.prefill(base, rng.integers(100, model.vocab_size, context, dtype=np.int32), chunk=128)
     snap = base.snapshot()
+    warm = K.State.restore(model, snap)     # every weight touched once (mapped files page in) before timing
+    K.verify(warm, rng.integers(100, model.vocab_size, max(sizes), dtype=np.int32))
+    for _ in range(3):
+        K.decode(warm, 100)
     times: dict[int, list[float]] = {S: [] for S in (0, *sizes)}    # 0: plain decode
     for _ in range(rounds):
         for S in (0, *sizes):
@@ -71,12 +74,16 @@ def kernel_part(model_dir: str, threads: int, rounds: int, sizes=(1, 2, 4, 8, 16
     return out
 
 
-def held_out_snippets(tok, n: int) -> list[tuple[str, str]]:
-    """(path, snippet) pairs the edit model did not train on (scripts/train_edit_model.py's split)."""
-    sys.path.insert(0, str(ROOT / "scripts"))
-    import train_edit_model as tem
-
-    return tem.held_out_snippets(tok, n)
+def snippets(n: int, lines: int = 12) -> list[tuple[str, str]]:
+    """n (path, snippet) pairs: `lines` lines from the middle of this repository's Python files."""
+    files = sorted(p for d in ("actors", "daemon", "bench") for p in (ROOT / d).rglob("*.py"))
+    out = []
+    files = [p for p in files if len(p.read_text().splitlines()) >= 2 * lines]
+    for p in files[:: max(1, len(files) // n)][:n]:
+        text = p.read_text().splitlines()
+        mid = max(0, len(text) // 2 - lines // 2)
+        out.append((str(p.relative_to(ROOT)), "\n".join(text[mid:mid + lines])))
+    return out
 
 
 def metrics_of(d: Daemon) -> dict:
@@ -88,41 +95,44 @@ def metrics_of(d: Daemon) -> dict:
     return out
 
 
-def stream(d: Daemon, prompt: str, n: int) -> tuple[float, int, str]:
-    """(decode tok/s, tokens, text) of one greedy streamed request."""
+def stream(d: Daemon, prompt, n: int) -> tuple[float, int, str]:
+    """(decode tok/s, tokens, text) of one greedy streamed request: a completion of a string prompt,
+    or a chat completion of a list of messages."""
     import socket
 
     from llama_peer import sse_event_times
 
-    body = {"model": d.model, "prompt": prompt, "max_tokens": n, "temperature": 0, "stream": True}
+    chat = isinstance(prompt, list)
+    body = {"model": d.model, "max_tokens": n, "temperature": 0, "stream": True,
+            **({"messages": prompt} if chat else {"prompt": prompt})}
     texts: list[str] = []
 
     def is_token(block: bytes) -> bool:
         for line in block.split(b"\n"):
             if line.startswith(b"data:{") and b'"choices"' in line:
-                ev = json.loads(line[5:])
-                ch = ev["choices"]
+                ch = json.loads(line[5:])["choices"]
                 if ch and ch[0].get("finish_reason") is None:
-                    texts.append(ch[0]["text"])
+                    texts.append((ch[0].get("delta") or {}).get("content") or "" if chat else ch[0]["text"])
                     return True
         return False
 
     s = socket.socket(socket.AF_UNIX)
     s.connect(d.sock)
-    times = sse_event_times(s, "/v1/completions", "localhost", body, is_token)
+    times = sse_event_times(s, "/v1/chat/completions" if chat else "/v1/completions", "localhost", body, is_token)
     rate = (len(times) - 1) / (times[-1] - times[0]) if len(times) > 1 and times[-1] > times[0] else float("nan")
     return rate, len(times), "".join(texts)
 
 
 def daemon_part(model_dir: str, threads: int, rounds: int, max_tokens: int, expert_cache: str, n_edit: int) -> dict:
-    from cairn.daemon.protocol.tokenizer import TextTokenizer
-    from cairn.daemon.weights.model_dir import open_model_dir
-
-    tok = TextTokenizer.from_model_dir(open_model_dir(model_dir))
-    snippets = held_out_snippets(tok, n_edit)
+    """Both workloads on two daemons (drafts on / off), alternating; medians and acceptance."""
+    pieces = snippets(n_edit)
     workloads = {
-        "edit": [f"# file: {p}\n{s}\n# edited:\n" for p, s in snippets],
-        "chat": [f"# file: {p}\n" + "\n".join(s.splitlines()[:2]) + "\n" for p, s in snippets],
+        # a file, then its rewrite begun: what the model writes next is its own (greedy) output
+        "edit": [f"# {p}\n{s}\n\n\n# {p}, rewritten with the fix:\n" + s.splitlines()[0] + "\n"
+                 for p, s in pieces],
+        # a chat question whose answer is not in the prompt
+        "chat": [[{"role": "user", "content": f"Write a Python function `{Path(p).stem}_helper` for {p}."}]
+                 for p, _ in pieces],
     }
     extra = ("--expert-cache", expert_cache)
     daemons = {"on": Daemon(model_dir, threads, 128, 1, extra + ("--speculate", "on")),
