@@ -61,24 +61,34 @@ void pack_panels_kn(const float* const* rows, int K, int N, float* P) {
 }
 
 // f(k, b) for k = 0, 1, ..., kc - 1 in order, b[j] = the 16 weights of panel j at column k. A W
-// with groups (formats/ggml_widen.h: a GGUF block's sub-block of columns sharing one scale) is
-// walked a group at a time, its per-group state (code pointer, scale vectors) set up once per
-// group rather than per column; the columns, and so the FMA chain, are the same.
+// with groups (formats/ggml_widen.h: a run of a GGUF block's columns) is walked a group at a time,
+// its per-group state (code pointers, scale vectors) set up once per group, and each of a group's
+// kParts equal parts (a sub-block: one scale, one bit field) by its own loop, so what differs
+// between parts (a shift count, which scale) is a constant in it. The columns, and so the FMA
+// chain, are the same.
 template <class W, class = void>
 struct has_groups : std::false_type {};
 template <class W>
 struct has_groups<W, std::void_t<typename W::Group>> : std::true_type {};
+template <int NP, int P, class G, class F>
+__attribute__((always_inline)) inline void group_part(const G* g, int k, int len, F& f) {
+  for (int l = 0; l < len; ++l) {
+    lanes::f32x16 b[NP];
+    for (int j = 0; j < NP; ++j) b[j] = g[j].template at<P>(l);
+    f(k + l, b);
+  }
+}
+template <int NP, class G, class F, int... P>
+__attribute__((always_inline)) inline void group_parts(const G* g, int k, int len, F& f, std::integer_sequence<int, P...>) {
+  (group_part<NP, P>(g, k + P * len, len, f), ...);
+}
 template <int NP, class W, class F>
 __attribute__((always_inline)) inline void columns(const W& w, int kc, F&& f) {
   if constexpr (has_groups<W>::value) {
     for (int k = 0; k < kc; k += W::kGroup) {
       typename W::Group g[NP];
       for (int j = 0; j < NP; ++j) g[j] = w.group(j, k);
-      for (int l = 0; l < W::kGroup; ++l) {
-        lanes::f32x16 b[NP];
-        for (int j = 0; j < NP; ++j) b[j] = g[j](l);
-        f(k + l, b);
-      }
+      group_parts<NP>(g, k, W::kGroup / W::kParts, f, std::make_integer_sequence<int, W::kParts>{});
     }
   } else {
     for (int k = 0; k < kc; ++k) {

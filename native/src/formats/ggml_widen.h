@@ -42,49 +42,62 @@ inline f32x16 crumb(u32x16 x) {
   }
 }
 
-// Q4_K (codecs/q4_k.cpp): sub-block s of 32 columns is nibble s & 1 of code bytes 16 + 32(s / 2) + l.
+// x << S for S >= 0, x >> -S otherwise
+template <int S>
+inline u32x16 shift(u32x16 x) {
+  if constexpr (S >= 0) return x << S;
+  else return x >> -S;
+}
+
+// A format Q: kBytes a block; scales(b, D, M): the D (and M) vectors of a block's kBlock / kSub
+// sub-blocks; group(b, r, D, M): the Group of kGroup columns from block column r, kParts
+// sub-blocks, whose at<P>(l) is the weights of its part P's column l.
+
+// Q4_K (codecs/q4_k.cpp): sub-block s of 32 columns is nibble s & 1 of code bytes 16 + 32(s / 2) + l:
+// a group is the 64 columns of 32 code bytes.
 struct Q4K {
-  static constexpr int kBytes = 144, kGroup = 32;
+  static constexpr int kBytes = 144, kSub = 32, kGroup = 64, kParts = 2;
   static void scales(const uint8_t* b, f32x16* D, f32x16* M) {
     const f32x16 d = lanes::half_to_f32(lanes::load_le16(b)), dmin = lanes::half_to_f32(lanes::load_le16(b + 16 * 2));
     codecs::k_scale_min_lanes(b + 16 * 4, d, dmin, D, M);
   }
   struct Group {
     const uint8_t* q;
-    int sh;
-    f32x16 D, M;
-    f32x16 operator()(int l) const { return D * nibble(lanes::load_u8(q + 16 * l) >> sh) - M; }
+    const f32x16 *D, *M;
+    template <int P>
+    f32x16 at(int l) const { return D[P] * nibble(lanes::load_u8(q + 16 * l) >> (4 * P)) - M[P]; }
   };
-  static Group group(const uint8_t* b, int r, f32x16 D, f32x16 M) {
-    const int s = r / 32;
-    return {b + 16 * (16 + 32 * (s / 2)), 4 * (s & 1), D, M};
+  static Group group(const uint8_t* b, int r, const f32x16* D, const f32x16* M) {
+    return {b + 16 * (16 + 32 * (r / 64)), D, M};
   }
 };
 
 // Q5_K (codecs/q5_k.cpp): Q4_K's nibbles, and bit s of byte 16 + l on top.
 struct Q5K {
-  static constexpr int kBytes = 176, kGroup = 32;
+  static constexpr int kBytes = 176, kSub = 32, kGroup = 64, kParts = 2;
   static void scales(const uint8_t* b, f32x16* D, f32x16* M) { Q4K::scales(b, D, M); }
   struct Group {
     const uint8_t *q, *h;
-    int sh, s;
-    f32x16 D, M;
-    f32x16 operator()(int l) const {
-      const u32x16 v = ((lanes::load_u8(q + 16 * l) >> sh) & 0xFu) | (((lanes::load_u8(h + 16 * l) >> s) & 1u) << 4);
-      return D * lanes::to_f32(v) - M;
+    int s;  // the bit of part 0 (2 * (r / 64)); part 1's is s + 1
+    const f32x16 *D, *M;
+    template <int P>
+    f32x16 at(int l) const {
+      const u32x16 c = lanes::load_u8(q + 16 * l), hb = lanes::load_u8(h + 16 * l) >> s;
+      const u32x16 v = P == 0 ? (c & 0xFu) | ((hb << 4) & 16u) : (c >> 4) | ((hb << 3) & 16u);
+      return D[P] * lanes::to_f32(v) - M[P];
     }
   };
-  static Group group(const uint8_t* b, int r, f32x16 D, f32x16 M) {
-    const int s = r / 32;
-    return {b + 16 * (48 + 32 * (s / 2)), b + 16 * 16, 4 * (s & 1), s, D, M};
+  static Group group(const uint8_t* b, int r, const f32x16* D, const f32x16* M) {
+    return {b + 16 * (48 + 32 * (r / 64)), b + 16 * 16, 2 * (r / 64), D, M};
   }
 };
 
-// The 2-bit layouts (Q2_K, Q3_K, Q6_K): column r = 128h + 32j + 16t + l' of a block, sub-block
-// r / 16, is field j of byte 32h + 16t + l' of its code array.
+// The 2-bit layouts (Q2_K, Q3_K, Q6_K): column r = 128h + 32j + 16t + l (l < 16) of a block,
+// sub-block r / 16, is field j of byte 32h + 16t + l of its code array. A group is the 128 columns
+// of one h, its part P = 2j + t.
 // Q2_K (codecs/q2_k.cpp): codes at 16, scale bytes at 0 (scale low nibble, min high), d, dmin at 80, 82.
 struct Q2K {
-  static constexpr int kBytes = 84, kGroup = 16;
+  static constexpr int kBytes = 84, kSub = 16, kGroup = 128, kParts = 8;
   static void scales(const uint8_t* b, f32x16* D, f32x16* M) {
     const f32x16 d = lanes::half_to_f32(lanes::load_le16(b + 16 * 80)), dmin = lanes::half_to_f32(lanes::load_le16(b + 16 * 82));
     for (int s = 0; s < 16; ++s) {
@@ -95,19 +108,22 @@ struct Q2K {
   }
   struct Group {
     const uint8_t* q;
-    int sh;
-    f32x16 D, M;
-    f32x16 operator()(int l) const { return D * crumb(lanes::load_u8(q + 16 * l) >> sh) - M; }
+    const f32x16 *D, *M;
+    template <int P>
+    f32x16 at(int l) const {
+      return D[P] * crumb(lanes::load_u8(q + 16 * (16 * (P & 1) + l)) >> (2 * (P / 2))) - M[P];
+    }
   };
-  static Group group(const uint8_t* b, int r, f32x16 D, f32x16 M) {
-    return {b + 16 * (16 + 32 * (r / 128) + 16 * ((r / 16) & 1)), 2 * ((r / 32) & 3), D, M};
+  static Group group(const uint8_t* b, int r, const f32x16* D, const f32x16* M) {
+    return {b + 16 * (16 + 32 * (r / 128)), D, M};
   }
 };
 
-// Q3_K (codecs/q3_k.cpp): low 2 bits at 32, mask bit 4h + j of byte 16t + l' (set: no -4), sixteen
-// 6-bit scales at 96, d at 108; w = fl(D * q), no min.
+// Q3_K (codecs/q3_k.cpp): low 2 bits at 32, mask bit 4h + j of byte 16t + l (set: no -4), sixteen
+// 6-bit scales at 96, d at 108; w = fl(D * q), no min. On AVX-512 q comes from a table indexed by
+// low | mask << 2, like nibble().
 struct Q3K {
-  static constexpr int kBytes = 110, kGroup = 16;
+  static constexpr int kBytes = 110, kSub = 16, kGroup = 128, kParts = 8;
   static void scales(const uint8_t* b, f32x16* D, f32x16*) {
     const uint8_t* sb = b + 16 * 96;
     const f32x16 d = lanes::half_to_f32(lanes::load_le16(b + 16 * 108));
@@ -119,39 +135,50 @@ struct Q3K {
   }
   struct Group {
     const uint8_t *q, *m;
-    int sh, bit;
-    f32x16 D;
-    f32x16 operator()(int l) const {
-      const u32x16 v = ((lanes::load_u8(q + 16 * l) >> sh) & 3u) - ((((lanes::load_u8(m + 16 * l) >> bit) & 1u) ^ 1u) << 2);
-      return D * lanes::to_f32((i32x16)v);
+    int h4;  // 4h: the mask bit of part P is 4h + P / 2
+    const f32x16* D;
+    template <int P>
+    f32x16 at(int l) const {
+      constexpr int j = P / 2, o = 16 * (16 * (P & 1));
+      const u32x16 lo = lanes::load_u8(q + o + 16 * l) >> (2 * j), hm = lanes::load_u8(m + o + 16 * l) >> h4;
+      f32x16 v;
+      if constexpr (lanes::kLookupPermutes) {
+        const f32x16 t = {-4, -3, -2, -1, 0, 1, 2, 3, -4, -3, -2, -1, 0, 1, 2, 3};
+        v = lanes::lookup(t, (lo & 3u) | (shift<2 - j>(hm) & 4u));
+      } else {
+        v = lanes::to_f32((i32x16)((lo & 3u) - ((((hm >> j) & 1u) ^ 1u) << 2)));
+      }
+      return D[P] * v;
     }
   };
-  static Group group(const uint8_t* b, int r, f32x16 D, f32x16) {
-    const int h = r / 128, j = (r / 32) & 3, t = (r / 16) & 1;
-    return {b + 16 * (32 + 32 * h + 16 * t), b + 16 * (16 * t), 2 * j, 4 * h + j, D};
+  static Group group(const uint8_t* b, int r, const f32x16* D, const f32x16*) {
+    return {b + 16 * (32 + 32 * (r / 128)), b, 4 * (r / 128), D};
   }
 };
 
-// Q6_K (codecs/q6_k.cpp): low nibble j / 2 of byte 64h + 32(j % 2) + 16t + l', high 2 bits at 128
-// + 32h + 16t + l', int8 scales at 192, d at 208; q = (low | high << 4) - 32, w = fl(D * q).
+// Q6_K (codecs/q6_k.cpp): low nibble j / 2 of byte 64h + 32(j % 2) + 16t + l, high 2 bits j of
+// byte 128 + 32h + 16t + l, int8 scales at 192, d at 208; q = (low | high << 4) - 32, w = fl(D * q).
 struct Q6K {
-  static constexpr int kBytes = 210, kGroup = 16;
+  static constexpr int kBytes = 210, kSub = 16, kGroup = 128, kParts = 8;
   static void scales(const uint8_t* b, f32x16* D, f32x16*) {
     const f32x16 d = lanes::half_to_f32(lanes::load_le16(b + 16 * 208));
     for (int s = 0; s < 16; ++s) D[s] = d * lanes::to_f32(lanes::load_i8(b + 16 * (192 + s)));
   }
   struct Group {
     const uint8_t *lo, *hi;
-    int sl, sh;
-    f32x16 D;
-    f32x16 operator()(int l) const {
-      const u32x16 q = (((lanes::load_u8(lo + 16 * l) >> sl) & 0xFu) | (((lanes::load_u8(hi + 16 * l) >> sh) & 3u) << 4)) - 32u;
-      return D * lanes::to_f32((i32x16)q);
+    const f32x16* D;
+    template <int P>
+    f32x16 at(int l) const {
+      constexpr int j = P / 2, t = P & 1;
+      const u32x16 a = lanes::load_u8(lo + 16 * (32 * (j & 1) + 16 * t + l)) >> (4 * (j >> 1));
+      const u32x16 c = lanes::load_u8(hi + 16 * (16 * t + l));
+      const u32x16 q = ((a & 0xFu) | (shift<4 - 2 * j>(c) & 0x30u)) - 32u;
+      return D[P] * lanes::to_f32((i32x16)q);
     }
   };
-  static Group group(const uint8_t* b, int r, f32x16 D, f32x16) {
-    const int h = r / 128, j = (r / 32) & 3, t = (r / 16) & 1;
-    return {b + 16 * (64 * h + 32 * (j & 1) + 16 * t), b + 16 * (128 + 32 * h + 16 * t), 4 * (j >> 1), 2 * j, D};
+  static Group group(const uint8_t* b, int r, const f32x16* D, const f32x16*) {
+    const int h = r / 128;
+    return {b + 16 * (64 * h), b + 16 * (128 + 32 * h), D};
   }
 };
 
@@ -161,20 +188,19 @@ struct Q6K {
 // micro-kernel: group(j, k) is the sub-block of panel j holding span column k.
 template <class Q>
 struct KQuantWiden {
-  static constexpr int kBlock = 256, kGroup = Q::kGroup, kGroups = kSpanCols / kGroup;
+  static constexpr int kBlock = 256, kGroup = Q::kGroup, kParts = Q::kParts, kSubs = kSpanCols / Q::kSub;
   using Group = typename Q::Group;
   const uint8_t* c;  // panel p0's block at k0
   size_t ps;         // bytes from one panel to the next
-  lanes::f32x16 D[kPackN][kGroups], M[kPackN][kGroups];  // per group; M unused without mins
+  lanes::f32x16 D[kPackN][kSubs], M[kPackN][kSubs];  // per sub-block; M unused without mins
   KQuantWiden(const Linear& L, int p0, int k0, int kc, int np)
       : ps((size_t)(L.in / kBlock) * Q::kBytes * kPanel) {
     c = L.pq + (size_t)p0 * ps + (size_t)(k0 / kBlock) * Q::kBytes * kPanel;
     for (int j = 0; j < np; ++j)
-      for (int b = 0; b < kc / kBlock; ++b)
-        Q::scales(blk(j, b), &D[j][b * (kBlock / kGroup)], &M[j][b * (kBlock / kGroup)]);
+      for (int b = 0; b < kc / kBlock; ++b) Q::scales(blk(j, b), &D[j][b * (kBlock / Q::kSub)], &M[j][b * (kBlock / Q::kSub)]);
   }
   const uint8_t* blk(int j, int b) const { return c + j * ps + (size_t)b * Q::kBytes * kPanel; }
-  Group group(int j, int k) const { return Q::group(blk(j, k / kBlock), k % kBlock, D[j][k / kGroup], M[j][k / kGroup]); }
+  Group group(int j, int k) const { return Q::group(blk(j, k / kBlock), k % kBlock, &D[j][k / Q::kSub], &M[j][k / Q::kSub]); }
 };
 
 }  // namespace cairn
