@@ -225,6 +225,7 @@ void packed_panels(const float* const* x, int M, const Linear& L, int p0, int np
         case 12: return packed_widened<KQuantWiden<kq::Q4K>>(x, M, L, p0, np, out);
         case 13: return packed_widened<KQuantWiden<kq::Q5K>>(x, M, L, p0, np, out);
         case 14: return packed_widened<KQuantWiden<kq::Q6K>>(x, M, L, p0, np, out);
+        case 16: return packed_widened<KQuantWiden<kq::IQ2XXS>>(x, M, L, p0, np, out);
         default: break;
       }
   }

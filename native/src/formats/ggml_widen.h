@@ -11,6 +11,7 @@
 // rounding; the micro-kernel's accumulate is an explicit fma and stays one.
 #pragma once
 #include "../codecs/codec.h"
+#include "../codecs/iq2_xxs_grid.h"
 #include "../codecs/q_k_scales.h"
 #include "formats.h"
 #include "lanes.h"
@@ -179,6 +180,46 @@ struct Q6K {
   static Group group(const uint8_t* b, int r, const f32x16* D, const f32x16*) {
     const int h = r / 128;
     return {b + 16 * (64 * h), b + 16 * (128 + 32 * h), D};
+  }
+};
+
+// IQ2_XXS (codecs/iq2_xxs.cpp): group g of 32 columns (8 bytes at 2 + 8g) is four grid points of
+// 8 columns (part i: gathered once per group, the packed grid's 2-bit magnitude codes) and their
+// signs; w = fl(fl(db * magnitude) * (+-1)), db = fl(fl(d * (0.5 + s)) * 0.25) per group.
+struct IQ2XXS {
+  static constexpr int kBytes = 66, kSub = 32, kGroup = 32, kParts = 4;
+  static void scales(const uint8_t* b, f32x16* D, f32x16*) {
+    const f32x16 d = lanes::half_to_f32(lanes::load_le16(b));
+    for (int g = 0; g < 8; ++g) D[g] = d * (0.5f + lanes::to_f32(lanes::load_le32(b + 16 * (2 + 8 * g + 4)) >> 28)) * 0.25f;
+  }
+  struct Group {
+    u32x16 code[4], neg[4];
+    f32x16 db;
+    template <int P>
+    f32x16 at(int m) const {
+      const u32x16 c = code[P] >> (2 * m);
+      f32x16 mag;
+      if constexpr (lanes::kLookupPermutes) {  // the permute reads c's low 4 bits: the next code is ignored
+        const f32x16 t = {8, 25, 43, 0, 8, 25, 43, 0, 8, 25, 43, 0, 8, 25, 43, 0};
+        mag = lanes::lookup(t, c);
+      } else {
+        const u32x16 c3 = c & 3u;
+        mag = lanes::to_f32((c3 << 4) + c3 + (c3 >> 1) + 8u);
+      }
+      const f32x16 sign = lanes::bits(0x3f800000u | (((neg[P] >> m) & 1u) << 31));  // +-1.0f
+      return db * mag * sign;
+    }
+  };
+  static Group group(const uint8_t* b, int r, const f32x16* D, const f32x16*) {
+    const uint8_t* p = b + 16 * (2 + 8 * (r / 32));
+    const u32x16 aux1 = lanes::load_le32(p + 16 * 4);
+    Group g;
+    for (int i = 0; i < 4; ++i) {
+      g.code[i] = lanes::gather_u32(codecs::kGrid2.code, lanes::load_u8(p + 16 * i));
+      g.neg[i] = codecs::ksign((aux1 >> (7 * i)) & 0x7Fu);
+    }
+    g.db = D[0];
+    return g;
   }
 };
 
