@@ -1,9 +1,12 @@
-// cairn kernel: GGUF K-quant panels (ggml_blocks.cpp's byte-interleaved layout) widened in
-// registers, for decode (M <= kPackM rows). The tile path (packed.cpp, packed_tiled) writes a
-// block step of np panels to memory, 64 KB for 256-weight blocks, and reads it back from L2; at one
-// row tile that store and load cost as much as the widening. Here the micro-kernel takes each
-// column's 16 weights straight from the code bytes, a sub-block ("group") at a time: the group's
-// D and M vectors are widened once per span (kSpanCols, two blocks) like widen.h's SpanScales.
+// cairn kernel: GGUF panels of 256-weight blocks (the K-quants and IQ2_XXS; ggml_blocks.cpp's
+// byte-interleaved layout) widened in registers, for decode (M <= kPackM rows). The tile path
+// (packed.cpp, packed_tiled) writes a block step of np panels to memory, 64 KB for 256-weight
+// blocks, and reads it back from L2; at one row tile that store and load cost as much as the
+// widening. Here the micro-kernel takes each column's 16 weights straight from the code bytes, a
+// group of columns at a time (packed.cpp, columns()): a group's pointers are set up once and each
+// of its parts (a sub-block: one scale, one bit field) runs as its own loop, so shift counts are
+// immediates; the D and M vectors are widened once per span (kSpanCols, two blocks) like widen.h's
+// SpanScales. 32-weight blocks (Q8_0, MXFP4) keep the tile: one block step is 8 KB, in L1.
 //
 // Each format's numbers are its lane decoder's (codecs/*.cpp, decode_lanes), operation for
 // operation: D = fl(d * sc), w = fl(fl(D * q) - M) (or fl(D * q)). packed.cpp, which inlines these,
@@ -95,7 +98,7 @@ struct Q5K {
 
 // The 2-bit layouts (Q2_K, Q3_K, Q6_K): column r = 128h + 32j + 16t + l (l < 16) of a block,
 // sub-block r / 16, is field j of byte 32h + 16t + l of its code array. A group is the 128 columns
-// of one h, its part P = 2j + t.
+// of one h, its part P = 2j + t (Q3_K: the block).
 // Q2_K (codecs/q2_k.cpp): codes at 16, scale bytes at 0 (scale low nibble, min high), d, dmin at 80, 82.
 struct Q2K {
   static constexpr int kBytes = 84, kSub = 16, kGroup = 128, kParts = 8;
@@ -121,10 +124,11 @@ struct Q2K {
 };
 
 // Q3_K (codecs/q3_k.cpp): low 2 bits at 32, mask bit 4h + j of byte 16t + l (set: no -4), sixteen
-// 6-bit scales at 96, d at 108; w = fl(D * q), no min. On AVX-512 q comes from a table indexed by
-// low | mask << 2, like nibble().
+// 6-bit scales at 96, d at 108; w = fl(D * q), no min. A group is the whole block (part 8h + 2j + t),
+// so the mask's bit is a constant too. On AVX-512 q comes from a table indexed by low | mask << 2,
+// like nibble().
 struct Q3K {
-  static constexpr int kBytes = 110, kSub = 16, kGroup = 128, kParts = 8;
+  static constexpr int kBytes = 110, kSub = 16, kGroup = 256, kParts = 16;
   static void scales(const uint8_t* b, f32x16* D, f32x16*) {
     const uint8_t* sb = b + 16 * 96;
     const f32x16 d = lanes::half_to_f32(lanes::load_le16(b + 16 * 108));
@@ -135,26 +139,23 @@ struct Q3K {
     }
   }
   struct Group {
-    const uint8_t *q, *m;
-    int h4;  // 4h: the mask bit of part P is 4h + P / 2
+    const uint8_t* b;
     const f32x16* D;
     template <int P>
     f32x16 at(int l) const {
-      constexpr int j = P / 2, o = 16 * (16 * (P & 1));
-      const u32x16 lo = lanes::load_u8(q + o + 16 * l) >> (2 * j), hm = lanes::load_u8(m + o + 16 * l) >> h4;
+      constexpr int h = P / 8, j = (P / 2) & 3, bit = 4 * h + j, o = 16 * (P & 1);
+      const u32x16 lo = lanes::load_u8(b + 16 * (32 + 32 * h + o + l)) >> (2 * j), hm = lanes::load_u8(b + 16 * (o + l));
       f32x16 v;
       if constexpr (lanes::kLookupPermutes) {
         const f32x16 t = {-4, -3, -2, -1, 0, 1, 2, 3, -4, -3, -2, -1, 0, 1, 2, 3};
-        v = lanes::lookup(t, (lo & 3u) | (shift<2 - j>(hm) & 4u));
+        v = lanes::lookup(t, (lo & 3u) | (shift<2 - bit>(hm) & 4u));
       } else {
-        v = lanes::to_f32((i32x16)((lo & 3u) - ((((hm >> j) & 1u) ^ 1u) << 2)));
+        v = lanes::to_f32((i32x16)((lo & 3u) - ((((hm >> bit) & 1u) ^ 1u) << 2)));
       }
       return D[P] * v;
     }
   };
-  static Group group(const uint8_t* b, int r, const f32x16* D, const f32x16*) {
-    return {b + 16 * (32 + 32 * (r / 128)), b, 4 * (r / 128), D};
-  }
+  static Group group(const uint8_t* b, int, const f32x16* D, const f32x16*) { return {b, D}; }
 };
 
 // Q6_K (codecs/q6_k.cpp): low nibble j / 2 of byte 64h + 32(j % 2) + 16t + l, high 2 bits j of
@@ -225,8 +226,8 @@ struct IQ2XXS {
 
 }  // namespace kq
 
-// One span (k0 a multiple of kSpanCols, kc of 256) of np panels of a K-quant Q, for packed.cpp's
-// micro-kernel: group(j, k) is the sub-block of panel j holding span column k.
+// One span (k0 a multiple of kSpanCols, kc of 256) of np panels of a format Q, for packed.cpp's
+// micro-kernel: group(j, k) is panel j's group starting at span column k.
 template <class Q>
 struct KQuantWiden {
   static constexpr int kBlock = 256, kGroup = Q::kGroup, kParts = Q::kParts, kSubs = kSpanCols / Q::kSub;
