@@ -32,7 +32,7 @@ static int compare(const char* what, const Linear& LQ, const std::vector<float>&
   pack_panels(frows, K, P.data());
   Linear LF{nullptr, P.data(), N, K};
   int bad = 0;
-  for (int M : {1, 2, 3, 6, 7, 13}) {  // 1..kPackM rows: decode's in-register paths; more: the tiles
+  for (int M : {1, 2, 3, 4, 5, 6, 7, 13}) {  // 1..kPackM rows: decode's in-register paths; more: the tiles
     std::vector<float> X((size_t)M * K), Y1((size_t)M * N), Y2((size_t)M * N);
     std::normal_distribution<float> nd;
     for (auto& x : X) x = nd(rng);
@@ -76,10 +76,10 @@ int main() {
     bad += compare(f == QFmt::E4M3 ? "F8_E4M3" : "FP4", LQ, W, N, K, rng);
   }
   // GGUF block formats: random blocks, kept only where every weight decodes finite
-  // (N = 40 and 72: 1 to 4 panels in a micro-tile; K = 768: a 512-column span and a shorter one)
+  // (N = 24, 40, 72: 1 to 4 panels in a micro-tile; K = 768: a 512-column span and a shorter one)
   for (const BlockCodec* c : all_codecs()) {
     if (c->block == 1) continue;  // F32/F16/BF16 rows: the widening alone, tested in test_codecs.py
-    for (int N : {40, 72}) {
+    for (int N : {24, 40, 72}) {
       const int K = 3 * 256 + (c->block < 256 ? c->block : 0) * 3, nb = K / c->block;
       std::vector<uint8_t> q((size_t)N * nb * c->bytes);
       std::vector<float> W((size_t)N * K), tmp(c->block);
