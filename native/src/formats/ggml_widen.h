@@ -10,8 +10,11 @@
 //
 // Each format's numbers are its lane decoder's (codecs/*.cpp, decode_lanes), operation for
 // operation: D = fl(d * sc), w = fl(fl(D * q) - M) (or fl(D * q)). packed.cpp, which inlines these,
-// is compiled with -ffp-contract=off (native/CMakeLists.txt) so D * q - M is never one fused
-// rounding; the micro-kernel's accumulate is an explicit fma and stays one.
+// is compiled with -ffp-contract=off (native/CMakeLists.txt), so nothing is fused behind our back;
+// the micro-kernel's accumulate is an explicit fma. One fusion is explicit: in Q2_K, Q4_K and Q5_K
+// D * q is exact in fp32 (an f16 d, 11 significant bits, times a scale of at most 6 and a code of
+// at most 5 bits: <= 22 bits, far from fp32's range limits), so fl(D * q - M) in one rounding is
+// fl(fl(D * q) - M), and AVX-512 takes it as one fused multiply-subtract (lanes::fmsub_exact).
 #pragma once
 #include "../codecs/codec.h"
 #include "../codecs/iq2_xxs_grid.h"
@@ -69,7 +72,7 @@ struct Q4K {
     const uint8_t* q;
     const f32x16 *D, *M;
     template <int P>
-    f32x16 at(int l) const { return D[P] * nibble(lanes::load_u8(q + 16 * l) >> (4 * P)) - M[P]; }
+    f32x16 at(int l) const { return lanes::fmsub_exact(D[P], nibble(lanes::load_u8(q + 16 * l) >> (4 * P)), M[P]); }
   };
   static Group group(const uint8_t* b, int r, const f32x16* D, const f32x16* M) {
     return {b + 16 * (16 + 32 * (r / 64)), D, M};
@@ -88,7 +91,7 @@ struct Q5K {
     f32x16 at(int l) const {
       const u32x16 c = lanes::load_u8(q + 16 * l), hb = lanes::load_u8(h + 16 * l) >> s;
       const u32x16 v = P == 0 ? (c & 0xFu) | ((hb << 4) & 16u) : (c >> 4) | ((hb << 3) & 16u);
-      return D[P] * lanes::to_f32(v) - M[P];
+      return lanes::fmsub_exact(D[P], lanes::to_f32(v), M[P]);
     }
   };
   static Group group(const uint8_t* b, int r, const f32x16* D, const f32x16* M) {
@@ -115,7 +118,7 @@ struct Q2K {
     const f32x16 *D, *M;
     template <int P>
     f32x16 at(int l) const {
-      return D[P] * crumb(lanes::load_u8(q + 16 * (16 * (P & 1) + l)) >> (2 * (P / 2))) - M[P];
+      return lanes::fmsub_exact(D[P], crumb(lanes::load_u8(q + 16 * (16 * (P & 1) + l)) >> (2 * (P / 2))), M[P]);
     }
   };
   static Group group(const uint8_t* b, int r, const f32x16* D, const f32x16* M) {
