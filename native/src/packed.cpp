@@ -21,10 +21,12 @@
 #include <cstdlib>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <utility>
 
 #include "cairn/kernels.h"
 #include "formats/formats.h"
+#include "formats/ggml_widen.h"
 #include "formats/widen.h"
 #ifdef __AVX2__
 #include <immintrin.h>
@@ -58,6 +60,45 @@ void pack_panels_kn(const float* const* rows, int K, int N, float* P) {
   }
 }
 
+// f(k, b) for k = 0, 1, ..., kc - 1 in order, b[j] = the 16 weights of panel j at column k. A W
+// with groups (formats/ggml_widen.h: a run of a GGUF block's columns) is walked a group at a time,
+// its per-group state (code pointers, scale vectors) set up once per group, and each of a group's
+// kParts equal parts (a sub-block: one scale, one bit field) by its own loop, so what differs
+// between parts (a shift count, which scale) is a constant in it. The columns, and so the FMA
+// chain, are the same.
+template <class W, class = void>
+struct has_groups : std::false_type {};
+template <class W>
+struct has_groups<W, std::void_t<typename W::Group>> : std::true_type {};
+template <int NP, int P, class G, class F>
+__attribute__((always_inline)) inline void group_part(const G* g, int k, int len, F& f) {
+  for (int l = 0; l < len; ++l) {
+    lanes::f32x16 b[NP];
+    for (int j = 0; j < NP; ++j) b[j] = g[j].template at<P>(l);
+    f(k + l, b);
+  }
+}
+template <int NP, class G, class F, int... P>
+__attribute__((always_inline)) inline void group_parts(const G* g, int k, int len, F& f, std::integer_sequence<int, P...>) {
+  (group_part<NP, P>(g, k + P * len, len, f), ...);
+}
+template <int NP, class W, class F>
+__attribute__((always_inline)) inline void columns(const W& w, int kc, F&& f) {
+  if constexpr (has_groups<W>::value) {
+    for (int k = 0; k < kc; k += W::kGroup) {
+      typename W::Group g[NP];
+      for (int j = 0; j < NP; ++j) g[j] = w.group(j, k);
+      group_parts<NP>(g, k, W::kGroup / W::kParts, f, std::make_integer_sequence<int, W::kParts>{});
+    }
+  } else {
+    for (int k = 0; k < kc; ++k) {
+      lanes::f32x16 b[NP];
+      for (int j = 0; j < NP; ++j) b[j] = w(j, k);
+      f(k, b);
+    }
+  }
+}
+
 // r[i][j*16 + l] (+)= sum_{k < kc} x[i][k0 + k] * w(j, k)[l] for i < MR, j < NP, where w gives
 // the 16 weights of panel j at the span's column k: loaded from fp32 panels or a codec's tile, or
 // widened in registers by a codec (formats/). cont: continue the sums already in r (an exact fp32
@@ -72,14 +113,12 @@ static void ptile(const float* const* x, int k0, int kc, const W& w, float* r, b
     for (int j = 0; j < NP; ++j)
       acc[i][j] = cont ? _mm512_loadu_ps(r + (i * NP + j) * kPanel) : _mm512_setzero_ps();
   }
-  for (int k = 0; k < kc; ++k) {
-    __m512 b[NP];
-    for (int j = 0; j < NP; ++j) b[j] = (__m512)w(j, k);
+  columns<NP>(w, kc, [&](int k, const lanes::f32x16* b) __attribute__((always_inline)) {
     for (int i = 0; i < MR; ++i) {
       const __m512 a = _mm512_set1_ps(xr[i][k]);
-      for (int j = 0; j < NP; ++j) acc[i][j] = _mm512_fmadd_ps(a, b[j], acc[i][j]);
+      for (int j = 0; j < NP; ++j) acc[i][j] = _mm512_fmadd_ps(a, (__m512)b[j], acc[i][j]);
     }
-  }
+  });
   for (int i = 0; i < MR; ++i)
     for (int j = 0; j < NP; ++j) _mm512_storeu_ps(r + (i * NP + j) * kPanel, acc[i][j]);
 #elif defined(__AVX2__) && defined(__FMA__)
@@ -89,18 +128,17 @@ static void ptile(const float* const* x, int k0, int kc, const W& w, float* r, b
     xr[i] = x[i] + k0;
     for (int j = 0; j < 2 * NP; ++j) acc[i][j] = cont ? _mm256_loadu_ps(r + i * NP * kPanel + j * 8) : _mm256_setzero_ps();
   }
-  for (int k = 0; k < kc; ++k) {
+  columns<NP>(w, kc, [&](int k, const lanes::f32x16* v) __attribute__((always_inline)) {
     __m256 b[2 * NP];
     for (int j = 0; j < NP; ++j) {
-      const lanes::f32x16 v = w(j, k);
-      b[2 * j] = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7);
-      b[2 * j + 1] = __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
+      b[2 * j] = __builtin_shufflevector(v[j], v[j], 0, 1, 2, 3, 4, 5, 6, 7);
+      b[2 * j + 1] = __builtin_shufflevector(v[j], v[j], 8, 9, 10, 11, 12, 13, 14, 15);
     }
     for (int i = 0; i < MR; ++i) {
       const __m256 a = _mm256_set1_ps(xr[i][k]);
       for (int j = 0; j < 2 * NP; ++j) acc[i][j] = _mm256_fmadd_ps(a, b[j], acc[i][j]);
     }
-  }
+  });
   for (int i = 0; i < MR; ++i)
     for (int j = 0; j < 2 * NP; ++j) _mm256_storeu_ps(r + i * NP * kPanel + j * 8, acc[i][j]);
 #else
@@ -111,14 +149,12 @@ static void ptile(const float* const* x, int k0, int kc, const W& w, float* r, b
   f32x16 acc[MR][NP];
   for (int i = 0; i < MR; ++i)
     for (int j = 0; j < NP; ++j) acc[i][j] = cont ? lanes::load_f32(r + (i * NP + j) * kPanel) : f32x16{};
-  for (int k = 0; k < kc; ++k) {
-    f32x16 b[NP];
-    for (int j = 0; j < NP; ++j) b[j] = w(j, k);
+  columns<NP>(w, kc, [&](int k, const f32x16* b) __attribute__((always_inline)) {
     for (int i = 0; i < MR; ++i) {
       const float a = x[i][k0 + k];
       for (int j = 0; j < NP; ++j) acc[i][j] = lanes::fmadd_lanes(a, b[j], acc[i][j]);
     }
-  }
+  });
   for (int i = 0; i < MR; ++i)
     for (int j = 0; j < NP; ++j) lanes::store(r + (i * NP + j) * kPanel, acc[i][j]);
 #endif
@@ -150,9 +186,9 @@ static void row_tiles(const float* const* x, int M, int k0, int kc, const W& w, 
 // 128 KB) from L2, half of what one pass over K = 1024 would stream; partial sums wait in out.
 static constexpr int kKC = kSpanCols;
 
-// A codec that widens in registers (formats/*.h: Widen) does so inside the micro-kernel for one
-// row tile (decode); for more rows, and for codecs without one (GGUF blocks), a span is widened
-// once into the thread's fp32 tile and every row tile runs over that.
+// A codec that widens in registers (formats/widen.h, formats/ggml_widen.h) does so inside the
+// micro-kernel for one row tile (decode); for more rows, and for codecs without one (GGUF's 32-weight
+// blocks), a span is widened once into the thread's fp32 tile and every row tile runs over that.
 template <class W>
 static void packed_widened(const float* const* x, int M, const Linear& L, int p0, int np, float* out) {
   const int ld = np * kPanel;
@@ -164,9 +200,9 @@ static void packed_widened(const float* const* x, int M, const Linear& L, int p0
 
 static void packed_tiled(const float* const* x, int M, const Linear& L, int p0, int np, float* out) {
   const PanelCodec& C = L.p16 ? bf16_codec() : panel_codec(L.qf);
-  // Decode (M <= kPackM): one block step at a time, so the tile the codec writes and the row tile
-  // reads stays in L1 (np x 32 x 64 B for 32-weight blocks); prefill keeps the wide span, reused by
-  // every row tile.
+  // Decode (M <= kPackM; Q8_0, MXFP4, and the GGUF types without an in-register form): one block
+  // step at a time, so the tile the codec writes and the row tile reads stays in L1 (np x 32 x 64 B
+  // for 32-weight blocks); prefill keeps the wide span, reused by every row tile.
   const int K = L.in, st = C.step(L), span = M <= kPackM ? st : std::max(st, kKC / st * st);
   thread_local std::vector<float> tile;  // [np][span][16]
   if (tile.size() < (size_t)kPackN * span * kPanel) tile.resize((size_t)kPackN * span * kPanel);
@@ -183,6 +219,15 @@ void packed_panels(const float* const* x, int M, const Linear& L, int p0, int np
     if (L.p16) return packed_widened<Bf16Widen>(x, M, L, p0, np, out);
     if (L.qf == QFmt::E4M3) return packed_widened<Fp8Widen>(x, M, L, p0, np, out);
     if (L.qf == QFmt::E2M1) return packed_widened<Fp4Widen>(x, M, L, p0, np, out);
+    if (L.qf == QFmt::Ggml) switch (L.codec->ggml_type) {  // 256-weight blocks (ggml_widen.h)
+        case 10: return packed_widened<KQuantWiden<kq::Q2K>>(x, M, L, p0, np, out);
+        case 11: return packed_widened<KQuantWiden<kq::Q3K>>(x, M, L, p0, np, out);
+        case 12: return packed_widened<KQuantWiden<kq::Q4K>>(x, M, L, p0, np, out);
+        case 13: return packed_widened<KQuantWiden<kq::Q5K>>(x, M, L, p0, np, out);
+        case 14: return packed_widened<KQuantWiden<kq::Q6K>>(x, M, L, p0, np, out);
+        case 16: return packed_widened<KQuantWiden<kq::IQ2XXS>>(x, M, L, p0, np, out);
+        default: break;
+      }
   }
   packed_tiled(x, M, L, p0, np, out);
 }

@@ -32,7 +32,7 @@ static int compare(const char* what, const Linear& LQ, const std::vector<float>&
   pack_panels(frows, K, P.data());
   Linear LF{nullptr, P.data(), N, K};
   int bad = 0;
-  for (int M : {1, 2, 3, 7, 13}) {
+  for (int M : {1, 2, 3, 4, 5, 6, 7, 13}) {  // 1..kPackM rows: decode's in-register paths; more: the tiles
     std::vector<float> X((size_t)M * K), Y1((size_t)M * N), Y2((size_t)M * N);
     std::normal_distribution<float> nd;
     for (auto& x : X) x = nd(rng);
@@ -76,30 +76,33 @@ int main() {
     bad += compare(f == QFmt::E4M3 ? "F8_E4M3" : "FP4", LQ, W, N, K, rng);
   }
   // GGUF block formats: random blocks, kept only where every weight decodes finite
+  // (N = 24, 40, 72: 1 to 4 panels in a micro-tile; K = 768: a 512-column span and a shorter one)
   for (const BlockCodec* c : all_codecs()) {
     if (c->block == 1) continue;  // F32/F16/BF16 rows: the widening alone, tested in test_codecs.py
-    const int N = 40, K = 2 * 256 + (c->block < 256 ? c->block : 0) * 3, nb = K / c->block;
-    std::vector<uint8_t> q((size_t)N * nb * c->bytes);
-    std::vector<float> W((size_t)N * K), tmp(c->block);
-    for (int b = 0; b < N * nb; ++b) {
-      uint8_t* blk = &q[(size_t)b * c->bytes];
-      for (int tries = 0;; ++tries) {
-        for (int i = 0; i < c->bytes; ++i) blk[i] = rng() & 0xff;
-        c->decode(blk, tmp.data());
-        bool ok = true;
-        for (float v : tmp) ok = ok && std::isfinite(v) && std::fabs(v) < 1e4f;
-        if (ok) break;
+    for (int N : {24, 40, 72}) {
+      const int K = 3 * 256 + (c->block < 256 ? c->block : 0) * 3, nb = K / c->block;
+      std::vector<uint8_t> q((size_t)N * nb * c->bytes);
+      std::vector<float> W((size_t)N * K), tmp(c->block);
+      for (int b = 0; b < N * nb; ++b) {
+        uint8_t* blk = &q[(size_t)b * c->bytes];
+        for (int tries = 0;; ++tries) {
+          for (int i = 0; i < c->bytes; ++i) blk[i] = rng() & 0xff;
+          c->decode(blk, tmp.data());
+          bool ok = true;
+          for (float v : tmp) ok = ok && std::isfinite(v) && std::fabs(v) < 1e4f;
+          if (ok) break;
+        }
+        c->decode(blk, &W[(size_t)b * c->block]);
       }
-      c->decode(blk, &W[(size_t)b * c->block]);
+      Linear src{nullptr, nullptr, N, K}; src.qf = QFmt::Ggml; src.codec = c; src.q = q.data();
+      std::vector<QRow> rows;
+      for (int r = 0; r < N; ++r) rows.push_back({&src, r});
+      const PanelCodec& C = panel_codec(QFmt::Ggml);
+      std::vector<uint8_t> codes(C.code_bytes(c, N, K));
+      C.pack(rows, K, codes.data(), nullptr);
+      Linear LQ{nullptr, nullptr, N, K}; LQ.qf = QFmt::Ggml; LQ.codec = c; LQ.pq = codes.data();
+      bad += compare(c->name, LQ, W, N, K, rng);
     }
-    Linear src{nullptr, nullptr, N, K}; src.qf = QFmt::Ggml; src.codec = c; src.q = q.data();
-    std::vector<QRow> rows;
-    for (int r = 0; r < N; ++r) rows.push_back({&src, r});
-    const PanelCodec& C = panel_codec(QFmt::Ggml);
-    std::vector<uint8_t> codes(C.code_bytes(c, N, K));
-    C.pack(rows, K, codes.data(), nullptr);
-    Linear LQ{nullptr, nullptr, N, K}; LQ.qf = QFmt::Ggml; LQ.codec = c; LQ.pq = codes.data();
-    bad += compare(c->name, LQ, W, N, K, rng);
   }
   std::printf("digest %016llx\n%s\n", (unsigned long long)digest, bad ? "FAIL" : "bit-identical");
   return bad;

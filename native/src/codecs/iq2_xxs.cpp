@@ -4,7 +4,7 @@
 // db = fl(fl(d * (0.5 + s)) * 0.25), w = fl(db * grid) * (+-1), in gguf.quants' order.
 #include "../formats/lanes.h"
 #include "codec_impl.h"
-#include "tables.h"
+#include "iq2_xxs_grid.h"
 
 namespace cairn::codecs {
 namespace {
@@ -27,45 +27,7 @@ inline void decode(const uint8_t* __restrict blk, float* __restrict out) {
   }
 }
 
-// Lane form. The grid's magnitudes are 8, 25 and 43 only, so a grid point packs into 16 bits, two
-// per magnitude code c (0, 1, 2): one 32-bit gather per 8 weights of 16 rows, then the magnitude is
-// 8 + 17c + c / 2, by a register permute on AVX-512 and in integers elsewhere (GCC 12 makes a
-// 16-lane shuffle scalar on AVX2).
-// The sign bytes are the 7 index bits with their parity as bit 7, computed rather than looked up.
-struct Grid2 {
-  uint32_t code[256];
-};
-constexpr int magnitude_code(uint8_t v) { return v == 8 ? 0 : v == 25 ? 1 : v == 43 ? 2 : -1; }
-constexpr Grid2 grid2() {
-  Grid2 g{};
-  for (int p = 0; p < 256; ++p)
-    for (int m = 0; m < 8; ++m)
-      g.code[p] |= (uint32_t)magnitude_code(codec_tables::iq2xxs_grid[8 * p + m]) << (2 * m);
-  return g;
-}
-constexpr bool grid_is_8_25_43() {
-  for (uint8_t v : codec_tables::iq2xxs_grid)
-    if (magnitude_code(v) < 0) return false;
-  return true;
-}
-static_assert(grid_is_8_25_43(), "IQ2_XXS: a grid magnitude other than 8, 25, 43; grid2() cannot hold it");
-static_assert(8 + 17 * 1 + 1 / 2 == 25 && 8 + 17 * 2 + 2 / 2 == 43, "magnitude from its code");
-alignas(64) constexpr Grid2 kGrid2 = grid2();
-
-template <class U>
-constexpr U ksign(U x) {  // x < 128 -> x with bit 7 the parity of its 7 bits
-  U p = x ^ (x >> 4);
-  p ^= p >> 2;
-  p ^= p >> 1;
-  return x | ((p & 1) << 7);
-}
-constexpr bool ksigns_match() {
-  for (uint32_t x = 0; x < 128; ++x)
-    if (ksign(x) != codec_tables::iq2xxs_ksigns[x]) return false;
-  return true;
-}
-static_assert(ksigns_match(), "IQ2_XXS: ksign() disagrees with codec_tables::iq2xxs_ksigns");
-
+// Lane form: iq2_xxs_grid.h's packed grid and computed signs.
 void decode_lanes(const uint8_t* __restrict b, float* __restrict out) {
   using namespace lanes;
   const f32x16 d = half_to_f32(load_le16(b));

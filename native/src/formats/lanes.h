@@ -167,6 +167,15 @@ inline f32x16 fmadd_lanes(float a, f32x16 b, f32x16 c) {
   return a * b + c;
 #endif
 }
+// a * b - c per lane for a product that is exact in fp32, so one rounding (a fused multiply-subtract,
+// on AVX-512) and two (the decoders' fl(fl(a * b) - c), elsewhere) give the same bits.
+inline f32x16 fmsub_exact(f32x16 a, f32x16 b, f32x16 c) {
+#if defined(__AVX512F__)
+  return (f32x16)_mm512_fmsub_ps((__m512)a, (__m512)b, (__m512)c);
+#else
+  return a * b - c;
+#endif
+}
 // 2^(e - 127) per lane from exponent bytes (e < 255)
 inline f32x16 exp2_bytes(const uint8_t* e) { return bits(load_u8(e) << 23); }
 

@@ -1,0 +1,251 @@
+// cairn kernel: GGUF panels of 256-weight blocks (the K-quants and IQ2_XXS; ggml_blocks.cpp's
+// byte-interleaved layout) widened in registers, for decode (M <= kPackM rows). The tile path
+// (packed.cpp, packed_tiled) writes a block step of np panels to memory, 64 KB for 256-weight
+// blocks, and reads it back from L2; at one row tile that store and load cost as much as the
+// widening. Here the micro-kernel takes each column's 16 weights straight from the code bytes, a
+// group of columns at a time (packed.cpp, columns()): a group's pointers are set up once and each
+// of its parts (a sub-block: one scale, one bit field) runs as its own loop, so shift counts are
+// immediates; the D and M vectors are widened once per span (kSpanCols, two blocks) like widen.h's
+// SpanScales. 32-weight blocks (Q8_0, MXFP4) keep the tile: one block step is 8 KB, in L1.
+//
+// Each format's numbers are its lane decoder's (codecs/*.cpp, decode_lanes), operation for
+// operation: D = fl(d * sc), w = fl(fl(D * q) - M) (or fl(D * q)). packed.cpp, which inlines these,
+// is compiled with -ffp-contract=off (native/CMakeLists.txt), so nothing is fused behind our back;
+// the micro-kernel's accumulate is an explicit fma. One fusion is explicit: in Q2_K, Q4_K and Q5_K
+// D * q is exact in fp32 (an f16 d, 11 significant bits, times a scale of at most 6 and a code of
+// at most 5 bits: <= 22 bits, far from fp32's range limits), so fl(D * q - M) in one rounding is
+// fl(fl(D * q) - M), and AVX-512 takes it as one fused multiply-subtract (lanes::fmsub_exact).
+#pragma once
+#include "../codecs/codec.h"
+#include "../codecs/iq2_xxs_grid.h"
+#include "../codecs/q_k_scales.h"
+#include "formats.h"
+#include "lanes.h"
+#include "widen.h"
+
+namespace cairn {
+namespace kq {
+
+using lanes::f32x16;
+using lanes::u32x16;
+using lanes::i32x16;
+
+// The value of a 4-bit / 2-bit field at the bottom of each lane (higher bits ignored) as a float:
+// one vpermps on AVX-512 (it reads only an index's low 4 bits), a mask and a convert elsewhere.
+inline f32x16 nibble(u32x16 x) {
+  if constexpr (lanes::kLookupPermutes) {
+    const f32x16 t = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+    return lanes::lookup(t, x);
+  } else {
+    return lanes::to_f32(x & 0xFu);
+  }
+}
+inline f32x16 crumb(u32x16 x) {
+  if constexpr (lanes::kLookupPermutes) {
+    const f32x16 t = {0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3};
+    return lanes::lookup(t, x);
+  } else {
+    return lanes::to_f32(x & 3u);
+  }
+}
+
+// x << S for S >= 0, x >> -S otherwise
+template <int S>
+inline u32x16 shift(u32x16 x) {
+  if constexpr (S >= 0) return x << S;
+  else return x >> -S;
+}
+
+// A format Q: kBytes a block; scales(b, D, M): the D (and M) vectors of a block's kBlock / kSub
+// sub-blocks; group(b, r, D, M): the Group of kGroup columns from block column r, kParts
+// sub-blocks, whose at<P>(l) is the weights of its part P's column l.
+
+// Q4_K (codecs/q4_k.cpp): sub-block s of 32 columns is nibble s & 1 of code bytes 16 + 32(s / 2) + l:
+// a group is the 64 columns of 32 code bytes.
+struct Q4K {
+  static constexpr int kBytes = 144, kSub = 32, kGroup = 64, kParts = 2;
+  static void scales(const uint8_t* b, f32x16* D, f32x16* M) {
+    const f32x16 d = lanes::half_to_f32(lanes::load_le16(b)), dmin = lanes::half_to_f32(lanes::load_le16(b + 16 * 2));
+    codecs::k_scale_min_lanes(b + 16 * 4, d, dmin, D, M);
+  }
+  struct Group {
+    const uint8_t* q;
+    const f32x16 *D, *M;
+    template <int P>
+    f32x16 at(int l) const { return lanes::fmsub_exact(D[P], nibble(lanes::load_u8(q + 16 * l) >> (4 * P)), M[P]); }
+  };
+  static Group group(const uint8_t* b, int r, const f32x16* D, const f32x16* M) {
+    return {b + 16 * (16 + 32 * (r / 64)), D, M};
+  }
+};
+
+// Q5_K (codecs/q5_k.cpp): Q4_K's nibbles, and bit s of byte 16 + l on top.
+struct Q5K {
+  static constexpr int kBytes = 176, kSub = 32, kGroup = 64, kParts = 2;
+  static void scales(const uint8_t* b, f32x16* D, f32x16* M) { Q4K::scales(b, D, M); }
+  struct Group {
+    const uint8_t *q, *h;
+    int s;  // the bit of part 0 (2 * (r / 64)); part 1's is s + 1
+    const f32x16 *D, *M;
+    template <int P>
+    f32x16 at(int l) const {
+      const u32x16 c = lanes::load_u8(q + 16 * l), hb = lanes::load_u8(h + 16 * l) >> s;
+      const u32x16 v = P == 0 ? (c & 0xFu) | ((hb << 4) & 16u) : (c >> 4) | ((hb << 3) & 16u);
+      return lanes::fmsub_exact(D[P], lanes::to_f32(v), M[P]);
+    }
+  };
+  static Group group(const uint8_t* b, int r, const f32x16* D, const f32x16* M) {
+    return {b + 16 * (48 + 32 * (r / 64)), b + 16 * 16, 2 * (r / 64), D, M};
+  }
+};
+
+// The 2-bit layouts (Q2_K, Q3_K, Q6_K): column r = 128h + 32j + 16t + l (l < 16) of a block,
+// sub-block r / 16, is field j of byte 32h + 16t + l of its code array. A group is the 128 columns
+// of one h, its part P = 2j + t (Q3_K: the block).
+// Q2_K (codecs/q2_k.cpp): codes at 16, scale bytes at 0 (scale low nibble, min high), d, dmin at 80, 82.
+struct Q2K {
+  static constexpr int kBytes = 84, kSub = 16, kGroup = 128, kParts = 8;
+  static void scales(const uint8_t* b, f32x16* D, f32x16* M) {
+    const f32x16 d = lanes::half_to_f32(lanes::load_le16(b + 16 * 80)), dmin = lanes::half_to_f32(lanes::load_le16(b + 16 * 82));
+    for (int s = 0; s < 16; ++s) {
+      const u32x16 sc = lanes::load_u8(b + 16 * s);
+      D[s] = d * lanes::to_f32(sc & 0xFu);
+      M[s] = dmin * lanes::to_f32(sc >> 4);
+    }
+  }
+  struct Group {
+    const uint8_t* q;
+    const f32x16 *D, *M;
+    template <int P>
+    f32x16 at(int l) const {
+      return lanes::fmsub_exact(D[P], crumb(lanes::load_u8(q + 16 * (16 * (P & 1) + l)) >> (2 * (P / 2))), M[P]);
+    }
+  };
+  static Group group(const uint8_t* b, int r, const f32x16* D, const f32x16* M) {
+    return {b + 16 * (16 + 32 * (r / 128)), D, M};
+  }
+};
+
+// Q3_K (codecs/q3_k.cpp): low 2 bits at 32, mask bit 4h + j of byte 16t + l (set: no -4), sixteen
+// 6-bit scales at 96, d at 108; w = fl(D * q), no min. A group is the whole block (part 8h + 2j + t),
+// so the mask's bit is a constant too. On AVX-512 q comes from a table indexed by low | mask << 2,
+// like nibble().
+struct Q3K {
+  static constexpr int kBytes = 110, kSub = 16, kGroup = 256, kParts = 16;
+  static void scales(const uint8_t* b, f32x16* D, f32x16*) {
+    const uint8_t* sb = b + 16 * 96;
+    const f32x16 d = lanes::half_to_f32(lanes::load_le16(b + 16 * 108));
+    for (int i = 0; i < 16; ++i) {
+      const u32x16 lo = (lanes::load_u8(sb + 16 * (i % 8)) >> (4 * (i / 8))) & 0xFu;
+      const u32x16 hi = (lanes::load_u8(sb + 16 * (8 + i % 4)) >> (2 * (i / 4))) & 3u;
+      D[i] = d * lanes::to_f32((i32x16)((lo | (hi << 4)) - 32u));
+    }
+  }
+  struct Group {
+    const uint8_t* b;
+    const f32x16* D;
+    template <int P>
+    f32x16 at(int l) const {
+      constexpr int h = P / 8, j = (P / 2) & 3, bit = 4 * h + j, o = 16 * (P & 1);
+      const u32x16 lo = lanes::load_u8(b + 16 * (32 + 32 * h + o + l)) >> (2 * j), hm = lanes::load_u8(b + 16 * (o + l));
+      f32x16 v;
+      if constexpr (lanes::kLookupPermutes) {
+        const f32x16 t = {-4, -3, -2, -1, 0, 1, 2, 3, -4, -3, -2, -1, 0, 1, 2, 3};
+        v = lanes::lookup(t, (lo & 3u) | (shift<2 - bit>(hm) & 4u));
+      } else {
+        v = lanes::to_f32((i32x16)((lo & 3u) - ((((hm >> bit) & 1u) ^ 1u) << 2)));
+      }
+      return D[P] * v;
+    }
+  };
+  static Group group(const uint8_t* b, int, const f32x16* D, const f32x16*) { return {b, D}; }
+};
+
+// Q6_K (codecs/q6_k.cpp): low nibble j / 2 of byte 64h + 32(j % 2) + 16t + l, high 2 bits j of
+// byte 128 + 32h + 16t + l, int8 scales at 192, d at 208; q = (low | high << 4) - 32, w = fl(D * q).
+struct Q6K {
+  static constexpr int kBytes = 210, kSub = 16, kGroup = 128, kParts = 8;
+  static void scales(const uint8_t* b, f32x16* D, f32x16*) {
+    const f32x16 d = lanes::half_to_f32(lanes::load_le16(b + 16 * 208));
+    for (int s = 0; s < 16; ++s) D[s] = d * lanes::to_f32(lanes::load_i8(b + 16 * (192 + s)));
+  }
+  struct Group {
+    const uint8_t *lo, *hi;
+    const f32x16* D;
+    template <int P>
+    f32x16 at(int l) const {
+      constexpr int j = P / 2, t = P & 1;
+      const u32x16 a = lanes::load_u8(lo + 16 * (32 * (j & 1) + 16 * t + l)) >> (4 * (j >> 1));
+      const u32x16 c = lanes::load_u8(hi + 16 * (16 * t + l));
+      const u32x16 q = ((a & 0xFu) | (shift<4 - 2 * j>(c) & 0x30u)) - 32u;
+      return D[P] * lanes::to_f32((i32x16)q);
+    }
+  };
+  static Group group(const uint8_t* b, int r, const f32x16* D, const f32x16*) {
+    const int h = r / 128;
+    return {b + 16 * (64 * h), b + 16 * (128 + 32 * h), D};
+  }
+};
+
+// IQ2_XXS (codecs/iq2_xxs.cpp): group g of 32 columns (8 bytes at 2 + 8g) is four grid points of
+// 8 columns (part i: gathered once per group, the packed grid's 2-bit magnitude codes) and their
+// signs; w = fl(fl(db * magnitude) * (+-1)), db = fl(fl(d * (0.5 + s)) * 0.25) per group.
+struct IQ2XXS {
+  static constexpr int kBytes = 66, kSub = 32, kGroup = 32, kParts = 4;
+  static void scales(const uint8_t* b, f32x16* D, f32x16*) {
+    const f32x16 d = lanes::half_to_f32(lanes::load_le16(b));
+    for (int g = 0; g < 8; ++g) D[g] = d * (0.5f + lanes::to_f32(lanes::load_le32(b + 16 * (2 + 8 * g + 4)) >> 28)) * 0.25f;
+  }
+  struct Group {
+    u32x16 code[4], neg[4];
+    f32x16 db;
+    template <int P>
+    f32x16 at(int m) const {
+      const u32x16 c = code[P] >> (2 * m);
+      f32x16 mag;
+      if constexpr (lanes::kLookupPermutes) {  // the permute reads c's low 4 bits: the next code is ignored
+        const f32x16 t = {8, 25, 43, 0, 8, 25, 43, 0, 8, 25, 43, 0, 8, 25, 43, 0};
+        mag = lanes::lookup(t, c);
+      } else {
+        const u32x16 c3 = c & 3u;
+        mag = lanes::to_f32((c3 << 4) + c3 + (c3 >> 1) + 8u);
+      }
+      const f32x16 sign = lanes::bits(0x3f800000u | (((neg[P] >> m) & 1u) << 31));  // +-1.0f
+      return db * mag * sign;
+    }
+  };
+  static Group group(const uint8_t* b, int r, const f32x16* D, const f32x16*) {
+    const uint8_t* p = b + 16 * (2 + 8 * (r / 32));
+    const u32x16 aux1 = lanes::load_le32(p + 16 * 4);
+    Group g;
+    for (int i = 0; i < 4; ++i) {
+      g.code[i] = lanes::gather_u32(codecs::kGrid2.code, lanes::load_u8(p + 16 * i));
+      g.neg[i] = codecs::ksign((aux1 >> (7 * i)) & 0x7Fu);
+    }
+    g.db = D[0];
+    return g;
+  }
+};
+
+}  // namespace kq
+
+// One span (k0 a multiple of kSpanCols, kc of 256) of np panels of a format Q, for packed.cpp's
+// micro-kernel: group(j, k) is panel j's group starting at span column k.
+template <class Q>
+struct KQuantWiden {
+  static constexpr int kBlock = 256, kGroup = Q::kGroup, kParts = Q::kParts, kSubs = kSpanCols / Q::kSub;
+  using Group = typename Q::Group;
+  const uint8_t* c;  // panel p0's block at k0
+  size_t ps;         // bytes from one panel to the next
+  lanes::f32x16 D[kPackN][kSubs], M[kPackN][kSubs];  // per sub-block; M unused without mins
+  KQuantWiden(const Linear& L, int p0, int k0, int kc, int np)
+      : ps((size_t)(L.in / kBlock) * Q::kBytes * kPanel) {
+    c = L.pq + (size_t)p0 * ps + (size_t)(k0 / kBlock) * Q::kBytes * kPanel;
+    for (int j = 0; j < np; ++j)
+      for (int b = 0; b < kc / kBlock; ++b) Q::scales(blk(j, b), &D[j][b * (kBlock / Q::kSub)], &M[j][b * (kBlock / Q::kSub)]);
+  }
+  const uint8_t* blk(int j, int b) const { return c + j * ps + (size_t)b * Q::kBytes * kPanel; }
+  Group group(int j, int k) const { return Q::group(blk(j, k / kBlock), k % kBlock, &D[j][k / Q::kSub], &M[j][k / Q::kSub]); }
+};
+
+}  // namespace cairn
