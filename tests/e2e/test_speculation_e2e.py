@@ -155,7 +155,8 @@ async def test_sampling_through_drafts_draws_from_the_models_distribution(loaded
                 r = await _complete(sock, temperature=T, seed=seed, max_tokens=L, logprobs=0, ignore_eos=True)
                 replies.append(r["choices"][0]["logprobs"]["tokens"])
             counts = _spec_counts((await request(sock, "GET", "/metrics")).body.decode())
-    assert counts["spec_accepted_tokens"] > N, counts    # drafts were verified and kept, many times
+    # drafts were verified and kept (how many depends on auto-off, which follows measured call times)
+    assert counts["spec_accepted_tokens"] >= 10, counts
     rng = np.random.default_rng(0)
     u = []
     for texts in replies:
