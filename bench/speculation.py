@@ -156,10 +156,12 @@ def daemon_part(model_dir: str, threads: int, rounds: int, max_tokens: int, expe
                     same &= got["on"] == got["off"]
             after = {m: metrics_of(d) for m, d in daemons.items()}
             delta = {m: {k: after[m][k] - before[m][k] for k in after[m]} for m in daemons}
-            on, off = statistics.median(rates["on"]), statistics.median(rates["off"])
+            # a reply of one token (an immediate EOS) has no decode rate: left out, on both sides
+            pairs = [(a, b) for a, b in zip(rates["on"], rates["off"]) if a == a and b == b]
+            on, off = statistics.median(a for a, _ in pairs), statistics.median(b for _, b in pairs)
             spec = delta["on"]
             res = {"decode_tok_s_on": on, "decode_tok_s_off": off, "ratio": on / off, "identical": same,
-                   "requests": len(rates["on"]), "draft_tokens": spec["spec_draft_tokens"],
+                   "requests": len(rates["on"]), "timed": len(pairs), "draft_tokens": spec["spec_draft_tokens"],
                    "accepted_tokens": spec["spec_accepted_tokens"],
                    "acceptance": spec["spec_accepted_tokens"] / max(1.0, spec["spec_draft_tokens"]),
                    "tokens_per_call_on": spec["decode_tokens"] / max(1.0, spec["decode_steps"]),
