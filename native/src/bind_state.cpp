@@ -128,9 +128,14 @@ py::array_t<float> vec_to_array(const std::vector<float>& v) {
   return out;
 }
 
-// The states of a multi-state call: each a State of states[0]'s model, none twice.
-std::vector<PyState*> distinct_states(const py::sequence& states) {
+// The states of a multi-state call (one entry of tokens each, at least one): each a State of
+// states[0]'s model, none twice.
+std::vector<PyState*> distinct_states(const py::sequence& states, const py::sequence& tokens) {
   const py::ssize_t B = py::len(states);
+  if (B == 0) throw KernelError("states is empty");
+  if ((py::ssize_t)py::len(tokens) != B)
+    throw KernelError("tokens has " + std::to_string(py::len(tokens)) + " entries, states has " +
+                      std::to_string(B) + "; they must match");
   std::vector<PyState*> ps((size_t)B);
   std::unordered_set<PyState*> seen;
   for (py::ssize_t b = 0; b < B; ++b) {
@@ -400,12 +405,8 @@ void register_state(py::module_& m) {
   }, py::arg("state"), py::arg("token"), "Feed one token; returns float32 logits [V].");
 
   m.def("decode_batch", [](py::sequence states, py::sequence tokens, std::shared_ptr<AbortFlag> abort) {
-    const py::ssize_t B = py::len(states);
-    if (B == 0) throw KernelError("states is empty");
-    if ((py::ssize_t)py::len(tokens) != B)
-      throw KernelError("tokens has " + std::to_string(py::len(tokens)) + " entries, states has " +
-                        std::to_string(B) + "; they must match");
-    std::vector<PyState*> ps = distinct_states(states);
+    std::vector<PyState*> ps = distinct_states(states, tokens);
+    const py::ssize_t B = (py::ssize_t)ps.size();
     std::vector<State*> sts((size_t)B);
     std::vector<int32_t> tok((size_t)B);
     for (py::ssize_t b = 0; b < B; ++b) {
@@ -461,12 +462,8 @@ void register_state(py::module_& m) {
      "next call, rewind(state, k) can take back any of the last tokens it fed.");
 
   m.def("verify_batch", [](py::sequence states, py::sequence tokens) {
-    const py::ssize_t B = py::len(states);
-    if (B == 0) throw KernelError("states is empty");
-    if ((py::ssize_t)py::len(tokens) != B)
-      throw KernelError("tokens has " + std::to_string(py::len(tokens)) + " entries, states has " +
-                        std::to_string(B) + "; they must match");
-    std::vector<PyState*> ps = distinct_states(states);
+    std::vector<PyState*> ps = distinct_states(states, tokens);
+    const py::ssize_t B = (py::ssize_t)ps.size();
     std::vector<int32_t> all;
     std::vector<int> lens((size_t)B);
     for (py::ssize_t b = 0; b < B; ++b) {
