@@ -3,7 +3,7 @@ with routed experts paged from disk, against llama.cpp's llama-server on the GGU
 weights with its weights mmap'd, each inside a cgroup v1 memory group capped at a share of the
 slice's stored bytes. As root:
 
-    /work/wt-seam/.venv/bin/python bench/cgroup_side_by_side.py /work/bench-flash23 \\
+    .venv/bin/python bench/cgroup_side_by_side.py /work/bench-flash23 \\
         /work/gguf23/flash23-mxfp4.gguf --packed /work/cgroup-packed \\
         --llama-bin /work/llama-peer/llama_cpp_python-0.3.36/vendor/llama.cpp/build/bin \\
         --caps 0.25,0.5 --prompt 256 --decode 16 --rounds 2 --threads 2 --json /tmp/side_by_side.json
