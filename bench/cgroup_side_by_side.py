@@ -49,16 +49,12 @@ sys.path.insert(0, str(HERE))
 
 import cgroup_v1  # noqa: E402
 from expert_paging import WORKER, agent_stream, worker  # noqa: E402
+from paged_worker import vm_hwm  # noqa: E402
 
 
 def read_bytes(pid: int | str = "self") -> int:
     with open(f"/proc/{pid}/io") as fh:
         return next(int(line.split()[1]) for line in fh if line.startswith("read_bytes:"))
-
-
-def vm_hwm(pid: int | str = "self") -> int:
-    with open(f"/proc/{pid}/status") as fh:
-        return next(int(line.split()[1]) * 1024 for line in fh if line.startswith("VmHWM:"))
 
 
 def loadavg() -> list[str]:
