@@ -5,6 +5,7 @@
 #include <pybind11/stl.h>
 
 #include <deque>
+#include <optional>
 #include <stdexcept>
 #include <unordered_set>
 
@@ -54,6 +55,11 @@ py::dict stats(BoundModel& m) {
   d["stall_seconds"] = s.stall_seconds;
   d["read_busy_seconds"] = s.busy_seconds;
   d["evictions"] = s.evictions;
+  d["prefetch_reads"] = s.prefetch_reads;
+  d["prefetch_used"] = s.prefetch_used;
+  d["lookahead_guesses"] = s.lookahead_guesses;
+  d["lookahead_right"] = s.lookahead_right;
+  d["lookahead_keys"] = s.lookahead_keys;
   return d;
 }
 
@@ -72,15 +78,27 @@ py::array_t<int32_t> take_trace(BoundModel& m) {
 // policy exactly as moe_paged does: one call's distinct keys acquired in order; when acquire finds
 // no slot, the call's oldest held slot is released and the acquire retried (the model releases
 // the same slot at the same point of the sequence, after that expert's compute).
+// ahead (optional, per key): the row is a prefetch issued before call `steps[i]`, not an access.
+// A call ends (its slots released, its layer's reservations ended; layer = key // experts) at the
+// first row of another step.
 py::dict replay(py::array_t<int64_t, py::array::c_style | py::array::forcecast> keys,
                 py::array_t<int64_t, py::array::c_style | py::array::forcecast> steps, int slots,
-                const std::string& policy, int per_tok) {
+                const std::string& policy, int per_tok, std::optional<py::array_t<bool>> ahead_arg,
+                int64_t experts) {
   if (keys.ndim() != 1 || steps.ndim() != 1 || keys.size() != steps.size())
     throw py::value_error("keys and steps must be 1-D arrays of the same length, got sizes " +
                           std::to_string(keys.size()) + " and " + std::to_string(steps.size()));
   if (slots < 1) throw py::value_error("slots must be >= 1, got " + std::to_string(slots));
   if (per_tok < 1 || per_tok > slots)
     throw py::value_error("k must be in 1..slots, got " + std::to_string(per_tok));
+  std::vector<char> ahead(keys.size(), 0);
+  if (ahead_arg) {
+    auto a = ahead_arg->unchecked<1>();
+    if (ahead_arg->ndim() != 1 || a.shape(0) != keys.size())
+      throw py::value_error("prefetch must be a 1-D bool array of the keys' length");
+    if (experts < 1) throw py::value_error("experts (routed experts per layer) must be >= 1 with prefetch");
+    for (py::ssize_t i = 0; i < a.shape(0); ++i) ahead[i] = a(i);
+  }
   const SlotPolicy::Kind kind = SlotPolicy::parse(policy);
   const int64_t* k = keys.data();
   const int64_t* s = steps.data();
@@ -89,19 +107,34 @@ py::dict replay(py::array_t<int64_t, py::array::c_style | py::array::forcecast> 
     if (k[i] < 0) throw py::value_error("keys[" + std::to_string(i) + "] is negative");
     if (i && s[i] < s[i - 1]) throw py::value_error("steps must be non-decreasing (at index " + std::to_string(i) + ")");
   }
-  int64_t hits = 0, misses = 0, releases = 0;
+  int64_t hits = 0, misses = 0, releases = 0, reads_ahead = 0, used_ahead = 0;
   SlotPolicy P(slots, kind, per_tok);
   {
     py::gil_scoped_release rel;
     std::unordered_set<int64_t> seen;  // this call's keys (a repeat within a call is no access)
     std::deque<int> held;              // this call's busy slots, oldest first
+    std::vector<char> read_ahead(slots, 0);
+    int64_t call = -1, layer = -1;     // the open call (-1: none)
     for (py::ssize_t i = 0; i < n; ++i) {
-      if (i == 0 || s[i] != s[i - 1]) {
+      if (call >= 0 && s[i] != call) {  // the open call ends
+        P.release_all();
+        if (experts > 0) P.end_reservations(layer * experts, (layer + 1) * experts);
+        call = -1;
+      }
+      if (ahead[i]) {
+        const int slot = P.prefetch(k[i]);
+        if (slot >= 0) read_ahead[slot] = 1, ++reads_ahead;
+        continue;
+      }
+      if (call < 0) {
         P.begin_call();
         seen.clear();
         held.clear();
+        call = s[i];
+        layer = experts > 0 ? k[i] / experts : 0;
       }
       if (!seen.insert(k[i]).second) continue;
+      if (experts > 0) P.end_reservations(layer * experts, k[i]);  // guesses the call passed over
       bool hit = false;
       int slot;
       while ((slot = P.acquire(k[i], &hit)) < 0) {
@@ -112,6 +145,8 @@ py::dict replay(py::array_t<int64_t, py::array::c_style | py::array::forcecast> 
       }
       held.push_back(slot);
       (hit ? hits : misses) += 1;
+      if (hit && read_ahead[slot]) ++used_ahead;
+      read_ahead[slot] = 0;
     }
   }
   py::dict d;
@@ -119,6 +154,10 @@ py::dict replay(py::array_t<int64_t, py::array::c_style | py::array::forcecast> 
   d["misses"] = misses;
   d["evictions"] = P.evictions();
   d["releases"] = releases;
+  if (ahead_arg) {
+    d["prefetch_reads"] = reads_ahead;
+    d["prefetch_used"] = used_ahead;
+  }
   return d;
 }
 
@@ -132,17 +171,36 @@ void register_experts(py::module_& m) {
           "dense_bytes, experts_total, pinned, direct_io, readers (reader threads; 0 when resident), paging.")
       .def("expert_cache_stats", &stats,
            "Cumulative counters: hits, misses, bytes_read, read_seconds (sum over reads), stall_seconds (compute "
-           "waiting for reads), read_busy_seconds (wall time with at least one read in flight), evictions. All 0 when every expert is resident.")
+           "waiting for reads), read_busy_seconds (wall time with at least one read in flight), evictions; "
+           "prefetch_reads (reads issued ahead of their call; bytes_read counts them too), prefetch_used (of "
+           "those, acquired by their call: counted as hits), lookahead_guesses / lookahead_right (keys the "
+           "router lookahead predicted, and of those the ones the call used), lookahead_keys (keys acquired by "
+           "calls that had a guess). All 0 when every expert is resident.")
+      .def_property("expert_prefetch",
+                    [](BoundModel& b) { return b.pager ? b.pager->prefetch_on.load() : false; },
+                    [](BoundModel& b, bool on) {
+                      if (b.pager) b.pager->prefetch_on.store(on);
+                      else if (on) throw py::value_error("expert_prefetch: every expert is resident (no paging)");
+                    },
+                    "Paged experts: read a layer's experts ahead of its call (hash layers from the token ids at the "
+                    "step's start, other layers guessed by their router on the previous layer's output). On by "
+                    "default; outputs are the same bits either way. False when nothing is paged.")
       .def("set_route_trace", [](BoundModel& b, bool on) {
              std::lock_guard<std::mutex> g(b.trace->mu);
              b.trace->on.store(on, std::memory_order_release);
            }, py::arg("on"), "Record each MoE call's distinct experts (take_route_trace returns them).")
       .def("take_route_trace", &take_trace,
-           "The recorded rows (call_seq, layer, expert) as int32 [n, 3], and clears them.");
+           "The recorded rows (call_seq, layer, expert) as int32 [n, 3], and clears them. With paged experts and "
+           "expert_prefetch, a prefetch offered to the slot policy before call call_seq is a row (call_seq, layer, "
+           "-1 - expert).");
   m.def("replay_expert_policy", &replay, py::arg("keys"), py::arg("steps"), py::arg("slots"),
-        py::arg("policy") = "hotpin", py::kw_only(), py::arg("k") = 1,
+        py::arg("policy") = "hotpin", py::kw_only(), py::arg("k") = 1, py::arg("prefetch") = py::none(),
+        py::arg("experts") = 0,
         "Hit counts of the kernel's expert slot policy ('lru' | 'lrfu' | 'hotpin') on keys (int64 layer*E+expert, "
         "access order) with steps (the MoE call of each key), k = num_experts_per_tok (slots hotpin never pins), "
         "as the model with that many slots runs them: dict(hits, misses, evictions, releases); releases counts "
-        "the times a call released its oldest expert's slot to go on (0 when every call's experts fit).");
+        "the times a call released its oldest expert's slot to go on (0 when every call's experts fit). "
+        "prefetch (bool per key) marks rows that are prefetches issued before call steps[i] (a route trace's rows "
+        "with a negative expert, -1 - e), not accesses; experts = routed experts per layer (keys // experts is "
+        "the layer whose reservations a call's end ends); then the dict adds prefetch_reads and prefetch_used.");
 }

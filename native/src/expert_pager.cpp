@@ -14,6 +14,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <algorithm>
 #include <stdexcept>
 
 #include "cairn/expert_cache.h"
@@ -38,8 +39,8 @@ bool read_all(int fd, uint8_t* dst, size_t n, uint64_t off) {
 
 ExpertPager::ExpertPager(const std::string& path, int64_t nkeys, size_t slot_bytes, uint64_t expert_base, int slots,
                          SlotPolicy::Kind kind, int k, size_t dense_bytes, int readers)
-    : policy(slots, kind, k), w13(nkeys), w2(nkeys), slot_bytes_(slot_bytes), dense_bytes_(dense_bytes),
-      base_(expert_base), nkeys_(nkeys) {
+    : policy(slots, kind, k), w13(nkeys), w2(nkeys), tickets_(new Ticket[slots]), ahead_read_(slots, 0),
+      slot_bytes_(slot_bytes), dense_bytes_(dense_bytes), base_(expert_base), nkeys_(nkeys) {
   pool_ = (uint8_t*)std::aligned_alloc(4096, (size_t)slots * slot_bytes);
   if (!pool_) throw std::bad_alloc();
   const char* env = std::getenv("CAIRN_EXPERT_DIRECT_IO");
@@ -73,13 +74,39 @@ ExpertPager::~ExpertPager() {
   std::free(pool_);
 }
 
-void ExpertPager::submit(int s, int64_t key, Ticket* t) {
-  t->state.store(0);
+void ExpertPager::submit(int s, int64_t key, bool ahead) {
+  tickets_[s].state.store(0);
+  ahead_read_[s] = ahead;
   {
     std::lock_guard<std::mutex> g(mu_);
-    queue_.push_back({slot(s), base_ + (uint64_t)key * slot_bytes_, t});
+    (ahead ? ahead_ : queue_).push_back({s, base_ + (uint64_t)key * slot_bytes_});
+    if (ahead) stats_.prefetch_reads += 1;
   }
   work_cv_.notify_one();
+}
+
+void ExpertPager::expedite(int s) {
+  std::lock_guard<std::mutex> g(mu_);
+  for (auto it = ahead_.begin(); it != ahead_.end(); ++it)
+    if (it->slot == s) {
+      queue_.push_back(*it);
+      ahead_.erase(it);
+      return;
+    }
+}
+
+void ExpertPager::settle(int s) {
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    for (auto* q : {&queue_, &ahead_})
+      for (auto it = q->begin(); it != q->end(); ++it)
+        if (it->slot == s) {
+          q->erase(it);
+          tickets_[s].state.store(1);  // never read: the slot is about to be read again
+          return;
+        }
+  }
+  wait(&tickets_[s]);  // in flight: the reader still writes the slot
 }
 
 void ExpertPager::reader() {
@@ -88,14 +115,15 @@ void ExpertPager::reader() {
     double t0;
     {
       std::unique_lock<std::mutex> g(mu_);
-      work_cv_.wait(g, [&] { return stop_ || !queue_.empty(); });
-      if (stop_ && queue_.empty()) return;
-      r = queue_.front();
-      queue_.pop_front();
+      work_cv_.wait(g, [&] { return stop_ || !queue_.empty() || !ahead_.empty(); });
+      if (stop_) return;  // queued reads are dropped: nothing waits for them any more
+      std::deque<Req>& q = queue_.empty() ? ahead_ : queue_;
+      r = q.front();
+      q.pop_front();
       t0 = now_s();  // taken under the lock: busy periods start in the order reads start
       if (inflight_++ == 0) busy_t0_ = t0;
     }
-    const bool ok = read_all(fd_, r.dst, slot_bytes_, r.off);
+    const bool ok = read_all(fd_, slot(r.slot), slot_bytes_, r.off);
     if (ok && !direct_) posix_fadvise(fd_, (off_t)r.off, (off_t)slot_bytes_, POSIX_FADV_DONTNEED);
     const double t1 = now_s();
     {
@@ -104,10 +132,43 @@ void ExpertPager::reader() {
       if (ok) stats_.bytes_read += (int64_t)slot_bytes_;
       // the same instants as read_seconds, so busy (their union) <= read_seconds up to lock latency
       if (--inflight_ == 0) stats_.busy_seconds += t1 - busy_t0_;
-      r.t->state.store(ok ? 1 : -1);
+      tickets_[r.slot].state.store(ok ? 1 : -1);
     }
     done_cv_.notify_all();
   }
+}
+
+size_t ExpertPager::prefetch(int layer, const std::vector<int64_t>& keys, bool guess) {
+  std::lock_guard<std::mutex> call(call_mu);
+  size_t offered = 0;
+  for (int64_t key : keys) {
+    ++offered;
+    const int s = policy.prefetch(key);
+    if (s == -1) break;  // no room: later keys would not be reached before the call frees slots
+    if (s < 0) continue;  // resident already
+    settle(s);
+    submit(s, key, true);
+  }
+  if (guess) {
+    if ((int)guess_.size() <= layer) guess_.resize(layer + 1);
+    guess_[layer] = keys;
+    std::lock_guard<std::mutex> g(mu_);
+    stats_.lookahead_guesses += (int64_t)keys.size();
+  }
+  return offered;
+}
+
+void ExpertPager::count_guess(int layer, int64_t key) {
+  if (layer >= (int)guess_.size() || guess_[layer].empty()) return;
+  const bool right = std::binary_search(guess_[layer].begin(), guess_[layer].end(), key);
+  std::lock_guard<std::mutex> g(mu_);
+  stats_.lookahead_keys += 1;
+  stats_.lookahead_right += right;
+}
+
+void ExpertPager::end_call(int layer, int64_t E) {
+  policy.end_reservations((int64_t)layer * E, (int64_t)(layer + 1) * E);
+  if (layer < (int)guess_.size()) guess_[layer].clear();
 }
 
 // stall_seconds: wall time during which at least one compute thread waits for a read
@@ -121,9 +182,10 @@ bool ExpertPager::wait(Ticket* t) {
   return t->state.load() == 1;
 }
 
-void ExpertPager::count(bool hit) {
+void ExpertPager::count(bool hit, bool prefetched) {
   std::lock_guard<std::mutex> g(mu_);
   (hit ? stats_.hits : stats_.misses) += 1;
+  if (prefetched) stats_.prefetch_used += 1;
 }
 
 ExpertPager::Stats ExpertPager::stats() {

@@ -33,7 +33,8 @@ SlotPolicy::Kind SlotPolicy::parse(const std::string& name) {
 }
 
 SlotPolicy::SlotPolicy(int slots, Kind kind, int unpinned)
-    : kind_(kind), n_(slots), key_(slots, -1), tick_(slots, 0), busy_(slots, 0), pin_(slots, 0), free_(slots),
+    : kind_(kind), n_(slots), key_(slots, -1), tick_(slots, 0), busy_(slots, 0), pin_(slots, 0), reserved_(slots, 0),
+      free_(slots),
       half_life_((kind == HOTPIN ? 8.0 : 2.0) * std::max(slots, 1)), pin_max_(kind == HOTPIN ? std::min(slots * 7 / 8, slots - unpinned) : 0) {
   if (slots < 1) throw std::invalid_argument("expert cache needs at least one slot");
 }
@@ -54,33 +55,51 @@ void SlotPolicy::repin() {
   for (size_t i = 0; i < keep; ++i) pin_[r[i].second] = 1;
 }
 
-int SlotPolicy::victim() const {
+int SlotPolicy::victim(bool take_reserved) const {
   int best = -1;
   double bs = 0;
-  // unpinned first; pinned ones only if nothing else can go (never for HOTPIN: the call releases a slot)
+  // unpinned first; pinned ones only if nothing else can go (never for HOTPIN: the call releases a
+  // slot); reserved ones only when asked (a call that holds no slot of its own)
   for (int pass = 0; pass < (kind_ == HOTPIN ? 1 : 2) && best < 0; ++pass)
     for (int s = 0; s < n_; ++s) {
-      if (busy_[s] || (pass == 0 && pin_[s])) continue;
+      if (busy_[s] || (pass == 0 && pin_[s]) || (reserved_[s] && !take_reserved)) continue;
       const double v = kind_ == LRFU ? decayed(score_.at(key_[s])) : 0.0;  // HOTPIN: LRU among unpinned
       if (best < 0 || v < bs || (v == bs && tick_[s] < tick_[best])) best = s, bs = v;
     }
   return best;
 }
 
-int SlotPolicy::acquire(int64_t key, bool* hit) {
+void SlotPolicy::reserve(int s) {
+  reserved_[s] = 1;
+  reserved_list_.push_back(s);
+}
+
+void SlotPolicy::unreserve(int s) {
+  if (!reserved_[s]) return;
+  reserved_[s] = 0;
+  *std::find(reserved_list_.begin(), reserved_list_.end(), s) = reserved_list_.back();
+  reserved_list_.pop_back();
+}
+
+int SlotPolicy::acquire(int64_t key, bool* hit, bool* reserved) {
   auto it = where_.find(key);
   int s;
+  if (reserved) *reserved = false;
   if (it != where_.end()) {
     s = it->second;
     *hit = true;
+    if (reserved) *reserved = reserved_[s];
+    unreserve(s);
   } else {
     if (free_ > 0) {
       s = (int)(std::find(key_.begin(), key_.end(), (int64_t)-1) - key_.begin());
       --free_;
     } else {
-      s = victim();
+      s = victim(false);
+      if (s < 0 && busy_list_.empty()) s = victim(true);  // reservations must not starve a call
       if (s < 0) return -1;
       where_.erase(key_[s]);
+      unreserve(s);
       ++evictions_;
     }
     *hit = false;
@@ -105,6 +124,48 @@ int SlotPolicy::acquire(int64_t key, bool* hit) {
     if (!pin_[s]) promote(s);
   }
   return s;
+}
+
+int SlotPolicy::prefetch(int64_t key) {
+  auto it = where_.find(key);
+  if (it != where_.end()) {
+    const int s = it->second;
+    if (!reserved_[s] && !busy_[s] && !pin_[s]) reserve(s);  // a pinned slot needs no reservation
+    return -2;
+  }
+  // room: reservations leave at least one unpinned slot unreserved, so the call they are for can
+  // start with an expert nobody guessed without evicting one that was
+  if (reserved() + 1 >= n_ - pinned()) return -1;
+  int s;
+  if (free_ > 0) {
+    s = (int)(std::find(key_.begin(), key_.end(), (int64_t)-1) - key_.begin());
+    --free_;
+  } else {
+    s = -1;  // LRU among unpinned, non-busy, unreserved slots (never a pinned one, whatever the kind)
+    for (int t = 0; t < n_; ++t)
+      if (!busy_[t] && !pin_[t] && !reserved_[t] && (s < 0 || tick_[t] < tick_[s])) s = t;
+    if (s < 0) return -1;
+    where_.erase(key_[s]);
+    ++evictions_;
+  }
+  key_[s] = key;
+  pin_[s] = 0;
+  tick_[s] = now_;  // as recent as the last access, so it outlives older unpinned keys until used
+  where_[key] = s;
+  reserve(s);
+  return s;
+}
+
+int SlotPolicy::end_reservations(int64_t lo, int64_t hi) {
+  int unused = 0;
+  for (size_t i = reserved_list_.size(); i-- > 0;) {
+    const int s = reserved_list_[i];
+    if (key_[s] >= lo && key_[s] < hi) {
+      unreserve(s);
+      ++unused;
+    }
+  }
+  return unused;
 }
 
 void SlotPolicy::promote(int s) {
@@ -132,6 +193,7 @@ void SlotPolicy::drop(int64_t key) {
   if (it == where_.end()) return;
   key_[it->second] = -1;
   pin_[it->second] = 0;
+  unreserve(it->second);
   where_.erase(it);
   ++free_;
 }

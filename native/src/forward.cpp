@@ -154,6 +154,8 @@ static void run_layers(const Model& m, const AttnSeg* segs, int nseg, const int3
     const LayerW& L = m.layers[l];
     return HcOpen{&L.hc_attn, L.hc_attn_base, L.hc_attn_scale, L.attn_norm};
   };
+  // a hash layer routes by token id: its experts are known before the step
+  if (m.pager && c.hash_moe[0]) prefetch_experts(m, 0, nullptr, tokens, S);
   HcOpen open = attn_open(0);
   hc_step(m, h.data(), S, nullptr, post.data(), comb.data(), &open, x.data());
   std::vector<AttnSeg> ls(segs, segs + nseg);
@@ -166,6 +168,10 @@ static void run_layers(const Model& m, const AttnSeg* segs, int nseg, const int3
     moe_block(m, l, x.data(), tokens, S, y.data());
     if (l + 1 < c.n_layers) open = attn_open(l + 1);
     hc_step(m, h.data(), S, y.data(), post.data(), comb.data(), l + 1 < c.n_layers ? &open : nullptr, x.data());
+    // the next layer's experts, read while its attention runs: a hash layer's from the token ids,
+    // others guessed by its router on its attention input (router lookahead; only the reads are
+    // speculative). Reservations are only ever the next call's.
+    if (m.pager && l + 1 < c.n_layers) prefetch_experts(m, l + 1, x.data(), tokens, S);
   }
 }
 

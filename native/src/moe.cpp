@@ -25,15 +25,16 @@ namespace cairn {
 
 static inline float softplus(float v) { return v > 20.f ? v : std::log1p(std::exp(v)); }
 
-void moe_block(const Model& m, int layer, const float* x, const int32_t* tokens, int S, float* y) {
+// idx/wt [S, k]: each token's experts and routing weights (wt may be null: the experts alone)
+static void route(const Model& m, int layer, const float* x, const int32_t* tokens, int S, std::vector<int>& idx,
+                  std::vector<float>* wt) {
   const Config& c = m.cfg;
   const LayerW& L = m.layers[layer];
   const int E = c.E, k = c.k;
-  double t0 = omp_get_wtime();
   std::vector<float> logits((size_t)S * E);  // [S, E]
   linear(x, S, L.gate, logits.data(), m.threads);
-  std::vector<int> idx((size_t)S * k);
-  std::vector<float> wt((size_t)S * k);
+  idx.resize((size_t)S * k);
+  if (wt) wt->resize((size_t)S * k);
   for (int i = 0; i < S; ++i) {
     float* lg = &logits[(size_t)i * E];
     for (int e = 0; e < E; ++e) lg[e] = std::sqrt(softplus(lg[e]));  // scores
@@ -56,10 +57,47 @@ void moe_block(const Model& m, int layer, const float* x, const int32_t* tokens,
         ix[pos] = e;
       }
     }
+    if (!wt) continue;
     float sum = 0.f;
     for (int j = 0; j < k; ++j) sum += lg[ix[j]];
-    for (int j = 0; j < k; ++j) wt[(size_t)i * k + j] = lg[ix[j]] / (sum + 1e-20f) * c.routed_scale;
+    for (int j = 0; j < k; ++j) (*wt)[(size_t)i * k + j] = lg[ix[j]] / (sum + 1e-20f) * c.routed_scale;
   }
+}
+
+void prefetch_experts(const Model& m, int layer, const float* x, const int32_t* tokens, int S) {
+  ExpertPager* P = m.pager.get();
+  if (!P || !P->prefetch_on) return;
+  const Config& c = m.cfg;
+  std::vector<int> idx;
+  if (c.hash_moe[layer]) {  // known from the tokens alone
+    idx.resize((size_t)S * c.k);
+    for (size_t i = 0; i < idx.size(); ++i) idx[i] = m.layers[layer].tid2eid[(size_t)tokens[i / c.k] * c.k + i % c.k];
+  } else {
+    ProfScope ps(P_ROUTER);
+    route(m, layer, x, tokens, S, idx, nullptr);
+  }
+  std::vector<char> used(c.E, 0);
+  for (int e : idx) used[e] = 1;
+  std::vector<int64_t> keys;  // the call's acquisition order: expert index
+  for (int e = 0; e < c.E; ++e)
+    if (used[e]) keys.push_back((int64_t)layer * c.E + e);
+  const size_t offered = P->prefetch(layer, keys, !c.hash_moe[layer]);
+  if (m.trace && m.trace->on.load(std::memory_order_acquire)) {  // numbered as the next call, not counted
+    RouteTrace& tr = *m.trace;
+    std::lock_guard<std::mutex> g(tr.mu);
+    const int32_t call = (int32_t)tr.calls.load(std::memory_order_relaxed);
+    for (size_t i = 0; i < offered; ++i)
+      tr.rows.insert(tr.rows.end(), {call, (int32_t)layer, (int32_t)(-1 - keys[i] % c.E)});
+  }
+}
+
+void moe_block(const Model& m, int layer, const float* x, const int32_t* tokens, int S, float* y) {
+  const Config& c = m.cfg;
+  const int E = c.E, k = c.k;
+  double t0 = omp_get_wtime();
+  std::vector<int> idx;
+  std::vector<float> wt;
+  route(m, layer, x, tokens, S, idx, &wt);
   prof_lap(P_ROUTER, t0);
   if (m.trace) {  // the distinct experts of this call, for benches to replay
     RouteTrace& tr = *m.trace;
@@ -78,10 +116,10 @@ void moe_block(const Model& m, int layer, const float* x, const int32_t* tokens,
     }
   }
   if (m.pager) {
-    PagedExperts src(m, L);
+    PagedExperts src(m, layer);
     run_experts(m, layer, x, S, idx, wt, src, y);
   } else {
-    ResidentExperts src(L);
+    ResidentExperts src(m.layers[layer]);
     run_experts(m, layer, x, S, idx, wt, src, y);
   }
   prof_lap(P_EXPERTS, t0);  // routed and shared experts

@@ -40,10 +40,7 @@ struct MoeJob {
   std::vector<const float*> as;  // [M] act rows
   std::vector<float> out;        // [M, D] w2 product, kept when computed before the last round
   bool computed = false;
-  // the source's bookkeeping (paged)
-  int slot = -1;
-  bool loading = false;
-  ExpertPager::Ticket ticket;
+  int slot = -1;  // paged: the slot holding the expert (its read's ticket is the slot's)
 };
 
 // Where the executor's routed experts come from: whether an expert's panels are present.
@@ -78,7 +75,8 @@ class ResidentExperts final : public ExpertSource {
 // call owns the policy and the slots (call_mu) from begin() to its end.
 class PagedExperts final : public ExpertSource {
  public:
-  PagedExperts(const Model& m, const LayerW& L) : P_(*m.pager), L_(L), round_(std::max(2, m.threads)) {}
+  PagedExperts(const Model& m, int layer)
+      : m_(m), P_(*m.pager), L_(m.layers[layer]), layer_(layer), round_(std::max(2, m.threads)) {}
   void begin() override;
   bool acquire(MoeJob& j) override;
   void release(MoeJob& j) override;
@@ -90,8 +88,10 @@ class PagedExperts final : public ExpertSource {
   size_t round_max() const override { return round_; }
 
  private:
+  const Model& m_;
   ExpertPager& P_;
   const LayerW& L_;
+  int layer_;
   size_t round_;
   std::unique_lock<std::mutex> call_;
 };

@@ -6,7 +6,10 @@
 - a streaming pack writes the same packed file, byte for byte, as a resident pack;
 - bad budgets / a missing packed path raise errors that name the argument;
 - the policy replay gives hand-computed hit counts, and replaying the model's own routing trace
-  gives exactly the model's counters (the kernel and the replay run the same policy code).
+  gives exactly the model's counters (the kernel and the replay run the same policy code), with
+  prefetch (hash layers' experts from the token ids, router lookahead) on and off;
+- prefetch keeps its rules: it never evicts a busy, pinned or reserved slot, leaves one unpinned
+  slot unreserved, and a call passes over wrong guesses without losing its window.
 """
 
 from __future__ import annotations
@@ -113,7 +116,8 @@ def test_direct_io_and_fadvise_fallback_give_the_same_bits(tiny, monkeypatch):
     buffered = tiny.paged(tiny.k)
     assert buffered.expert_cache_info()["direct_io"] is False
     assert same(want, run(buffered, tiny.prompt, 32))
-    assert buffered.expert_cache_stats()["bytes_read"] == buffered.expert_cache_stats()["misses"] * tiny.slot
+    stats = buffered.expert_cache_stats()
+    assert stats["bytes_read"] == (stats["misses"] + stats["prefetch_reads"]) * tiny.slot
 
 
 def test_streaming_pack_writes_the_resident_pack_byte_for_byte(tiny):
@@ -131,8 +135,12 @@ def test_budget_of_every_expert_is_resident(tiny):
     info = model.expert_cache_info()
     assert info["budget_bytes"] == 0 and not info["paging"]
     run(model, tiny.prompt[:10], 10)
-    assert model.expert_cache_stats() == {"hits": 0, "misses": 0, "bytes_read": 0, "read_seconds": 0.0,
-                                          "stall_seconds": 0.0, "read_busy_seconds": 0.0, "evictions": 0}
+    stats = model.expert_cache_stats()
+    assert {"hits", "misses", "bytes_read", "prefetch_reads", "lookahead_guesses"} <= stats.keys()
+    assert set(stats.values()) == {0}
+    assert model.expert_prefetch is False
+    with pytest.raises(ValueError, match="every expert is resident"):
+        model.expert_prefetch = True
 
 
 def test_bad_budgets_and_missing_packed_path_raise(tiny):
@@ -217,39 +225,116 @@ def test_replay_rejects_bad_input():
         replay([1], [0], 2, "lru", k=3)
 
 
+@pytest.mark.parametrize("prefetch", [False, True])
 @pytest.mark.parametrize("policy", ["lru", "lrfu", "hotpin"])
 @pytest.mark.parametrize("share", ["min", "half"])
-def test_counters_match_the_route_trace_and_its_replay(tiny, policy, share):
+def test_counters_match_the_route_trace_and_its_replay(tiny, policy, share, prefetch):
     # "min" (k + 1 slots): a 16-token chunk needs nearly every expert, so calls slide their window
     # (release the oldest, acquire the next) many times; the replay must still match exactly
     slots = tiny.k + 1 if share == "min" else tiny.info["experts_total"] // 2
     model = tiny.paged(slots, expert_policy=policy)
+    assert model.expert_prefetch is True  # the default
+    model.expert_prefetch = prefetch
     model.set_route_trace(True)
     run(model, tiny.prompt, 16)
     trace = model.take_route_trace()
     assert trace.dtype == np.int32 and trace.shape[1] == 3
+    ahead = trace[:, 2] < 0  # prefetches offered to the policy: (next call, layer, -1 - expert)
+    assert ahead.any() == prefetch
+    calls = trace[~ahead]
     layers = tiny.md.config["num_hidden_layers"]
-    assert np.array_equal(trace[:, 1], trace[:, 0] % layers)  # calls go through the layers in order
+    assert np.array_equal(calls[:, 1], calls[:, 0] % layers)  # calls go through the layers in order
+    # a prefetch is for the call it precedes, never another layer's
+    assert np.array_equal(trace[ahead, 1], trace[ahead, 0] % layers)
     # each call's experts are distinct and sorted (index order)
-    for c in np.unique(trace[:, 0]):
-        e = trace[trace[:, 0] == c, 2]
+    for c in np.unique(calls[:, 0]):
+        e = calls[calls[:, 0] == c, 2]
         assert np.all(np.diff(e) > 0)
     stats = model.expert_cache_stats()
-    assert stats["hits"] + stats["misses"] == len(trace)
-    assert stats["bytes_read"] == stats["misses"] * tiny.slot
-    keys = trace[:, 1].astype(np.int64) * E + trace[:, 2]
-    r = replay(keys, trace[:, 0], slots, policy, k=tiny.k)
+    assert stats["hits"] + stats["misses"] == len(calls)
+    assert stats["bytes_read"] == (stats["misses"] + stats["prefetch_reads"]) * tiny.slot
+    experts = np.where(ahead, -1 - trace[:, 2], trace[:, 2])
+    keys = trace[:, 1].astype(np.int64) * E + experts
+    r = K.replay_expert_policy(keys, trace[:, 0].astype(np.int64), slots, policy, k=tiny.k, prefetch=ahead, experts=E)
     assert (r["hits"], r["misses"], r["evictions"]) == (stats["hits"], stats["misses"], stats["evictions"])
+    assert (r["prefetch_reads"], r["prefetch_used"]) == (stats["prefetch_reads"], stats["prefetch_used"])
     assert model.take_route_trace().shape == (0, 3)
     assert stats["read_seconds"] > 0
     # wall time with a read in flight: positive, and at most the reads' summed durations (plus the
     # reader threads' lock hand-offs, microseconds each)
-    assert 0 < stats["read_busy_seconds"] <= stats["read_seconds"] + 1e-3 * stats["misses"]
+    reads = stats["misses"] + stats["prefetch_reads"]
+    assert 0 < stats["read_busy_seconds"] <= stats["read_seconds"] + 1e-3 * reads
     pinned = model.expert_cache_info()["pinned"]
     if policy == "hotpin":  # up to 7/8 of the slots, leaving k unpinned
         assert 0 < pinned <= min(slots * 7 // 8, slots - tiny.k)
     else:
         assert pinned == 0 if policy == "lru" else pinned <= slots // 4
+    if prefetch and share == "half":
+        # 12 slots, LRU or LRFU: room to read ahead, and the lookahead's guesses are counted
+        if policy != "hotpin":
+            assert stats["prefetch_reads"] > 0 and 0 < stats["prefetch_used"] <= stats["prefetch_reads"]
+        assert 0 <= stats["lookahead_right"] <= min(stats["lookahead_guesses"], stats["lookahead_keys"])
+        assert stats["lookahead_keys"] > 0
+    if not prefetch:
+        assert stats["prefetch_reads"] == stats["lookahead_guesses"] == stats["lookahead_keys"] == 0
+
+
+@pytest.mark.parametrize("chunk", [1, 16, 90])
+@pytest.mark.parametrize("policy", ["lru", "hotpin"])
+def test_prefetch_changes_no_bits(tiny, chunk, policy):
+    slots = tiny.info["experts_total"] // 2
+    on = tiny.paged(slots, expert_policy=policy)
+    off = tiny.paged(slots, expert_policy=policy)
+    off.expert_prefetch = False
+    want = run(tiny.resident, tiny.prompt, chunk)
+    assert same(want, run(on, tiny.prompt, chunk))
+    assert same(want, run(off, tiny.prompt, chunk))
+    assert on.expert_cache_stats()["lookahead_guesses"] > 0
+
+
+def ops(rows):
+    """(key, step, is_prefetch) rows -> replay arguments."""
+    keys, steps, ahead = zip(*rows)
+    return np.array(keys, np.int64), np.array(steps, np.int64), np.array(ahead, bool)
+
+
+def test_prefetch_rules_hand_computed():
+    # 4 experts per layer; 4 slots, LRU (nothing pinned), k=1.
+    P = True
+    # call 0 (layer 0) takes keys 0, 1. Before call 1 (layer 1) the lookahead guesses 4, 5, 6: room
+    # for 3 reservations (one slot stays unreserved), so 4 and 5 go to the free slots and 6 evicts
+    # the least recent unreserved key, 0. Call 1 acquires 5 and 7: acquiring 5 ends 4's reservation
+    # (the call passed it over), 5 hits; acquiring 7 ends 6's, and 7 evicts the least recent
+    # unreserved slot (6's: prefetched at call 1's clock, the lowest slot of the equally recent ones).
+    keys, steps, ahead = ops([(0, 0, 0), (1, 0, 0), (4, 1, P), (5, 1, P), (6, 1, P), (5, 1, 0), (7, 1, 0)])
+    r = K.replay_expert_policy(keys, steps, 4, "lru", k=1, prefetch=ahead, experts=4)
+    assert r["prefetch_reads"] == 3 and r["prefetch_used"] == 1
+    assert (r["hits"], r["misses"]) == (1, 3)
+    # room: with 2 slots, one stays unreserved: the second guess is refused, nothing is evicted
+    keys, steps, ahead = ops([(0, 0, 0), (4, 1, P), (5, 1, P), (4, 1, 0)])
+    r = K.replay_expert_policy(keys, steps, 2, "lru", k=1, prefetch=ahead, experts=4)
+    assert r["prefetch_reads"] == 1 and r["prefetch_used"] == 1 and r["evictions"] == 0
+    # a prefetch never evicts a busy slot: with a free slot it reads there and the call hits on it;
+    # with every slot held by the call, it is refused and nothing is evicted
+    keys, steps, ahead = ops([(0, 0, 0), (1, 0, 0), (2, 0, P), (2, 0, 0)])
+    r = K.replay_expert_policy(keys, steps, 3, "lru", k=1, prefetch=ahead, experts=4)
+    assert r["prefetch_reads"] == 1  # a free slot: no eviction
+    keys, steps, ahead = ops([(0, 0, 0), (1, 0, 0), (2, 0, 0), (3, 0, P)])
+    r = K.replay_expert_policy(keys, steps, 3, "lru", k=1, prefetch=ahead, experts=4)
+    assert r["prefetch_reads"] == 0 and r["evictions"] == 0
+    # hotpin: pinned slots are never a prefetch's victim. 4 slots, k=1: 0, 1, 2 pinned; 3 in the
+    # unpinned slot; a guess for layer 1 has no room (the one unpinned slot stays unreserved)
+    keys, steps, ahead = ops([(0, 0, 0), (1, 0, 0), (2, 0, 0), (3, 0, 0), (4, 1, P), (4, 1, 0)])
+    r = K.replay_expert_policy(keys, steps, 4, "hotpin", k=1, prefetch=ahead, experts=4)
+    assert r["prefetch_reads"] == 0 and (r["hits"], r["misses"]) == (0, 5)
+
+
+def test_replay_prefetch_rejects_bad_input():
+    keys, steps, ahead = ops([(0, 0, 0), (4, 1, True)])
+    with pytest.raises(ValueError, match="experts .* must be >= 1"):
+        K.replay_expert_policy(keys, steps, 2, "lru", prefetch=ahead)
+    with pytest.raises(ValueError, match="prefetch must be a 1-D bool array"):
+        K.replay_expert_policy(keys, steps, 2, "lru", prefetch=ahead[:1], experts=4)
 
 
 def test_resident_counters_stay_zero(tiny):

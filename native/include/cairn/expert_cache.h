@@ -9,6 +9,15 @@
 //    and retries: a sliding window of in-flight experts. Releases happen only on a failed acquire,
 //    so the sequence of policy operations depends on the keys alone, never on timing, and
 //    replay_expert_policy reproduces the model's counters exactly.
+//  * Prefetch (forward.cpp): before a layer's call, the keys it will (hash layers: surely) or
+//    probably (router lookahead) acquire are read ahead into slots the policy *reserves* for the
+//    call; only the next call ever has reservations. A prefetch never evicts a busy, pinned or
+//    reserved slot and leaves one unpinned slot unreserved. As the call acquires in index order, a
+//    reserved key below the one it acquires was guessed wrong: its reservation ends
+//    (end_reservations(layer start, key)), so the slot joins the call's window; a call evicts a
+//    still-reserved slot only when it holds none of its own. The call's end ends the rest.
+//    Prefetches are policy operations issued at fixed points with keys computed from the chunk's
+//    numbers, so the sequence still depends on the inputs alone, never on timing.
 //  * ExpertPager (expert_pager.cpp) owns the slot pool (one 4 KiB-aligned allocation), the file
 //    (O_DIRECT, else buffered reads + POSIX_FADV_DONTNEED), a few reader threads and the counters.
 #pragma once
@@ -16,6 +25,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -35,7 +45,15 @@ class SlotPolicy {
   void begin_call();  // a new MoE call (releases whatever the last one held)
   // The slot holding key (hit) or a slot to load it into (miss, possibly evicting), now busy.
   // -1: every evictable slot is busy (nothing changed: release the call's oldest slot, retry).
-  int acquire(int64_t key, bool* hit);
+  // reserved: set when the key was resident under a prefetch's reservation (which ends here).
+  int acquire(int64_t key, bool* hit, bool* reserved = nullptr);
+  // Reserve key ahead of its call (no access: recency and counts are untouched). Returns the slot
+  // to read it into (a free or evicted one), -2 when it is resident already (now reserved), -1
+  // when no slot may take it (every candidate is busy, pinned or reserved, or the room is used).
+  int prefetch(int64_t key);
+  // The call for keys [lo, hi) has run: their reservations end. Returns how many were never acquired.
+  int end_reservations(int64_t lo, int64_t hi);
+  int reserved() const { return (int)reserved_list_.size(); }
   void release(int s);  // slot s is no longer busy (its expert's compute is done)
   void release_all();
   void drop(int64_t key);  // forget a resident key (its slot's contents are invalid)
@@ -51,12 +69,15 @@ class SlotPolicy {
   double decayed(const Score& s) const;
   void repin();
   void promote(int s);  // HOTPIN: pin slot s if its key is hot enough
-  int victim() const;
+  int victim(bool take_reserved) const;
+  void reserve(int s);
+  void unreserve(int s);
   Kind kind_;
   int n_;
   std::vector<int64_t> key_;    // [slots] resident key, -1 = empty
   std::vector<uint64_t> tick_;  // [slots] access clock of the last use (recency)
-  std::vector<char> busy_, pin_;
+  std::vector<char> busy_, pin_, reserved_;
+  std::vector<int> reserved_list_;  // the reserved slots, unordered
   std::vector<int> busy_list_;
   std::unordered_map<int64_t, int> where_;    // key -> slot
   std::unordered_map<int64_t, Score> score_;  // LRFU: every key seen (history outlives residency)
@@ -78,7 +99,7 @@ struct ExpertPart {
 class ExpertPager {
  public:
   struct Ticket {
-    std::atomic<int> state{0};  // 0 pending, 1 loaded, -1 failed
+    std::atomic<int> state{1};  // 0 pending, 1 loaded (or never read), -1 failed
   };
   ExpertPager(const std::string& path, int64_t nkeys, size_t slot_bytes, uint64_t expert_base, int slots,
               SlotPolicy::Kind kind, int k, size_t dense_bytes, int readers = 4);
@@ -86,43 +107,67 @@ class ExpertPager {
   ExpertPager(const ExpertPager&) = delete;
   ExpertPager& operator=(const ExpertPager&) = delete;
 
-  std::mutex call_mu;  // one MoE call at a time owns the policy and the slots
+  std::mutex call_mu;  // one MoE call (or prefetch) at a time owns the policy and the slots
   SlotPolicy policy;
   std::vector<ExpertPart> w13, w2;  // [nkeys]
 
   uint8_t* slot(int s) const { return pool_ + (size_t)s * slot_bytes_; }
-  void submit(int s, int64_t key, Ticket* t);  // read key's range into slot s (reader threads)
-  bool wait(Ticket* t);                        // blocks until loaded; false on a read error
-  void count(bool hit);
+  Ticket& ticket(int s) const { return tickets_[s]; }  // slot s's last read
+  // Read key's range into slot s (reader threads). A call's reads go before every prefetch's.
+  void submit(int s, int64_t key, bool ahead = false);
+  void expedite(int s);   // a call needs slot s's queued prefetch: move it to the calls' queue
+  void settle(int s);     // slot s is about to be reused: drop its queued read or wait for it
+  bool wait(Ticket* t);   // blocks until loaded; false on a read error
+  void count(bool hit, bool prefetched = false);
+  // whether slot s holds a prefetch's read no call has used yet (and now one has)
+  bool take_ahead(int s) {
+    const bool a = ahead_read_[s];
+    ahead_read_[s] = 0;
+    return a;
+  }
+  // Read keys (one layer's, ascending) ahead of the layer's call, as far as the policy gives
+  // room (holding call_mu). guess: the keys come from router lookahead, not the tokens. Returns
+  // how many keys were offered to the policy (up to the first it had no room for).
+  size_t prefetch(int layer, const std::vector<int64_t>& keys, bool guess);
+  void end_call(int layer, int64_t E);  // the layer's call has run: its reservations end
+  void count_guess(int layer, int64_t key);  // a call acquired key: was it guessed?
 
   int readers() const { return (int)threads_.size(); }
   size_t slot_bytes() const { return slot_bytes_; }
   size_t dense_bytes() const { return dense_bytes_; }
   int64_t nkeys() const { return nkeys_; }
   bool direct_io() const { return direct_; }
+  std::atomic<bool> prefetch_on{true};  // Model.expert_prefetch
   struct Stats {
     int64_t hits = 0, misses = 0, bytes_read = 0, evictions = 0;
     double read_seconds = 0, stall_seconds = 0;
     double busy_seconds = 0;  // wall time with at least one read in flight (the disk kept busy)
+    int64_t prefetch_reads = 0;     // reads issued ahead of a call (in bytes_read too)
+    int64_t prefetch_used = 0;      // of those, acquired by their call (counted as hits)
+    int64_t lookahead_guesses = 0;  // keys the router lookahead predicted for its layer's next call
+    int64_t lookahead_right = 0;    // of those, acquired by that call
+    int64_t lookahead_keys = 0;     // keys acquired by calls that had a lookahead guess
   };
   Stats stats();
 
  private:
   struct Req {
-    uint8_t* dst;
+    int slot;
     uint64_t off;
-    Ticket* t;
   };
   void reader();
   int fd_ = -1;
   bool direct_ = false;
   uint8_t* pool_ = nullptr;
+  std::unique_ptr<Ticket[]> tickets_;  // [slots]
+  std::vector<char> ahead_read_;       // [slots] holds a prefetch read no call has acquired yet
+  std::vector<std::vector<int64_t>> guess_;  // [layer] the lookahead's keys for its next call (ascending)
   size_t slot_bytes_, dense_bytes_;
   uint64_t base_;
   int64_t nkeys_;
   std::mutex mu_;
   std::condition_variable work_cv_, done_cv_;
-  std::deque<Req> queue_;
+  std::deque<Req> queue_, ahead_;  // calls' reads, prefetches (readers take calls' first)
   bool stop_ = false;
   std::vector<std::thread> threads_;
   Stats stats_;
@@ -135,7 +180,8 @@ class ExpertPager {
 // A copy of tmpl (a paged expert matrix: shape and format) reading its panels from a slot.
 Linear paged_linear(const Linear& tmpl, const ExpertPart& P, const uint8_t* slot);
 
-// MoE calls' distinct experts, for benches to replay real routing: rows (call, layer, expert).
+// MoE calls' distinct experts, for benches to replay real routing: rows (call, layer, expert);
+// a prefetch offered to the policy before call `call` is a row (call, layer, -1 - expert).
 // Bench-only: a MoE call reads `on` without the lock and takes `mu` only while tracing is on.
 // Every call counts in `calls` (tracing on or off), so a trace's call numbers keep their place in
 // the layer cycle (call % n_layers == layer) whenever tracing starts.

@@ -43,6 +43,9 @@ struct AttnSeg {
 // The attention block over several segments (each its own state), Stot = sum of their S.
 void attention_rows(const Model& m, int layer, const AttnSeg* segs, int nseg, const float* x /*[Stot,D]*/,
                     int Stot, float* y /*[Stot,D]*/);
+// Paged experts: read the layer's experts ahead of its call -- from the tokens (hash layers) or
+// guessed by the layer's router on x [S, D], a hidden state before the layer's own input.
+void prefetch_experts(const Model& m, int layer, const float* x, const int32_t* tokens, int S);
 void moe_block(const Model& m, int layer, const float* x /*[S,D]*/, const int32_t* tokens, int S,
                float* y /*[S,D]*/);
 // Feed S raw projection rows (kv, gate: [S, cs.cw]) at positions pos0..; emits finished
