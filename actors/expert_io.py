@@ -13,9 +13,6 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, fields
 
-_INT = ("hits", "misses", "bytes_read", "evictions")
-
-
 @dataclass(frozen=True, slots=True)
 class ExpertIO:
     hits: int = 0                # expert lookups served from the cache
@@ -24,12 +21,17 @@ class ExpertIO:
     read_s: float = 0.0          # time spent reading (may overlap compute)
     stall_s: float = 0.0         # compute waited for a read
     evictions: int = 0
+    prefetch_reads: int = 0      # reads issued ahead of their call (in bytes_read too)
+    prefetch_used: int = 0       # of those, used by their call (counted as hits)
+    lookahead_guesses: int = 0   # experts the router lookahead predicted for the next layer
+    lookahead_right: int = 0     # of those, the ones that layer used
 
     @classmethod
     def from_stats(cls, d: dict) -> "ExpertIO":
         return cls(int(d.get("hits", 0)), int(d.get("misses", 0)), int(d.get("bytes_read", 0)),
                    float(d.get("read_seconds", 0.0)), float(d.get("stall_seconds", 0.0)),
-                   int(d.get("evictions", 0)))
+                   int(d.get("evictions", 0)), int(d.get("prefetch_reads", 0)), int(d.get("prefetch_used", 0)),
+                   int(d.get("lookahead_guesses", 0)), int(d.get("lookahead_right", 0)))
 
     def __add__(self, o: "ExpertIO") -> "ExpertIO":
         return ExpertIO(*(getattr(self, f.name) + getattr(o, f.name) for f in fields(self)))
@@ -48,9 +50,15 @@ class ExpertIO:
     def as_log(self) -> dict:
         """The fields of a log line or a status block (rounded; hit_rate None without lookups)."""
         hr = self.hit_rate
-        return {"hit_rate": None if hr is None else round(hr, 4), "hits": self.hits, "misses": self.misses,
-                "bytes_read": self.bytes_read, "read_s": round(self.read_s, 4), "stall_s": round(self.stall_s, 4),
-                "evictions": self.evictions}
+        out = {"hit_rate": None if hr is None else round(hr, 4), "hits": self.hits, "misses": self.misses,
+               "bytes_read": self.bytes_read, "read_s": round(self.read_s, 4), "stall_s": round(self.stall_s, 4),
+               "evictions": self.evictions}
+        if self.prefetch_reads or self.lookahead_guesses:
+            g = self.lookahead_guesses
+            out |= {"prefetch_reads": self.prefetch_reads, "prefetch_used": self.prefetch_used,
+                    "lookahead_guesses": g, "lookahead_right": self.lookahead_right,
+                    "lookahead_precision": None if not g else round(self.lookahead_right / g, 4)}
+        return out
 
 
 ZERO = ExpertIO()
@@ -106,3 +114,7 @@ class ExpertMeter:
             m.expert_read_seconds.inc(max(0.0, io.read_s))
             m.expert_stall_seconds.inc(max(0.0, io.stall_s))
             m.expert_evictions.inc(io.evictions)
+            m.expert_prefetch_reads.inc(io.prefetch_reads)
+            m.expert_prefetch_used.inc(io.prefetch_used)
+            m.expert_lookahead_guesses.inc(io.lookahead_guesses)
+            m.expert_lookahead_right.inc(io.lookahead_right)

@@ -362,6 +362,11 @@ def format_status(s: dict) -> str:
                      f"{'-' if hr is None else f'{100 * hr:.1f}%'} ({ex.get('hits', 0)} hits, {ex.get('misses', 0)} "
                      f"misses), read {human_bytes(ex.get('bytes_read', 0))} in {ex.get('read_s', 0)} s, "
                      f"stalled {ex.get('stall_s', 0)} s")
+        if ex.get("prefetch_reads") is not None:
+            prec = ex.get("lookahead_precision")
+            lines.append(f"             read ahead {ex['prefetch_reads']} ({ex.get('prefetch_used', 0)} used); "
+                         f"router lookahead right on {'-' if prec is None else f'{100 * prec:.1f}%'} of "
+                         f"{ex.get('lookahead_guesses', 0)} guesses")
     elif ex:
         lines.append("experts      all resident")
     if ex.get("reason"):

@@ -167,6 +167,9 @@ FIELDS: tuple[Field, ...] = (
           "disk as tokens need them (larger-than-memory models): auto (from available memory and the cgroup "
           "limit), all or 0 (every expert resident), a size such as 800M or 12G, or a share such as 25%",
           _expert_cache),
+    Field("expert_prefetch", str, "on", "with paged experts, read a layer's experts before its turn: a hash "
+          "layer's from the token ids, others guessed by the layer's router one layer early (only the reads are "
+          "speculative: the same output either way): on or off", _one_of("on", "off")),
 )
 
 
@@ -202,6 +205,7 @@ class Settings:
     packed_cache_dir: str
     packed_cache_budget_mb: int
     expert_cache: str          # daemon/service/memory_plan.py parses it; "auto" sizes it from memory at start
+    expert_prefetch: str
 
     @property
     def socket_mode_int(self) -> int:

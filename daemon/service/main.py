@@ -79,6 +79,8 @@ def load(settings: Settings, kernel=None) -> Loaded:
     log.info("model_loaded", model=md.name, seconds=round(time.monotonic() - t, 2),
              packed_bytes=int(model.packed_bytes), packed_from_cache=bool(model.packed_from_cache),
              packed_cache_written=bool(model.packed_cache_written))
+    if plan.paged and hasattr(model, "expert_prefetch"):
+        model.expert_prefetch = settings.expert_prefetch == "on"
     info = expert_cache_info(model)
     if info is not None:
         log.info("expert_cache", **info)

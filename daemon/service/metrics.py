@@ -278,6 +278,14 @@ class Metrics:
                                               "Time the compute waited for routed-expert reads.")
         self.expert_evictions = r.counter("cairn_expert_cache_evictions_total",
                                           "Routed experts evicted from the cache to make room.")
+        self.expert_prefetch_reads = r.counter("cairn_expert_prefetch_reads_total",
+                                               "Routed experts read ahead of their layer (--expert-prefetch).")
+        self.expert_prefetch_used = r.counter("cairn_expert_prefetch_used_total",
+                                              "Experts read ahead that their layer then used.")
+        self.expert_lookahead_guesses = r.counter("cairn_expert_lookahead_guesses_total",
+                                                  "Experts the router lookahead predicted for the next layer.")
+        self.expert_lookahead_right = r.counter("cairn_expert_lookahead_right_total",
+                                                "Predicted experts the next layer then used.")
         for tier in tiers:
             for metric in (self.checkpoint_hits, self.checkpoint_evictions, self.checkpoint_bytes):
                 metric.touch(tier=tier)

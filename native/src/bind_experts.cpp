@@ -36,6 +36,7 @@ py::dict info(BoundModel& m) {
   d["pinned"] = pinned;
   d["direct_io"] = P ? P->direct_io() : false;
   d["readers"] = P ? P->readers() : 0;
+  d["prefetch"] = P ? P->prefetch_on.load() : false;
   d["paging"] = P != nullptr;
   return d;
 }
@@ -168,7 +169,8 @@ void register_experts(py::module_& m) {
       py::reinterpret_borrow<py::class_<BoundModel, std::shared_ptr<BoundModel>>>(m.attr("Model"));
   cls.def("expert_cache_info", &info,
           "Expert cache shape: budget_bytes (0 = every expert resident), slot_bytes, slots, expert_bytes_total, "
-          "dense_bytes, experts_total, pinned, direct_io, readers (reader threads; 0 when resident), paging.")
+          "dense_bytes, experts_total, pinned, direct_io, readers (reader threads; 0 when resident), paging, "
+          "prefetch (expert_prefetch).")
       .def("expert_cache_stats", &stats,
            "Cumulative counters: hits, misses, bytes_read, read_seconds (sum over reads), stall_seconds (compute "
            "waiting for reads), read_busy_seconds (wall time with at least one read in flight), evictions; "

@@ -12,9 +12,10 @@ from cairn.daemon.service.main import load
 from daemon_harness import daemon, request
 
 
-def _load(model_dir, tmp, expert_cache: str):
+def _load(model_dir, tmp, expert_cache: str, **more):
     return load(load_settings({"model": str(model_dir), "threads": 2, "expert_cache": expert_cache,
-                               "packed_cache_dir": str(tmp / "packed"), "checkpoint_dir": str(tmp / "state")}, {}))
+                               "packed_cache_dir": str(tmp / "packed"), "checkpoint_dir": str(tmp / "state"),
+                               **more}, {}))
 
 
 def _body(prompt):
@@ -26,12 +27,14 @@ async def test_paged_daemon_answers_as_the_resident_one_and_reports_the_cache(ex
     with capture_logs() as load_events:
         paged = _load(experts_dir, tmp_path, "25%")
     resident = _load(experts_dir, tmp_path, "all")
+    no_prefetch = _load(experts_dir, tmp_path, "25%", expert_prefetch="off")
     info = paged.model.expert_cache_info()
+    assert info["prefetch"] is True and no_prefetch.model.expert_cache_info()["prefetch"] is False
     assert info["budget_bytes"] > 0 and resident.model.expert_cache_info()["budget_bytes"] == 0
     plan = [e for e in load_events if e["event"] == "memory_plan"][0]
     assert plan["paged"] and "25% of" in plan["reason"]
     out = {}
-    for name, loaded in (("resident", resident), ("paged", paged)):
+    for name, loaded in (("resident", resident), ("paged", paged), ("no_prefetch", no_prefetch)):
         sock = tmp_path / f"{name}.sock"
         with trio.fail_after(120), capture_logs() as events:
             async with daemon(loaded, sock, chunk=64, segment=64, checkpoints=False):
@@ -40,8 +43,10 @@ async def test_paged_daemon_answers_as_the_resident_one_and_reports_the_cache(ex
                 status = (await request(sock, "GET", "/v1/status")).json()
                 metrics = (await request(sock, "GET", "/metrics")).body.decode()
         out[name] = (r.json()["choices"][0], events, status, metrics)
-    assert out["paged"][0]["text"] == out["resident"][0]["text"]
-    assert out["paged"][0]["logprobs"]["token_logprobs"] == out["resident"][0]["logprobs"]["token_logprobs"]
+    for name in ("paged", "no_prefetch"):  # reading ahead changes which reads happen when, never a bit
+        assert out[name][0]["text"] == out["resident"][0]["text"]
+        assert out[name][0]["logprobs"]["token_logprobs"] == out["resident"][0]["logprobs"]["token_logprobs"]
+    assert no_prefetch.model.expert_cache_stats()["prefetch_reads"] == 0
     _, events, status, metrics = out["paged"]
     kernel = paged.model.expert_cache_stats()
     segs = [e["experts"] for e in events if e["event"] == "prefill_segment"]
@@ -53,6 +58,12 @@ async def test_paged_daemon_answers_as_the_resident_one_and_reports_the_cache(ex
     ex = status["expert_cache"]
     assert ex["paged"] and ex["budget_bytes"] == info["budget_bytes"] and ex["misses"] == kernel["misses"]
     assert f"cairn_expert_cache_read_bytes_total {kernel['bytes_read']}" in metrics
+    # the read-ahead's work: in the kernel's counters, the request's line, /v1/status and /metrics
+    assert kernel["lookahead_guesses"] > 0 and kernel["bytes_read"] == (kernel["misses"] + kernel["prefetch_reads"]) * info["slot_bytes"]
+    assert req["prefill"]["lookahead_guesses"] + req["decode"]["lookahead_guesses"] == kernel["lookahead_guesses"]
+    assert (ex["prefetch_reads"], ex["lookahead_right"]) == (kernel["prefetch_reads"], kernel["lookahead_right"])
+    assert f"cairn_expert_lookahead_guesses_total {kernel['lookahead_guesses']}" in metrics
+    assert f"cairn_expert_prefetch_reads_total {kernel['prefetch_reads']}" in metrics
     _, events_r, status_r, _ = out["resident"]
     assert status_r["expert_cache"]["paged"] is False
     assert not any("experts" in e for e in events_r if e["event"] in ("prefill_segment", "request"))

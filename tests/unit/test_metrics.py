@@ -32,6 +32,8 @@ def test_fresh_metrics_parse_with_every_known_series_at_zero():
         "cairn_expert_cache_misses": "counter", "cairn_expert_cache_read_bytes": "counter",
         "cairn_expert_cache_read_seconds": "counter", "cairn_expert_cache_stall_seconds": "counter",
         "cairn_expert_cache_evictions": "counter", "cairn_memory_refused": "counter",
+        "cairn_expert_prefetch_reads": "counter", "cairn_expert_prefetch_used": "counter",
+        "cairn_expert_lookahead_guesses": "counter", "cairn_expert_lookahead_right": "counter",
         "cairn_checkpoint_captures_skipped": "counter",
     }
     requests = families["cairn_requests"][1]
