@@ -31,6 +31,8 @@ def main() -> None:
     ap.add_argument("--budget", type=int, default=0, help="expert_cache_bytes (0: every expert resident)")
     ap.add_argument("--policy", default=None)
     ap.add_argument("--readers", type=int, default=None, help="expert_readers (the kernel's default when omitted)")
+    ap.add_argument("--prefetch", choices=("on", "off"), default=None,
+                    help="expert_prefetch (the kernel's default when omitted; a kernel without it ignores it)")
     ap.add_argument("--prompt-file", default=None, help=".npy int32 token ids")
     ap.add_argument("--decode", type=int, default=8)
     ap.add_argument("--chunk", type=int, default=128)
@@ -65,6 +67,8 @@ def main() -> None:
     model = _kernel.Model(md.config, map_weights(md), md.fingerprint, a.threads,
                           packed_cache=str(packed_cache_file(md, a.packed)), **kw)
     load_s = time.perf_counter() - t0
+    if a.prefetch and a.budget and hasattr(model, "expert_prefetch"):
+        model.expert_prefetch = a.prefetch == "on"
     ids = np.load(a.prompt_file).astype(np.int32)
     if a.trace and hasattr(model, "set_route_trace"):
         model.set_route_trace(True)

@@ -36,9 +36,11 @@ def loadavg() -> str:
     return " ".join(Path("/proc/loadavg").read_text().split()[:3])
 
 
-def run_arm(arm: tuple[str, str, list[str]], model: str, packed: str, prompt: str, budget: int, decode: int) -> dict:
+def run_arm(arm: tuple[str, str, list[str]], model: str, packed: str, prompt: str, budget: int, decode: int,
+            chunk: int = 128) -> dict:
     py, worker, extra = arm
-    cmd = [py, worker, model, packed, "--prompt-file", prompt, "--decode", str(decode), "--budget", str(budget), *extra]
+    cmd = [py, worker, model, packed, "--prompt-file", prompt, "--decode", str(decode), "--budget", str(budget),
+           "--chunk", str(chunk), *extra]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
     if p.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed:\n{p.stderr[-3000:]}")
@@ -54,6 +56,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--prompt", type=int, default=256, help="agent-stream prefill tokens (chunk 128)")
     ap.add_argument("--decode", type=int, default=8)
+    ap.add_argument("--chunk", type=int, default=128, help="prefill chunk (passed to every worker)")
     ap.add_argument("--probe-seconds", type=float, default=3)
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
@@ -72,7 +75,7 @@ def main() -> None:
     shares = [float(s) for s in a.shares.split(",")]
     rows, probes, ref = [], [], None
     first = next(iter(arms.values()))
-    run_arm(first, a.model, a.packed, str(prompt), 0, 1)  # untimed: the dense part into the page cache
+    run_arm(first, a.model, a.packed, str(prompt), 0, 1, a.chunk)  # untimed: the dense part into the page cache
     for rnd in range(a.rounds):
         pr = probe(os.path.dirname(os.path.abspath(a.packed)) or "/tmp", file_gib=6, seconds=a.probe_seconds, keep=True)
         rand = {r["threads"]: r["gb_s"] for r in pr["rows"] if r["read"] == "random" and r["size"] > (1 << 20)}
@@ -83,7 +86,7 @@ def main() -> None:
             total = None  # the routed experts' bytes, from this arm's resident run (run first)
             for share in [0.0, *shares]:
                 budget = int(total * share) if share else 0
-                r = run_arm(arm, a.model, a.packed, str(prompt), budget, a.decode)
+                r = run_arm(arm, a.model, a.packed, str(prompt), budget, a.decode, a.chunk)
                 total = total or r["info"]["expert_bytes_total"]
                 pre = r["prefill_stats"]
                 row = {"round": rnd, "arm": label, "share": share, "prefill_tok_s": r["prefill_tokens"] / r["prefill_s"],
@@ -96,6 +99,19 @@ def main() -> None:
                             "disk_busy_frac": pre.get("read_busy_seconds", float("nan")) / r["prefill_s"],
                             "hit_rate": pre["hits"] / max(1, pre["hits"] + pre["misses"]),
                             "readers": r["info"].get("readers", 2)}
+                    dec = r["decode_stats"]
+                    mb_tok = dec["bytes_read"] / max(1, r["decode_tokens"]) / 1e6
+                    row |= {"decode_stall_frac": dec["stall_seconds"] / r["decode_s"],
+                            "decode_busy_frac": dec.get("read_busy_seconds", float("nan")) / r["decode_s"],
+                            "decode_mb_per_tok": mb_tok,
+                            # the rate the disk alone allows: probe bandwidth / bytes read per token
+                            "decode_of_disk_bound": row["decode_tok_s"] * mb_tok / 1e3 / rand[4]}
+                    for part, st in (("prefill", pre), ("decode", dec)):
+                        if st.get("lookahead_guesses"):
+                            row[f"{part}_lookahead_precision"] = st["lookahead_right"] / st["lookahead_guesses"]
+                            row[f"{part}_lookahead_recall"] = st["lookahead_right"] / max(1, st["lookahead_keys"])
+                            row[f"{part}_prefetch_reads"] = st["prefetch_reads"]
+                            row[f"{part}_prefetch_used"] = st["prefetch_used"]
                 ref = ref or row["digest"]
                 row["bit_identical"] = row["digest"] == ref
                 rows.append(row)
