@@ -94,7 +94,7 @@ def main() -> None:
                        "loadavg": loadavg()}
                 if share:
                     bw = pre["bytes_read"] / r["prefill_s"] / 1e9
-                    row |= {"read_gb_s": bw, "of_probe_2": bw / rand[2], "of_probe_4": bw / rand[4],
+                    row |= {"prefill_mb_read": pre["bytes_read"] / 1e6, "read_gb_s": bw, "of_probe_2": bw / rand[2], "of_probe_4": bw / rand[4],
                             "stall_frac": pre["stall_seconds"] / r["prefill_s"],
                             "disk_busy_frac": pre.get("read_busy_seconds", float("nan")) / r["prefill_s"],
                             "hit_rate": pre["hits"] / max(1, pre["hits"] + pre["misses"]),
