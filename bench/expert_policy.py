@@ -81,6 +81,7 @@ def main() -> None:
     ap.add_argument("--budgets", default="0.1,0.25,0.5")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--text", help="prompt tokens from this file (or directory of .py files) instead of random")
+    ap.add_argument("--save-trace", help="also write the route trace here (.npz: trace, E, layers, k)")
     args = ap.parse_args()
     md = open_model_dir(args.model_dir)
     cfg = md.config
@@ -89,6 +90,8 @@ def main() -> None:
     trace = session_trace(model, cfg["vocab_size"], args.system, args.turns, args.user, args.reply, args.chunk,
                           args.seed, text)
     E, total = cfg["n_routed_experts"], cfg["n_routed_experts"] * cfg["num_hidden_layers"]
+    if args.save_trace:
+        np.savez(args.save_trace, trace=trace, E=E, layers=cfg["num_hidden_layers"], k=cfg["num_experts_per_tok"])
     keys = trace[:, 1].astype(np.int64) * E + trace[:, 2]
     steps = trace[:, 0].astype(np.int64)
     rows = []

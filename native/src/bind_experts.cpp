@@ -74,7 +74,7 @@ py::array_t<int32_t> take_trace(BoundModel& m) {
 // the same slot at the same point of the sequence, after that expert's compute).
 py::dict replay(py::array_t<int64_t, py::array::c_style | py::array::forcecast> keys,
                 py::array_t<int64_t, py::array::c_style | py::array::forcecast> steps, int slots,
-                const std::string& policy, int per_tok) {
+                const std::string& policy, int per_tok, int n_layers, int num_experts) {
   if (keys.ndim() != 1 || steps.ndim() != 1 || keys.size() != steps.size())
     throw py::value_error("keys and steps must be 1-D arrays of the same length, got sizes " +
                           std::to_string(keys.size()) + " and " + std::to_string(steps.size()));
@@ -82,15 +82,21 @@ py::dict replay(py::array_t<int64_t, py::array::c_style | py::array::forcecast> 
   if (per_tok < 1 || per_tok > slots)
     throw py::value_error("k must be in 1..slots, got " + std::to_string(per_tok));
   const SlotPolicy::Kind kind = SlotPolicy::parse(policy);
+  if (kind == SlotPolicy::CYCLE && (n_layers < 1 || num_experts < 1))
+    throw py::value_error("policy 'cycle' needs n_layers and num_experts (>= 1), got " + std::to_string(n_layers) +
+                          " and " + std::to_string(num_experts));
   const int64_t* k = keys.data();
   const int64_t* s = steps.data();
   const py::ssize_t n = keys.size();
   for (py::ssize_t i = 0; i < n; ++i) {
     if (k[i] < 0) throw py::value_error("keys[" + std::to_string(i) + "] is negative");
+    if (kind == SlotPolicy::CYCLE && k[i] >= (int64_t)n_layers * num_experts)
+      throw py::value_error("keys[" + std::to_string(i) + "] is beyond n_layers * num_experts");
     if (i && s[i] < s[i - 1]) throw py::value_error("steps must be non-decreasing (at index " + std::to_string(i) + ")");
   }
   int64_t hits = 0, misses = 0, releases = 0;
   SlotPolicy P(slots, kind, per_tok);
+  if (n_layers > 0 && num_experts > 0) P.set_layers(n_layers, num_experts);
   {
     py::gil_scoped_release rel;
     std::unordered_set<int64_t> seen;  // this call's keys (a repeat within a call is no access)
@@ -140,9 +146,11 @@ void register_experts(py::module_& m) {
       .def("take_route_trace", &take_trace,
            "The recorded rows (call_seq, layer, expert) as int32 [n, 3], and clears them.");
   m.def("replay_expert_policy", &replay, py::arg("keys"), py::arg("steps"), py::arg("slots"),
-        py::arg("policy") = "hotpin", py::kw_only(), py::arg("k") = 1,
-        "Hit counts of the kernel's expert slot policy ('lru' | 'lrfu' | 'hotpin') on keys (int64 layer*E+expert, "
-        "access order) with steps (the MoE call of each key), k = num_experts_per_tok (slots hotpin never pins), "
+        py::arg("policy") = "hotpin", py::kw_only(), py::arg("k") = 1, py::arg("n_layers") = 0,
+        py::arg("num_experts") = 0,
+        "Hit counts of the kernel's expert slot policy ('lru' | 'lrfu' | 'hotpin' | 'cycle') on keys (int64 "
+        "layer*E+expert, access order) with steps (the MoE call of each key), k = num_experts_per_tok (slots hotpin "
+        "never pins), n_layers and num_experts = E (the layer cycle; 'cycle' needs them) "
         "as the model with that many slots runs them: dict(hits, misses, evictions, releases); releases counts "
         "the times a call released its oldest expert's slot to go on (0 when every call's experts fit).");
 }

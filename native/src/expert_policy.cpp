@@ -29,7 +29,9 @@ SlotPolicy::Kind SlotPolicy::parse(const std::string& name) {
   if (name == "lru") return LRU;
   if (name == "lrfu") return LRFU;
   if (name == "hotpin") return HOTPIN;
-  throw std::invalid_argument("expert cache policy '" + name + "' is unknown (allowed: 'lru', 'lrfu', 'hotpin')");
+  if (name == "cycle") return CYCLE;
+  throw std::invalid_argument("expert cache policy '" + name +
+                              "' is unknown (allowed: 'lru', 'lrfu', 'hotpin', 'cycle')");
 }
 
 SlotPolicy::SlotPolicy(int slots, Kind kind, int unpinned)
@@ -38,7 +40,10 @@ SlotPolicy::SlotPolicy(int slots, Kind kind, int unpinned)
   if (slots < 1) throw std::invalid_argument("expert cache needs at least one slot");
 }
 
-void SlotPolicy::begin_call() { release_all(); }
+void SlotPolicy::begin_call() {
+  if (kind_ == CYCLE) cycle_end_call();
+  release_all();
+}
 
 double SlotPolicy::decayed(const Score& s) const { return s.crf * std::exp2(-(double)(now_ - s.at) / half_life_); }
 
@@ -70,6 +75,13 @@ int SlotPolicy::victim() const {
 int SlotPolicy::acquire(int64_t key, bool* hit) {
   auto it = where_.find(key);
   int s;
+  if (kind_ == CYCLE) {
+    if (experts_ < 1) throw std::logic_error("expert cache policy 'cycle' needs set_layers before use");
+    if (key >= (int64_t)use_.size())
+      throw std::invalid_argument("expert cache policy 'cycle': key " + std::to_string(key) + " is beyond " +
+                                  std::to_string(layers_) + " layers x " + std::to_string(experts_) + " experts");
+    if (call_keys_.empty()) cur_layer_ = (int)(key / experts_);
+  }
   if (it != where_.end()) {
     s = it->second;
     *hit = true;
@@ -78,7 +90,7 @@ int SlotPolicy::acquire(int64_t key, bool* hit) {
       s = (int)(std::find(key_.begin(), key_.end(), (int64_t)-1) - key_.begin());
       --free_;
     } else {
-      s = victim();
+      s = kind_ == CYCLE ? cycle_victim(key) : victim();
       if (s < 0) return -1;
       where_.erase(key_[s]);
       ++evictions_;
@@ -93,7 +105,9 @@ int SlotPolicy::acquire(int64_t key, bool* hit) {
   tick_[s] = now_;
   busy_[s] = 1;
   busy_list_.push_back(s);
-  if (kind_ == LRFU) {
+  if (kind_ == CYCLE) {
+    call_keys_.push_back(key);
+  } else if (kind_ == LRFU) {
     Score& sc = score_[key];
     sc.crf = decayed(sc) + 1.0;
     sc.at = now_;

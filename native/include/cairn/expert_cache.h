@@ -9,6 +9,8 @@
 //    and retries: a sliding window of in-flight experts. Releases happen only on a failed acquire,
 //    so the sequence of policy operations depends on the keys alone, never on timing, and
 //    replay_expert_policy reproduces the model's counters exactly.
+//  * CYCLE (expert_policy_cycle.cpp) may also answer -1 while a slot could go: when one of the
+//    call's own held experts is the better victim (a prefill sweep), the release frees it.
 //  * ExpertPager (expert_pager.cpp) owns the slot pool (one 4 KiB-aligned allocation), the file
 //    (O_DIRECT, else buffered reads + POSIX_FADV_DONTNEED), a few reader threads and the counters.
 #pragma once
@@ -28,13 +30,18 @@ namespace cairn {
 
 class SlotPolicy {
  public:
-  enum Kind { LRU = 0, LRFU = 1, HOTPIN = 2 };
-  static Kind parse(const std::string& name);  // "lru" | "lrfu" | "hotpin"; std::invalid_argument otherwise
+  enum Kind { LRU = 0, LRFU = 1, HOTPIN = 2, CYCLE = 3 };
+  // "lru" | "lrfu" | "hotpin" | "cycle"; std::invalid_argument otherwise
+  static Kind parse(const std::string& name);
   // unpinned: slots HOTPIN never pins (one decode step's experts, k, are acquired without a release)
   SlotPolicy(int slots, Kind kind, int unpinned = 1);
+  // CYCLE needs the layer cycle (keys are layer * experts + expert; calls run layers 0..n_layers-1
+  // in turn); set before the first acquire. The other kinds ignore it.
+  void set_layers(int n_layers, int experts);
   void begin_call();  // a new MoE call (releases whatever the last one held)
   // The slot holding key (hit) or a slot to load it into (miss, possibly evicting), now busy.
-  // -1: every evictable slot is busy (nothing changed: release the call's oldest slot, retry).
+  // -1: no slot to give (nothing changed: release the call's oldest slot, retry). Every evictable
+  // slot is busy, or (CYCLE) one of the call's held experts is a better victim than any free one.
   int acquire(int64_t key, bool* hit);
   void release(int s);  // slot s is no longer busy (its expert's compute is done)
   void release_all();
@@ -52,6 +59,10 @@ class SlotPolicy {
   void repin();
   void promote(int s);  // HOTPIN: pin slot s if its key is hot enough
   int victim() const;
+  // CYCLE (expert_policy_cycle.cpp)
+  double cycle_score(int64_t key, int64_t acquiring) const;  // expected calls until key's next use
+  int cycle_victim(int64_t acquiring) const;
+  void cycle_end_call();  // fold the finished call's experts into their layer's use rates
   Kind kind_;
   int n_;
   std::vector<int64_t> key_;    // [slots] resident key, -1 = empty
@@ -65,6 +76,10 @@ class SlotPolicy {
   int64_t evictions_ = 0;
   double half_life_;  // LRFU decay, in accesses
   int pin_max_;       // HOTPIN: at most this many pinned slots
+  int layers_ = 0, experts_ = 0;  // CYCLE: the layer cycle (set_layers)
+  int cur_layer_ = 0;             // CYCLE: the running call's layer (its first key's)
+  std::vector<double> use_;       // CYCLE: [layers * experts] decayed rate of use in the layer's calls
+  std::vector<int64_t> call_keys_;  // CYCLE: the running call's distinct keys
 };
 
 // Where one of an expert's two matrices (fused w1/w3, w2) sits inside its slot.
