@@ -8,8 +8,9 @@
 // are pinned: never evicted while an unpinned slot can go. Counts persist for non-resident keys,
 // so a once-hot expert that was evicted comes back with its history.
 //
-// HOTPIN (the default): LRU over unpinned slots, plus up to 3/4 of the slots (leaving at least
-// `unpinned`) pinned for the keys of highest decayed count (half-life 8x the slots in accesses).
+// HOTPIN (the default before CYCLE, expert_policy_cycle.cpp): LRU over unpinned slots, plus up
+// to 7/8 of the slots (leaving at least `unpinned`) pinned for the keys of highest decayed count
+// (half-life 8x the slots in accesses).
 // Pinned slots are not evicted to make room in a call: when the unpinned slots are busy the call
 // releases its oldest held slot and retries. A key takes the place of the
 // coldest pinned one only when its count exceeds that one's by 25%. The hysteresis is what

@@ -1,4 +1,4 @@
-// cairn kernel: the CYCLE expert slot policy, Belady's rule with the future estimated online.
+// cairn kernel: the CYCLE expert slot policy (the default), Belady's rule with the future estimated online.
 //
 // MoE calls come round in a fixed layer cycle (layer 0, 1, ..., n_layers - 1, 0, ...), so the
 // number of calls until a key's layer runs again is known exactly; whether that call routes to
