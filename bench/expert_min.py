@@ -10,8 +10,9 @@ What may be evicted (`hold`) mirrors the kernel's call discipline:
 - "release" (the default; the bound): only the key being acquired is safe. The kernel lets a call
   release its oldest held slots (FIFO, once their experts' outputs are done) whenever its policy
   finds no victim, so any earlier key of the call can be given up; hotpin does this whenever its
-  unpinned slots are all busy. Every kernel policy's run is then one schedule MIN chooses among:
-  MIN >= lru, lrfu and hotpin on every trace.
+  unpinned slots are all busy, cycle whenever a held key is the better victim. Every kernel
+  policy's run is then one schedule MIN chooses among: MIN >= lru, lrfu, hotpin and cycle on
+  every trace.
 - "call": a call's keys stay busy until the call ends, except that a call with more distinct keys
   than slots slides: acquiring its j-th key (j >= slots) releases its (j - slots)-th. This is what
   lru and lrfu are held to (they release only when every slot is busy), so MIN("call") bounds

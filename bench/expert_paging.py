@@ -17,8 +17,9 @@ Each run is a fresh process (bench/paged_worker.py) that loads the model from th
 
 Hit rate against budget: the route trace of a resident run that feeds the stream one token per
 kernel call (as decode does) is replayed through the kernel's own policy code
-(`_kernel.replay_expert_policy`) for LRU, LRFU and the kernel's default, hotpin, at 10..100 % of
-the experts. Paged runs use the kernel's default policy (hotpin).
+(`_kernel.replay_expert_policy`) for LRU, LRFU, hotpin and the kernel's default, cycle, at 10..100 %
+of the experts. Paged runs use the kernel's default policy (cycle; the results in docs/benchmarks.md
+dated before 2026-12-02 ran hotpin).
 """
 
 from __future__ import annotations
@@ -111,7 +112,8 @@ def hit_curve(trace: np.ndarray, experts_per_layer: int, total_experts: int, sha
         rows = []
         for s in shares:
             slots = max(1, int(round(total_experts * s)))
-            r = kernel.replay_expert_policy(keys, steps, slots, pol, k=k)
+            r = kernel.replay_expert_policy(keys, steps, slots, pol, k=k, n_layers=total_experts // experts_per_layer,
+                                            num_experts=experts_per_layer)
             rows.append(r["hits"] / max(1, r["hits"] + r["misses"]))
         curve[pol] = rows
     return curve
@@ -123,7 +125,7 @@ def plot(curves: dict, shares, path: Path, title: str) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
-    styles = {"lru": ":", "lrfu": "--", "hotpin": "-"}
+    styles = {"lru": ":", "lrfu": "--", "hotpin": "-.", "cycle": "-"}
     for stream, curve in curves.items():
         for pol, rows in curve.items():
             ax.plot([100 * s for s in shares], [100 * h for h in rows], styles.get(pol, "-"), marker="o",
@@ -212,7 +214,7 @@ def main() -> None:
         worker(a.model, a.packed, ft, "--decode", 0, "--threads", a.threads, "--chunk", 1, "--trace", trace_file)
         trace = np.load(trace_file)
         curve_shares = [x / 10 for x in range(1, 11)]
-        res["curves"][name] = hit_curve(trace, E, info["experts_total"], curve_shares, ("lru", "lrfu", "hotpin"),
+        res["curves"][name] = hit_curve(trace, E, info["experts_total"], curve_shares, ("lru", "lrfu", "hotpin", "cycle"),
                                         _kernel, int(md.config["num_experts_per_tok"]))
         res["curve_shares"] = curve_shares
         print(f"{name:7s} hit rate vs budget {json.dumps(res['curves'][name])}", flush=True)

@@ -6,7 +6,7 @@ replay it through the kernel's own slot policy (replay_expert_policy) at several
     .venv/bin/python bench/expert_policy.py /tmp/small --threads 2
     .venv/bin/python bench/expert_policy.py models/cairn-code --text daemon   # a trained router on Python
 
-Prints hit rates of 'lru', 'lrfu' and 'hotpin' per budget (fraction of all routed experts), beside
+Prints hit rates of 'lru', 'lrfu', 'hotpin' and 'cycle' per budget (fraction of all routed experts), beside
 Belady's MIN on the same slots (bench/expert_min.py: the offline optimum, 'min_hit'; 'min_call_hit'
 is MIN holding every call's experts to the call's end, the discipline lru and lrfu keep) and each
 policy's hits as a share of MIN's ('<policy>_of_min'). The synthetic models' routers are random, so
@@ -27,7 +27,7 @@ from expert_min import min_hits
 import cairn._kernel as K
 from cairn.daemon.weights.model_dir import load_model, open_model_dir
 
-POLICIES = ("lru", "lrfu", "hotpin")
+POLICIES = ("lru", "lrfu", "hotpin", "cycle")
 
 
 def text_tokens(md, path: str, need: int) -> np.ndarray:
@@ -81,6 +81,7 @@ def main() -> None:
     ap.add_argument("--budgets", default="0.1,0.25,0.5")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--text", help="prompt tokens from this file (or directory of .py files) instead of random")
+    ap.add_argument("--save-trace", help="also write the route trace here (.npz: trace, E, layers, k)")
     args = ap.parse_args()
     md = open_model_dir(args.model_dir)
     cfg = md.config
@@ -89,18 +90,22 @@ def main() -> None:
     trace = session_trace(model, cfg["vocab_size"], args.system, args.turns, args.user, args.reply, args.chunk,
                           args.seed, text)
     E, total = cfg["n_routed_experts"], cfg["n_routed_experts"] * cfg["num_hidden_layers"]
+    if args.save_trace:
+        np.savez(args.save_trace, trace=trace, E=E, layers=cfg["num_hidden_layers"], k=cfg["num_experts_per_tok"])
     keys = trace[:, 1].astype(np.int64) * E + trace[:, 2]
     steps = trace[:, 0].astype(np.int64)
     rows = []
     for frac in (float(f) for f in args.budgets.split(",")):
         slots = max(cfg["num_experts_per_tok"], int(frac * total))
-        r = {p: K.replay_expert_policy(keys, steps, slots, p, k=cfg["num_experts_per_tok"]) for p in POLICIES}
+        r = {p: K.replay_expert_policy(keys, steps, slots, p, k=cfg["num_experts_per_tok"],
+                                       n_layers=cfg["num_hidden_layers"], num_experts=E) for p in POLICIES}
         r["min"] = min_hits(keys, steps, slots)
         r["min_call"] = min_hits(keys, steps, slots, hold="call")
         rate = {p: r[p]["hits"] / max(1, r[p]["hits"] + r[p]["misses"]) for p in r}
         row = {"budget": frac, "slots": slots, **{f"{p}_hit": round(rate[p], 4) for p in r}}
         row.update({f"{p}_of_min": round(r[p]["hits"] / max(1, r["min"]["hits"]), 4) for p in POLICIES})
         row["miss_ratio_hotpin_vs_lru"] = round(r["hotpin"]["misses"] / max(1, r["lru"]["misses"]), 4)
+        row["miss_ratio_cycle_vs_hotpin"] = round(r["cycle"]["misses"] / max(1, r["hotpin"]["misses"]), 4)
         rows.append(row)
     print(json.dumps({"accesses": len(keys), "calls": int(steps.max() + 1) if len(steps) else 0,
                       "experts_total": total, "rows": rows}, indent=1))

@@ -83,8 +83,9 @@ def main() -> None:
     E, k = md.config["n_routed_experts"], md.config["num_experts_per_tok"]
     keys, steps = trace[:, 1].astype(np.int64) * E + trace[:, 2], trace[:, 0].astype(np.int64)
     replay = {}
-    for policy in ("lru", "lrfu", "hotpin"):
-        r = K.replay_expert_policy(keys, steps, pinfo["slots"], policy, k=k)
+    for policy in ("lru", "lrfu", "hotpin", "cycle"):
+        r = K.replay_expert_policy(keys, steps, pinfo["slots"], policy, k=k,
+                                   n_layers=md.config["num_hidden_layers"], num_experts=E)
         replay[policy] = r["hits"] / max(1, r["hits"] + r["misses"])
     identical = all(np.array_equal(a, b) for a, b in zip(res.pop("logits"), pag.pop("logits")))
     print(json.dumps({

@@ -246,7 +246,8 @@ def decode_batch(states, tokens, *, abort: AbortFlag | None = None) -> np.ndarra
     return np.stack(rows)
 
 
-def replay_expert_policy(keys, steps, slots: int, policy: str = "lru", *, k: int = 1) -> dict:
+def replay_expert_policy(keys, steps, slots: int, policy: str = "lru", *, k: int = 1, n_layers: int = 0,
+                         num_experts: int = 0) -> dict:
     """As the kernel's: replay keys (layer * E + expert, access order) with the MoE call of each
     (steps) through a cache of `slots` experts; the fake knows LRU only."""
     from collections import OrderedDict

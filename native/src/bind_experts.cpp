@@ -58,6 +58,7 @@ py::dict stats(BoundModel& m) {
   d["evictions"] = s.evictions;
   d["prefetch_reads"] = s.prefetch_reads;
   d["prefetch_used"] = s.prefetch_used;
+  d["prefetch_dropped"] = s.prefetch_dropped;
   d["lookahead_guesses"] = s.lookahead_guesses;
   d["lookahead_right"] = s.lookahead_right;
   d["lookahead_keys"] = s.lookahead_keys;
@@ -80,12 +81,12 @@ py::array_t<int32_t> take_trace(BoundModel& m) {
 // no slot, the call's oldest held slot is released and the acquire retried (the model releases
 // the same slot at the same point of the sequence, after that expert's compute).
 // ahead (optional, per key): the row is a prefetch issued before call `steps[i]`, not an access.
-// A call ends (its slots released, its layer's reservations ended; layer = key // experts) at the
+// A call ends (its slots released, its layer's reservations ended; layer = key // num_experts) at the
 // first row of another step.
 py::dict replay(py::array_t<int64_t, py::array::c_style | py::array::forcecast> keys,
                 py::array_t<int64_t, py::array::c_style | py::array::forcecast> steps, int slots,
-                const std::string& policy, int per_tok, std::optional<py::array_t<bool>> ahead_arg,
-                int64_t experts) {
+                const std::string& policy, int per_tok, int n_layers, int num_experts,
+                std::optional<py::array_t<bool>> ahead_arg) {
   if (keys.ndim() != 1 || steps.ndim() != 1 || keys.size() != steps.size())
     throw py::value_error("keys and steps must be 1-D arrays of the same length, got sizes " +
                           std::to_string(keys.size()) + " and " + std::to_string(steps.size()));
@@ -97,19 +98,25 @@ py::dict replay(py::array_t<int64_t, py::array::c_style | py::array::forcecast> 
     auto a = ahead_arg->unchecked<1>();
     if (ahead_arg->ndim() != 1 || a.shape(0) != keys.size())
       throw py::value_error("prefetch must be a 1-D bool array of the keys' length");
-    if (experts < 1) throw py::value_error("experts (routed experts per layer) must be >= 1 with prefetch");
+    if (num_experts < 1) throw py::value_error("num_experts (routed experts per layer) must be >= 1 with prefetch");
     for (py::ssize_t i = 0; i < a.shape(0); ++i) ahead[i] = a(i);
   }
   const SlotPolicy::Kind kind = SlotPolicy::parse(policy);
+  if (kind == SlotPolicy::CYCLE && (n_layers < 1 || num_experts < 1))
+    throw py::value_error("policy 'cycle' needs n_layers and num_experts (>= 1), got " + std::to_string(n_layers) +
+                          " and " + std::to_string(num_experts));
   const int64_t* k = keys.data();
   const int64_t* s = steps.data();
   const py::ssize_t n = keys.size();
   for (py::ssize_t i = 0; i < n; ++i) {
     if (k[i] < 0) throw py::value_error("keys[" + std::to_string(i) + "] is negative");
+    if (kind == SlotPolicy::CYCLE && k[i] >= (int64_t)n_layers * num_experts)
+      throw py::value_error("keys[" + std::to_string(i) + "] is beyond n_layers * num_experts");
     if (i && s[i] < s[i - 1]) throw py::value_error("steps must be non-decreasing (at index " + std::to_string(i) + ")");
   }
   int64_t hits = 0, misses = 0, releases = 0, reads_ahead = 0, used_ahead = 0;
   SlotPolicy P(slots, kind, per_tok);
+  if (n_layers > 0 && num_experts > 0) P.set_layers(n_layers, num_experts);
   {
     py::gil_scoped_release rel;
     std::unordered_set<int64_t> seen;  // this call's keys (a repeat within a call is no access)
@@ -119,7 +126,7 @@ py::dict replay(py::array_t<int64_t, py::array::c_style | py::array::forcecast> 
     for (py::ssize_t i = 0; i < n; ++i) {
       if (call >= 0 && s[i] != call) {  // the open call ends
         P.release_all();
-        if (experts > 0) P.end_reservations(layer * experts, (layer + 1) * experts);
+        if (num_experts > 0) P.end_reservations(layer * num_experts, (layer + 1) * num_experts);
         call = -1;
       }
       if (ahead[i]) {
@@ -132,10 +139,10 @@ py::dict replay(py::array_t<int64_t, py::array::c_style | py::array::forcecast> 
         seen.clear();
         held.clear();
         call = s[i];
-        layer = experts > 0 ? k[i] / experts : 0;
+        layer = num_experts > 0 ? k[i] / num_experts : 0;
       }
       if (!seen.insert(k[i]).second) continue;
-      if (experts > 0) P.end_reservations(layer * experts, k[i]);  // guesses the call passed over
+      if (num_experts > 0) P.end_reservations(layer * num_experts, k[i]);  // guesses the call passed over
       bool hit = false;
       int slot;
       while ((slot = P.acquire(k[i], &hit)) < 0) {
@@ -175,7 +182,8 @@ void register_experts(py::module_& m) {
            "Cumulative counters: hits, misses, bytes_read, read_seconds (sum over reads), stall_seconds (compute "
            "waiting for reads), read_busy_seconds (wall time with at least one read in flight), evictions; "
            "prefetch_reads (reads issued ahead of their call; bytes_read counts them too), prefetch_used (of "
-           "those, acquired by their call: counted as hits), lookahead_guesses / lookahead_right (keys the "
+           "those, acquired by their call: counted as hits), prefetch_dropped (of those, dropped unread because "
+           "their slot was reused first: a wrong guess passed over before its read began), lookahead_guesses / lookahead_right (keys the "
            "router lookahead predicted, and of those the ones the call used), lookahead_keys (keys acquired by "
            "calls that had a guess). All 0 when every expert is resident.")
       .def_property("expert_prefetch",
@@ -196,13 +204,14 @@ void register_experts(py::module_& m) {
            "expert_prefetch, a prefetch offered to the slot policy before call call_seq is a row (call_seq, layer, "
            "-1 - expert).");
   m.def("replay_expert_policy", &replay, py::arg("keys"), py::arg("steps"), py::arg("slots"),
-        py::arg("policy") = "hotpin", py::kw_only(), py::arg("k") = 1, py::arg("prefetch") = py::none(),
-        py::arg("experts") = 0,
-        "Hit counts of the kernel's expert slot policy ('lru' | 'lrfu' | 'hotpin') on keys (int64 layer*E+expert, "
-        "access order) with steps (the MoE call of each key), k = num_experts_per_tok (slots hotpin never pins), "
+        py::arg("policy") = "hotpin", py::kw_only(), py::arg("k") = 1, py::arg("n_layers") = 0,
+        py::arg("num_experts") = 0, py::arg("prefetch") = py::none(),
+        "Hit counts of the kernel's expert slot policy ('lru' | 'lrfu' | 'hotpin' | 'cycle') on keys (int64 "
+        "layer*E+expert, access order) with steps (the MoE call of each key), k = num_experts_per_tok (slots hotpin "
+        "never pins), n_layers and num_experts = E (the layer cycle; 'cycle' and prefetch need them) "
         "as the model with that many slots runs them: dict(hits, misses, evictions, releases); releases counts "
         "the times a call released its oldest expert's slot to go on (0 when every call's experts fit). "
         "prefetch (bool per key) marks rows that are prefetches issued before call steps[i] (a route trace's rows "
-        "with a negative expert, -1 - e), not accesses; experts = routed experts per layer (keys // experts is "
-        "the layer whose reservations a call's end ends); then the dict adds prefetch_reads and prefetch_used.");
+        "with a negative expert, -1 - e), not accesses (keys // num_experts is the layer whose reservations a "
+        "call's end ends); then the dict adds prefetch_reads and prefetch_used.");
 }

@@ -465,7 +465,7 @@ read when first used); otherwise the panels are packed and written there atomica
 expert_cache_bytes: a byte budget for routed experts (0 = all resident, as is a budget of at least
 every expert's bytes): the dense part stays resident, routed experts are read on demand from the
 packed_cache file (required; written by a streaming pack if missing) into budget // slot_bytes slots,
-never mapped; expert_policy ('hotpin', 'lrfu' or 'lru') chooses what to evict; expert_readers (1..16,
+never mapped; expert_policy ('cycle', 'hotpin', 'lrfu' or 'lru') chooses what to evict; expert_readers (1..16,
 default 4) reader threads keep that many expert reads in flight. Outputs are bit-identical.
 threads=0 uses all cores.
 batched_indexer=False scores the CSA indexer with the scalar per-query reference loop (same results).
@@ -474,7 +474,7 @@ of every compress rate >= 256); any multiple of every compress rate gives the sa
       .def(py::init<py::dict, py::dict, std::string, int, bool, bool, std::string, int64_t, std::string, int, int64_t>(),
            py::arg("config"), py::arg("weights"), py::arg("fingerprint"), py::arg("threads") = 0, py::kw_only(),
            py::arg("batched_indexer") = true, py::arg("widen_bf16") = false, py::arg("packed_cache") = "",
-           py::arg("expert_cache_bytes") = 0, py::arg("expert_policy") = "hotpin", py::arg("expert_readers") = 4,
+           py::arg("expert_cache_bytes") = 0, py::arg("expert_policy") = "cycle", py::arg("expert_readers") = 4,
            py::arg("page_tokens") = 0)
       .def_property_readonly("page_tokens", [](const BoundModel& m) { return m.page_layout->page_tokens; })
       .def_property_readonly("page_nbytes", [](const BoundModel& m) { return m.page_layout->group_bytes(); },

@@ -103,6 +103,7 @@ void ExpertPager::settle(int s) {
         if (it->slot == s) {
           q->erase(it);
           tickets_[s].state.store(1);  // never read: the slot is about to be read again
+          stats_.prefetch_dropped += 1;  // only a prefetch can be queued for a slot that is not busy
           return;
         }
   }

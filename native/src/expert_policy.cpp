@@ -8,8 +8,9 @@
 // are pinned: never evicted while an unpinned slot can go. Counts persist for non-resident keys,
 // so a once-hot expert that was evicted comes back with its history.
 //
-// HOTPIN (the default): LRU over unpinned slots, plus up to 3/4 of the slots (leaving at least
-// `unpinned`) pinned for the keys of highest decayed count (half-life 8x the slots in accesses).
+// HOTPIN (the default before CYCLE, expert_policy_cycle.cpp): LRU over unpinned slots, plus up
+// to 7/8 of the slots (leaving at least `unpinned`) pinned for the keys of highest decayed count
+// (half-life 8x the slots in accesses).
 // Pinned slots are not evicted to make room in a call: when the unpinned slots are busy the call
 // releases its oldest held slot and retries. A key takes the place of the
 // coldest pinned one only when its count exceeds that one's by 25%. The hysteresis is what
@@ -29,7 +30,9 @@ SlotPolicy::Kind SlotPolicy::parse(const std::string& name) {
   if (name == "lru") return LRU;
   if (name == "lrfu") return LRFU;
   if (name == "hotpin") return HOTPIN;
-  throw std::invalid_argument("expert cache policy '" + name + "' is unknown (allowed: 'lru', 'lrfu', 'hotpin')");
+  if (name == "cycle") return CYCLE;
+  throw std::invalid_argument("expert cache policy '" + name +
+                              "' is unknown (allowed: 'lru', 'lrfu', 'hotpin', 'cycle')");
 }
 
 SlotPolicy::SlotPolicy(int slots, Kind kind, int unpinned)
@@ -39,7 +42,10 @@ SlotPolicy::SlotPolicy(int slots, Kind kind, int unpinned)
   if (slots < 1) throw std::invalid_argument("expert cache needs at least one slot");
 }
 
-void SlotPolicy::begin_call() { release_all(); }
+void SlotPolicy::begin_call() {
+  if (kind_ == CYCLE) cycle_end_call();
+  release_all();
+}
 
 double SlotPolicy::decayed(const Score& s) const { return s.crf * std::exp2(-(double)(now_ - s.at) / half_life_); }
 
@@ -85,6 +91,13 @@ int SlotPolicy::acquire(int64_t key, bool* hit, bool* reserved) {
   auto it = where_.find(key);
   int s;
   if (reserved) *reserved = false;
+  if (kind_ == CYCLE) {
+    if (experts_ < 1) throw std::logic_error("expert cache policy 'cycle' needs set_layers before use");
+    if (key >= (int64_t)use_.size())
+      throw std::invalid_argument("expert cache policy 'cycle': key " + std::to_string(key) + " is beyond " +
+                                  std::to_string(layers_) + " layers x " + std::to_string(experts_) + " experts");
+    if (call_keys_.empty()) cur_layer_ = (int)(key / experts_);
+  }
   if (it != where_.end()) {
     s = it->second;
     *hit = true;
@@ -95,8 +108,9 @@ int SlotPolicy::acquire(int64_t key, bool* hit, bool* reserved) {
       s = (int)(std::find(key_.begin(), key_.end(), (int64_t)-1) - key_.begin());
       --free_;
     } else {
-      s = victim(false);
-      if (s < 0 && busy_list_.empty()) s = victim(true);  // reservations must not starve a call
+      // reservations must not starve a call: it takes a reserved slot only when it holds none
+      s = kind_ == CYCLE ? cycle_victim(key, cur_layer_, false) : victim(false);
+      if (s < 0 && busy_list_.empty()) s = kind_ == CYCLE ? cycle_victim(key, cur_layer_, true) : victim(true);
       if (s < 0) return -1;
       where_.erase(key_[s]);
       unreserve(s);
@@ -112,7 +126,9 @@ int SlotPolicy::acquire(int64_t key, bool* hit, bool* reserved) {
   tick_[s] = now_;
   busy_[s] = 1;
   busy_list_.push_back(s);
-  if (kind_ == LRFU) {
+  if (kind_ == CYCLE) {
+    call_keys_.push_back(key);
+  } else if (kind_ == LRFU) {
     Score& sc = score_[key];
     sc.crf = decayed(sc) + 1.0;
     sc.at = now_;
@@ -140,6 +156,14 @@ int SlotPolicy::prefetch(int64_t key) {
   if (free_ > 0) {
     s = (int)(std::find(key_.begin(), key_.end(), (int64_t)-1) - key_.begin());
     --free_;
+  } else if (kind_ == CYCLE) {
+    // as if the target call were running and had acquired nothing yet: its layer's keys are the
+    // nearest, the layer that just ran the furthest
+    if (key >= (int64_t)use_.size()) throw std::invalid_argument("expert cache policy 'cycle': prefetch key out of range");
+    s = cycle_victim(-1, (int)(key / experts_), false);
+    if (s < 0) return -1;
+    where_.erase(key_[s]);
+    ++evictions_;
   } else {
     s = -1;  // LRU among unpinned, non-busy, unreserved slots (never a pinned one, whatever the kind)
     for (int t = 0; t < n_; ++t)

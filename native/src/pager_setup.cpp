@@ -28,6 +28,7 @@ void setup_pager(Model& m, const PackPlan& plan, const std::vector<void*>& bufs,
                  int slots, const PagingOptions& opt) {
   m.pager = std::make_shared<ExpertPager>(cache_path, plan.nkeys, plan.slot, kPackHeader + plan.dense, slots,
                                           SlotPolicy::parse(opt.policy), m.cfg.k, plan.dense, opt.readers);
+  m.pager->policy.set_layers(m.cfg.n_layers, m.cfg.E);  // keys are layer * E + expert
   for (size_t j = 0; j < plan.jobs.size(); ++j) {
     if (bufs[j]) continue;
     const int64_t key = plan.key[j];

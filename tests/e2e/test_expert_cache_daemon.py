@@ -59,7 +59,8 @@ async def test_paged_daemon_answers_as_the_resident_one_and_reports_the_cache(ex
     assert ex["paged"] and ex["budget_bytes"] == info["budget_bytes"] and ex["misses"] == kernel["misses"]
     assert f"cairn_expert_cache_read_bytes_total {kernel['bytes_read']}" in metrics
     # the read-ahead's work: in the kernel's counters, the request's line, /v1/status and /metrics
-    assert kernel["lookahead_guesses"] > 0 and kernel["bytes_read"] == (kernel["misses"] + kernel["prefetch_reads"]) * info["slot_bytes"]
+    assert kernel["lookahead_guesses"] > 0 and kernel["bytes_read"] == (
+        kernel["misses"] + kernel["prefetch_reads"] - kernel["prefetch_dropped"]) * info["slot_bytes"]
     assert req["prefill"]["lookahead_guesses"] + req["decode"]["lookahead_guesses"] == kernel["lookahead_guesses"]
     assert (ex["prefetch_reads"], ex["lookahead_right"]) == (kernel["prefetch_reads"], kernel["lookahead_right"])
     assert f"cairn_expert_lookahead_guesses_total {kernel['lookahead_guesses']}" in metrics

@@ -86,6 +86,14 @@ def test_paged_prefill_decode_snapshot_are_bit_identical(tiny, chunk, slots):
     assert stats["misses"] > 0 and stats["evictions"] > 0
 
 
+@pytest.mark.parametrize("policy", ["lru", "lrfu", "hotpin", "cycle"])
+def test_every_policy_is_bit_identical(tiny, policy):
+    # the policy only chooses slots; with a window of k + 1 slots every call slides and evicts
+    paged = tiny.paged(tiny.k + 1, expert_policy=policy)
+    assert same(run(tiny.resident, tiny.prompt, 32), run(paged, tiny.prompt, 32))
+    assert paged.expert_cache_stats()["evictions"] > 0
+
+
 def test_paged_decode_batch_and_restore_are_bit_identical(tiny):
     paged = tiny.paged(tiny.k + 1)
 
@@ -117,7 +125,7 @@ def test_direct_io_and_fadvise_fallback_give_the_same_bits(tiny, monkeypatch):
     assert buffered.expert_cache_info()["direct_io"] is False
     assert same(want, run(buffered, tiny.prompt, 32))
     stats = buffered.expert_cache_stats()
-    assert stats["bytes_read"] == (stats["misses"] + stats["prefetch_reads"]) * tiny.slot
+    assert stats["bytes_read"] == (stats["misses"] + stats["prefetch_reads"] - stats["prefetch_dropped"]) * tiny.slot
 
 
 def test_streaming_pack_writes_the_resident_pack_byte_for_byte(tiny):
@@ -151,7 +159,7 @@ def test_bad_budgets_and_missing_packed_path_raise(tiny):
         tiny.model(expert_cache_bytes=minimum)
     with pytest.raises(ValueError, match="expert_cache_bytes must be >= 0"):
         tiny.model(expert_cache_bytes=-1)
-    with pytest.raises(ValueError, match="policy 'mru' is unknown \\(allowed: 'lru', 'lrfu', 'hotpin'\\)"):
+    with pytest.raises(ValueError, match="policy 'mru' is unknown \\(allowed: 'lru', 'lrfu', 'hotpin', 'cycle'\\)"):
         tiny.model(expert_cache_bytes=minimum, packed_cache=tiny.packed, expert_policy="mru")
     for bad in (0, 17, -2):
         with pytest.raises(ValueError, match=f"expert_readers must be in 1..16 .*got {bad}"):
@@ -173,8 +181,8 @@ def test_load_model_passes_the_budget(tiny):
     assert load_model(tiny.md, 2).expert_cache_info()["budget_bytes"] == 0
 
 
-def replay(keys, steps, slots, policy, k=1):
-    return K.replay_expert_policy(np.array(keys, np.int64), np.array(steps, np.int64), slots, policy, k=k)
+def replay(keys, steps, slots, policy, k=1, **cycle):
+    return K.replay_expert_policy(np.array(keys, np.int64), np.array(steps, np.int64), slots, policy, k=k, **cycle)
 
 
 def test_policy_replay_hand_computed():
@@ -214,6 +222,35 @@ def test_hotpin_keeps_its_pinned_set_through_a_sweep():
     assert r == {"hits": 1, "misses": 3, "evictions": 1, "releases": 1}
 
 
+def test_cycle_evicts_the_key_whose_layer_comes_round_last():
+    # 3 layers of 2 experts (keys 0-1, 2-3, 4-5), one key per call, layers in turn; 2 slots.
+    # Call 2 (layer 2, key 4) must evict 0 or 2, both used once: layer 0 runs next call, layer 1
+    # in two, so cycle evicts 2 and key 0 hits in call 3; likewise call 5 evicts 2 (its layer
+    # again the furthest) and 0 hits in call 6. LRU evicts the older key each time: no hit.
+    keys, steps = [0, 2, 4, 0, 2, 4, 0], list(range(7))
+    layers = {"n_layers": 3, "num_experts": 2}
+    assert replay(keys, steps, 2, "cycle", **layers) == {"hits": 2, "misses": 5, "evictions": 3, "releases": 0}
+    assert replay(keys, steps, 2, "lru") == {"hits": 0, "misses": 7, "evictions": 5, "releases": 0}
+
+
+def test_cycle_gives_up_its_own_held_expert_in_a_sweep():
+    # one layer of 4 experts, 2 slots, two calls sweeping all 4 (a prefill chunk). In call 1,
+    # acquiring 1 finds 3 free (it may still come in this call: next use 0 calls away) and 0 held
+    # (next use a whole turn away): the call releases 0 rather than evict 3; so again for 2, and
+    # 3 hits. LRU keeps the most recent keys and hits nothing.
+    keys, steps = [0, 1, 2, 3, 0, 1, 2, 3], [0, 0, 0, 0, 1, 1, 1, 1]
+    r = replay(keys, steps, 2, "cycle", n_layers=1, num_experts=4)
+    assert r == {"hits": 1, "misses": 7, "evictions": 5, "releases": 4}
+    assert replay(keys, steps, 2, "lru")["hits"] == 0
+
+
+def test_cycle_needs_the_layer_cycle():
+    with pytest.raises(ValueError, match="'cycle' needs n_layers and num_experts"):
+        replay([1], [0], 2, "cycle")
+    with pytest.raises(ValueError, match="beyond n_layers \\* num_experts"):
+        replay([1, 8], [0, 1], 2, "cycle", n_layers=2, num_experts=4)
+
+
 def test_replay_rejects_bad_input():
     with pytest.raises(ValueError, match="same length"):
         replay([1, 2], [0], 2, "lru")
@@ -226,7 +263,7 @@ def test_replay_rejects_bad_input():
 
 
 @pytest.mark.parametrize("prefetch", [False, True])
-@pytest.mark.parametrize("policy", ["lru", "lrfu", "hotpin"])
+@pytest.mark.parametrize("policy", ["lru", "lrfu", "hotpin", "cycle"])
 @pytest.mark.parametrize("share", ["min", "half"])
 def test_counters_match_the_route_trace_and_its_replay(tiny, policy, share, prefetch):
     # "min" (k + 1 slots): a 16-token chunk needs nearly every expert, so calls slide their window
@@ -252,25 +289,27 @@ def test_counters_match_the_route_trace_and_its_replay(tiny, policy, share, pref
         assert np.all(np.diff(e) > 0)
     stats = model.expert_cache_stats()
     assert stats["hits"] + stats["misses"] == len(calls)
-    assert stats["bytes_read"] == (stats["misses"] + stats["prefetch_reads"]) * tiny.slot
+    # a queued prefetch whose slot is reused before the read starts is dropped (timing decides that)
+    reads = stats["misses"] + stats["prefetch_reads"] - stats["prefetch_dropped"]
+    assert stats["bytes_read"] == reads * tiny.slot
     experts = np.where(ahead, -1 - trace[:, 2], trace[:, 2])
     keys = trace[:, 1].astype(np.int64) * E + experts
-    r = K.replay_expert_policy(keys, trace[:, 0].astype(np.int64), slots, policy, k=tiny.k, prefetch=ahead, experts=E)
+    r = K.replay_expert_policy(keys, trace[:, 0].astype(np.int64), slots, policy, k=tiny.k, n_layers=layers,
+                               num_experts=E, prefetch=ahead)
     assert (r["hits"], r["misses"], r["evictions"]) == (stats["hits"], stats["misses"], stats["evictions"])
     assert (r["prefetch_reads"], r["prefetch_used"]) == (stats["prefetch_reads"], stats["prefetch_used"])
     assert model.take_route_trace().shape == (0, 3)
     assert stats["read_seconds"] > 0
     # wall time with a read in flight: positive, and at most the reads' summed durations (plus the
     # reader threads' lock hand-offs, microseconds each)
-    reads = stats["misses"] + stats["prefetch_reads"]
     assert 0 < stats["read_busy_seconds"] <= stats["read_seconds"] + 1e-3 * reads
     pinned = model.expert_cache_info()["pinned"]
     if policy == "hotpin":  # up to 7/8 of the slots, leaving k unpinned
         assert 0 < pinned <= min(slots * 7 // 8, slots - tiny.k)
     else:
-        assert pinned == 0 if policy == "lru" else pinned <= slots // 4
+        assert pinned == 0 if policy in ("lru", "cycle") else pinned <= slots // 4
     if prefetch and share == "half":
-        # 12 slots, LRU or LRFU: room to read ahead, and the lookahead's guesses are counted
+        # 12 slots, nothing or a quarter pinned: room to read ahead, and the lookahead's guesses are counted
         if policy != "hotpin":
             assert stats["prefetch_reads"] > 0 and 0 < stats["prefetch_used"] <= stats["prefetch_reads"]
         assert 0 <= stats["lookahead_right"] <= min(stats["lookahead_guesses"], stats["lookahead_keys"])
@@ -280,7 +319,7 @@ def test_counters_match_the_route_trace_and_its_replay(tiny, policy, share, pref
 
 
 @pytest.mark.parametrize("chunk", [1, 16, 90])
-@pytest.mark.parametrize("policy", ["lru", "hotpin"])
+@pytest.mark.parametrize("policy", ["lru", "hotpin", "cycle"])
 def test_prefetch_changes_no_bits(tiny, chunk, policy):
     slots = tiny.info["experts_total"] // 2
     on = tiny.paged(slots, expert_policy=policy)
@@ -307,34 +346,34 @@ def test_prefetch_rules_hand_computed():
     # (the call passed it over), 5 hits; acquiring 7 ends 6's, and 7 evicts the least recent
     # unreserved slot (6's: prefetched at call 1's clock, the lowest slot of the equally recent ones).
     keys, steps, ahead = ops([(0, 0, 0), (1, 0, 0), (4, 1, P), (5, 1, P), (6, 1, P), (5, 1, 0), (7, 1, 0)])
-    r = K.replay_expert_policy(keys, steps, 4, "lru", k=1, prefetch=ahead, experts=4)
+    r = K.replay_expert_policy(keys, steps, 4, "lru", k=1, prefetch=ahead, num_experts=4)
     assert r["prefetch_reads"] == 3 and r["prefetch_used"] == 1
     assert (r["hits"], r["misses"]) == (1, 3)
     # room: with 2 slots, one stays unreserved: the second guess is refused, nothing is evicted
     keys, steps, ahead = ops([(0, 0, 0), (4, 1, P), (5, 1, P), (4, 1, 0)])
-    r = K.replay_expert_policy(keys, steps, 2, "lru", k=1, prefetch=ahead, experts=4)
+    r = K.replay_expert_policy(keys, steps, 2, "lru", k=1, prefetch=ahead, num_experts=4)
     assert r["prefetch_reads"] == 1 and r["prefetch_used"] == 1 and r["evictions"] == 0
     # a prefetch never evicts a busy slot: with a free slot it reads there and the call hits on it;
     # with every slot held by the call, it is refused and nothing is evicted
     keys, steps, ahead = ops([(0, 0, 0), (1, 0, 0), (2, 0, P), (2, 0, 0)])
-    r = K.replay_expert_policy(keys, steps, 3, "lru", k=1, prefetch=ahead, experts=4)
+    r = K.replay_expert_policy(keys, steps, 3, "lru", k=1, prefetch=ahead, num_experts=4)
     assert r["prefetch_reads"] == 1  # a free slot: no eviction
     keys, steps, ahead = ops([(0, 0, 0), (1, 0, 0), (2, 0, 0), (3, 0, P)])
-    r = K.replay_expert_policy(keys, steps, 3, "lru", k=1, prefetch=ahead, experts=4)
+    r = K.replay_expert_policy(keys, steps, 3, "lru", k=1, prefetch=ahead, num_experts=4)
     assert r["prefetch_reads"] == 0 and r["evictions"] == 0
     # hotpin: pinned slots are never a prefetch's victim. 4 slots, k=1: 0, 1, 2 pinned; 3 in the
     # unpinned slot; a guess for layer 1 has no room (the one unpinned slot stays unreserved)
     keys, steps, ahead = ops([(0, 0, 0), (1, 0, 0), (2, 0, 0), (3, 0, 0), (4, 1, P), (4, 1, 0)])
-    r = K.replay_expert_policy(keys, steps, 4, "hotpin", k=1, prefetch=ahead, experts=4)
+    r = K.replay_expert_policy(keys, steps, 4, "hotpin", k=1, prefetch=ahead, num_experts=4)
     assert r["prefetch_reads"] == 0 and (r["hits"], r["misses"]) == (0, 5)
 
 
 def test_replay_prefetch_rejects_bad_input():
     keys, steps, ahead = ops([(0, 0, 0), (4, 1, True)])
-    with pytest.raises(ValueError, match="experts .* must be >= 1"):
+    with pytest.raises(ValueError, match="num_experts .* must be >= 1"):
         K.replay_expert_policy(keys, steps, 2, "lru", prefetch=ahead)
     with pytest.raises(ValueError, match="prefetch must be a 1-D bool array"):
-        K.replay_expert_policy(keys, steps, 2, "lru", prefetch=ahead[:1], experts=4)
+        K.replay_expert_policy(keys, steps, 2, "lru", prefetch=ahead[:1], num_experts=4)
 
 
 def test_resident_counters_stay_zero(tiny):

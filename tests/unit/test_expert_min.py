@@ -1,6 +1,6 @@
 """bench/expert_min.py: Belady's MIN over the expert slots is the optimum of the replay's model —
 hand-worked traces, an exhaustive search over every eviction choice, and no kernel policy
-(lru, lrfu, hotpin) beating it on random or recorded routing."""
+(lru, lrfu, hotpin, cycle) beating it on random or recorded routing."""
 
 from __future__ import annotations
 
@@ -16,17 +16,18 @@ sys.path.insert(0, str(BENCH))
 
 import expert_min  # noqa: E402
 
-POLICIES = ("lru", "lrfu", "hotpin")
+POLICIES = ("lru", "lrfu", "hotpin", "cycle")
 
 
 def one_per_call(keys):
     return np.asarray(keys, np.int64), np.arange(len(keys), dtype=np.int64)
 
 
-def replay(keys, steps, slots, policy, k=1):
+def replay(keys, steps, slots, policy, k=1, layers=0, experts=0):
     from cairn import _kernel
 
-    return _kernel.replay_expert_policy(np.asarray(keys, np.int64), np.asarray(steps, np.int64), slots, policy, k=k)
+    return _kernel.replay_expert_policy(np.asarray(keys, np.int64), np.asarray(steps, np.int64), slots, policy, k=k,
+                                        n_layers=layers, num_experts=experts)
 
 
 def brute_force(keys, steps, slots, hold):
@@ -132,15 +133,15 @@ def random_routing(rng, layers, experts, k, calls, chunk_tokens):
     return np.asarray(rows, np.int64)
 
 
-def assert_min_bounds_the_policies(keys, steps, slots, k):
+def assert_min_bounds_the_policies(keys, steps, slots, k, layers, experts):
     bound = expert_min.min_hits(keys, steps, slots)
     held = expert_min.min_hits(keys, steps, slots, hold="call")
     assert held["hits"] <= bound["hits"]
     for policy in POLICIES:
-        r = replay(keys, steps, slots, policy, k=k)
+        r = replay(keys, steps, slots, policy, k=k, layers=layers, experts=experts)
         assert r["hits"] + r["misses"] == bound["hits"] + bound["misses"]  # the same accesses
         assert r["hits"] <= bound["hits"], (policy, slots)
-        if policy != "hotpin":  # lru and lrfu hold a call's keys as "call" does
+        if policy in ("lru", "lrfu"):  # these hold a call's keys as "call" does
             assert r["hits"] <= held["hits"], (policy, slots)
     return bound
 
@@ -152,7 +153,7 @@ def test_no_kernel_policy_beats_min_on_random_routing():
     keys, steps = trace[:, 1] * experts + trace[:, 2], trace[:, 0]
     gaps = 0
     for slots in (k, k + 1, 8, 16, 24, 40, 63):
-        bound = assert_min_bounds_the_policies(keys, steps, slots, k)
+        bound = assert_min_bounds_the_policies(keys, steps, slots, k, layers, experts)
         gaps += bound["hits"] > replay(keys, steps, slots, "lru", k=k)["hits"]
     assert gaps >= 5  # MIN strictly ahead of LRU at most budgets: the bound is not vacuous
 
@@ -181,7 +182,7 @@ def test_no_kernel_policy_beats_min_on_a_recorded_trace(tmp_path):
     k = cfg["num_experts_per_tok"]
     total = experts * cfg["num_hidden_layers"]
     for slots in (k, k + 1, total // 4, total // 2, total):
-        assert_min_bounds_the_policies(keys, steps, slots, k)
+        assert_min_bounds_the_policies(keys, steps, slots, k, cfg["num_hidden_layers"], experts)
 
 
 def test_bad_input_names_the_field():

@@ -18,6 +18,8 @@
 //    still-reserved slot only when it holds none of its own. The call's end ends the rest.
 //    Prefetches are policy operations issued at fixed points with keys computed from the chunk's
 //    numbers, so the sequence still depends on the inputs alone, never on timing.
+//  * CYCLE (expert_policy_cycle.cpp) may also answer -1 while a slot could go: when one of the
+//    call's own held experts is the better victim (a prefill sweep), the release frees it.
 //  * ExpertPager (expert_pager.cpp) owns the slot pool (one 4 KiB-aligned allocation), the file
 //    (O_DIRECT, else buffered reads + POSIX_FADV_DONTNEED), a few reader threads and the counters.
 #pragma once
@@ -38,13 +40,18 @@ namespace cairn {
 
 class SlotPolicy {
  public:
-  enum Kind { LRU = 0, LRFU = 1, HOTPIN = 2 };
-  static Kind parse(const std::string& name);  // "lru" | "lrfu" | "hotpin"; std::invalid_argument otherwise
+  enum Kind { LRU = 0, LRFU = 1, HOTPIN = 2, CYCLE = 3 };
+  // "lru" | "lrfu" | "hotpin" | "cycle"; std::invalid_argument otherwise
+  static Kind parse(const std::string& name);
   // unpinned: slots HOTPIN never pins (one decode step's experts, k, are acquired without a release)
   SlotPolicy(int slots, Kind kind, int unpinned = 1);
+  // CYCLE needs the layer cycle (keys are layer * experts + expert; calls run layers 0..n_layers-1
+  // in turn); set before the first acquire. The other kinds ignore it.
+  void set_layers(int n_layers, int experts);
   void begin_call();  // a new MoE call (releases whatever the last one held)
   // The slot holding key (hit) or a slot to load it into (miss, possibly evicting), now busy.
-  // -1: every evictable slot is busy (nothing changed: release the call's oldest slot, retry).
+  // -1: no slot to give (nothing changed: release the call's oldest slot, retry). Every evictable
+  // slot is busy, or (CYCLE) one of the call's held experts is a better victim than any free one.
   // reserved: set when the key was resident under a prefetch's reservation (which ends here).
   int acquire(int64_t key, bool* hit, bool* reserved = nullptr);
   // Reserve key ahead of its call (no access: recency and counts are untouched). Returns the slot
@@ -72,6 +79,11 @@ class SlotPolicy {
   int victim(bool take_reserved) const;
   void reserve(int s);
   void unreserve(int s);
+  // CYCLE (expert_policy_cycle.cpp)
+  // expected calls until key's next use, the call of layer `cur` acquiring `acquiring` (-1: none yet)
+  double cycle_score(int64_t key, int cur, int64_t acquiring) const;
+  int cycle_victim(int64_t acquiring, int cur, bool take_reserved) const;
+  void cycle_end_call();  // fold the finished call's experts into their layer's use rates
   Kind kind_;
   int n_;
   std::vector<int64_t> key_;    // [slots] resident key, -1 = empty
@@ -86,6 +98,10 @@ class SlotPolicy {
   int64_t evictions_ = 0;
   double half_life_;  // LRFU decay, in accesses
   int pin_max_;       // HOTPIN: at most this many pinned slots
+  int layers_ = 0, experts_ = 0;  // CYCLE: the layer cycle (set_layers)
+  int cur_layer_ = 0;             // CYCLE: the running call's layer (its first key's)
+  std::vector<double> use_;       // CYCLE: [layers * experts] decayed rate of use in the layer's calls
+  std::vector<int64_t> call_keys_;  // CYCLE: the running call's distinct keys
 };
 
 // Where one of an expert's two matrices (fused w1/w3, w2) sits inside its slot.
@@ -142,8 +158,9 @@ class ExpertPager {
     int64_t hits = 0, misses = 0, bytes_read = 0, evictions = 0;
     double read_seconds = 0, stall_seconds = 0;
     double busy_seconds = 0;  // wall time with at least one read in flight (the disk kept busy)
-    int64_t prefetch_reads = 0;     // reads issued ahead of a call (in bytes_read too)
+    int64_t prefetch_reads = 0;     // reads issued ahead of a call (in bytes_read once performed)
     int64_t prefetch_used = 0;      // of those, acquired by their call (counted as hits)
+    int64_t prefetch_dropped = 0;   // of those, dropped before they started (their slot was reused)
     int64_t lookahead_guesses = 0;  // keys the router lookahead predicted for its layer's next call
     int64_t lookahead_right = 0;    // of those, acquired by that call
     int64_t lookahead_keys = 0;     // keys acquired by calls that had a lookahead guess

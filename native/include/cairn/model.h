@@ -163,7 +163,7 @@ struct Model {
 // Routed experts under a byte budget (0, or at least every expert's bytes: all resident).
 struct PagingOptions {
   size_t budget = 0;
-  std::string policy = "hotpin";
+  std::string policy = "cycle";
   int readers = 4;  // reader threads (1..16); they block in pread, so more than cores is fine
 };
 
