@@ -80,8 +80,10 @@ def test_paged_outputs_are_bit_identical_and_the_cache_pages(runs):
     assert 0 < info["budget_bytes"] <= runs["budget"] and info["slots"] * info["slot_bytes"] <= runs["budget"]
     assert info["slots"] < info["experts_total"]
     st = pag["prefill_stats"]
-    assert st["misses"] > info["slots"] and st["evictions"] > 0          # it really read and evicted
-    assert st["bytes_read"] >= st["misses"] * info["slot_bytes"] // 2
+    # it really read and evicted (a prefetch's read turns a miss into a hit, so reads count both)
+    reads = st["misses"] + st.get("prefetch_reads", 0) - st.get("prefetch_dropped", 0)
+    assert reads > info["slots"] and st["evictions"] > 0
+    assert st["bytes_read"] == reads * info["slot_bytes"]
 
 
 def test_paged_peak_rss_stays_within_the_budget(runs):
