@@ -289,6 +289,23 @@ def test_counters_match_the_route_trace_and_its_replay(tiny, policy, share):
         assert pinned == 0 if policy in ("lru", "cycle") else pinned <= slots // 4
 
 
+def test_the_default_policy_is_cycle(tiny):
+    # no expert_policy given: the counters are the cycle replay's (hotpin's differ on this trace)
+    slots = tiny.info["experts_total"] // 2
+    model = tiny.paged(slots)
+    model.set_route_trace(True)
+    run(model, tiny.prompt, 16)
+    trace = model.take_route_trace()
+    keys = trace[:, 1].astype(np.int64) * E + trace[:, 2]
+    layers = {"n_layers": tiny.md.config["num_hidden_layers"], "num_experts": E}
+    stats = model.expert_cache_stats()
+    got = (stats["hits"], stats["misses"])
+    cycle = replay(keys, trace[:, 0], slots, "cycle", k=tiny.k, **layers)
+    hotpin = replay(keys, trace[:, 0], slots, "hotpin", k=tiny.k)
+    assert got == (cycle["hits"], cycle["misses"]) != (hotpin["hits"], hotpin["misses"])
+    assert model.expert_cache_info()["pinned"] == 0
+
+
 def test_resident_counters_stay_zero(tiny):
     run(tiny.resident, tiny.prompt[:20], 8)
     assert tiny.resident.expert_cache_stats()["misses"] == 0
