@@ -376,6 +376,20 @@ def test_replay_prefetch_rejects_bad_input():
         K.replay_expert_policy(keys, steps, 2, "lru", prefetch=ahead[:1], num_experts=4)
 
 
+def test_the_default_policy_is_cycle(tiny):
+    # the policy's operations depend on the keys alone, so the same run gives the same counters:
+    # no expert_policy given counts as cycle does (and not as hotpin, on this run)
+    slots = tiny.info["experts_total"] // 2
+
+    def counters(**kw):
+        model = tiny.paged(slots, **kw)
+        run(model, tiny.prompt, 16)
+        s = model.expert_cache_stats()
+        return s["hits"], s["misses"], s["evictions"]
+
+    assert counters() == counters(expert_policy="cycle") != counters(expert_policy="hotpin")
+
+
 def test_resident_counters_stay_zero(tiny):
     run(tiny.resident, tiny.prompt[:20], 8)
     assert tiny.resident.expert_cache_stats()["misses"] == 0
