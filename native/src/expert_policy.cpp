@@ -37,7 +37,7 @@ SlotPolicy::Kind SlotPolicy::parse(const std::string& name) {
 
 SlotPolicy::SlotPolicy(int slots, Kind kind, int unpinned)
     : kind_(kind), n_(slots), key_(slots, -1), tick_(slots, 0), busy_(slots, 0), pin_(slots, 0), reserved_(slots, 0),
-      free_(slots),
+      k_(unpinned), free_(slots),
       half_life_((kind == HOTPIN ? 8.0 : 2.0) * std::max(slots, 1)), pin_max_(kind == HOTPIN ? std::min(slots * 7 / 8, slots - unpinned) : 0) {
   if (slots < 1) throw std::invalid_argument("expert cache needs at least one slot");
 }
@@ -150,8 +150,10 @@ int SlotPolicy::prefetch(int64_t key) {
     return -2;
   }
   // room: reservations leave at least one unpinned slot unreserved, so the call they are for can
-  // start with an expert nobody guessed without evicting one that was
-  if (reserved() + 1 >= n_ - pinned()) return -1;
+  // start with an expert nobody guessed without evicting one that was; and they take at most the
+  // streaming share of the cache (prefetch_window), so reading a whole prefill chunk's next layer
+  // ahead does not flush the keys the policy keeps through a sweep (it would read them again)
+  if (reserved() + 1 >= n_ - pinned() || reserved() >= prefetch_window()) return -1;
   int s;
   if (free_ > 0) {
     s = (int)(std::find(key_.begin(), key_.end(), (int64_t)-1) - key_.begin());

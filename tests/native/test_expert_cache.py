@@ -338,7 +338,7 @@ def ops(rows):
 
 
 def test_prefetch_rules_hand_computed():
-    # 4 experts per layer; 4 slots, LRU (nothing pinned), k=1.
+    # 4 experts per layer; 4 slots, LRU (nothing pinned); k=3, so the window is max(k, slots / 8) = 3.
     P = True
     # call 0 (layer 0) takes keys 0, 1. Before call 1 (layer 1) the lookahead guesses 4, 5, 6: room
     # for 3 reservations (one slot stays unreserved), so 4 and 5 go to the free slots and 6 evicts
@@ -346,9 +346,12 @@ def test_prefetch_rules_hand_computed():
     # (the call passed it over), 5 hits; acquiring 7 ends 6's, and 7 evicts the least recent
     # unreserved slot (6's: prefetched at call 1's clock, the lowest slot of the equally recent ones).
     keys, steps, ahead = ops([(0, 0, 0), (1, 0, 0), (4, 1, P), (5, 1, P), (6, 1, P), (5, 1, 0), (7, 1, 0)])
-    r = K.replay_expert_policy(keys, steps, 4, "lru", k=1, prefetch=ahead, num_experts=4)
+    r = K.replay_expert_policy(keys, steps, 4, "lru", k=3, prefetch=ahead, num_experts=4)
     assert r["prefetch_reads"] == 3 and r["prefetch_used"] == 1
     assert (r["hits"], r["misses"]) == (1, 3)
+    # the window: with k=1 (window max(1, 4 / 8) = 1) only the first guess is read ahead
+    r = K.replay_expert_policy(keys, steps, 4, "lru", k=1, prefetch=ahead, num_experts=4)
+    assert r["prefetch_reads"] == 1 and r["prefetch_used"] == 0 and (r["hits"], r["misses"]) == (0, 4)
     # room: with 2 slots, one stays unreserved: the second guess is refused, nothing is evicted
     keys, steps, ahead = ops([(0, 0, 0), (4, 1, P), (5, 1, P), (4, 1, 0)])
     r = K.replay_expert_policy(keys, steps, 2, "lru", k=1, prefetch=ahead, num_experts=4)

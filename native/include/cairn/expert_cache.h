@@ -12,7 +12,7 @@
 //  * Prefetch (forward.cpp): before a layer's call, the keys it will (hash layers: surely) or
 //    probably (router lookahead) acquire are read ahead into slots the policy *reserves* for the
 //    call; only the next call ever has reservations. A prefetch never evicts a busy, pinned or
-//    reserved slot and leaves one unpinned slot unreserved. As the call acquires in index order, a
+//    reserved slot, leaves one unpinned slot unreserved and reserves at most prefetch_window(). As the call acquires in index order, a
 //    reserved key below the one it acquires was guessed wrong: its reservation ends
 //    (end_reservations(layer start, key)), so the slot joins the call's window; a call evicts a
 //    still-reserved slot only when it holds none of its own. The call's end ends the rest.
@@ -23,6 +23,7 @@
 //  * ExpertPager (expert_pager.cpp) owns the slot pool (one 4 KiB-aligned allocation), the file
 //    (O_DIRECT, else buffered reads + POSIX_FADV_DONTNEED), a few reader threads and the counters.
 #pragma once
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
@@ -61,6 +62,9 @@ class SlotPolicy {
   // The call for keys [lo, hi) has run: their reservations end. Returns how many were never acquired.
   int end_reservations(int64_t lo, int64_t hi);
   int reserved() const { return (int)reserved_list_.size(); }
+  // most slots reserved at once: one decode step's experts (k), or an eighth of the cache (the
+  // share hotpin leaves unpinned), whichever is more
+  int prefetch_window() const { return std::max(k_, n_ / 8); }
   void release(int s);  // slot s is no longer busy (its expert's compute is done)
   void release_all();
   void drop(int64_t key);  // forget a resident key (its slot's contents are invalid)
@@ -90,6 +94,7 @@ class SlotPolicy {
   std::vector<uint64_t> tick_;  // [slots] access clock of the last use (recency)
   std::vector<char> busy_, pin_, reserved_;
   std::vector<int> reserved_list_;  // the reserved slots, unordered
+  int k_;                            // the `unpinned` argument: experts per token
   std::vector<int> busy_list_;
   std::unordered_map<int64_t, int> where_;    // key -> slot
   std::unordered_map<int64_t, Score> score_;  // LRFU: every key seen (history outlives residency)
