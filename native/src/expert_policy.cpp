@@ -87,10 +87,9 @@ void SlotPolicy::unreserve(int s) {
   reserved_list_.pop_back();
 }
 
-int SlotPolicy::acquire(int64_t key, bool* hit, bool* reserved) {
+int SlotPolicy::acquire(int64_t key, bool* hit) {
   auto it = where_.find(key);
   int s;
-  if (reserved) *reserved = false;
   if (kind_ == CYCLE) {
     if (experts_ < 1) throw std::logic_error("expert cache policy 'cycle' needs set_layers before use");
     if (key >= (int64_t)use_.size())
@@ -101,7 +100,6 @@ int SlotPolicy::acquire(int64_t key, bool* hit, bool* reserved) {
   if (it != where_.end()) {
     s = it->second;
     *hit = true;
-    if (reserved) *reserved = reserved_[s];
     unreserve(s);
   } else {
     if (free_ > 0) {

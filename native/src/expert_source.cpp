@@ -22,10 +22,10 @@ void PagedExperts::begin() {
 }
 
 bool PagedExperts::acquire(MoeJob& j) {
-  bool hit = false, reserved = false;
+  bool hit = false;
   // reservations of this layer's keys below j's were guesses this call passes over (index order)
   P_.policy.end_reservations(j.key - j.expert, j.key);
-  const int s = P_.policy.acquire(j.key, &hit, &reserved);
+  const int s = P_.policy.acquire(j.key, &hit);
   if (s < 0) return false;
   P_.count_guess(layer_, j.key);
   ExpertPager::Ticket& t = P_.ticket(s);

@@ -53,8 +53,8 @@ class SlotPolicy {
   // The slot holding key (hit) or a slot to load it into (miss, possibly evicting), now busy.
   // -1: no slot to give (nothing changed: release the call's oldest slot, retry). Every evictable
   // slot is busy, or (CYCLE) one of the call's held experts is a better victim than any free one.
-  // reserved: set when the key was resident under a prefetch's reservation (which ends here).
-  int acquire(int64_t key, bool* hit, bool* reserved = nullptr);
+  // A key resident under a prefetch's reservation is a hit (the reservation ends here).
+  int acquire(int64_t key, bool* hit);
   // Reserve key ahead of its call (no access: recency and counts are untouched). Returns the slot
   // to read it into (a free or evicted one), -2 when it is resident already (now reserved), -1
   // when no slot may take it (every candidate is busy, pinned or reserved, or the room is used).
