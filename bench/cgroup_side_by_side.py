@@ -149,16 +149,17 @@ def group_fields(run: cgroup_v1.CgroupRun) -> dict:
             "stderr_tail": run.stderr[-1500:] if run.returncode else ""}
 
 
-def run_cairn(a, prompt: Path, cap: int, budget: int) -> dict:
+def run_cairn(a, prompt: Path, cap: int, budget: int, name: str = "cairn") -> dict:
+    extra = [x for x in a.cairn_arms.get(name, "").split(":") if x]
     cmd = [sys.executable, str(Path(__file__).resolve()), "--cairn-child", "--",
            str(a.model), str(a.packed), "--prompt-file", str(prompt), "--decode", str(a.decode),
-           "--threads", str(a.threads), "--chunk", str(a.chunk), "--budget", str(budget)]
+           "--threads", str(a.threads), "--chunk", str(a.chunk), "--budget", str(budget), *extra]
     t0 = time.time()
     try:
         run = cgroup_v1.run_limited(cmd, cap, name="sbs-cairn", timeout=a.timeout)
     except subprocess.TimeoutExpired:
-        return {"engine": "cairn", "timeout_s": a.timeout, "wall_s": time.time() - t0}
-    row = {"engine": "cairn", "budget_bytes": budget, "wall_s": time.time() - t0, **group_fields(run)}
+        return {"engine": name, "timeout_s": a.timeout, "wall_s": time.time() - t0}
+    row = {"engine": name, "budget_bytes": budget, "wall_s": time.time() - t0, **group_fields(run)}
     out, io = last_json(run.stdout, '"digest"'), last_json(run.stdout, '"io"').get("io", {})
     if out:
         row |= {"prefill_tok_s": out["prefill_tokens"] / out["prefill_s"], "decode_tok_s": out["decode_tokens"] / out["decode_s"],
@@ -217,7 +218,10 @@ def main() -> None:
     ap.add_argument("--margin-gb", type=float, default=0.15, help="left free under the cap beyond baseline+dense+state")
     ap.add_argument("--timeout", type=float, default=600, help="per run (s); a run past it is recorded as a lower bound")
     ap.add_argument("--probe-seconds", type=float, default=3)
-    ap.add_argument("--engines", default="cairn,llama.cpp")
+    ap.add_argument("--engines", default="cairn,llama.cpp",
+                    help="in run order; a name starting with 'cairn' runs bench/paged_worker.py with its --cairn-arm")
+    ap.add_argument("--cairn-arm", action="append", default=[], metavar="NAME=ARG[:ARG...]",
+                    help="extra paged_worker arguments for the engine NAME, e.g. cairn_old=--prefetch=off:--policy=hotpin")
     ap.add_argument("--json", type=Path, default=None)
     # the children's arguments
     ap.add_argument("--llama-repack", action="store_true",
@@ -226,6 +230,7 @@ def main() -> None:
     ap.add_argument("--prompt-file", default=None)
     ap.add_argument("--log", default="/tmp/sbs-llama-server.log")
     a = ap.parse_args()
+    a.cairn_arms = dict(spec.split("=", 1) for spec in a.cairn_arm)
     if a.llama_child:
         llama_child(a)
         return
@@ -267,11 +272,11 @@ def main() -> None:
                 drop_caches()
                 la0 = loadavg()
                 utc = time.strftime("%H:%M:%S", time.gmtime())
-                if eng == "cairn":
+                if eng.startswith("cairn"):
                     if budget < info["slot_bytes"]:
-                        row = {"engine": "cairn", "note": "dense + baseline + state exceed the cap"}
+                        row = {"engine": eng, "note": "dense + baseline + state exceed the cap"}
                     else:
-                        row = run_cairn(a, prompt, cap, budget)
+                        row = run_cairn(a, prompt, cap, budget, eng)
                 else:
                     row = run_llama(a, prompt, cap, Path(f"/tmp/sbs-llama-{rnd}-{share}.log"))
                 row |= {"round": rnd, "share": share, "cap_bytes": cap, "utc": utc, "loadavg_start": la0,
