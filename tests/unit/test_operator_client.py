@@ -200,3 +200,13 @@ def test_status_shows_the_memory_plan_and_where_its_limit_came_from():
     assert "memory plan  room 120.0 MiB from cgroup v2 memory.max of /system.slice/cairn.service 160.0 MiB" in text
     assert "checkpoints " in text and "states " in text
     assert "memory plan" not in format_status(StatusBoard(queue_size=8).snapshot("tiny"))
+
+
+def test_status_shows_the_expert_read_ahead_only_when_it_read_ahead():
+    ex = {"paged": True, "budget_bytes": 1 << 20, "expert_bytes_total": 1 << 22, "slots": 4, "hit_rate": 0.5,
+          "hits": 10, "misses": 10, "bytes_read": 1 << 21, "read_s": 0.1, "stall_s": 0.0}
+    assert "read ahead" not in format_status({"expert_cache": ex})
+    ahead = ex | {"prefetch_reads": 7, "prefetch_used": 5, "lookahead_guesses": 8, "lookahead_right": 6,
+                  "lookahead_precision": 0.75}
+    text = format_status({"expert_cache": ahead})
+    assert "read ahead 7 (5 used); router lookahead right on 75.0% of 8 guesses" in text
