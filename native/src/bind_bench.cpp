@@ -9,6 +9,8 @@
 #include "bind.h"
 #include "cairn/kernels.h"
 #include "cairn/profile.h"
+#include "codecs/codec.h"
+#include "formats/formats.h"
 
 namespace py = pybind11;
 
@@ -40,6 +42,40 @@ void register_bench(py::module_& m) {
     return py::make_tuple(y, dt);
   }, py::arg("x"), py::arg("w"), py::arg("threads") = 1, py::arg("reps") = 1,
      "(y, seconds per call) for y = x @ w.T through the packed-panel GEMM (w packed once, untimed).");
+  m.def("_ggml_matmul", [](py::array_t<float, py::array::c_style | py::array::forcecast> x,
+                           py::array_t<uint8_t, py::array::c_style> blocks, const std::string& type, int threads,
+                           int reps) {
+    const cairn::BlockCodec* c = cairn::find_codec(type);
+    if (!c || c->block == 1) throw py::value_error("_ggml_matmul: want a GGUF block type, got " + type);
+    if (x.ndim() != 2 || blocks.ndim() != 2 || x.shape(1) % c->block != 0 ||
+        blocks.shape(1) != x.shape(1) / c->block * c->bytes)
+      throw py::value_error("_ggml_matmul: want x [M, K], blocks [N, K / block * bytes]");
+    if (reps < 1) throw py::value_error("_ggml_matmul: reps must be >= 1");
+    const int M = (int)x.shape(0), K = (int)x.shape(1), N = (int)blocks.shape(0);
+    py::array_t<float> y({(py::ssize_t)M, (py::ssize_t)N});
+    const float* xp = x.data();
+    float* yp = y.mutable_data();
+    double dt;
+    {
+      py::gil_scoped_release rel;
+      const cairn::PanelCodec& C = cairn::panel_codec(cairn::QFmt::Ggml);
+      cairn::Linear src{};
+      src.out = N, src.in = K, src.qf = cairn::QFmt::Ggml, src.codec = c, src.q = blocks.data();
+      std::vector<cairn::QRow> rows(N);
+      for (int i = 0; i < N; ++i) rows[i] = {&src, i};
+      std::vector<uint8_t> panels(C.code_bytes(c, N, K) + 64, 0);
+      uint8_t* P = panels.data() + (64 - (uintptr_t)panels.data() % 64) % 64;
+      C.pack(rows, K, P, nullptr);
+      cairn::Linear L{};
+      L.out = N, L.in = K, L.qf = cairn::QFmt::Ggml, L.codec = c, L.pq = P;
+      double t0 = omp_get_wtime();
+      for (int r = 0; r < reps; ++r) cairn::linear(xp, M, L, yp, std::max(1, threads));
+      dt = (omp_get_wtime() - t0) / reps;
+    }
+    return py::make_tuple(y, dt);
+  }, py::arg("x"), py::arg("blocks"), py::arg("type"), py::arg("threads") = 1, py::arg("reps") = 1,
+     "(y, seconds per call) for y = x @ W.T, W a GGUF block matrix (rows of `type` blocks as stored), through "
+     "the block panels the model uses (packed once, untimed).");
   m.def("_fma_peak", [](int threads, double seconds) {
     // The compute ceiling the products are measured against: fp32 FMAs on independent registers
     // (12 chains hide the FMA latency), every thread for about `seconds`.

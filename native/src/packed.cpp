@@ -187,8 +187,8 @@ static void row_tiles(const float* const* x, int M, int k0, int kc, const W& w, 
 static constexpr int kKC = kSpanCols;
 
 // A codec that widens in registers (formats/widen.h, formats/ggml_widen.h) does so inside the
-// micro-kernel for one row tile (decode); for more rows, and for codecs without one (GGUF's 32-weight
-// blocks), a span is widened once into the thread's fp32 tile and every row tile runs over that.
+// micro-kernel for one row tile (decode); for more rows a span is widened once into the thread's
+// fp32 tile (packed_tiled) and every row tile runs over that.
 template <class W>
 static void packed_widened(const float* const* x, int M, const Linear& L, int p0, int np, float* out) {
   const int ld = np * kPanel;
@@ -200,9 +200,9 @@ static void packed_widened(const float* const* x, int M, const Linear& L, int p0
 
 static void packed_tiled(const float* const* x, int M, const Linear& L, int p0, int np, float* out) {
   const PanelCodec& C = L.p16 ? bf16_codec() : panel_codec(L.qf);
-  // Decode (M <= kPackM; Q8_0, MXFP4, and the GGUF types without an in-register form): one block
-  // step at a time, so the tile the codec writes and the row tile reads stays in L1 (np x 32 x 64 B
-  // for 32-weight blocks); prefill keeps the wide span, reused by every row tile.
+  // Decode (M <= kPackM) reaches here only for a GGUF type without an in-register form: one block
+  // step at a time, so the tile the codec writes and the row tile reads stays in L1; prefill keeps
+  // the wide span, reused by every row tile.
   const int K = L.in, st = C.step(L), span = M <= kPackM ? st : std::max(st, kKC / st * st);
   thread_local std::vector<float> tile;  // [np][span][16]
   if (tile.size() < (size_t)kPackN * span * kPanel) tile.resize((size_t)kPackN * span * kPanel);
@@ -219,13 +219,15 @@ void packed_panels(const float* const* x, int M, const Linear& L, int p0, int np
     if (L.p16) return packed_widened<Bf16Widen>(x, M, L, p0, np, out);
     if (L.qf == QFmt::E4M3) return packed_widened<Fp8Widen>(x, M, L, p0, np, out);
     if (L.qf == QFmt::E2M1) return packed_widened<Fp4Widen>(x, M, L, p0, np, out);
-    if (L.qf == QFmt::Ggml) switch (L.codec->ggml_type) {  // 256-weight blocks (ggml_widen.h)
-        case 10: return packed_widened<KQuantWiden<kq::Q2K>>(x, M, L, p0, np, out);
-        case 11: return packed_widened<KQuantWiden<kq::Q3K>>(x, M, L, p0, np, out);
-        case 12: return packed_widened<KQuantWiden<kq::Q4K>>(x, M, L, p0, np, out);
-        case 13: return packed_widened<KQuantWiden<kq::Q5K>>(x, M, L, p0, np, out);
-        case 14: return packed_widened<KQuantWiden<kq::Q6K>>(x, M, L, p0, np, out);
-        case 16: return packed_widened<KQuantWiden<kq::IQ2XXS>>(x, M, L, p0, np, out);
+    if (L.qf == QFmt::Ggml) switch (L.codec->ggml_type) {  // ggml_widen.h
+        case 8: return packed_widened<GgmlWiden<kq::Q80>>(x, M, L, p0, np, out);
+        case 39: return packed_widened<GgmlWiden<kq::MXFP4>>(x, M, L, p0, np, out);
+        case 10: return packed_widened<GgmlWiden<kq::Q2K>>(x, M, L, p0, np, out);
+        case 11: return packed_widened<GgmlWiden<kq::Q3K>>(x, M, L, p0, np, out);
+        case 12: return packed_widened<GgmlWiden<kq::Q4K>>(x, M, L, p0, np, out);
+        case 13: return packed_widened<GgmlWiden<kq::Q5K>>(x, M, L, p0, np, out);
+        case 14: return packed_widened<GgmlWiden<kq::Q6K>>(x, M, L, p0, np, out);
+        case 16: return packed_widened<GgmlWiden<kq::IQ2XXS>>(x, M, L, p0, np, out);
         default: break;
       }
   }

@@ -128,6 +128,24 @@ def test_decode_batched_decode_and_restore_give_the_fp32_bits(ggml):
     assert np.array_equal(bits(lb), bits(K.decode(b1, int(ggml.prompt[70]))))
 
 
+@pytest.mark.parametrize("qtype", QUANT)
+def test_a_wide_matrix_gives_the_fp32_bits_in_decode_and_prefill(qtype):
+    """The model's matrices are narrower than one 512-column span; here K is three spans and a half
+    (the in-register widening's span and prefetch arithmetic) and N ends in a partial panel, for the
+    decode row counts (in registers) and prefill's (the tile)."""
+    rng = np.random.default_rng(int(T[qtype]))
+    block, nbytes = GGML_QUANT_SIZES[T[qtype]]
+    n, k = 40, 3 * 512 + 256
+    blocks = random_blocks(qtype, n * k // block, rng)
+    w = dequantize(blocks.reshape(-1), T[qtype]).reshape(n, k).astype(np.float32)
+    for m in (1, 2, 6, 9):
+        x = rng.standard_normal((m, k)).astype(np.float32)
+        want, _ = K._packed_matmul(x, w, 2)
+        got, _ = K._ggml_matmul(x, blocks.reshape(n, k // block * nbytes), qtype, 2)
+        assert np.abs(want).max() > 0
+        assert np.array_equal(bits(got), bits(want)), f"{qtype}, {m} rows"
+
+
 def test_resident_panels_hold_the_stored_bytes(ggml):
     stored = sum(a.nbytes for n, (a, _) in ggml.quant.items() if n in ggml.types and n != "embed.weight")
     m = ggml.model(ggml.quant)

@@ -1,12 +1,12 @@
-// cairn kernel: GGUF panels of 256-weight blocks (the K-quants and IQ2_XXS; ggml_blocks.cpp's
-// byte-interleaved layout) widened in registers, for decode (M <= kPackM rows). The tile path
-// (packed.cpp, packed_tiled) writes a block step of np panels to memory, 64 KB for 256-weight
-// blocks, and reads it back from L2; at one row tile that store and load cost as much as the
-// widening. Here the micro-kernel takes each column's 16 weights straight from the code bytes, a
-// group of columns at a time (packed.cpp, columns()): a group's pointers are set up once and each
-// of its parts (a sub-block: one scale, one bit field) runs as its own loop, so shift counts are
-// immediates; the D and M vectors are widened once per span (kSpanCols, two blocks) like widen.h's
-// SpanScales. 32-weight blocks (Q8_0, MXFP4) keep the tile: one block step is 8 KB, in L1.
+// cairn kernel: GGUF panels (ggml_blocks.cpp's byte-interleaved layout) widened in registers, for
+// decode (M <= kPackM rows). The tile path (packed.cpp, packed_tiled) writes a block step of np
+// panels to memory and reads it back; at one row tile that store and load cost as much as the
+// widening (a 2048 x 4096 MXFP4 matrix at M = 1 ran at 9 GB/s of its bytes through the tile, under a
+// quarter of the memory's rate). Here the micro-kernel takes each column's 16 weights straight from
+// the code bytes, a group of columns at a time (packed.cpp, columns()): a group's pointers are set up
+// once and each of its parts (a sub-block: one scale, one bit field) runs as its own loop, so shift
+// counts are immediates; the D and M vectors are widened once per span (kSpanCols) like widen.h's
+// SpanScales.
 //
 // Each format's numbers are its lane decoder's (codecs/*.cpp, decode_lanes), operation for
 // operation: D = fl(d * sc), w = fl(fl(D * q) - M) (or fl(D * q)). packed.cpp, which inlines these,
@@ -18,6 +18,7 @@
 #pragma once
 #include "../codecs/codec.h"
 #include "../codecs/iq2_xxs_grid.h"
+#include "../codecs/mxfp4_lanes.h"
 #include "../codecs/q_k_scales.h"
 #include "formats.h"
 #include "lanes.h"
@@ -56,14 +57,14 @@ inline u32x16 shift(u32x16 x) {
   else return x >> -S;
 }
 
-// A format Q: kBytes a block; scales(b, D, M): the D (and M) vectors of a block's kBlock / kSub
-// sub-blocks; group(b, r, D, M): the Group of kGroup columns from block column r, kParts
+// A format Q: kBlock weights in kBytes a block; scales(b, D, M): the D (and M) vectors of a block's
+// kBlock / kSub sub-blocks; group(b, r, D, M): the Group of kGroup columns from block column r, kParts
 // sub-blocks, whose at<P>(l) is the weights of its part P's column l.
 
 // Q4_K (codecs/q4_k.cpp): sub-block s of 32 columns is nibble s & 1 of code bytes 16 + 32(s / 2) + l:
 // a group is the 64 columns of 32 code bytes.
 struct Q4K {
-  static constexpr int kBytes = 144, kSub = 32, kGroup = 64, kParts = 2;
+  static constexpr int kBlock = 256, kBytes = 144, kSub = 32, kGroup = 64, kParts = 2;
   static void scales(const uint8_t* b, f32x16* D, f32x16* M) {
     const f32x16 d = lanes::half_to_f32(lanes::load_le16(b)), dmin = lanes::half_to_f32(lanes::load_le16(b + 16 * 2));
     codecs::k_scale_min_lanes(b + 16 * 4, d, dmin, D, M);
@@ -81,7 +82,7 @@ struct Q4K {
 
 // Q5_K (codecs/q5_k.cpp): Q4_K's nibbles, and bit s of byte 16 + l on top.
 struct Q5K {
-  static constexpr int kBytes = 176, kSub = 32, kGroup = 64, kParts = 2;
+  static constexpr int kBlock = 256, kBytes = 176, kSub = 32, kGroup = 64, kParts = 2;
   static void scales(const uint8_t* b, f32x16* D, f32x16* M) { Q4K::scales(b, D, M); }
   struct Group {
     const uint8_t *q, *h;
@@ -104,7 +105,7 @@ struct Q5K {
 // of one h, its part P = 2j + t (Q3_K: the block).
 // Q2_K (codecs/q2_k.cpp): codes at 16, scale bytes at 0 (scale low nibble, min high), d, dmin at 80, 82.
 struct Q2K {
-  static constexpr int kBytes = 84, kSub = 16, kGroup = 128, kParts = 8;
+  static constexpr int kBlock = 256, kBytes = 84, kSub = 16, kGroup = 128, kParts = 8;
   static void scales(const uint8_t* b, f32x16* D, f32x16* M) {
     const f32x16 d = lanes::half_to_f32(lanes::load_le16(b + 16 * 80)), dmin = lanes::half_to_f32(lanes::load_le16(b + 16 * 82));
     for (int s = 0; s < 16; ++s) {
@@ -131,7 +132,7 @@ struct Q2K {
 // so the mask's bit is a constant too. On AVX-512 q comes from a table indexed by low | mask << 2,
 // like nibble().
 struct Q3K {
-  static constexpr int kBytes = 110, kSub = 16, kGroup = 256, kParts = 16;
+  static constexpr int kBlock = 256, kBytes = 110, kSub = 16, kGroup = 256, kParts = 16;
   static void scales(const uint8_t* b, f32x16* D, f32x16*) {
     const uint8_t* sb = b + 16 * 96;
     const f32x16 d = lanes::half_to_f32(lanes::load_le16(b + 16 * 108));
@@ -164,7 +165,7 @@ struct Q3K {
 // Q6_K (codecs/q6_k.cpp): low nibble j / 2 of byte 64h + 32(j % 2) + 16t + l, high 2 bits j of
 // byte 128 + 32h + 16t + l, int8 scales at 192, d at 208; q = (low | high << 4) - 32, w = fl(D * q).
 struct Q6K {
-  static constexpr int kBytes = 210, kSub = 16, kGroup = 128, kParts = 8;
+  static constexpr int kBlock = 256, kBytes = 210, kSub = 16, kGroup = 128, kParts = 8;
   static void scales(const uint8_t* b, f32x16* D, f32x16*) {
     const f32x16 d = lanes::half_to_f32(lanes::load_le16(b + 16 * 208));
     for (int s = 0; s < 16; ++s) D[s] = d * lanes::to_f32(lanes::load_i8(b + 16 * (192 + s)));
@@ -191,7 +192,7 @@ struct Q6K {
 // 8 columns (part i: gathered once per group, the packed grid's 2-bit magnitude codes) and their
 // signs; w = fl(fl(db * magnitude) * (+-1)), db = fl(fl(d * (0.5 + s)) * 0.25) per group.
 struct IQ2XXS {
-  static constexpr int kBytes = 66, kSub = 32, kGroup = 32, kParts = 4;
+  static constexpr int kBlock = 256, kBytes = 66, kSub = 32, kGroup = 32, kParts = 4;
   static void scales(const uint8_t* b, f32x16* D, f32x16*) {
     const f32x16 d = lanes::half_to_f32(lanes::load_le16(b));
     for (int g = 0; g < 8; ++g) D[g] = d * (0.5f + lanes::to_f32(lanes::load_le32(b + 16 * (2 + 8 * g + 4)) >> 28)) * 0.25f;
@@ -227,25 +228,64 @@ struct IQ2XXS {
   }
 };
 
+// The 32-weight blocks. Q8_0 (codecs/q8_0.cpp): f16 d at 0, int8 codes at 2; w = fl(d * q).
+struct Q80 {
+  static constexpr int kBlock = 32, kBytes = 34, kSub = 32, kGroup = 32, kParts = 1;
+  static void scales(const uint8_t* b, f32x16* D, f32x16*) { D[0] = lanes::half_to_f32(lanes::load_le16(b)); }
+  struct Group {
+    const uint8_t* q;
+    f32x16 d;
+    template <int P>
+    f32x16 at(int l) const { return d * lanes::to_f32(lanes::load_i8(q + 16 * l)); }
+  };
+  static Group group(const uint8_t* b, int, const f32x16* D, const f32x16*) { return {b + 16 * 2, D[0]}; }
+};
+
+// MXFP4 (codecs/mxfp4.cpp): e8m0 byte at 0, codes at 1; column l < 16 is the low nibble of code byte
+// l, column 16 + l its high nibble (part 1); w = fl(d * kvalue).
+struct MXFP4 {
+  static constexpr int kBlock = 32, kBytes = 17, kSub = 32, kGroup = 32, kParts = 2;
+  static void scales(const uint8_t* b, f32x16* D, f32x16*) { D[0] = codecs::mxfp4::e8m0_half_lanes(lanes::load_u8(b)); }
+  struct Group {
+    const uint8_t* q;
+    f32x16 d;
+    template <int P>
+    f32x16 at(int l) const {
+      return d * codecs::mxfp4::kvalue_lanes(lanes::load_u8(q + 16 * l) >> (4 * P));
+    }
+  };
+  static Group group(const uint8_t* b, int, const f32x16* D, const f32x16*) { return {b + 16, D[0]}; }
+};
+
 }  // namespace kq
 
-// One span (k0 a multiple of kSpanCols, kc of 256) of np panels of a format Q, for packed.cpp's
+// One span (k0 a multiple of kSpanCols, kc of Q::kBlock) of np panels of a format Q, for packed.cpp's
 // micro-kernel: group(j, k) is panel j's group starting at span column k.
 template <class Q>
-struct KQuantWiden {
-  static constexpr int kBlock = 256, kGroup = Q::kGroup, kParts = Q::kParts, kSubs = kSpanCols / Q::kSub;
+struct GgmlWiden {
+  static constexpr int kBlock = Q::kBlock, kGroup = Q::kGroup, kParts = Q::kParts, kSubs = kSpanCols / Q::kSub;
+  // Decode streams np panels at once, each from its own place in memory; the hardware prefetcher
+  // keeps too few of those streams ahead (a 2048 x 4096 MXFP4 matrix at M = 1: 27 Gw/s without
+  // this, 40-45 with it, on 2 Zen 5 cores). A block's first group asks for the block this many bytes
+  // further along its panel: 4096 measured best of 2048 / 4096 / 8192.
+  static constexpr int kPrefetchBytes = 4096;
   using Group = typename Q::Group;
   const uint8_t* c;  // panel p0's block at k0
   size_t ps;         // bytes from one panel to the next
   lanes::f32x16 D[kPackN][kSubs], M[kPackN][kSubs];  // per sub-block; M unused without mins
-  KQuantWiden(const Linear& L, int p0, int k0, int kc, int np)
+  GgmlWiden(const Linear& L, int p0, int k0, int kc, int np)
       : ps((size_t)(L.in / kBlock) * Q::kBytes * kPanel) {
     c = L.pq + (size_t)p0 * ps + (size_t)(k0 / kBlock) * Q::kBytes * kPanel;
     for (int j = 0; j < np; ++j)
       for (int b = 0; b < kc / kBlock; ++b) Q::scales(blk(j, b), &D[j][b * (kBlock / Q::kSub)], &M[j][b * (kBlock / Q::kSub)]);
   }
   const uint8_t* blk(int j, int b) const { return c + j * ps + (size_t)b * Q::kBytes * kPanel; }
-  Group group(int j, int k) const { return Q::group(blk(j, k / kBlock), k % kBlock, &D[j][k / Q::kSub], &M[j][k / Q::kSub]); }
+  Group group(int j, int k) const {
+    const uint8_t* b = blk(j, k / kBlock);
+    if (k % kBlock == 0)
+      for (int o = 0; o < Q::kBytes * kPanel; o += 64) __builtin_prefetch(b + kPrefetchBytes + o);
+    return Q::group(b, k % kBlock, &D[j][k / Q::kSub], &M[j][k / Q::kSub]);
+  }
 };
 
 }  // namespace cairn
