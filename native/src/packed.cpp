@@ -70,11 +70,22 @@ template <class W, class = void>
 struct has_groups : std::false_type {};
 template <class W>
 struct has_groups<W, std::void_t<typename W::Group>> : std::true_type {};
+template <class G, class = void>
+struct has_parts : std::false_type {};
+template <class G>
+struct has_parts<G, std::void_t<decltype(std::declval<G>().template part<0>())>> : std::true_type {};
+template <int P, class G>
+__attribute__((always_inline)) inline auto part_of(const G& g) {
+  if constexpr (has_parts<G>::value) return g.template part<P>();
+  else return g;
+}
 template <int NP, int P, class G, class F>
 __attribute__((always_inline)) inline void group_part(const G* g, int k, int len, F& f) {
+  decltype(part_of<P>(g[0])) q[NP];
+  for (int j = 0; j < NP; ++j) q[j] = part_of<P>(g[j]);
   for (int l = 0; l < len; ++l) {
     lanes::f32x16 b[NP];
-    for (int j = 0; j < NP; ++j) b[j] = g[j].template at<P>(l);
+    for (int j = 0; j < NP; ++j) b[j] = q[j].template at<P>(l);
     f(k + l, b);
   }
 }

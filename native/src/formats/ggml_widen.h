@@ -59,7 +59,8 @@ inline u32x16 shift(u32x16 x) {
 
 // A format Q: kBlock weights in kBytes a block; scales(b, D, M): the D (and M) vectors of a block's
 // kBlock / kSub sub-blocks; group(b, r, D, M): the Group of kGroup columns from block column r, kParts
-// sub-blocks, whose at<P>(l) is the weights of its part P's column l.
+// sub-blocks, whose at<P>(l) is the weights of its part P's column l (or, where a part has state of
+// its own, part<P>() gives the object whose at<P>(l) does).
 
 // Q4_K (codecs/q4_k.cpp): sub-block s of 32 columns is nibble s & 1 of code bytes 16 + 32(s / 2) + l:
 // a group is the 64 columns of 32 code bytes.
@@ -189,20 +190,22 @@ struct Q6K {
 };
 
 // IQ2_XXS (codecs/iq2_xxs.cpp): group g of 32 columns (8 bytes at 2 + 8g) is four grid points of
-// 8 columns (part i: gathered once per group, the packed grid's 2-bit magnitude codes) and their
-// signs; w = fl(fl(db * magnitude) * (+-1)), db = fl(fl(d * (0.5 + s)) * 0.25) per group.
+// 8 columns (part i: the packed grid's 2-bit magnitude codes, looked up once per group) and their
+// signs; w = fl(fl(db * magnitude) * (+-1)), db = fl(fl(d * (0.5 + s)) * 0.25) per group. Each
+// part's signs are made when the part starts (part()): all four parts' codes and signs of 4
+// panels at once were 36 vectors, which spilled.
 struct IQ2XXS {
   static constexpr int kBlock = 256, kBytes = 66, kSub = 32, kGroup = 32, kParts = 4;
   static void scales(const uint8_t* b, f32x16* D, f32x16*) {
     const f32x16 d = lanes::half_to_f32(lanes::load_le16(b));
     for (int g = 0; g < 8; ++g) D[g] = d * (0.5f + lanes::to_f32(lanes::load_le32(b + 16 * (2 + 8 * g + 4)) >> 28)) * 0.25f;
   }
-  struct Group {
-    u32x16 code[4], neg[4];
+  struct Part {
+    u32x16 code, neg;
     f32x16 db;
     template <int P>
     f32x16 at(int m) const {
-      const u32x16 c = code[P] >> (2 * m);
+      const u32x16 c = code >> (2 * m);
       f32x16 mag;
       if constexpr (lanes::kLookupPermutes) {  // the permute reads c's low 4 bits: the next code is ignored
         const f32x16 t = {8, 25, 43, 0, 8, 25, 43, 0, 8, 25, 43, 0, 8, 25, 43, 0};
@@ -211,18 +214,27 @@ struct IQ2XXS {
         const u32x16 c3 = c & 3u;
         mag = lanes::to_f32((c3 << 4) + c3 + (c3 >> 1) + 8u);
       }
-      const f32x16 sign = lanes::bits(0x3f800000u | (((neg[P] >> m) & 1u) << 31));  // +-1.0f
-      return db * mag * sign;
+      // fl(fl(db * mag) * -1) = fl(db * -mag): negation is exact and rounding is symmetric, so the
+      // sign goes onto the magnitude's bits and one product is left.
+      return db * lanes::bits(lanes::bits(mag) ^ ((neg << (31 - m)) & 0x80000000u));
     }
   };
+  struct Group {
+    u32x16 code[4], aux1;
+    f32x16 db;
+    template <int P>
+    Part part() const { return {code[P], codecs::ksign((aux1 >> (7 * P)) & 0x7Fu), db}; }
+  };
   static Group group(const uint8_t* b, int r, const f32x16* D, const f32x16*) {
-    const uint8_t* p = b + 16 * (2 + 8 * (r / 32));
-    const u32x16 aux1 = lanes::load_le32(p + 16 * 4);
+    const uint8_t* p = b + 16 * (2 + 8 * (r / 32));  // the four parts' grid indexes: 64 bytes
     Group g;
-    for (int i = 0; i < 4; ++i) {
-      g.code[i] = lanes::gather_u32(codecs::kGrid2.code, lanes::load_u8(p + 16 * i));
-      g.neg[i] = codecs::ksign((aux1 >> (7 * i)) & 0x7Fu);
-    }
+#if defined(__AVX512BW__)
+    lanes::lookup256_u16(codecs::kGrid2Words.code, p, g.code[0], g.code[1]);
+    lanes::lookup256_u16(codecs::kGrid2Words.code, p + 32, g.code[2], g.code[3]);
+#else
+    for (int i = 0; i < 4; ++i) g.code[i] = lanes::gather_u32(codecs::kGrid2.code, lanes::load_u8(p + 16 * i));
+#endif
+    g.aux1 = lanes::load_le32(p + 16 * 4);
     g.db = D[0];
     return g;
   }

@@ -126,6 +126,22 @@ inline u32x16 gather_u32(const uint32_t* table, u32x16 idx) {
   return r;
 #endif
 }
+#if defined(__AVX512BW__)
+// table[p[l]] for the 32 bytes at p and a 256-entry table of 16-bit words (64-byte aligned): lanes
+// 0-15 into a, 16-31 into b, zero-extended. Four 64-entry word permutes chosen by index bits 6 and
+// 7: a 16-lane gather costs more than all of them (IQ2_XXS's grid, formats/ggml_widen.h).
+inline void lookup256_u16(const uint16_t* table, const uint8_t* p, u32x16& a, u32x16& b) {
+  const __m512i idx = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i*)p));
+  const __m512i* t = (const __m512i*)table;
+  const __m512i q0 = _mm512_permutex2var_epi16(t[0], idx, t[1]), q1 = _mm512_permutex2var_epi16(t[2], idx, t[3]);
+  const __m512i q2 = _mm512_permutex2var_epi16(t[4], idx, t[5]), q3 = _mm512_permutex2var_epi16(t[6], idx, t[7]);
+  const __mmask32 b6 = _mm512_test_epi16_mask(idx, _mm512_set1_epi16(64));
+  const __mmask32 b7 = _mm512_test_epi16_mask(idx, _mm512_set1_epi16(128));
+  const __m512i w = _mm512_mask_blend_epi16(b7, _mm512_mask_blend_epi16(b6, q0, q1), _mm512_mask_blend_epi16(b6, q2, q3));
+  a = (u32x16)_mm512_cvtepu16_epi32(_mm512_castsi512_si256(w));
+  b = (u32x16)_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(w, 1));
+}
+#endif
 // table[idx[l]] for a 16-entry table (a permute on AVX-512)
 // Whether lookup() is one register permute (AVX-512): elsewhere GCC 12 lowers it lane by lane, and
 // a codec with an arithmetic form of its table uses that instead (`if constexpr`).
