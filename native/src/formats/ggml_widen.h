@@ -277,25 +277,27 @@ template <class Q>
 struct GgmlWiden {
   static constexpr int kBlock = Q::kBlock, kGroup = Q::kGroup, kParts = Q::kParts, kSubs = kSpanCols / Q::kSub;
   // Decode streams np panels at once, each from its own place in memory; the hardware prefetcher
-  // keeps too few of those streams ahead (a 2048 x 4096 MXFP4 matrix at M = 1: 27 Gw/s without
-  // this, 40-45 with it, on 2 Zen 5 cores). A block's first group asks for the block this many bytes
-  // further along its panel: 4096 measured best of 2048 / 4096 / 8192.
-  static constexpr int kPrefetchBytes = 4096;
+  // keeps too few of those streams ahead (a 2048 x 4096 MXFP4 matrix at M = 1, 2 Zen 5 cores: 27
+  // Gw/s without this, 40-45 with it). Each group asks for its share of the same block one span
+  // further along its panel (spread over the groups: a whole K-quant block's 36 lines at once
+  // measured no better than none).
+  static constexpr int kStep = Q::kBytes * kPanel;  // one block of a panel (16 rows)
+  static constexpr int kPrefetchBytes = kStep * (kSpanCols / kBlock), kShare = kStep / (kBlock / kGroup);
   using Group = typename Q::Group;
   const uint8_t* c;  // panel p0's block at k0
   size_t ps;         // bytes from one panel to the next
   lanes::f32x16 D[kPackN][kSubs], M[kPackN][kSubs];  // per sub-block; M unused without mins
   GgmlWiden(const Linear& L, int p0, int k0, int kc, int np)
       : ps((size_t)(L.in / kBlock) * Q::kBytes * kPanel) {
-    c = L.pq + (size_t)p0 * ps + (size_t)(k0 / kBlock) * Q::kBytes * kPanel;
+    c = L.pq + (size_t)p0 * ps + (size_t)(k0 / kBlock) * kStep;
     for (int j = 0; j < np; ++j)
       for (int b = 0; b < kc / kBlock; ++b) Q::scales(blk(j, b), &D[j][b * (kBlock / Q::kSub)], &M[j][b * (kBlock / Q::kSub)]);
   }
-  const uint8_t* blk(int j, int b) const { return c + j * ps + (size_t)b * Q::kBytes * kPanel; }
+  const uint8_t* blk(int j, int b) const { return c + j * ps + (size_t)b * kStep; }
   Group group(int j, int k) const {
     const uint8_t* b = blk(j, k / kBlock);
-    if (k % kBlock == 0)
-      for (int o = 0; o < Q::kBytes * kPanel; o += 64) __builtin_prefetch(b + kPrefetchBytes + o);
+    const uintptr_t from = (uintptr_t)b + kPrefetchBytes + (k % kBlock) / kGroup * kShare;
+    for (uintptr_t a = from & ~(uintptr_t)63; a < from + kShare; a += 64) __builtin_prefetch((const void*)a);
     return Q::group(b, k % kBlock, &D[j][k / Q::kSub], &M[j][k / Q::kSub]);
   }
 };
