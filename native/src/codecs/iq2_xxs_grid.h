@@ -31,7 +31,8 @@ constexpr bool grid_is_8_25_43() {
 static_assert(grid_is_8_25_43(), "IQ2_XXS: a grid magnitude other than 8, 25, 43; grid2() cannot hold it");
 static_assert(8 + 17 * 1 + 1 / 2 == 25 && 8 + 17 * 2 + 2 / 2 == 43, "magnitude from its code");
 alignas(64) inline constexpr Grid2 kGrid2 = grid2();
-// The same codes as 16-bit words, for a register lookup (lanes::lookup256_u16).
+// The same codes as 16-bit words (8 two-bit codes fill 16 bits), for a register lookup
+// (lanes::lookup256_u16).
 struct Grid2Words {
   uint16_t code[256];
 };
@@ -40,7 +41,6 @@ constexpr Grid2Words grid2_words() {
   for (int p = 0; p < 256; ++p) w.code[p] = (uint16_t)kGrid2.code[p];
   return w;
 }
-static_assert(grid2().code[255] < 0x10000u, "IQ2_XXS: 8 two-bit codes fit 16 bits");
 alignas(64) inline constexpr Grid2Words kGrid2Words = grid2_words();
 
 template <class U>

@@ -14,7 +14,8 @@
 // the micro-kernel's accumulate is an explicit fma. One fusion is explicit: in Q2_K, Q4_K and Q5_K
 // D * q is exact in fp32 (an f16 d, 11 significant bits, times a scale of at most 6 and a code of
 // at most 5 bits: <= 22 bits, far from fp32's range limits), so fl(D * q - M) in one rounding is
-// fl(fl(D * q) - M), and AVX-512 takes it as one fused multiply-subtract (lanes::fmsub_exact).
+// fl(fl(D * q) - M), and AVX-512 takes it as one fused multiply-subtract (lanes::fmsub_exact). One
+// product is dropped: IQ2_XXS's sign goes onto the magnitude's bits (the same bits, see there).
 #pragma once
 #include "../codecs/codec.h"
 #include "../codecs/iq2_xxs_grid.h"
