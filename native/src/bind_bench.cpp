@@ -4,6 +4,7 @@
 
 #include <omp.h>
 
+#include <string>
 #include <vector>
 
 #include "bind.h"
@@ -14,32 +15,49 @@
 
 namespace py = pybind11;
 
+namespace {
+// (y, seconds per call) for y = x @ W.T, W packed by pack(N, K) into a Linear (untimed), the product
+// run reps times with the GIL released. pack returns the Linear and keeps its panels alive in `keep`.
+template <class Pack>
+py::tuple timed_linear(const py::array_t<float, py::array::c_style | py::array::forcecast>& x, int N, int threads,
+                       int reps, const char* name, Pack&& pack) {
+  if (reps < 1) throw py::value_error(std::string(name) + ": reps must be >= 1");
+  const int M = (int)x.shape(0), K = (int)x.shape(1);
+  py::array_t<float> y({(py::ssize_t)M, (py::ssize_t)N});
+  const float* xp = x.data();
+  float* yp = y.mutable_data();
+  double dt;
+  {
+    py::gil_scoped_release rel;
+    std::vector<uint8_t> keep;
+    const cairn::Linear L = pack(N, K, keep);
+    const double t0 = omp_get_wtime();
+    for (int r = 0; r < reps; ++r) cairn::linear(xp, M, L, yp, std::max(1, threads));
+    dt = (omp_get_wtime() - t0) / reps;
+  }
+  return py::make_tuple(y, dt);
+}
+// 64-byte aligned room for n bytes in keep
+uint8_t* aligned(std::vector<uint8_t>& keep, size_t n) {
+  keep.assign(n + 64, 0);
+  return keep.data() + (64 - (uintptr_t)keep.data() % 64) % 64;
+}
+}  // namespace
+
 void register_bench(py::module_& m) {
   m.def("_packed_matmul", [](py::array_t<float, py::array::c_style | py::array::forcecast> x,
                              py::array_t<float, py::array::c_style | py::array::forcecast> w, int threads,
                              int reps) {
     if (x.ndim() != 2 || w.ndim() != 2 || x.shape(1) != w.shape(1))
       throw py::value_error("_packed_matmul: want x [M, K], w [N, K]");
-    if (reps < 1) throw py::value_error("_packed_matmul: reps must be >= 1");
-    const int M = (int)x.shape(0), K = (int)x.shape(1), N = (int)w.shape(0);
-    py::array_t<float> y({(py::ssize_t)M, (py::ssize_t)N});
-    const float* xp = x.data();
     const float* wp = w.data();
-    float* yp = y.mutable_data();
-    double dt;
-    {
-      py::gil_scoped_release rel;
-      std::vector<float> panels(cairn::packed_floats(N, K) + 16);
-      float* P = panels.data() + (16 - ((uintptr_t)panels.data() / 4) % 16) % 16;  // 64-byte aligned
+    return timed_linear(x, (int)w.shape(0), threads, reps, "_packed_matmul", [&](int N, int K, std::vector<uint8_t>& keep) {
+      float* P = (float*)aligned(keep, cairn::packed_floats(N, K) * sizeof(float));
       std::vector<const float*> rows(N);
       for (int i = 0; i < N; ++i) rows[i] = wp + (size_t)i * K;
       cairn::pack_panels(rows, K, P);
-      cairn::Linear L{nullptr, P, N, K};
-      double t0 = omp_get_wtime();
-      for (int r = 0; r < reps; ++r) cairn::linear(xp, M, L, yp, std::max(1, threads));
-      dt = (omp_get_wtime() - t0) / reps;
-    }
-    return py::make_tuple(y, dt);
+      return cairn::Linear{nullptr, P, N, K};
+    });
   }, py::arg("x"), py::arg("w"), py::arg("threads") = 1, py::arg("reps") = 1,
      "(y, seconds per call) for y = x @ w.T through the packed-panel GEMM (w packed once, untimed).");
   m.def("_ggml_matmul", [](py::array_t<float, py::array::c_style | py::array::forcecast> x,
@@ -50,29 +68,18 @@ void register_bench(py::module_& m) {
     if (x.ndim() != 2 || blocks.ndim() != 2 || x.shape(1) % c->block != 0 ||
         blocks.shape(1) != x.shape(1) / c->block * c->bytes)
       throw py::value_error("_ggml_matmul: want x [M, K], blocks [N, K / block * bytes]");
-    if (reps < 1) throw py::value_error("_ggml_matmul: reps must be >= 1");
-    const int M = (int)x.shape(0), K = (int)x.shape(1), N = (int)blocks.shape(0);
-    py::array_t<float> y({(py::ssize_t)M, (py::ssize_t)N});
-    const float* xp = x.data();
-    float* yp = y.mutable_data();
-    double dt;
-    {
-      py::gil_scoped_release rel;
+    const uint8_t* bp = blocks.data();
+    return timed_linear(x, (int)blocks.shape(0), threads, reps, "_ggml_matmul", [&](int N, int K, std::vector<uint8_t>& keep) {
       const cairn::PanelCodec& C = cairn::panel_codec(cairn::QFmt::Ggml);
-      cairn::Linear src{};
-      src.out = N, src.in = K, src.qf = cairn::QFmt::Ggml, src.codec = c, src.q = blocks.data();
-      std::vector<cairn::QRow> rows(N);
-      for (int i = 0; i < N; ++i) rows[i] = {&src, i};
-      std::vector<uint8_t> panels(C.code_bytes(c, N, K) + 64, 0);
-      uint8_t* P = panels.data() + (64 - (uintptr_t)panels.data() % 64) % 64;
-      C.pack(rows, K, P, nullptr);
       cairn::Linear L{};
-      L.out = N, L.in = K, L.qf = cairn::QFmt::Ggml, L.codec = c, L.pq = P;
-      double t0 = omp_get_wtime();
-      for (int r = 0; r < reps; ++r) cairn::linear(xp, M, L, yp, std::max(1, threads));
-      dt = (omp_get_wtime() - t0) / reps;
-    }
-    return py::make_tuple(y, dt);
+      L.out = N, L.in = K, L.qf = cairn::QFmt::Ggml, L.codec = c, L.q = bp;
+      std::vector<cairn::QRow> rows(N);
+      for (int i = 0; i < N; ++i) rows[i] = {&L, i};
+      uint8_t* P = aligned(keep, C.code_bytes(c, N, K));
+      C.pack(rows, K, P, nullptr);
+      L.q = nullptr, L.pq = P;
+      return L;
+    });
   }, py::arg("x"), py::arg("blocks"), py::arg("type"), py::arg("threads") = 1, py::arg("reps") = 1,
      "(y, seconds per call) for y = x @ W.T, W a GGUF block matrix (rows of `type` blocks as stored), through "
      "the block panels the model uses (packed once, untimed).");
