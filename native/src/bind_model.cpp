@@ -122,7 +122,7 @@ struct Loader {
       m.owned.push_back(std::unique_ptr<float[]>(new float[(size_t)std::max<int64_t>(n, 1)]));
       float* dst = m.owned.back().get();
       jobs.push_back({c.data(), dst, n, tag == "BF16"});
-      if (tag == "BF16") m.bf16_sources.insert(dst);
+      if (tag == "BF16") m.bf16_sources.emplace(dst, (const uint16_t*)c.data());
       return dst;
     }
     throw py::value_error("weight '" + name + "' has unsupported dtype tag '" + tag +
@@ -264,7 +264,7 @@ struct Loader {
 #pragma omp parallel for num_threads(threads) schedule(dynamic)
     for (size_t j = 0; j < jobs.size(); ++j) {
       const Convert& c = jobs[j];
-      if (c.matrix != matrix) continue;
+      if (c.matrix != matrix || (matrix && m.bf16_unwidened.count(c.dst))) continue;  // packed from its BF16
       const uint16_t* s = (const uint16_t*)c.src;
       if (c.bf16)
         for (int64_t i = 0; i < c.n; ++i) {

@@ -34,7 +34,7 @@ char* new_arena(Model& m, size_t n) {
 }
 
 // Streaming: the dense panels into the arena, each batch of experts through a scratch buffer
-// written at its file offset; the experts' sources are paged out as they are packed.
+// written at its file offset; every source is paged out as it is packed.
 void pack_streaming(Model& m, const PackPlan& plan, int threads, const std::string& cache_path,
                     const PackHeader& header, std::vector<void*>& bufs) {
   const Config& c = m.cfg;
@@ -48,7 +48,10 @@ void pack_streaming(Model& m, const PackPlan& plan, int threads, const std::stri
       bufs[j] = base + plan.offset[j];
     }
 #pragma omp parallel for num_threads(std::max(1, threads)) schedule(dynamic, 1)
-  for (size_t i = 0; i < dj.size(); ++i) pack_job(plan, dj[i], bufs[dj[i]]);
+  for (size_t i = 0; i < dj.size(); ++i) {
+    pack_job(plan, dj[i], bufs[dj[i]]);
+    page_out_stored(plan, plan.jobs[dj[i]]);
+  }
   const std::string tmp = tmp_name(cache_path);
   const int fd = open_tmp(tmp, header);
   if (fd < 0) throw std::runtime_error("cannot write the packed cache file '" + tmp + "': " + std::strerror(errno));
@@ -88,7 +91,8 @@ void pack_streaming(Model& m, const PackPlan& plan, int threads, const std::stri
   m.packed_cache_written = true;
 }
 
-// Every panel into one arena, then (with a path) the arena written as the cache file.
+// Every panel into one arena (each job's stored bytes paged out once packed), then (with a path) the
+// arena written as the cache file.
 void pack_resident(Model& m, const PackPlan& plan, int threads, const std::string& cache_path,
                    const PackHeader& header, std::vector<void*>& bufs) {
   // the temporary file exists (and is locked) for the whole pack: a crash at any point leaves it
@@ -104,7 +108,10 @@ void pack_resident(Model& m, const PackPlan& plan, int threads, const std::strin
   }
   for (size_t j = 0; j < plan.jobs.size(); ++j) bufs[j] = base + plan.offset[j];
 #pragma omp parallel for num_threads(std::max(1, threads)) schedule(dynamic, 1)
-  for (size_t j = 0; j < plan.jobs.size(); ++j) pack_job(plan, j, bufs[j]);
+  for (size_t j = 0; j < plan.jobs.size(); ++j) {
+    pack_job(plan, j, bufs[j]);
+    page_out_stored(plan, plan.jobs[j]);
+  }
   if (fd >= 0) m.packed_cache_written = finish_tmp(fd, write_at(fd, base, plan.total, kPackHeader), tmp, cache_path);
 }
 }  // namespace

@@ -33,21 +33,24 @@ std::vector<QRow> fused_qrows(const Linear& g, const Linear& u) {
   return rows;
 }
 
-std::vector<const float*> rows_of(const Linear& L, int r0 = 0, int n = -1) {
+// Row pointers into a row-major source: L's fp32 rows (L.w) or the same rows' stored BF16 values (w).
+template <class T>
+std::vector<const T*> rows_of(const Linear& L, const T* w, int r0 = 0, int n = -1) {
   if (n < 0) n = L.out;
-  std::vector<const float*> rows(n);
-  for (int i = 0; i < n; ++i) rows[i] = L.w + (size_t)(r0 + i) * L.in;
+  std::vector<const T*> rows(n);
+  for (int i = 0; i < n; ++i) rows[i] = w + (size_t)(r0 + i) * L.in;
   return rows;
 }
 
 // 16 gate rows, the same 16 up rows, ... (rows past `out` are zero).
-std::vector<const float*> fused_rows(const Linear& g, const Linear& u) {
+template <class T>
+std::vector<const T*> fused_rows(const Linear& g, const T* gw, const Linear& u, const T* uw) {
   const int np = (g.out + kPanel - 1) / kPanel;
-  std::vector<const float*> rows((size_t)2 * np * kPanel, nullptr);
+  std::vector<const T*> rows((size_t)2 * np * kPanel, nullptr);
   for (int q = 0; q < np; ++q)
     for (int l = 0; l < kPanel && q * kPanel + l < g.out; ++l) {
-      rows[(size_t)(2 * q) * kPanel + l] = g.w + (size_t)(q * kPanel + l) * g.in;
-      rows[(size_t)(2 * q + 1) * kPanel + l] = u.w + (size_t)(q * kPanel + l) * u.in;
+      rows[(size_t)(2 * q) * kPanel + l] = gw + (size_t)(q * kPanel + l) * g.in;
+      rows[(size_t)(2 * q + 1) * kPanel + l] = uw + (size_t)(q * kPanel + l) * u.in;
     }
   return rows;
 }
@@ -75,7 +78,13 @@ size_t scale_bytes(const Linear& L) {
 }
 }  // namespace
 
-std::vector<const float*> PackJob::rows() const { return up ? fused_rows(*src, *up) : rows_of(*src, r0, n); }
+std::vector<const float*> PackJob::rows() const {
+  return up ? fused_rows(*src, src->w, *up, up->w) : rows_of(*src, src->w, r0, n);
+}
+std::vector<const uint16_t*> PackJob::rows16(const PackPlan& P) const {
+  const auto w = [&](const Linear* L) { return P.bf16_rows.at(L->w); };
+  return up ? fused_rows(*src, w(src), *up, w(up)) : rows_of(*src, w(src), r0, n);
+}
 std::vector<QRow> PackJob::qrows() const { return up ? fused_qrows(*src, *up) : qrows_of(*src, r0, n); }
 
 PackPlan plan_packing(Model& m) {
@@ -194,6 +203,20 @@ PackPlan plan_packing(Model& m) {
       layout = fnv(layout, v);
   }
   P.layout = layout;
+  // BF16 jobs pack from the stored values; a source no fp32 job reads is never widened
+  std::unordered_set<const float*> need_f32;
+  for (const PackJob& J : jobs)
+    if (J.qf == QFmt::None && !J.bf16)
+      for (const Linear* L : {J.src, J.up})
+        if (L) need_f32.insert(L->w);
+  m.bf16_unwidened.clear();
+  for (const PackJob& J : jobs)
+    if (J.bf16)
+      for (const Linear* L : {J.src, J.up})
+        if (L) {
+          P.bf16_rows.emplace(L->w, m.bf16_sources.at(L->w));
+          if (!need_f32.count(L->w)) m.bf16_unwidened.insert(L->w);
+        }
   return P;
 }
 
@@ -202,7 +225,7 @@ void pack_job(const PackPlan& plan, size_t j, void* buf) {
   std::memset(buf, 0, plan.span[j]);  // padding is zero: the file's bytes depend on the weights only
   if (J.qf != QFmt::None)
     panel_codec(J.qf).pack(J.qrows(), J.dst->in, (uint8_t*)buf, (uint8_t*)buf + plan.code_bytes[j]);
-  else if (J.bf16) pack_panels_bf16(J.rows(), J.dst->in, (uint16_t*)buf);
+  else if (J.bf16) pack_panels_bf16(J.rows16(plan), J.dst->in, (uint16_t*)buf);
   else pack_panels(J.rows(), J.dst->in, (float*)buf);
 }
 
@@ -237,11 +260,27 @@ void drop_sources(Model& m, const PackPlan& plan) {
   for (auto& o : m.owned)
     if (o && dropped.count(o.get())) o.reset();
   m.bf16_sources.clear();  // they pointed into buffers freed just above
+  m.bf16_unwidened.clear();
 }
 
 void page_out_sources(const Linear& L) {
   page_out(L.q ? (const void*)L.q : (const void*)L.w, source_bytes(L));
   page_out(L.qs, scale_bytes(L));
+}
+
+void page_out_stored(const PackPlan& P, const PackJob& J) {
+  for (const Linear* L : {J.src, J.up}) {
+    if (!L) continue;
+    const uint8_t* s = L->q;
+    size_t row = s ? source_bytes(*L) / L->out : 0;
+    if (!s && J.bf16) {
+      s = (const uint8_t*)P.bf16_rows.at(L->w);
+      row = (size_t)L->in * 2;
+    }
+    if (!s) continue;
+    if (J.up) page_out(s, row * L->out);
+    else page_out(s + row * J.r0, row * J.n);
+  }
 }
 
 }  // namespace cairn

@@ -3,6 +3,7 @@
 // bound to their panels afterwards.
 #pragma once
 #include <cstdint>
+#include <unordered_map>
 #include <vector>
 
 #include "cairn/kernels.h"
@@ -13,6 +14,7 @@ namespace cairn {
 // One packed matrix: rows r0..r0+n of src, or (up set) src's and up's rows interleaved per panel.
 // The row lists are built only when the job is packed (they are ~16 bytes per row: ~1.4 GB for
 // all of V4-Flash's experts at once, and nothing at all when the panels come from the cache file).
+struct PackPlan;
 struct PackJob {
   Linear* dst;
   const Linear* src;
@@ -22,6 +24,7 @@ struct PackJob {
   QFmt qf;              // else: quantized panels of the stored codes
   int nrows() const { return up ? 2 * ((src->out + kPanel - 1) / kPanel) * kPanel : n; }
   std::vector<const float*> rows() const;
+  std::vector<const uint16_t*> rows16(const PackPlan& P) const;  // bf16: the stored values' rows
   std::vector<QRow> qrows() const;
 };
 
@@ -30,6 +33,9 @@ struct PackPlan {
   std::vector<int64_t> key;      // [jobs] routed expert key (layer * E + e), -1 = dense
   std::vector<int> part;         // [jobs] 0 = fused w1/w3, 1 = w2
   std::vector<Linear*> sources;  // every Linear whose row-major source is dropped afterwards
+  // the sources of BF16 jobs: fp32 buffer -> stored values (a buffer no fp32 job reads is never
+  // widened: Model::bf16_unwidened)
+  std::unordered_map<const float*, const uint16_t*> bf16_rows;
   std::vector<size_t> code_bytes;  // [jobs] quantized: where the scales start in the job's bytes
   std::vector<size_t> bytes;       // [jobs] panel bytes
   std::vector<size_t> offset;      // [jobs] from the arena start (experts: dense + key * slot + ...)
@@ -53,5 +59,9 @@ void bind_panels(const PackPlan& plan, const std::vector<void*>& bufs);
 void drop_sources(Model& m, const PackPlan& plan);
 // Drops a routed expert's source pages from this process (streaming pack, after it is written).
 void page_out_sources(const Linear& L);
+// Drops the stored bytes job J has packed (quantized codes, BF16 values: pages of the weight files'
+// mappings) from this process: otherwise every source page packing read stays resident until the load
+// ends, and the load peaks at stored + packed bytes. Widened fp32 rows are freed by drop_sources.
+void page_out_stored(const PackPlan& P, const PackJob& J);
 
 }  // namespace cairn

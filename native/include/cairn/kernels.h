@@ -29,7 +29,7 @@ size_t packed_floats(int N, int K);
 void pack_panels(const std::vector<const float*>& rows, int K, float* P);
 // The same panels as BF16 bit patterns; the rows must hold BF16-representable values
 // (formats/bf16.cpp).
-void pack_panels_bf16(const std::vector<const float*>& rows, int K, uint16_t* P);
+void pack_panels_bf16(const std::vector<const uint16_t*>& rows, int K, uint16_t* P);
 // Quantized panels (QFmt, formats/): one logical row is (source matrix with q/qs set, row
 // index), or a zero row when src is null.
 struct QRow {

@@ -23,6 +23,7 @@
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <unordered_map>
 #include <unordered_set>
 #include <vector>
 #include "cairn/pages.h"
@@ -141,7 +142,10 @@ struct Model {
   // widened BF16/F16 weights; uninitialised until widened, so a matrix source that is never
   // widened (panels from the packed cache) never touches its pages
   std::vector<std::unique_ptr<float[]>> owned;
-  std::unordered_set<const float*> bf16_sources;             // those of `owned` that were BF16
+  // those of `owned` that were BF16 -> their stored values (alive while packing): a matrix packed as
+  // BF16 panels is packed from these, and its fp32 buffer is never written
+  std::unordered_map<const float*, const uint16_t*> bf16_sources;
+  std::unordered_set<const float*> bf16_unwidened;  // set by the packing plan: no reader needs their fp32
   bool widen_bf16 = false;  // pack BF16 matrices as fp32 panels instead of bf16 ones
   struct FreeDeleter { void operator()(void* p) const { std::free(p); } };
   std::vector<std::unique_ptr<void, FreeDeleter>> packed;  // the arena of every Linear's panels (2 MiB aligned)

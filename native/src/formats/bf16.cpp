@@ -7,18 +7,14 @@
 
 namespace cairn {
 
-void pack_panels_bf16(const std::vector<const float*>& rows, int K, uint16_t* P) {
+void pack_panels_bf16(const std::vector<const uint16_t*>& rows, int K, uint16_t* P) {
   const int np = (int)((rows.size() + kPanel - 1) / kPanel);
   for (int p = 0; p < np; ++p) {
     uint16_t* dst = P + (size_t)p * K * kPanel;  // [K][16]
     for (int l = 0; l < kPanel; ++l) {
       const size_t n = (size_t)p * kPanel + l;
-      const float* src = n < rows.size() ? rows[n] : nullptr;
-      for (int k = 0; k < K; ++k) {
-        uint32_t b = 0;
-        if (src) std::memcpy(&b, &src[k], 4);
-        dst[(size_t)k * kPanel + l] = (uint16_t)(b >> 16);  // exact: the rows hold widened BF16 values
-      }
+      const uint16_t* src = n < rows.size() ? rows[n] : nullptr;
+      for (int k = 0; k < K; ++k) dst[(size_t)k * kPanel + l] = src ? src[k] : 0;
     }
   }
 }
