@@ -31,7 +31,7 @@ inline void decode(const uint8_t* __restrict blk, float* __restrict out) {
 void decode_lanes(const uint8_t* __restrict b, float* __restrict out) {
   using namespace lanes;
   const f32x16 d = half_to_f32(load_le16(b));
-  const f32x16 kMags = {8.0f, 25.0f, 43.0f};   // a register permute where lookup() is one (lanes.h)
+  const f32x16 kMags = {8.0f, 25.0f, 43.0f};   // a register permute where lookup8() is one (lanes.h)
   for (int g = 0; g < 8; ++g) {
     const uint8_t* p = b + 16 * (2 + 8 * g);
     const u32x16 aux1 = load_le32(p + 16 * 4);
@@ -43,7 +43,7 @@ void decode_lanes(const uint8_t* __restrict b, float* __restrict out) {
         const f32x16 sign = bits(0x3f800000u | (((neg >> m) & 1u) << 31));  // +-1.0f
         const u32x16 c = (code >> (2 * m)) & 3u;
         f32x16 mag;
-        if constexpr (kLookupPermutes) mag = lookup(kMags, c);
+        if constexpr (kLookup8Permutes) mag = lookup8(kMags, c);  // c < 4
         else mag = to_f32((c << 4) + c + (c >> 1) + 8u);
         store(out + 16 * (32 * g + 8 * i + m), db * mag * sign);
       }

@@ -33,9 +33,15 @@ void decode_lanes(const uint8_t* __restrict b, float* __restrict out) {
   using namespace lanes;
   const f32x16 d = mxfp4::e8m0_half_lanes(load_u8(b));
   for (int i = 0; i < 16; ++i) {
-    const u32x16 q = load_u8(b + 16 * (1 + i));
-    store(out + 16 * i, d * mxfp4::kvalue_lanes(q));
-    store(out + 16 * (16 + i), d * mxfp4::kvalue_lanes(q >> 4));
+    if constexpr (kLookupPermutes) {
+      const u32x16 q = load_u8(b + 16 * (1 + i));
+      store(out + 16 * i, d * mxfp4::kvalue_lanes(q));
+      store(out + 16 * (16 + i), d * mxfp4::kvalue_lanes(q >> 4));
+    } else {
+      const u8x16 q = load_bytes(b + 16 * (1 + i));
+      store(out + 16 * i, d * mxfp4::kvalue_bytes(q));
+      store(out + 16 * (16 + i), d * mxfp4::kvalue_bytes(q >> 4));
+    }
   }
 }
 

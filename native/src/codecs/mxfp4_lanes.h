@@ -54,6 +54,16 @@ template <size_t... C>
 constexpr lanes::f32x16 kvalue_table(std::index_sequence<C...>) {
   return lanes::f32x16{(float)codec_tables::mxfp4_kvalues[C]...};
 }
+template <size_t... C>
+constexpr lanes::u8x16 kvalue_byte_table(std::index_sequence<C...>) {
+  return lanes::u8x16{(uint8_t)codec_tables::mxfp4_kvalues[C]...};
+}
+// The doubled e2m1 values of the low 4 bits of 16 code bytes: a byte shuffle and a widening (lanes.h,
+// lookup_i8), for ISAs where kvalue_lanes() below would be the masks.
+inline lanes::f32x16 kvalue_bytes(lanes::u8x16 c) {
+  constexpr lanes::u8x16 table = kvalue_byte_table(std::make_index_sequence<16>());
+  return lanes::lookup_i8(table, c);
+}
 // The doubled e2m1 values of the low 4 bits of each lane (higher bits ignored): one permute from a
 // register table where the ISA has it (kvalues_match: the same bits as kvalue_bits), else the masks.
 inline lanes::f32x16 kvalue_lanes(lanes::u32x16 c) {

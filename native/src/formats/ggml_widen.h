@@ -14,7 +14,7 @@
 // the micro-kernel's accumulate is an explicit fma. One fusion is explicit: in Q2_K, Q4_K and Q5_K
 // D * q is exact in fp32 (an f16 d, 11 significant bits, times a scale of at most 6 and a code of
 // at most 5 bits: <= 22 bits, far from fp32's range limits), so fl(D * q - M) in one rounding is
-// fl(fl(D * q) - M), and AVX-512 takes it as one fused multiply-subtract (lanes::fmsub_exact). One
+// fl(fl(D * q) - M), and AVX-512 and FMA3 take it as one fused multiply-subtract (lanes::fmsub_exact). One
 // product is dropped: IQ2_XXS's sign goes onto the magnitude's bits (the same bits, see there).
 #pragma once
 #include "../codecs/codec.h"
@@ -208,9 +208,9 @@ struct IQ2XXS {
     f32x16 at(int m) const {
       const u32x16 c = code >> (2 * m);
       f32x16 mag;
-      if constexpr (lanes::kLookupPermutes) {  // the permute reads c's low 4 bits: the next code is ignored
+      if constexpr (lanes::kLookup8Permutes) {  // the permute reads c's low 3 or 4 bits: the next code is ignored
         const f32x16 t = {8, 25, 43, 0, 8, 25, 43, 0, 8, 25, 43, 0, 8, 25, 43, 0};
-        mag = lanes::lookup(t, c);
+        mag = lanes::lookup8(t, c);
       } else {
         const u32x16 c3 = c & 3u;
         mag = lanes::to_f32((c3 << 4) + c3 + (c3 >> 1) + 8u);
@@ -264,7 +264,8 @@ struct MXFP4 {
     f32x16 d;
     template <int P>
     f32x16 at(int l) const {
-      return d * codecs::mxfp4::kvalue_lanes(lanes::load_u8(q + 16 * l) >> (4 * P));
+      if constexpr (lanes::kLookupPermutes) return d * codecs::mxfp4::kvalue_lanes(lanes::load_u8(q + 16 * l) >> (4 * P));
+      else return d * codecs::mxfp4::kvalue_bytes(lanes::load_bytes(q + 16 * l) >> (4 * P));
     }
   };
   static Group group(const uint8_t* b, int, const f32x16* D, const f32x16*) { return {b + 16, D[0]}; }

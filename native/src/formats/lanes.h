@@ -19,6 +19,21 @@ typedef int32_t i32x16 __attribute__((vector_size(64)));
 typedef uint8_t u8x16 __attribute__((vector_size(16)));
 typedef uint16_t u16x16 __attribute__((vector_size(32)));
 typedef uint64_t u64x2 __attribute__((vector_size(16)));
+typedef float f32x8 __attribute__((vector_size(32)));
+typedef uint32_t u32x8 __attribute__((vector_size(32)));
+typedef int32_t i32x8 __attribute__((vector_size(32)));
+
+// The halves of 16 lanes as 8-lane vectors (one ymm each on AVX2) and back, as shuffles the compiler
+// sees through: a copy through memory between them left 16-byte stores under 32-byte loads, which
+// stall. (Joins of loaded halves stay copies: GCC 12 lowers those better than a join shuffle.)
+template <int H, class V>
+inline auto half(V v) {
+  return __builtin_shufflevector(v, v, 8 * H, 8 * H + 1, 8 * H + 2, 8 * H + 3, 8 * H + 4, 8 * H + 5, 8 * H + 6, 8 * H + 7);
+}
+template <class V>
+inline auto join(V a, V b) {
+  return __builtin_shufflevector(a, b, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+}
 
 // Widening loads: GCC 12 turns __builtin_convertvector of a loaded byte vector into byte-by-byte
 // inserts, so where the ISA has a widening load it is named here (and only here).
@@ -27,8 +42,8 @@ inline u32x16 load_u8(const uint8_t* p) {  // 16 bytes, zero-extended
   return (u32x16)_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)p));
 #elif defined(__AVX2__)
   const __m128i b = _mm_loadu_si128((const __m128i*)p);
-  u32x16 r;
   const __m256i lo = _mm256_cvtepu8_epi32(b), hi = _mm256_cvtepu8_epi32(_mm_srli_si128(b, 8));
+  u32x16 r;
   std::memcpy(&r, &lo, 32);
   std::memcpy((char*)&r + 32, &hi, 32);
   return r;
@@ -42,9 +57,9 @@ inline u32x16 load_u16(const uint16_t* p) {
 #if defined(__AVX512F__)
   return (u32x16)_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)p));
 #elif defined(__AVX2__)
-  u32x16 r;
   const __m256i lo = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)p));
   const __m256i hi = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)(p + 8)));
+  u32x16 r;
   std::memcpy(&r, &lo, 32);
   std::memcpy((char*)&r + 32, &hi, 32);
   return r;
@@ -54,32 +69,38 @@ inline u32x16 load_u16(const uint16_t* p) {
   return r;
 #endif
 }
-// 8 bytes -> lane l holds nibble l&1 (low first) of byte l/2
-inline u32x16 load_nibbles(const uint8_t* p) {
+inline u8x16 load_bytes(const uint8_t* p) {
+  u8x16 v;
+  std::memcpy(&v, p, 16);
+  return v;
+}
+// 8 bytes -> byte l holds nibble l&1 (low first) of byte l/2
+inline u8x16 nibbles8(const uint8_t* p) {
   uint64_t x;
   std::memcpy(&x, p, 8);
   const u8x16 q = (u8x16)(u64x2){x, 0};  // one 8-byte load (a byte-wise copy into a vector stalls on store forwarding)
   const u8x16 hi = q >> 4;
-  const u8x16 nib = __builtin_shufflevector(q, hi, 0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23) & 15;
-  return __builtin_convertvector(nib, u32x16);
+  return __builtin_shufflevector(q, hi, 0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23) & 15;
 }
-// 16 bytes, sign-extended (int8 codes)
-inline i32x16 load_i8(const uint8_t* p) {
+inline u32x16 load_nibbles(const uint8_t* p) { return __builtin_convertvector(nibbles8(p), u32x16); }
+// 16 bytes in a register, sign-extended
+inline i32x16 widen_i8(u8x16 b) {
 #if defined(__AVX512F__)
-  return (i32x16)_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)p));
+  return (i32x16)_mm512_cvtepi8_epi32((__m128i)b);
 #elif defined(__AVX2__)
-  const __m128i b = _mm_loadu_si128((const __m128i*)p);
+  const __m256i lo = _mm256_cvtepi8_epi32((__m128i)b), hi = _mm256_cvtepi8_epi32(_mm_srli_si128((__m128i)b, 8));
   i32x16 r;
-  const __m256i lo = _mm256_cvtepi8_epi32(b), hi = _mm256_cvtepi8_epi32(_mm_srli_si128(b, 8));
   std::memcpy(&r, &lo, 32);
   std::memcpy((char*)&r + 32, &hi, 32);
   return r;
 #else
   i32x16 r;
-  for (int l = 0; l < 16; ++l) r[l] = (int8_t)p[l];
+  for (int l = 0; l < 16; ++l) r[l] = (int8_t)b[l];
   return r;
 #endif
 }
+// 16 bytes, sign-extended (int8 codes)
+inline i32x16 load_i8(const uint8_t* p) { return widen_i8(load_bytes(p)); }
 // Byte-interleaved blocks of 16 rows (codecs/codec.h, decode_lanes: byte i of lane l at p[16i + l]):
 // the little-endian 16- and 32-bit fields starting at byte i, from p + 16i.
 inline u32x16 load_le16(const uint8_t* p) { return load_u8(p) | (load_u8(p + 16) << 8); }
@@ -151,6 +172,29 @@ constexpr bool kLookupPermutes = true;
 constexpr bool kLookupPermutes = false;
 #endif
 inline f32x16 lookup(f32x16 table, u32x16 idx) { return __builtin_shuffle(table, (i32x16)idx); }
+// table[idx[l] & 7] for a table whose two halves are equal: one vpermps per 8 lanes on AVX2 (it reads
+// an index's low 3 bits) and per 16 on AVX-512.
+#if defined(__AVX2__)
+constexpr bool kLookup8Permutes = true;
+#else
+constexpr bool kLookup8Permutes = false;
+#endif
+inline f32x16 lookup8(f32x16 table, u32x16 idx) {
+#if defined(__AVX512F__)
+  return lookup(table, idx);
+#elif defined(__AVX2__)
+  const __m256 t = (__m256)half<0>(table);
+  return join((f32x8)_mm256_permutevar8x32_ps(t, (__m256i)half<0>(idx)),
+              (f32x8)_mm256_permutevar8x32_ps(t, (__m256i)half<1>(idx)));
+#else
+  return lookup(table, idx & 7u);
+#endif
+}
+// table[idx[l] & 15] as floats for a table of 16 small integers: a byte shuffle (pshufb, tbl) and a
+// sign extension, where lookup() is not a register permute (AVX2 and NEON have no 16-lane one).
+inline f32x16 lookup_i8(u8x16 table, u8x16 idx) {
+  return to_f32(widen_i8(__builtin_shuffle(table, (u8x16)(idx & 15))));
+}
 // 16 FP8 e4m3fn codes' values times 2^-8, exact (subnormals included; the NaN pattern reads as the
 // finite 480 its bits spell). With F16C: the sign-extended byte << 7 with bit 14 cleared is the
 // FP16 pattern of that value; elsewhere it is built from the bits.
@@ -184,10 +228,13 @@ inline f32x16 fmadd_lanes(float a, f32x16 b, f32x16 c) {
 #endif
 }
 // a * b - c per lane for a product that is exact in fp32, so one rounding (a fused multiply-subtract,
-// on AVX-512) and two (the decoders' fl(fl(a * b) - c), elsewhere) give the same bits.
+// where the target has one) and two (the decoders' fl(fl(a * b) - c)) give the same bits.
 inline f32x16 fmsub_exact(f32x16 a, f32x16 b, f32x16 c) {
 #if defined(__AVX512F__)
   return (f32x16)_mm512_fmsub_ps((__m512)a, (__m512)b, (__m512)c);
+#elif defined(__AVX2__) && defined(__FMA__)
+  return join((f32x8)_mm256_fmsub_ps((__m256)half<0>(a), (__m256)half<0>(b), (__m256)half<0>(c)),
+              (f32x8)_mm256_fmsub_ps((__m256)half<1>(a), (__m256)half<1>(b), (__m256)half<1>(c)));
 #else
   return a * b - c;
 #endif

@@ -3,6 +3,7 @@
 // once over W; a format's file (formats/) packs its panels, and its W here is the only place its
 // codes are turned into numbers.
 #pragma once
+#include "../codecs/mxfp4_lanes.h"
 #include "formats.h"
 #include "lanes.h"
 
@@ -71,8 +72,13 @@ struct Fp4Widen {
       : c(L.pq + ((size_t)p0 * L.in + k0_) * (kPanel / 2)), cs((size_t)L.in * (kPanel / 2)), k0(k0_),
         sc(L.pqs + (size_t)p0 * (L.in / kFp4Group) * kPanel, (size_t)(L.in / kFp4Group) * kPanel, k0_, kc, np) {}
   lanes::f32x16 operator()(int j, int k) const {
-    const lanes::f32x16 halves = {0.f, .25f, .5f, .75f, 1.f, 1.5f, 2.f, 3.f, 0.f, -.25f, -.5f, -.75f, -1.f, -1.5f, -2.f, -3.f};
-    return lanes::lookup(halves, lanes::load_nibbles(c + j * cs + (size_t)k * (kPanel / 2))) * sc.at(j, k0 + k);
+    const uint8_t* p = c + j * cs + (size_t)k * (kPanel / 2);
+    if constexpr (lanes::kLookupPermutes) {
+      const lanes::f32x16 halves = {0.f, .25f, .5f, .75f, 1.f, 1.5f, 2.f, 3.f, 0.f, -.25f, -.5f, -.75f, -1.f, -1.5f, -2.f, -3.f};
+      return lanes::lookup(halves, lanes::load_nibbles(p)) * sc.at(j, k0 + k);
+    } else {  // MXFP4's doubled values from a byte shuffle, / 4 (exact): the same halves
+      return codecs::mxfp4::kvalue_bytes(lanes::nibbles8(p)) * 0.25f * sc.at(j, k0 + k);
+    }
   }
 };
 
