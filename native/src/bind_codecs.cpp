@@ -66,8 +66,26 @@ void register_codecs(py::module_& m) {
     for (py::ssize_t b = 0; b < n; ++b) c->decode(blocks.data() + b * c->bytes, out.mutable_data() + b * c->block);
     return out;
   }, py::arg("ggml_type"), py::arg("blocks"));
+  m.def("_codec_interleave16", [](int ggml_type, py::array_t<uint8_t, py::array::c_style> blocks) {
+    // 16n blocks as stored (row l of group g at 16g + l) -> uint8 [n, bytes * 16], each group's 16
+    // blocks interleaved as a panel holds them (codecs/codec.h, lane_byte).
+    const BlockCodec* c = find_codec(ggml_type);
+    if (!c)
+      throw py::value_error("_codec_interleave16: ggml_type " + std::to_string(ggml_type) +
+                            " is not a supported GGUF storage format; supported: " + supported_names());
+    if (blocks.ndim() != 2 || blocks.shape(1) != c->bytes || blocks.shape(0) % 16 != 0)
+      throw py::value_error("_codec_interleave16: blocks must be uint8 [16n, " + std::to_string(c->bytes) + "] for " + c->name);
+    const py::ssize_t n = blocks.shape(0) / 16, S = c->bytes;
+    py::array_t<uint8_t> out({n, S * 16});
+    const uint8_t* src = blocks.data();
+    uint8_t* dst = out.mutable_data();
+    for (py::ssize_t g = 0; g < n; ++g)
+      for (int l = 0; l < 16; ++l)
+        for (int i = 0; i < S; ++i) dst[g * S * 16 + lane_byte(*c, i, l)] = src[(g * 16 + l) * S + i];
+    return out;
+  }, py::arg("ggml_type"), py::arg("blocks"));
   m.def("_codec_decode_lanes", [](int ggml_type, py::array_t<uint8_t, py::array::c_style> blocks16) {
-    // decode_lanes over n groups of 16 byte-interleaved blocks (uint8 [n, bytes * 16]) -> float32
+    // decode_lanes over n groups of 16 interleaved blocks (uint8 [n, bytes * 16]) -> float32
     // [n, block, 16] (weight k of lane l at [g, k, l]): tests hold it to each row's reference.
     const BlockCodec* c = find_codec(ggml_type);
     if (!c)
@@ -104,7 +122,7 @@ void register_codecs(py::module_& m) {
     std::vector<uint8_t> rows((size_t)16 * n * S);  // row l's n blocks, back to back
     for (int g = 0; g < n; ++g)
       for (int i = 0; i < S; ++i)
-        for (int l = 0; l < 16; ++l) rows[((size_t)l * n + g) * S + i] = src[((size_t)g * S + i) * 16 + l];
+        for (int l = 0; l < 16; ++l) rows[((size_t)l * n + g) * S + i] = src[(size_t)g * S * 16 + lane_byte(*c, i, l)];
     std::vector<float> out((size_t)n * B * 16), row((size_t)n * B);
     double dt;
     {

@@ -79,14 +79,36 @@ __attribute__((always_inline)) inline auto part_of(const G& g) {
   if constexpr (has_parts<G>::value) return g.template part<P>();
   else return g;
 }
+// A part whose codes are words (codecs/codec.h, lane_byte) gives its columns in fours, at<P, S>(l)
+// for column l + S of a word's four, so S's shift is a constant and the word one load.
+template <class Q, class = void>
+struct has_words : std::false_type {};
+template <class Q>
+struct has_words<Q, std::void_t<decltype(Q::kWordCols)>> : std::true_type {};
+template <int NP, int P, int S, class Q, class F>
+__attribute__((always_inline)) inline void word_column(const Q* q, int k, int l, F& f) {
+  lanes::f32x16 b[NP];
+  for (int j = 0; j < NP; ++j) b[j] = q[j].template at<P, S>(l);
+  f(k + l + S, b);
+}
+template <int NP, int P, class Q, class F, int... S>
+__attribute__((always_inline)) inline void word_columns(const Q* q, int k, int l, F& f, std::integer_sequence<int, S...>) {
+  (word_column<NP, P, S>(q, k, l, f), ...);
+}
 template <int NP, int P, class G, class F>
 __attribute__((always_inline)) inline void group_part(const G* g, int k, int len, F& f) {
-  decltype(part_of<P>(g[0])) q[NP];
+  using Q = decltype(part_of<P>(g[0]));
+  Q q[NP];
   for (int j = 0; j < NP; ++j) q[j] = part_of<P>(g[j]);
-  for (int l = 0; l < len; ++l) {
-    lanes::f32x16 b[NP];
-    for (int j = 0; j < NP; ++j) b[j] = q[j].template at<P>(l);
-    f(k + l, b);
+  if constexpr (has_words<Q>::value) {
+    for (int l = 0; l < len; l += Q::kWordCols)
+      word_columns<NP, P>(q, k, l, f, std::make_integer_sequence<int, Q::kWordCols>{});
+  } else {
+    for (int l = 0; l < len; ++l) {
+      lanes::f32x16 b[NP];
+      for (int j = 0; j < NP; ++j) b[j] = q[j].template at<P>(l);
+      f(k + l, b);
+    }
   }
 }
 template <int NP, class G, class F, int... P>

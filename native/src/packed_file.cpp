@@ -18,11 +18,16 @@
 
 #include "cairn/kernels.h"
 #include "cairn/model.h"
+#include "codecs/codec.h"
 
 namespace cairn {
 
 PackLayout pack_layout() {
   auto n = [](long v) { return std::to_string(v); };
+  std::string words;  // each GGUF codec's word-interleaved byte range (codecs/codec.h, lane_byte)
+  for (const BlockCodec* c : all_codecs())
+    if (c->words_hi > c->words_lo)
+      words += std::string(words.empty() ? "" : ", ") + c->name + " " + n(c->words_lo) + "-" + n(c->words_hi);
   return {
       {"format", "CAIRNPK: header, dense section, then one slot per routed expert in key order (layer * E + e)"},
       {"magic", std::string(kPackMagic, sizeof kPackMagic)},
@@ -42,6 +47,7 @@ PackLayout pack_layout() {
       {"scale_order", "[ceil(N/panel_rows)][ceil(K/group)][panel_rows]"},
       {"fused_gate_up", "gate panel q, up panel q, ..."},
       {"ggml_panels", "[ceil(N/panel_rows)][K/block][block_bytes][panel_rows]: GGUF blocks byte-interleaved, no scales"},
+      {"ggml_panel_words", "[words][panel_rows][4] in these byte ranges of a block: " + words},
       {"matrix_align", n(64)},
       {"scales_align", n(64)},
       {"dense_align", n(kPage)},

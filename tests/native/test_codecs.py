@@ -117,15 +117,29 @@ def test_single_block_decode_agrees_with_decode_blocks(name):
     assert np.array_equal(bits(c), bits(a[100 * block:103 * block]))
 
 
-# Formats with a lane-form decoder (codecs/codec.h, decode_lanes: 16 rows' blocks byte-interleaved).
+# Formats with a lane-form decoder (codecs/codec.h, decode_lanes: 16 rows' blocks interleaved).
 LANE_TYPES = list(F16_FIELDS)
+# The byte range of a block each format's panels hold as 4-byte words (codecs/codec.h, lane_byte).
+WORD_RANGES = {"Q4_K": (16, 144), "MXFP4": (1, 17)}
 
 
-def interleave16(blocks: np.ndarray) -> np.ndarray:
-    """[16n, bytes] blocks (row l of group g at 16g + l) -> [n, bytes * 16] with byte i of row l's
-    block at 16i + l, as a panel of 16 rows stores them."""
+def interleave16(blocks: np.ndarray, name: str = "") -> np.ndarray:
+    """[16n, bytes] blocks (row l of group g at 16g + l) -> [n, bytes * 16] as a panel of 16 rows
+    stores them: byte i of row l's block at 16i + l, or in the word range [lo, hi), row l's 4-byte
+    word w at 16lo + 64w + 4l."""
     n16, size = blocks.shape
-    return np.ascontiguousarray(blocks.reshape(n16 // 16, 16, size).transpose(0, 2, 1)).reshape(-1, size * 16)
+    g = blocks.reshape(n16 // 16, 16, size)
+    lo, hi = WORD_RANGES.get(name, (size, size))
+    words = g[:, :, lo:hi].reshape(n16 // 16, 16, (hi - lo) // 4, 4).transpose(0, 2, 1, 3)
+    return np.concatenate([g[:, :, :lo].transpose(0, 2, 1).reshape(n16 // 16, -1),
+                           words.reshape(n16 // 16, -1),
+                           g[:, :, hi:].transpose(0, 2, 1).reshape(n16 // 16, -1)], axis=1)
+
+
+@pytest.mark.parametrize("name", LANE_TYPES)
+def test_the_kernel_interleaves_16_blocks_as_the_panel_layout_says(name):
+    blocks = random_blocks(name, 32, seed=int(T[name]) + 300)
+    assert np.array_equal(K._codec_interleave16(int(T[name]), blocks), interleave16(blocks, name))
 
 
 @pytest.mark.parametrize("name", LANE_TYPES)
@@ -133,7 +147,7 @@ def test_lane_form_decode_of_16_interleaved_rows_is_each_rows_reference(name):
     n = 200
     blocks = random_blocks(name, 16 * n, seed=int(T[name]) + 200)
     block = GGML_QUANT_SIZES[T[name]][0]
-    got = K._codec_decode_lanes(int(T[name]), interleave16(blocks))       # [n, block, 16]
+    got = K._codec_decode_lanes(int(T[name]), interleave16(blocks, name))  # [n, block, 16]
     with np.errstate(over="ignore"):
         ref = quants.dequantize(blocks.reshape(-1), T[name]).reshape(n, 16, block).transpose(0, 2, 1)
     assert got.shape == ref.shape

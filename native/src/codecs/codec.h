@@ -14,10 +14,21 @@ struct BlockCodec {
   void (*decode)(const uint8_t* blk, float* out);  // out[block]
   // Decode n consecutive blocks (a whole row, or a span of one) into out[n*block]; may be faster.
   void (*decode_blocks)(const uint8_t* blk, int n, float* out);
-  // 16 rows' blocks byte-interleaved (blk16[i*16 + l] = byte i of row l's block) -> out[k*16 + l]
-  // = weight k of row l (block x 16 floats), the same bits as decode() of each row's block.
+  // 16 rows' blocks interleaved as a panel holds them (lane_byte below) -> out[k*16 + l] = weight k
+  // of row l (block x 16 floats), the same bits as decode() of each row's block.
   void (*decode_lanes)(const uint8_t* blk16, float* out);
+  // Bytes [words_lo, words_hi) of a block (a multiple of 4 long: the 4-bit codes) are interleaved as
+  // 4-byte words, so one 64-byte load is a word of every lane and a column's codes are a shift of
+  // it; a widening byte load per column costs a cross-lane shuffle that bounded decode on Zen 4.
+  int words_lo = 0, words_hi = 0;
 };
+// Where byte i of lane l's block sits among 16 interleaved blocks: byte by byte (16i + l), or in
+// the word range, lane l's 4-byte word beside the other lanes' words.
+inline int lane_byte(const BlockCodec& c, int i, int l) {
+  if (i < c.words_lo || i >= c.words_hi) return 16 * i + l;
+  const int o = i - c.words_lo;
+  return 16 * c.words_lo + 64 * (o / 4) + 4 * l + o % 4;
+}
 const BlockCodec* find_codec(int ggml_type);        // nullptr: not supported
 const BlockCodec* find_codec(const std::string& name);
 const std::vector<const BlockCodec*>& all_codecs();  // in a fixed order, for error messages

@@ -74,5 +74,16 @@ inline lanes::f32x16 kvalue_lanes(lanes::u32x16 c) {
     return lanes::bits(kvalue_bits(c & 0xFu));
   }
 }
+inline constexpr lanes::u8x16 kKvalueBytes = kvalue_byte_table(std::make_index_sequence<16>());
+// The doubled e2m1 values of bits S..S+3 of 16 lanes' code words at p (codec.h, lane_byte): the
+// permute above on AVX-512, a byte shuffle of the int8 table elsewhere (lanes.h, lookup_i8_words).
+template <int S>
+inline lanes::f32x16 kvalue_words(const uint8_t* p) {
+  if constexpr (lanes::kLookupPermutes) {
+    return kvalue_lanes(lanes::load_words(p) >> S);
+  } else {
+    return lanes::lookup_i8_words<S>(kKvalueBytes, p);
+  }
+}
 
 }  // namespace cairn::codecs::mxfp4

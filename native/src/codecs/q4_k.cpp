@@ -1,6 +1,6 @@
 // Q4_K: 256 weights per 144-byte block: f16 d, f16 dmin, 12 bytes of eight 6-bit (scale, min)
 // pairs, 128 bytes of 4-bit codes. Sub-block s (32 weights): D = fl(d * sc_s), M = fl(dmin * m_s),
-// w = fl(fl(D * q) - M).
+// w = fl(fl(D * q) - M). In a panel the code bytes are 4-byte words (codec.h, lane_byte).
 #include "../formats/lanes.h"
 #include "q_k_scales.h"
 
@@ -29,15 +29,18 @@ void decode_lanes(const uint8_t* __restrict b, float* __restrict out) {
   k_scale_min_lanes(b + 16 * 4, d, dmin, D, M);
   const uint8_t* qs = b + 16 * 16;
   for (int c = 0; c < 4; ++c)
-    for (int l = 0; l < 32; ++l) {
-      const u32x16 q = load_u8(qs + 16 * (32 * c + l));
-      store(out + 16 * (64 * c + l), D[2 * c] * to_f32(q & 0xFu) - M[2 * c]);
-      store(out + 16 * (64 * c + 32 + l), D[2 * c + 1] * to_f32(q >> 4) - M[2 * c + 1]);
+    for (int l = 0; l < 32; l += 4) {
+      const u32x16 w = load_words(qs + 16 * (32 * c + l));  // code bytes 32c + l .. + 3
+      for (int t = 0; t < 4; ++t) {
+        const u32x16 q = w >> (8 * t);
+        store(out + 16 * (64 * c + l + t), D[2 * c] * to_f32(q & 0xFu) - M[2 * c]);
+        store(out + 16 * (64 * c + 32 + l + t), D[2 * c + 1] * to_f32((q >> 4) & 0xFu) - M[2 * c + 1]);
+      }
     }
 }
 
 }  // namespace
 
-const BlockCodec Q4_K{"Q4_K", 12, 256, 144, decode, decode_each<decode, 256, 144>, decode_lanes};
+const BlockCodec Q4_K{"Q4_K", 12, 256, 144, decode, decode_each<decode, 256, 144>, decode_lanes, 16, 144};
 
 }  // namespace cairn::codecs

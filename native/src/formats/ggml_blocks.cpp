@@ -1,6 +1,7 @@
 // cairn kernel: GGUF block formats (codecs/: Q8_0, the K-quants, IQ2_XXS, MXFP4, ...). A panel holds
-// its 16 rows' blocks byte-interleaved, [ceil(N/16)][K/block][bytes][16]: byte i of every lane's
-// block b side by side, a permutation of the stored bytes (resident memory is the stored bytes). A
+// its 16 rows' blocks interleaved, [ceil(N/16)][K/block][bytes * 16]: byte i of every lane's block b
+// side by side (or, in a codec's word range, 4-byte words side by side: codec.h, lane_byte), a
+// permutation of the stored bytes (resident memory is the stored bytes). A
 // codec's lane decoder then widens 16 rows' block at once into the fp32 tile, one vector per column;
 // a codec without one decodes each lane's block and transposes.
 #include <algorithm>
@@ -26,8 +27,9 @@ void pack(const std::vector<QRow>& rows, int K, uint8_t* codes, uint8_t*) {
     const BlockCodec& c = *L.codec;
     const size_t rb = row_bytes(&c, K), p = n / kPanel, l = n % kPanel;
     const uint8_t* src = L.q + (size_t)rows[n].r * rb;
-    uint8_t* dst = codes + p * kPanel * rb + l;
-    for (size_t i = 0; i < rb; ++i) dst[i * kPanel] = src[i];  // block b's byte j lands at (b*bytes + j)*16 + l
+    uint8_t* dst = codes + p * kPanel * rb;
+    for (size_t b = 0; b < rb / c.bytes; ++b, src += c.bytes, dst += (size_t)c.bytes * kPanel)
+      for (int j = 0; j < c.bytes; ++j) dst[lane_byte(c, j, (int)l)] = src[j];
   }
 }
 
@@ -36,7 +38,7 @@ void decode_lanes_by_row(const BlockCodec& c, const uint8_t* blk16, float* out) 
   uint8_t one[512];
   float row[256];
   for (int l = 0; l < kPanel; ++l) {
-    for (int i = 0; i < c.bytes; ++i) one[i] = blk16[i * kPanel + l];
+    for (int i = 0; i < c.bytes; ++i) one[i] = blk16[lane_byte(c, i, l)];
     c.decode(one, row);
     for (int k = 0; k < c.block; ++k) out[k * kPanel + l] = row[k];
   }

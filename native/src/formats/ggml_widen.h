@@ -64,7 +64,8 @@ inline u32x16 shift(u32x16 x) {
 // its own, part<P>() gives the object whose at<P>(l) does).
 
 // Q4_K (codecs/q4_k.cpp): sub-block s of 32 columns is nibble s & 1 of code bytes 16 + 32(s / 2) + l:
-// a group is the 64 columns of 32 code bytes.
+// a group is the 64 columns of 32 code bytes, held as words (codec.h, lane_byte): column l's codes
+// are a shift of word l / 4, one load for four columns (packed.cpp, group_part).
 struct Q4K {
   static constexpr int kBlock = 256, kBytes = 144, kSub = 32, kGroup = 64, kParts = 2;
   static void scales(const uint8_t* b, f32x16* D, f32x16* M) {
@@ -74,8 +75,9 @@ struct Q4K {
   struct Group {
     const uint8_t* q;
     const f32x16 *D, *M;
-    template <int P>
-    f32x16 at(int l) const { return lanes::fmsub_exact(D[P], nibble(lanes::load_u8(q + 16 * l) >> (4 * P)), M[P]); }
+    static constexpr int kWordCols = 4;
+    template <int P, int S>  // column l + S, l a multiple of 4
+    f32x16 at(int l) const { return lanes::fmsub_exact(D[P], nibble(lanes::load_words(q + 16 * l) >> (8 * S + 4 * P)), M[P]); }
   };
   static Group group(const uint8_t* b, int r, const f32x16* D, const f32x16* M) {
     return {b + 16 * (16 + 32 * (r / 64)), D, M};
@@ -254,19 +256,17 @@ struct Q80 {
   static Group group(const uint8_t* b, int, const f32x16* D, const f32x16*) { return {b + 16 * 2, D[0]}; }
 };
 
-// MXFP4 (codecs/mxfp4.cpp): e8m0 byte at 0, codes at 1; column l < 16 is the low nibble of code byte
-// l, column 16 + l its high nibble (part 1); w = fl(d * kvalue).
+// MXFP4 (codecs/mxfp4.cpp): e8m0 byte at 0, codes at 1 as words (like Q4_K's); column l < 16 is the
+// low nibble of code byte l, column 16 + l its high nibble (part 1); w = fl(d * kvalue).
 struct MXFP4 {
   static constexpr int kBlock = 32, kBytes = 17, kSub = 32, kGroup = 32, kParts = 2;
   static void scales(const uint8_t* b, f32x16* D, f32x16*) { D[0] = codecs::mxfp4::e8m0_half_lanes(lanes::load_u8(b)); }
   struct Group {
     const uint8_t* q;
     f32x16 d;
-    template <int P>
-    f32x16 at(int l) const {
-      if constexpr (lanes::kLookupPermutes) return d * codecs::mxfp4::kvalue_lanes(lanes::load_u8(q + 16 * l) >> (4 * P));
-      else return d * codecs::mxfp4::kvalue_bytes(lanes::load_bytes(q + 16 * l) >> (4 * P));
-    }
+    static constexpr int kWordCols = 4;
+    template <int P, int S>  // column l + S, l a multiple of 4
+    f32x16 at(int l) const { return d * codecs::mxfp4::kvalue_words<8 * S + 4 * P>(q + 16 * l); }
   };
   static Group group(const uint8_t* b, int, const f32x16* D, const f32x16*) { return {b + 16, D[0]}; }
 };

@@ -69,6 +69,12 @@ inline u32x16 load_u16(const uint16_t* p) {
   return r;
 #endif
 }
+// 16 lanes' 4-byte words side by side (a codec's word range, codecs/codec.h): one plain load
+inline u32x16 load_words(const uint8_t* p) {
+  u32x16 v;
+  std::memcpy(&v, p, 64);
+  return v;
+}
 inline u8x16 load_bytes(const uint8_t* p) {
   u8x16 v;
   std::memcpy(&v, p, 16);
@@ -188,6 +194,29 @@ inline f32x16 lookup8(f32x16 table, u32x16 idx) {
               (f32x8)_mm256_permutevar8x32_ps(t, (__m256i)half<1>(idx)));
 #else
   return lookup(table, idx & 7u);
+#endif
+}
+// table[(word >> S) & 15] as floats for 16 lanes' words at p (a codec's word range, S a nibble's
+// place) and a table of 16 small integers. For ISAs where lookup() is not a register permute: a
+// byte shuffle (pshufb) looks up the nibble of all four bytes at once, the same for each of a word's
+// four S of that nibble, which the compiler shares; two shifts pick the byte and sign-extend it. On
+// AVX2 each half is loaded as its own ymm: GCC 12 split a loaded 16-lane vector partly by inserts.
+template <int S>
+inline f32x16 lookup_i8_words(u8x16 table, const uint8_t* p) {
+  constexpr int nib = S % 8, byte = S / 8;
+#if defined(__AVX2__)
+  const __m256i t = _mm256_broadcastsi128_si256((__m128i)table), m = _mm256_set1_epi8(15);
+  const auto one = [&](const uint8_t* h) {
+    const __m256i w = _mm256_loadu_si256((const __m256i*)h);
+    const __m256i v = _mm256_shuffle_epi8(t, _mm256_and_si256(nib ? _mm256_srli_epi32(w, nib) : w, m));
+    return (f32x8)_mm256_cvtepi32_ps(_mm256_srai_epi32(_mm256_slli_epi32(v, 24 - 8 * byte), 24));
+  };
+  return join(one(p), one(p + 32));
+#else
+  const u32x16 idx = load_words(p);
+  i32x16 r;
+  for (int l = 0; l < 16; ++l) r[l] = (int8_t)table[(idx[l] >> (8 * byte + nib)) & 15];
+  return to_f32(r);
 #endif
 }
 // table[idx[l] & 15] as floats for a table of 16 small integers: a byte shuffle (pshufb, tbl) and a
