@@ -81,7 +81,7 @@ void register_codecs(py::module_& m) {
     uint8_t* dst = out.mutable_data();
     for (py::ssize_t g = 0; g < n; ++g)
       for (int l = 0; l < 16; ++l)
-        for (int i = 0; i < S; ++i) dst[g * S * 16 + lane_byte(*c, i, l)] = src[(g * 16 + l) * S + i];
+        place_block(*c, src + (g * 16 + l) * S, dst + g * S * 16, l);
     return out;
   }, py::arg("ggml_type"), py::arg("blocks"));
   m.def("_codec_decode_lanes", [](int ggml_type, py::array_t<uint8_t, py::array::c_style> blocks16) {

@@ -28,8 +28,7 @@ void pack(const std::vector<QRow>& rows, int K, uint8_t* codes, uint8_t*) {
     const size_t rb = row_bytes(&c, K), p = n / kPanel, l = n % kPanel;
     const uint8_t* src = L.q + (size_t)rows[n].r * rb;
     uint8_t* dst = codes + p * kPanel * rb;
-    for (size_t b = 0; b < rb / c.bytes; ++b, src += c.bytes, dst += (size_t)c.bytes * kPanel)
-      for (int j = 0; j < c.bytes; ++j) dst[lane_byte(c, j, (int)l)] = src[j];
+    for (size_t b = 0; b < rb / c.bytes; ++b, src += c.bytes, dst += (size_t)c.bytes * kPanel) place_block(c, src, dst, (int)l);
   }
 }
 
