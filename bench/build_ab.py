@@ -5,7 +5,7 @@
 Each round runs a child per build (its own interpreter, so its own installed kernel): load, prefill
 512 ids in chunks of 256, decode 48 tokens, three times, best of each. With --threads 1 the times are
 the child's CPU time, which other work on the machine disturbs least; the ratio B/A is the result.
-B is this interpreter's build.
+B is this interpreter's build unless --b names another.
 """
 
 from __future__ import annotations
@@ -40,12 +40,13 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("model")
     ap.add_argument("--a", required=True, help="python of the other build (A)")
+    ap.add_argument("--b", default=sys.executable, help="python of this build (B); default: this interpreter")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args()
     runs = {"A": [], "B": []}
     for _ in range(args.rounds):
-        for side, py in (("A", args.a), ("B", sys.executable)):
+        for side, py in (("A", args.a), ("B", args.b)):
             out = subprocess.run([py, "-c", CHILD, args.model, str(args.threads)], capture_output=True, text=True,
                                  check=True)
             runs[side].append(json.loads(out.stdout.strip().splitlines()[-1]))

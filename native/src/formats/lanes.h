@@ -4,7 +4,7 @@
 #pragma once
 #include <cstdint>
 #include <cstring>
-#if defined(__AVX2__)
+#if defined(__SSSE3__)
 #include <immintrin.h>
 #endif
 
@@ -212,6 +212,16 @@ inline f32x16 lookup_i8_words(u8x16 table, const uint8_t* p) {
     return (f32x8)_mm256_cvtepi32_ps(_mm256_srai_epi32(_mm256_slli_epi32(v, 24 - 8 * byte), 24));
   };
   return join(one(p), one(p + 32));
+#elif defined(__SSSE3__)
+  const __m128i t = (__m128i)table, m = _mm_set1_epi8(15);
+  f32x16 r;
+  for (int q = 0; q < 4; ++q) {
+    const __m128i w = _mm_loadu_si128((const __m128i*)(p + 16 * q));
+    const __m128i v = _mm_shuffle_epi8(t, _mm_and_si128(nib ? _mm_srli_epi32(w, nib) : w, m));
+    const __m128 f = _mm_cvtepi32_ps(_mm_srai_epi32(_mm_slli_epi32(v, 24 - 8 * byte), 24));
+    std::memcpy((char*)&r + 16 * q, &f, 16);
+  }
+  return r;
 #else
   const u32x16 idx = load_words(p);
   i32x16 r;
