@@ -4,7 +4,7 @@
 #pragma once
 #include <cstdint>
 #include <cstring>
-#if defined(__SSSE3__)
+#if defined(__AVX2__)
 #include <immintrin.h>
 #endif
 
@@ -201,6 +201,7 @@ inline f32x16 lookup8(f32x16 table, u32x16 idx) {
 // byte shuffle (pshufb) looks up the nibble of all four bytes at once, the same for each of a word's
 // four S of that nibble, which the compiler shares; two shifts pick the byte and sign-extend it. On
 // AVX2 each half is loaded as its own ymm: GCC 12 split a loaded 16-lane vector partly by inserts.
+// Elsewhere (SSE4.2, NEON) a quarter at a time, as GCC vectors.
 template <int S>
 inline f32x16 lookup_i8_words(u8x16 table, const uint8_t* p) {
   constexpr int nib = S % 8, byte = S / 8;
@@ -212,21 +213,20 @@ inline f32x16 lookup_i8_words(u8x16 table, const uint8_t* p) {
     return (f32x8)_mm256_cvtepi32_ps(_mm256_srai_epi32(_mm256_slli_epi32(v, 24 - 8 * byte), 24));
   };
   return join(one(p), one(p + 32));
-#elif defined(__SSSE3__)
-  const __m128i t = (__m128i)table, m = _mm_set1_epi8(15);
+#else
+  // a quarter (4 lanes) at a time: the byte shuffle is pshufb on SSSE3, tbl on NEON
+  typedef uint32_t u32x4 __attribute__((vector_size(16)));
+  typedef int32_t i32x4 __attribute__((vector_size(16)));
+  typedef float f32x4 __attribute__((vector_size(16)));
   f32x16 r;
   for (int q = 0; q < 4; ++q) {
-    const __m128i w = _mm_loadu_si128((const __m128i*)(p + 16 * q));
-    const __m128i v = _mm_shuffle_epi8(t, _mm_and_si128(nib ? _mm_srli_epi32(w, nib) : w, m));
-    const __m128 f = _mm_cvtepi32_ps(_mm_srai_epi32(_mm_slli_epi32(v, 24 - 8 * byte), 24));
+    u32x4 w;
+    std::memcpy(&w, p + 16 * q, 16);
+    const u8x16 v = __builtin_shuffle(table, (u8x16)(w >> nib) & 15);
+    const f32x4 f = __builtin_convertvector((i32x4)((u32x4)v << (24 - 8 * byte)) >> 24, f32x4);
     std::memcpy((char*)&r + 16 * q, &f, 16);
   }
   return r;
-#else
-  const u32x16 idx = load_words(p);
-  i32x16 r;
-  for (int l = 0; l < 16; ++l) r[l] = (int8_t)table[(idx[l] >> (8 * byte + nib)) & 15];
-  return to_f32(r);
 #endif
 }
 // table[idx[l] & 15] as floats for a table of 16 small integers: a byte shuffle (pshufb, tbl) and a
