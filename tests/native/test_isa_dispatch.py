@@ -67,4 +67,3 @@ def test_every_level_this_cpu_runs_gives_the_models_logits(logits):
     fused = [logits[i] for i in ("v4", "v3") if i in logits]
     assert all(np.array_equal(f.view(np.uint32), fused[0].view(np.uint32)) for f in fused)
     assert np.abs(logits["v2"] - fused[0]).max() < 1e-4
-

@@ -1,5 +1,6 @@
 #pragma once
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <vector>
 namespace cairn {
@@ -29,13 +30,13 @@ inline int lane_byte(const BlockCodec& c, int i, int l) {
   const int o = i - c.words_lo;
   return 16 * c.words_lo + 64 * (o / 4) + 4 * l + o % 4;
 }
-// Lane l's block (c.bytes at src) into its places among 16 interleaved blocks at dst16 (lane_byte,
-// a word at a time in the word range: packing a model is this per block).
+// Lane l's block (c.bytes at src) into its places among 16 interleaved blocks at dst16 (lane_byte;
+// a word's 4 bytes sit together, so they go at once: packing a model is this per block).
 inline void place_block(const BlockCodec& c, const uint8_t* src, uint8_t* dst16, int l) {
-  for (int i = 0; i < c.words_lo; ++i) dst16[16 * i + l] = src[i];
-  for (int i = c.words_lo; i < c.words_hi; i += 4)
-    for (int b = 0; b < 4; ++b) dst16[16 * c.words_lo + 16 * (i - c.words_lo) + 4 * l + b] = src[i + b];
-  for (int i = c.words_hi; i < c.bytes; ++i) dst16[16 * i + l] = src[i];
+  for (int i = 0, n; i < c.bytes; i += n) {
+    n = i >= c.words_lo && i < c.words_hi ? 4 : 1;
+    std::memcpy(dst16 + lane_byte(c, i, l), src + i, n);
+  }
 }
 const BlockCodec* find_codec(int ggml_type);        // nullptr: not supported
 const BlockCodec* find_codec(const std::string& name);
