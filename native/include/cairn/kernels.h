@@ -20,7 +20,10 @@ constexpr bool kBf16Panels = true;
 #if defined(__AVX512F__)
 constexpr int kPackM = 6, kPackN = 4;  // 24 zmm accumulators + 4 panel vectors + 1 broadcast
 #elif defined(__AVX2__)
-constexpr int kPackM = 2, kPackN = 2;  // 8 ymm-pair accumulators in 16 registers
+// 12 ymm accumulators (3 rows x 2 panels x 2 halves), 2 panel halves and a broadcast in 16 registers.
+// 2 rows left a quarter of the registers idle: the V4-Flash slice's prefill on this path ran at
+// 0.75-0.85x of 3 rows; 4 rows spill (0.55-0.7x).
+constexpr int kPackM = 3, kPackN = 2;
 #else
 constexpr int kPackM = 2, kPackN = 2;
 #endif
