@@ -25,9 +25,7 @@ import cairn._kernel as K
 from cairn.daemon.weights.model_dir import map_weights, open_model_dir
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "native"))
-from test_ggml_panels import random_blocks  # noqa: E402
-
-ALL = ["Q8_0", "Q4_K", "Q5_K", "Q6_K", "Q2_K", "Q3_K", "IQ2_XXS", "MXFP4"]
+from test_ggml_panels import QUANT as ALL, random_blocks  # noqa: E402
 
 
 def weights_of(md, qt: str, rng):

@@ -23,19 +23,22 @@ Quantized fixtures (issue 23): `make_model("gguf-quant", 0)` (every matrix's row
 blocks), converted with --outtype f32, then `llama-quantize` into one file per mix; MANIFEST.json records
 each file's tensor types (from gguf.GGUFReader), per tensor and counted:
   gguf-quant-q8_0.gguf        Q8_0
-  gguf-quant-q4_k_m.gguf      Q4_K_M  (Q4_K, Q6_K)
-  gguf-quant-q5_k_m.gguf      Q5_K_M  (Q5_K, Q6_K)
-  gguf-quant-q6_k.gguf        Q6_K
-  gguf-quant-q2_k.gguf        Q2_K    (Q2_K, Q3_K, Q6_K)
-  gguf-quant-q3_k_m.gguf      Q3_K_M  (Q3_K, Q4_K, Q6_K)
+  gguf-quant-q4_k_m.gguf      Q4_K_M  (Q4_K, Q6_K; Q5_0 where a row is 128 wide)
+  gguf-quant-q5_k_m.gguf      Q5_K_M  (Q5_K, Q6_K; Q5_1 where a row is 128 wide)
+  gguf-quant-q6_k.gguf        Q6_K    (Q6_K; Q8_0 where a row is 128 wide)
+  gguf-quant-q2_k.gguf        Q2_K    (Q2_K, Q3_K, Q6_K; Q4_0 where a row is 128 wide)
+  gguf-quant-q3_k_m.gguf      Q3_K_M  (Q3_K, Q4_K, Q6_K; Q4_0 where a row is 128 wide)
+  gguf-quant-q4_0.gguf        Q4_0    (Q4_0, Q6_K; the routed experts' down projections Q4_1)
+  gguf-quant-iq4_xs.gguf      IQ4_XS  (IQ4_XS, Q6_K; IQ4_NL where a row is 128 wide)
   gguf-quant-iq2_xxs.gguf     IQ2_XXS (IQ2_XXS, Q2_K, Q5_K), with an importance matrix computed by
                               llama-imatrix on text make_model synthesises (its tokenizer's corpus)
   gguf-quant-mxfp4_moe.gguf   MXFP4_MOE (routed experts MXFP4, other matrices Q8_0)
-Vectors and norms stay F32 (llama-quantize's rule), the router and tid2eid are never quantized. Where
-llama.cpp would fall back to a type cairn does not load (the 128-wide indexer position bias: Q5_0, Q4_0,
-IQ4_NL...), or needs an importance matrix it cannot have (IQ2_XXS on the position biases and the head's
-hyper-connection, which are no matrix products), the type is forced (--tensor-type, below); a file holding
-any type outside ggml_types.SUPPORTED + F32/F16/BF16 stops the script.
+Vectors and norms stay F32 (llama-quantize's rule), the router and tid2eid are never quantized. The
+indexer's position bias is 128 wide, no 256-value block fits its rows, and llama.cpp falls back to a
+32-value type there (Q5_0, Q5_1, Q8_0, Q4_0, IQ4_NL): the fixtures keep those fallbacks, as the files users
+download have them. IQ2_XXS needs an importance matrix it cannot have on the position biases and the
+head's hyper-connection (no matrix products): there the type is forced (--tensor-type, below). A file
+holding any type outside ggml_types.SUPPORTED + F32/F16/BF16 stops the script.
 """
 
 from __future__ import annotations
@@ -63,16 +66,16 @@ FIXTURES = {
     "gguf-tiny-split": ("float32", "f32", 40),
 }
 QUANT_PRESET = "gguf-quant"
-# The indexer's compressor position bias is [4, 128]: no K-quant or IQ2 block fits its rows.
-_APE_IDX = ["--tensor-type", "indexer_compressor_ape=q8_0"]
 QUANT_FIXTURES = {
     # file stem -> (llama-quantize type, extra arguments, with the importance matrix)
     "gguf-quant-q8_0": ("Q8_0", [], False),
-    "gguf-quant-q4_k_m": ("Q4_K_M", _APE_IDX, False),
-    "gguf-quant-q5_k_m": ("Q5_K_M", _APE_IDX, False),
-    "gguf-quant-q6_k": ("Q6_K", _APE_IDX, False),
-    "gguf-quant-q2_k": ("Q2_K", _APE_IDX, False),
-    "gguf-quant-q3_k_m": ("Q3_K_M", _APE_IDX, False),
+    "gguf-quant-q4_k_m": ("Q4_K_M", [], False),
+    "gguf-quant-q5_k_m": ("Q5_K_M", [], False),
+    "gguf-quant-q6_k": ("Q6_K", [], False),
+    "gguf-quant-q2_k": ("Q2_K", [], False),
+    "gguf-quant-q3_k_m": ("Q3_K_M", [], False),
+    "gguf-quant-q4_0": ("Q4_0", ["--tensor-type", "ffn_down_exps=q4_1"], False),
+    "gguf-quant-iq4_xs": ("IQ4_XS", [], False),
     # IQ2_XXS needs importance data for every tensor of that type; llama-imatrix sees matrix products
     # only: both position biases to Q8_0, the head's hyper-connection matrix to Q2_K.
     "gguf-quant-iq2_xxs": ("IQ2_XXS", ["--tensor-type", "compressor_ape=q8_0",

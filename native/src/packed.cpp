@@ -280,6 +280,12 @@ void packed_panels(const float* const* x, int M, const Linear& L, int p0, int np
         case 13: return packed_widened<GgmlWiden<kq::Q5K>>(x, M, L, p0, np, out);
         case 14: return packed_widened<GgmlWiden<kq::Q6K>>(x, M, L, p0, np, out);
         case 16: return packed_widened<GgmlWiden<kq::IQ2XXS>>(x, M, L, p0, np, out);
+        case 2: return packed_widened<GgmlWiden<kq::Q40>>(x, M, L, p0, np, out);
+        case 3: return packed_widened<GgmlWiden<kq::Q41>>(x, M, L, p0, np, out);
+        case 6: return packed_widened<GgmlWiden<kq::Q50>>(x, M, L, p0, np, out);
+        case 7: return packed_widened<GgmlWiden<kq::Q51>>(x, M, L, p0, np, out);
+        case 20: return packed_widened<GgmlWiden<kq::IQ4NL>>(x, M, L, p0, np, out);
+        case 23: return packed_widened<GgmlWiden<kq::IQ4XS>>(x, M, L, p0, np, out);
         default: break;
       }
   }

@@ -21,13 +21,15 @@ ROOT = Path(__file__).resolve().parents[2]
 # finite f16 values there. MXFP4's e8m0 byte is finite for every value and stays random.
 F16_FIELDS = {
     "Q8_0": [0], "Q2_K": [80, 82], "Q3_K": [108], "Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208],
-    "IQ2_XXS": [0], "MXFP4": [],
+    "IQ2_XXS": [0], "MXFP4": [], "Q4_0": [0], "Q4_1": [0, 2], "Q5_0": [0], "Q5_1": [0, 2], "IQ4_NL": [0],
+    "IQ4_XS": [0],
 }
 FLOATS = ["F32", "F16", "BF16"]
 TYPES = FLOATS + list(F16_FIELDS)
 # The types gguf.quants.quantize implements, with the decimal exponent range of the test data's row
 # magnitudes: as wide as the format's scale can hold (f16 scales overflow past ~6e4 * the code range).
-QUANTIZABLE = {"F32": (-38, 30), "F16": (-9, 4), "BF16": (-38, 30), "Q8_0": (-9, 6), "MXFP4": (-38, 30)}
+QUANTIZABLE = {"F32": (-38, 30), "F16": (-9, 4), "BF16": (-38, 30), "Q8_0": (-9, 6), "MXFP4": (-38, 30),
+               "Q4_0": (-9, 4), "Q4_1": (-9, 4), "Q5_0": (-9, 4), "Q5_1": (-9, 4)}
 
 
 def bits(a: np.ndarray) -> np.ndarray:
@@ -180,11 +182,11 @@ def test_lane_form_decode_refuses_a_wrong_width_naming_the_expected_bytes():
 
 
 def test_an_unsupported_type_is_refused_by_name_listing_the_supported_ones():
-    blocks = np.zeros((1, GGML_QUANT_SIZES[T.Q4_0][1]), dtype=np.uint8)
+    blocks = np.zeros((1, GGML_QUANT_SIZES[T.IQ3_S][1]), dtype=np.uint8)
     with pytest.raises(ValueError) as e:
-        K.codec_dequantize(int(T.Q4_0), blocks)
+        K.codec_dequantize(int(T.IQ3_S), blocks)
     msg = str(e.value)
-    assert f"ggml_type {int(T.Q4_0)}" in msg
+    assert f"ggml_type {int(T.IQ3_S)}" in msg
     for name in TYPES:
         assert f"{name} ({int(T[name])})" in msg
     with pytest.raises(ValueError, match="ggml_type 9999"):

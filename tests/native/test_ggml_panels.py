@@ -15,7 +15,8 @@ import cairn._kernel as K
 from cairn.daemon.modelgen.make_model import make_model, preset_with
 from cairn.daemon.weights.model_dir import map_weights, open_model_dir
 
-QUANT = ["Q8_0", "Q4_K", "Q5_K", "Q6_K", "Q2_K", "Q3_K", "IQ2_XXS", "MXFP4"]
+QUANT = ["Q8_0", "Q4_K", "Q5_K", "Q6_K", "Q2_K", "Q3_K", "IQ2_XXS", "MXFP4", "Q4_0", "Q4_1", "Q5_0", "Q5_1",
+         "IQ4_NL", "IQ4_XS"]
 PROMPT = 150
 
 
@@ -41,6 +42,14 @@ def random_blocks(qtype: str, n: int, rng) -> np.ndarray:
         f16(nbytes - 2, 1e-5, 2e-4)
     elif qtype == "MXFP4":
         b[:, 0] = rng.integers(118, 122, n)     # e8m0: 2^-9 .. 2^-5 (x 0.5: the format's half unit)
+    elif qtype in ("Q4_0", "Q4_1", "Q5_0", "Q5_1"):
+        f16(0, 1e-4, 1e-3)
+        if qtype.endswith("_1"):
+            f16(2, -1e-2, 0)                    # the min: the lowest weight of the block
+    elif qtype == "IQ4_NL":
+        f16(0, 1e-5, 1e-4)
+    elif qtype == "IQ4_XS":
+        f16(0, 1e-6, 5e-6)                      # times a sub-block scale of -32 .. 31
     return b
 
 
@@ -158,11 +167,11 @@ def test_resident_panels_hold_the_stored_bytes(ggml):
 def test_an_unsupported_type_names_the_tensor_and_the_supported_types(ggml):
     w = dict(ggml.quant)
     name = "layers.0.attn.wq_a.weight"
-    w[name] = (np.zeros((256, 256 // 32 * 18), np.uint8), "GGML:Q4_0")
+    w[name] = (np.zeros((256, 256 // 256 * 110), np.uint8), "GGML:IQ3_S")
     with pytest.raises(ValueError) as e:
         ggml.model(w)
     msg = str(e.value)
-    assert name in msg and "Q4_0" in msg and all(q in msg for q in ("Q8_0",))
+    assert name in msg and "IQ3_S" in msg and all(q in msg for q in ("Q8_0", "Q4_0", "IQ4_XS"))
 
 
 def test_gate_and_up_in_different_formats_are_refused_by_name(ggml):

@@ -38,6 +38,7 @@ void decode_each(const uint8_t* blk, int n, float* out) {
   for (int b = 0; b < n; ++b) Decode(blk + (size_t)b * Bytes, out + (size_t)b * Block);
 }
 
-extern const BlockCodec F32, F16, BF16, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ2_XXS, MXFP4;
+extern const BlockCodec F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ2_XXS,
+    IQ4_NL, IQ4_XS, MXFP4;
 
 }  // namespace cairn::codecs

@@ -8,8 +8,9 @@ namespace cairn {
 const std::vector<const BlockCodec*>& all_codecs() {
   // GGML type order; the codec objects are constant-initialised, so no static-order hazard.
   static const std::vector<const BlockCodec*> table = {
-      &codecs::F32,  &codecs::F16,  &codecs::Q8_0,    &codecs::Q2_K, &codecs::Q3_K, &codecs::Q4_K,
-      &codecs::Q5_K, &codecs::Q6_K, &codecs::IQ2_XXS, &codecs::BF16, &codecs::MXFP4};
+      &codecs::F32,  &codecs::F16,  &codecs::Q4_0,    &codecs::Q4_1,   &codecs::Q5_0,   &codecs::Q5_1,
+      &codecs::Q8_0, &codecs::Q2_K, &codecs::Q3_K,    &codecs::Q4_K,   &codecs::Q5_K,   &codecs::Q6_K,
+      &codecs::IQ2_XXS, &codecs::IQ4_NL, &codecs::IQ4_XS, &codecs::BF16, &codecs::MXFP4};
   return table;
 }
 

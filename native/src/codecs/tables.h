@@ -151,4 +151,8 @@ alignas(64) inline constexpr uint8_t iq2xxs_ksigns[128] = {
 alignas(64) inline constexpr int8_t mxfp4_kvalues[16] = {
     0,   1,   2,   3,   4,   6,   8,  12,   0,  -1,  -2,  -3,  -4,  -6,  -8, -12};
 
+// IQ4_NL and IQ4_XS: 4-bit code -> value, times the block's scale (gguf.quants.IQ4_NL.kvalues)
+alignas(64) inline constexpr int8_t iq4nl_kvalues[16] = {
+  -127, -104,  -83,  -65,  -49,  -35,  -22,  -10,    1,   13,   25,   38,   53,   69,   89,  113};
+
 }  // namespace cairn::codec_tables

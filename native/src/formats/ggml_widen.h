@@ -17,10 +17,13 @@
 // fl(fl(D * q) - M), and AVX-512 and FMA3 take it as one fused multiply-subtract (lanes::fmsub_exact). One
 // product is dropped: IQ2_XXS's sign goes onto the magnitude's bits (the same bits, see there).
 #pragma once
+#include <utility>
+
 #include "../codecs/codec.h"
 #include "../codecs/iq2_xxs_grid.h"
 #include "../codecs/mxfp4_lanes.h"
 #include "../codecs/q_k_scales.h"
+#include "../codecs/tables.h"
 #include "formats.h"
 #include "lanes.h"
 #include "widen.h"
@@ -270,6 +273,89 @@ struct MXFP4 {
   };
   static Group group(const uint8_t* b, int, const f32x16* D, const f32x16*) { return {b + 16, D[0]}; }
 };
+
+// llama.cpp's first 32-weight formats (codecs/legacy.cpp): a group is the block, part 0 its columns
+// 0-15 (low nibbles), part 1 columns 16-31 (high nibbles), the fifth bit (Q5_*) column j's bit of
+// the u32 at 2 (4 with a min). Q4_0 / Q5_0: w = fl(d * (q - offset)); the value q - offset is exact
+// in fp32, so on AVX-512 Q4_0's comes from a table (like Q3K's) and Q5_0's by a convert and an exact
+// subtraction. Q4_1 / Q5_1: w = fl(fl(d * q) + m), d * q exact (an f16 d times 4-5 bits), so one
+// fused multiply-add.
+template <bool kMin, bool kHigh>
+struct Legacy {
+  static constexpr int kHighAt = kMin ? 4 : 2, kCodesAt = kHighAt + (kHigh ? 4 : 0);
+  static constexpr int kBlock = 32, kBytes = kCodesAt + 16, kSub = 32, kGroup = 32, kParts = 2;
+  static void scales(const uint8_t* b, f32x16* D, f32x16* M) {
+    D[0] = lanes::half_to_f32(lanes::load_le16(b));
+    if constexpr (kMin) M[0] = lanes::half_to_f32(lanes::load_le16(b + 16 * 2));
+  }
+  struct Group {
+    const uint8_t* q;
+    u32x16 qh;
+    f32x16 d, m;
+    template <int P>
+    f32x16 at(int l) const {
+      const u32x16 lo = lanes::load_u8(q + 16 * l) >> (4 * P);
+      if constexpr (!kHigh && !kMin && lanes::kLookupPermutes) {
+        const f32x16 t = {-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7};
+        return d * lanes::lookup(t, lo);
+      } else {
+        u32x16 c = lo & 0xFu;
+        if constexpr (kHigh) c |= ((qh >> (l + 16 * P)) & 1u) << 4;
+        if constexpr (kMin) return lanes::fmadd_exact(d, lanes::to_f32(c), m);
+        else return d * (lanes::to_f32(c) - (kHigh ? 16.f : 8.f));
+      }
+    }
+  };
+  static Group group(const uint8_t* b, int, const f32x16* D, const f32x16* M) {
+    return {b + 16 * kCodesAt, kHigh ? lanes::load_le32(b + 16 * kHighAt) : u32x16{}, D[0], kMin ? M[0] : f32x16{}};
+  }
+};
+using Q40 = Legacy<false, false>;
+using Q41 = Legacy<true, false>;
+using Q50 = Legacy<false, true>;
+using Q51 = Legacy<true, true>;
+
+// IQ4_NL and IQ4_XS (codecs/iq4.cpp): a group is a 32-column run of 16 code bytes, parts low / high
+// nibble; w = fl(dl * kvalue), the kvalue a float table's entry on AVX-512, a byte shuffle elsewhere.
+template <size_t... I>
+constexpr f32x16 iq4_table(std::index_sequence<I...>) { return f32x16{(float)codec_tables::iq4nl_kvalues[I]...}; }
+inline f32x16 iq4_value(const uint8_t* p, int shift) {
+  if constexpr (lanes::kLookupPermutes) {
+    constexpr f32x16 t = iq4_table(std::make_index_sequence<16>{});
+    return lanes::lookup(t, lanes::load_u8(p) >> shift);
+  } else {
+    lanes::u8x16 t;
+    std::memcpy(&t, codec_tables::iq4nl_kvalues, 16);
+    return lanes::lookup_i8(t, lanes::load_bytes(p) >> shift);
+  }
+}
+template <int kBlock_, int kCodesAt>
+struct IQ4 {
+  static constexpr int kBlock = kBlock_, kBytes = kBlock == 32 ? 18 : 136, kSub = 32, kGroup = 32, kParts = 2;
+  static void scales(const uint8_t* b, f32x16* D, f32x16*) {
+    const f32x16 d = lanes::half_to_f32(lanes::load_le16(b));
+    if constexpr (kBlock == 32) {
+      D[0] = d;
+    } else {
+      const u32x16 hi = lanes::load_le16(b + 16 * 2);
+      for (int s = 0; s < 8; ++s) {
+        const u32x16 lo = (lanes::load_u8(b + 16 * (4 + s / 2)) >> (4 * (s % 2))) & 0xFu;
+        D[s] = d * lanes::to_f32((i32x16)(lo | (((hi >> (2 * s)) & 3u) << 4)) - 32);
+      }
+    }
+  }
+  struct Group {
+    const uint8_t* q;
+    f32x16 d;
+    template <int P>
+    f32x16 at(int l) const { return d * iq4_value(q + 16 * l, 4 * P); }
+  };
+  static Group group(const uint8_t* b, int r, const f32x16* D, const f32x16*) {
+    return {b + 16 * (kCodesAt + 16 * (r / 32)), D[0]};
+  }
+};
+using IQ4NL = IQ4<32, 2>;
+using IQ4XS = IQ4<256, 8>;
 
 }  // namespace kq
 

@@ -278,6 +278,17 @@ inline f32x16 fmsub_exact(f32x16 a, f32x16 b, f32x16 c) {
   return a * b - c;
 #endif
 }
+// a * b + c per lane for a product that is exact in fp32 (as fmsub_exact): fl(fl(a * b) + c) in one rounding.
+inline f32x16 fmadd_exact(f32x16 a, f32x16 b, f32x16 c) {
+#if defined(__AVX512F__)
+  return (f32x16)_mm512_fmadd_ps((__m512)a, (__m512)b, (__m512)c);
+#elif defined(__AVX2__) && defined(__FMA__)
+  return join((f32x8)_mm256_fmadd_ps((__m256)half<0>(a), (__m256)half<0>(b), (__m256)half<0>(c)),
+              (f32x8)_mm256_fmadd_ps((__m256)half<1>(a), (__m256)half<1>(b), (__m256)half<1>(c)));
+#else
+  return a * b + c;
+#endif
+}
 // 2^(e - 127) per lane from exponent bytes (e < 255)
 inline f32x16 exp2_bytes(const uint8_t* e) { return bits(load_u8(e) << 23); }
 
