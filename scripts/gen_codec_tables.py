@@ -1,7 +1,7 @@
 """Write native/src/codecs/tables.h: the lookup tables GGUF formats define (IQ2_XXS's grid and sign
-table, the MXFP4 and IQ4 value tables), read from the installed `gguf` package (llama.cpp's own Python
-reference) rather than copied by hand, so the C++ decoders and the reference they are tested against
-share one source.
+table, the MXFP4 and IQ4 value tables, the IQ1-IQ3 grids), read from the installed `gguf` package
+(llama.cpp's own Python reference) rather than copied by hand, so the C++ decoders and the reference
+they are tested against share one source.
 
     .venv/bin/python scripts/gen_codec_tables.py        # rewrites the header (committed)
     .venv/bin/python scripts/gen_codec_tables.py --check  # exit 1 if the header is out of date
@@ -25,12 +25,20 @@ def c_array(ctype: str, name: str, values, per_line: int, fmt: str) -> str:
     return f"alignas(64) inline constexpr {ctype} {name}[{len(vals)}] = {{\n  {body}}};\n"
 
 
+def grid_of(name: str, lo: int, hi: int) -> np.ndarray:
+    """A format's grid (gguf.quants' init_grid: rows of magnitudes, or of -1/0/1 for IQ1), checked to be
+    integers in [lo, hi] so a byte table holds it exactly."""
+    q = getattr(quants, name)
+    q.init_grid()
+    grid = np.asarray(q.grid, dtype=np.float32).reshape(q.grid_shape)
+    if not np.array_equal(grid, np.round(grid)) or grid.min() < lo or grid.max() > hi:
+        sys.exit(f"{name} grid values are not integers in [{lo}, {hi}]; a byte table cannot hold them")
+    return grid
+
+
 def render() -> str:
     q = quants.IQ2_XXS
-    q.init_grid()
-    grid = np.asarray(q.grid, dtype=np.float32).reshape(q.grid_shape)   # (256, 8) of 8, 25, 43
-    if not np.array_equal(grid, np.round(grid)) or grid.min() < 0 or grid.max() > 255:
-        sys.exit("IQ2_XXS grid values are not small non-negative integers; the uint8 table cannot hold them")
+    grid = grid_of("IQ2_XXS", 0, 255)   # (256, 8) of 8, 25, 43
     ksigns = np.frombuffer(q.ksigns, dtype=np.uint8)
     if ksigns.shape != (128,):
         sys.exit(f"IQ2_XXS ksigns has {ksigns.size} entries, want 128")
@@ -53,6 +61,14 @@ def render() -> str:
         + c_array("int8_t", "mxfp4_kvalues", kvalues, 16, "{:3d}")
         + "\n// IQ4_NL and IQ4_XS: 4-bit code -> value, times the block's scale (gguf.quants.IQ4_NL.kvalues)\n"
         + c_array("int8_t", "iq4nl_kvalues", iq4, 16, "{:4d}")
+        + "".join(
+            f"\n// {name}: {g.shape[0]} grid points of {g.shape[1]} values each (gguf.quants.{name}.grid)\n"
+            + c_array(ctype, f"{name.lower().replace('_', '')}_grid", g.reshape(-1).astype(np.int64), 16, "{:2d}")
+            for name, ctype, g in (("IQ3_XXS", "uint8_t", grid_of("IQ3_XXS", 0, 255)),
+                                   ("IQ3_S", "uint8_t", grid_of("IQ3_S", 0, 255)),
+                                   ("IQ2_XS", "uint8_t", grid_of("IQ2_XS", 0, 255)),
+                                   ("IQ2_S", "uint8_t", grid_of("IQ2_S", 0, 255)),
+                                   ("IQ1_S", "int8_t", grid_of("IQ1_S", -1, 1))))
         + "\n}  // namespace cairn::codec_tables\n")
 
 

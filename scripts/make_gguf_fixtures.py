@@ -31,13 +31,15 @@ each file's tensor types (from gguf.GGUFReader), per tensor and counted:
   gguf-quant-q4_0.gguf        Q4_0    (Q4_0, Q6_K; the routed experts' down projections Q4_1)
   gguf-quant-iq4_xs.gguf      IQ4_XS  (IQ4_XS, Q6_K; IQ4_NL where a row is 128 wide)
   gguf-quant-iq2_xxs.gguf     IQ2_XXS (IQ2_XXS, Q2_K, Q5_K), with an importance matrix computed by
-                              llama-imatrix on text make_model synthesises (its tokenizer's corpus)
+                              llama-imatrix on text make_model synthesises (its tokenizer's corpus);
+                              the same for IQ2_XS, IQ2_M (IQ2_S), IQ3_XXS, IQ3_S, IQ1_S, IQ1_M
   gguf-quant-mxfp4_moe.gguf   MXFP4_MOE (routed experts MXFP4, other matrices Q8_0)
 Vectors and norms stay F32 (llama-quantize's rule), the router and tid2eid are never quantized. The
 indexer's position bias is 128 wide, no 256-value block fits its rows, and llama.cpp falls back to a
 32-value type there (Q5_0, Q5_1, Q8_0, Q4_0, IQ4_NL): the fixtures keep those fallbacks, as the files users
-download have them. IQ2_XXS needs an importance matrix it cannot have on the position biases and the
-head's hyper-connection (no matrix products): there the type is forced (--tensor-type, below). A file
+download have them. The grid types (IQ1-IQ3) need an importance matrix they cannot have on the position
+biases and the head's hyper-connection (no matrix products): there the type is forced (--tensor-type,
+below). A file
 holding any type outside ggml_types.SUPPORTED + F32/F16/BF16 stops the script.
 """
 
@@ -66,6 +68,7 @@ FIXTURES = {
     "gguf-tiny-split": ("float32", "f32", 40),
 }
 QUANT_PRESET = "gguf-quant"
+_IMATRIX_LESS = ["--tensor-type", "compressor_ape=q8_0", "--tensor-type", "output_hc_fn=q2_K"]
 QUANT_FIXTURES = {
     # file stem -> (llama-quantize type, extra arguments, with the importance matrix)
     "gguf-quant-q8_0": ("Q8_0", [], False),
@@ -76,10 +79,11 @@ QUANT_FIXTURES = {
     "gguf-quant-q3_k_m": ("Q3_K_M", [], False),
     "gguf-quant-q4_0": ("Q4_0", ["--tensor-type", "ffn_down_exps=q4_1"], False),
     "gguf-quant-iq4_xs": ("IQ4_XS", [], False),
-    # IQ2_XXS needs importance data for every tensor of that type; llama-imatrix sees matrix products
-    # only: both position biases to Q8_0, the head's hyper-connection matrix to Q2_K.
-    "gguf-quant-iq2_xxs": ("IQ2_XXS", ["--tensor-type", "compressor_ape=q8_0",
-                                       "--tensor-type", "output_hc_fn=q2_K"], True),
+    # The grid types want importance data for every tensor of their type; llama-imatrix sees matrix
+    # products only: both position biases to Q8_0, the head's hyper-connection matrix to Q2_K.
+    # (llama.cpp's IQ2_S mix is mostly IQ2_XS; its IQ2_M holds IQ2_S)
+    **{f"gguf-quant-{t.lower()}": (t, _IMATRIX_LESS, True)
+       for t in ("IQ2_XXS", "IQ2_XS", "IQ2_M", "IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M")},
     "gguf-quant-mxfp4_moe": ("MXFP4_MOE", [], False),
 }
 # the importance matrix: llama-imatrix over this many words of make_model's synthetic corpus, in chunks
@@ -211,13 +215,12 @@ def main() -> None:
     manifest.update({"llama_cpp": f"llama-cpp-python {SDIST_VERSION} sdist (vendor/llama.cpp)",
                      "converter": "../shared/tools/llama-peer/convert_hf_v4.py patches + convert_hf_to_gguf.main()"})
     fixtures = manifest.setdefault("fixtures", {})
-    stems = {"float": FIXTURES, "quant": QUANT_FIXTURES}
-    for s in sets:   # a set is written whole: its old files and entries go first
-        for stem in stems[s]:
-            fixtures.pop(stem, None)
-            for f in out.glob(f"{stem}*.gguf"):
-                if f.name == f"{stem}.gguf" or f.name.startswith(f"{stem}-0"):
-                    f.unlink()
+    prefixes = {"float": f"{PRESET}-", "quant": f"{QUANT_PRESET}-"}
+    for s in sets:   # a set is written whole: its old files and entries go first (renamed ones too)
+        for stem in [k for k in fixtures if k.startswith(prefixes[s])]:
+            fixtures.pop(stem)
+        for f in out.glob(f"{prefixes[s]}*.gguf"):
+            f.unlink()
     with tempfile.TemporaryDirectory() as tmp:
         if "float" in sets:
             write_float_fixtures(src, out, Path(tmp), fixtures)

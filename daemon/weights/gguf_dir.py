@@ -6,9 +6,9 @@ Design notes
    are not read here: each tensor becomes a TensorInfo (file, byte range, dtype tag, shape) like a
    safetensors tensor, and map_weights hands the kernel views of one memory map per file. F32 is used
    in place; BF16 and F16 go to the kernel as stored, the pairs a BF16/F16 safetensors directory gives.
-   A block-quantized tensor (Q4_0-Q8_0, the K-quants, IQ2_XXS, IQ4, MXFP4: ggml_types.SUPPORTED) goes as its
-   bytes, tag `GGML:<TYPE>`, uint8 [rows..., row_bytes]; its TensorInfo keeps the logical shape, so
-   the shape checks are the float ones. Any other GGML type is refused by name.
+   A block-quantized tensor (Q4_0-Q8_0, the K-quants, the IQ types, MXFP4: ggml_types.SUPPORTED) goes
+   as its bytes, tag `GGML:<TYPE>`, uint8 [rows..., row_bytes]; its TensorInfo keeps the logical shape,
+   so the shape checks are the float ones. Any other GGML type is refused by name.
  * llama.cpp's names map back one to one to the canonical (official) names, with no transform of the
    bytes: a GGUF shape is the row-major shape reversed (ggml's ne0 is the fastest axis), so a [out, in]
    matrix is stored exactly as in safetensors, and the routed experts, stacked by the converter into

@@ -1,4 +1,4 @@
-"""GGUF models through the daemon (issue 23): every quantized fixture (Q4_0-Q8_0, K-quants, IQ2_XXS, IQ4, MXFP4, as
+"""GGUF models through the daemon (issue 23): every quantized fixture (Q4_0-Q8_0, K-quants, IQ types, MXFP4, as
 llama-quantize wrote them) answers as HF transformers does on the weights gguf.quants.dequantize makes
 of it; the BF16 fixture answers as HF does on the same (bf16-rounded) weights, the F32 fixture exactly as its safetensors directory does, the
 chat template from the GGUF metadata is checked against the native encoder as a directory's is, and

@@ -22,7 +22,8 @@ ROOT = Path(__file__).resolve().parents[2]
 F16_FIELDS = {
     "Q8_0": [0], "Q2_K": [80, 82], "Q3_K": [108], "Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208],
     "IQ2_XXS": [0], "MXFP4": [], "Q4_0": [0], "Q4_1": [0, 2], "Q5_0": [0], "Q5_1": [0, 2], "IQ4_NL": [0],
-    "IQ4_XS": [0],
+    "IQ4_XS": [0], "IQ3_XXS": [0], "IQ3_S": [0], "IQ2_XS": [0], "IQ2_S": [0], "IQ1_S": [0],
+    "IQ1_M": [],   # its d is the top nibbles of the four scale u16 at 48 (random_blocks)
 }
 FLOATS = ["F32", "F16", "BF16"]
 TYPES = FLOATS + list(F16_FIELDS)
@@ -66,7 +67,17 @@ def random_blocks(name: str, n: int, seed: int) -> np.ndarray:
     blocks = rng.integers(0, 256, (n, size), dtype=np.uint8)
     for off in F16_FIELDS.get(name, []):
         blocks[:, off:off + 2] = finite_f16(rng, n).view(np.uint8).reshape(n, 2)
+    if name == "IQ1_M":
+        set_iq1m_d(blocks, finite_f16(rng, n))
     return blocks
+
+
+def set_iq1m_d(blocks: np.ndarray, d: np.ndarray) -> None:
+    """IQ1_M keeps its f16 d in the top nibbles of the four scale u16 at byte 48 (nibble i: d's bits 4i..)."""
+    sc = blocks[:, 48:56].copy().view("<u2")
+    for i in range(4):
+        sc[:, i] = (sc[:, i] & 0x0FFF) | (((d.astype(np.uint16) >> (4 * i)) & 0xF) << 12)
+    blocks[:, 48:56] = sc.view(np.uint8)
 
 
 def test_the_table_lists_every_format_with_the_packages_block_and_byte_sizes():
@@ -182,11 +193,11 @@ def test_lane_form_decode_refuses_a_wrong_width_naming_the_expected_bytes():
 
 
 def test_an_unsupported_type_is_refused_by_name_listing_the_supported_ones():
-    blocks = np.zeros((1, GGML_QUANT_SIZES[T.IQ3_S][1]), dtype=np.uint8)
+    blocks = np.zeros((1, GGML_QUANT_SIZES[T.TQ2_0][1]), dtype=np.uint8)
     with pytest.raises(ValueError) as e:
-        K.codec_dequantize(int(T.IQ3_S), blocks)
+        K.codec_dequantize(int(T.TQ2_0), blocks)
     msg = str(e.value)
-    assert f"ggml_type {int(T.IQ3_S)}" in msg
+    assert f"ggml_type {int(T.TQ2_0)}" in msg
     for name in TYPES:
         assert f"{name} ({int(T[name])})" in msg
     with pytest.raises(ValueError, match="ggml_type 9999"):

@@ -14,9 +14,10 @@ from gguf.quants import dequantize
 import cairn._kernel as K
 from cairn.daemon.modelgen.make_model import make_model, preset_with
 from cairn.daemon.weights.model_dir import map_weights, open_model_dir
+from test_codecs import set_iq1m_d
 
 QUANT = ["Q8_0", "Q4_K", "Q5_K", "Q6_K", "Q2_K", "Q3_K", "IQ2_XXS", "MXFP4", "Q4_0", "Q4_1", "Q5_0", "Q5_1",
-         "IQ4_NL", "IQ4_XS"]
+         "IQ4_NL", "IQ4_XS", "IQ3_XXS", "IQ3_S", "IQ2_XS", "IQ2_S", "IQ1_S", "IQ1_M"]
 PROMPT = 150
 
 
@@ -50,6 +51,14 @@ def random_blocks(qtype: str, n: int, rng) -> np.ndarray:
         f16(0, 1e-5, 1e-4)
     elif qtype == "IQ4_XS":
         f16(0, 1e-6, 5e-6)                      # times a sub-block scale of -32 .. 31
+    elif qtype in ("IQ3_XXS", "IQ3_S"):
+        f16(0, 1e-5, 5e-5)                      # times scale factors up to 8 / 31 and magnitudes up to 62 / 15
+    elif qtype in ("IQ2_XS", "IQ2_S"):
+        f16(0, 1e-4, 5e-4)
+    elif qtype == "IQ1_S":
+        f16(0, 1e-4, 1e-3)
+    elif qtype == "IQ1_M":
+        set_iq1m_d(b, rng.uniform(1e-4, 1e-3, n).astype(np.float16).view(np.uint16))
     return b
 
 
@@ -167,11 +176,11 @@ def test_resident_panels_hold_the_stored_bytes(ggml):
 def test_an_unsupported_type_names_the_tensor_and_the_supported_types(ggml):
     w = dict(ggml.quant)
     name = "layers.0.attn.wq_a.weight"
-    w[name] = (np.zeros((256, 256 // 256 * 110), np.uint8), "GGML:IQ3_S")
+    w[name] = (np.zeros((256, 256 // 256 * 66), np.uint8), "GGML:TQ2_0")
     with pytest.raises(ValueError) as e:
         ggml.model(w)
     msg = str(e.value)
-    assert name in msg and "IQ3_S" in msg and all(q in msg for q in ("Q8_0", "Q4_0", "IQ4_XS"))
+    assert name in msg and "TQ2_0" in msg and all(q in msg for q in ("Q8_0", "Q4_0", "IQ4_XS", "IQ1_M"))
 
 
 def test_gate_and_up_in_different_formats_are_refused_by_name(ggml):

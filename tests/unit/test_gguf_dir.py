@@ -245,7 +245,8 @@ def test_an_unsupported_quantized_type_is_refused_naming_it_its_type_and_the_sup
     assert "float types F32, F16, BF16" in msg
     listed = msg.split("quantized types ", 1)[1].split(" (", 1)[0].split(", ")
     assert sorted(listed) == sorted(["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K",
-                                     "IQ2_XXS", "IQ4_NL", "IQ4_XS", "MXFP4"])
+                                     "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M", "IQ4_NL",
+                                     "IQ4_XS", "MXFP4"])
 
 
 def test_an_unsupported_quantized_expert_stack_is_refused_by_its_gguf_name(tmp_path):

@@ -26,8 +26,8 @@ FIX = Path(__file__).resolve().parent.parent / "fixtures" / "gguf"
 MANIFEST = json.loads((FIX / "MANIFEST.json").read_text())["fixtures"]
 QUANT = sorted(stem for stem in MANIFEST if stem.startswith("gguf-quant-"))
 # every quantized type the loader takes, in GGML type order
-LOADED = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ2_XXS", "IQ4_NL", "IQ4_XS",
-          "MXFP4"]
+LOADED = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ2_XXS", "IQ2_XS", "IQ3_XXS",
+          "IQ1_S", "IQ4_NL", "IQ3_S", "IQ2_S", "IQ4_XS", "IQ1_M", "MXFP4"]
 FLOATS = {"F32", "F16", "BF16"}
 
 
@@ -165,10 +165,10 @@ def copy_gguf(src: Path, dst: Path, edit=None, split_max_tensors: int = 0) -> Pa
     return dst
 
 
-def test_an_iq3_s_tensor_is_refused_with_file_name_type_and_the_supported_list(tmp_path):
-    """IQ3_S (in some of unsloth's mixes) is not among the loaded types: refused at open, before any byte
+def test_a_tq2_0_tensor_is_refused_with_file_name_type_and_the_supported_list(tmp_path):
+    """TQ2_0 (llama.cpp's ternary type) is not among the loaded types: refused at open, before any byte
     of it is read, so the blocks here need not be meaningful."""
-    qtype = GGMLQuantizationType.IQ3_S
+    qtype = GGMLQuantizationType.TQ2_0
 
     def edit(name, data, stored):
         if name == "blk.0.attn_q_b.weight":
@@ -177,11 +177,11 @@ def test_an_iq3_s_tensor_is_refused_with_file_name_type_and_the_supported_list(t
             return np.zeros((rows, cols // block * nbytes), np.uint8), None, qtype
         return None
 
-    path = copy_gguf(FIX / "gguf-quant-q4_k_m.gguf", tmp_path / "iq3_s.gguf", edit)
+    path = copy_gguf(FIX / "gguf-quant-q4_k_m.gguf", tmp_path / "tq2_0.gguf", edit)
     with pytest.raises(ModelDirError) as e:
         open_model_dir(path)
     msg = str(e.value)
-    assert msg.startswith(f"{path}: tensor 'blk.0.attn_q_b.weight' has GGML type IQ3_S;")
+    assert msg.startswith(f"{path}: tensor 'blk.0.attn_q_b.weight' has GGML type TQ2_0;")
     assert msg.split("quantized types ", 1)[1].split(" (", 1)[0].split(", ") == LOADED
     assert "F32, F16, BF16" in msg
 

@@ -10,7 +10,8 @@ const std::vector<const BlockCodec*>& all_codecs() {
   static const std::vector<const BlockCodec*> table = {
       &codecs::F32,  &codecs::F16,  &codecs::Q4_0,    &codecs::Q4_1,   &codecs::Q5_0,   &codecs::Q5_1,
       &codecs::Q8_0, &codecs::Q2_K, &codecs::Q3_K,    &codecs::Q4_K,   &codecs::Q5_K,   &codecs::Q6_K,
-      &codecs::IQ2_XXS, &codecs::IQ4_NL, &codecs::IQ4_XS, &codecs::BF16, &codecs::MXFP4};
+      &codecs::IQ2_XXS, &codecs::IQ2_XS, &codecs::IQ3_XXS, &codecs::IQ1_S, &codecs::IQ4_NL, &codecs::IQ3_S,
+      &codecs::IQ2_S, &codecs::IQ4_XS, &codecs::IQ1_M, &codecs::BF16, &codecs::MXFP4};
   return table;
 }
 
