@@ -286,6 +286,12 @@ void packed_panels(const float* const* x, int M, const Linear& L, int p0, int np
         case 7: return packed_widened<GgmlWiden<kq::Q51>>(x, M, L, p0, np, out);
         case 20: return packed_widened<GgmlWiden<kq::IQ4NL>>(x, M, L, p0, np, out);
         case 23: return packed_widened<GgmlWiden<kq::IQ4XS>>(x, M, L, p0, np, out);
+        case 17: return packed_widened<GgmlWiden<kq::IQ2XS>>(x, M, L, p0, np, out);
+        case 18: return packed_widened<GgmlWiden<kq::IQ3XXS>>(x, M, L, p0, np, out);
+        case 19: return packed_widened<GgmlWiden<kq::IQ1S>>(x, M, L, p0, np, out);
+        case 21: return packed_widened<GgmlWiden<kq::IQ3S>>(x, M, L, p0, np, out);
+        case 22: return packed_widened<GgmlWiden<kq::IQ2S>>(x, M, L, p0, np, out);
+        case 29: return packed_widened<GgmlWiden<kq::IQ1M>>(x, M, L, p0, np, out);
         default: break;
       }
   }

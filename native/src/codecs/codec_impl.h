@@ -38,20 +38,6 @@ void decode_each(const uint8_t* blk, int n, float* out) {
   for (int b = 0; b < n; ++b) Decode(blk + (size_t)b * Bytes, out + (size_t)b * Block);
 }
 
-// decode_lanes for formats without a lane form of their own (the grid-coded IQ types, whose 16 lanes
-// would each index a different grid point): each lane's block gathered from its interleaved bytes
-// (codec.h, lane_byte; no word range), decoded alone, its weights put in their lane.
-template <void (*Decode)(const uint8_t*, float*), int Block, int Bytes>
-void decode_lanes_each(const uint8_t* __restrict blk16, float* __restrict out) {
-  uint8_t blk[Bytes];
-  float w[Block];
-  for (int l = 0; l < 16; ++l) {
-    for (int i = 0; i < Bytes; ++i) blk[i] = blk16[16 * i + l];
-    Decode(blk, w);
-    for (int k = 0; k < Block; ++k) out[16 * k + l] = w[k];
-  }
-}
-
 extern const BlockCodec F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ2_XXS,
     IQ4_NL, IQ4_XS, MXFP4, IQ3_XXS, IQ3_S, IQ2_XS, IQ2_S, IQ1_S, IQ1_M;
 

@@ -7,7 +7,7 @@
 //          delta's sign per 8 weights), then four little-endian u16: sixteen 3-bit scales (one per 16
 //          weights) in their low 12 bits, the f16 d in their top nibbles; dl = fl(d * (2s + 1)).
 #include "codec_impl.h"
-#include "tables.h"
+#include "grid_lanes.h"
 
 namespace cairn::codecs {
 namespace {
@@ -47,11 +47,38 @@ void m_decode(const uint8_t* __restrict blk, float* __restrict out) {
   }
 }
 
+// Lane forms (codec.h, decode_lanes): grid_lanes.h's octets.
+void s_decode_lanes(const uint8_t* __restrict b, float* __restrict out) {
+  using namespace lanes;
+  const f32x16 d = half_to_f32(load_le16(b));
+  for (int s = 0; s < 8; ++s) {
+    const u32x16 qh = load_le16(b + 16 * (34 + 2 * s));
+    const f32x16 dl = d * to_f32(2u * ((qh >> 12) & 7u) + 1u);
+    for (int g = 0; g < 4; ++g)
+      store_octet(iq1_octet(load_u8(b + 16 * (2 + 4 * s + g)) | (((qh >> (3 * g)) & 7u) << 8), qh >> 15, dl),
+                  out + 16 * (32 * s + 8 * g));
+  }
+}
+
+void m_decode_lanes(const uint8_t* __restrict b, float* __restrict out) {
+  using namespace lanes;
+  u32x16 sc[4];
+  for (int i = 0; i < 4; ++i) sc[i] = load_le16(b + 16 * (48 + 2 * i));
+  const f32x16 d = half_to_f32(((sc[0] & 0xF000u) >> 12) | ((sc[1] & 0xF000u) >> 8) | ((sc[2] & 0xF000u) >> 4) |
+                               (sc[3] & 0xF000u));
+  for (int k = 0; k < 32; ++k) {
+    const u32x16 h = (load_u8(b + 16 * (32 + k / 2)) >> (4 * (k % 2))) & 0xFu;
+    const int s = k / 2;
+    const f32x16 dl = d * to_f32(2u * ((sc[s / 4] >> (3 * (s % 4))) & 7u) + 1u);
+    store_octet(iq1_octet(load_u8(b + 16 * k) | ((h & 7u) << 8), h >> 3, dl), out + 16 * 8 * k);
+  }
+}
+
 }  // namespace
 
 const BlockCodec IQ1_S{"IQ1_S", 19, 256, 50, s_decode, decode_each<s_decode, 256, 50>,
-                       decode_lanes_each<s_decode, 256, 50>};
+                       s_decode_lanes};
 const BlockCodec IQ1_M{"IQ1_M", 29, 256, 56, m_decode, decode_each<m_decode, 256, 56>,
-                       decode_lanes_each<m_decode, 256, 56>};
+                       m_decode_lanes};
 
 }  // namespace cairn::codecs

@@ -7,7 +7,8 @@
 //           (codec_tables::iq2s_grid), 32 bytes of explicit sign bits, 8 bytes of their top 2 bits (four
 //           to a byte), 8 bytes of scales.
 #include "codec_impl.h"
-#include "tables.h"
+#include "grid_lanes.h"
+#include "iq2_xxs_grid.h"
 
 namespace cairn::codecs {
 namespace {
@@ -20,10 +21,7 @@ inline float scale16(float d, const uint8_t* scales, int s) {
 
 // 8 weights of grid point `point` (8 magnitudes), sign bit j of `signs` negating weight j
 inline void octet(float db, const uint8_t* point, uint8_t signs, float* out) {
-  for (int j = 0; j < 8; ++j) {
-    const float w = db * (float)point[j];
-    out[j] = (signs >> j) & 1 ? -w : w;
-  }
+  for (int j = 0; j < 8; ++j) out[j] = db * (float)point[j] * ((signs >> j) & 1 ? -1.f : 1.f);
 }
 
 void xs_decode(const uint8_t* __restrict blk, float* __restrict out) {
@@ -43,11 +41,35 @@ void s_decode(const uint8_t* __restrict blk, float* __restrict out) {
   }
 }
 
+// Lane forms (codec.h, decode_lanes): grid_lanes.h's octets.
+inline lanes::f32x16 scale16_lanes(lanes::f32x16 d, const uint8_t* scales16, int s) {
+  using namespace lanes;
+  return d * (0.5f + to_f32((load_u8(scales16 + 16 * (s / 2)) >> (4 * (s % 2))) & 0xFu)) * 0.25f;
+}
+
+void xs_decode_lanes(const uint8_t* __restrict b, float* __restrict out) {
+  using namespace lanes;
+  const f32x16 d = half_to_f32(load_le16(b));
+  for (int k = 0; k < 32; ++k) {
+    const u32x16 q = load_le16(b + 16 * (2 + 2 * k));
+    store_octet(grid8(iq2xs_grid, q & 511u, ksign(q >> 9), scale16_lanes(d, b + 16 * 66, k / 2)), out + 16 * 8 * k);
+  }
+}
+
+void s_decode_lanes(const uint8_t* __restrict b, float* __restrict out) {
+  using namespace lanes;
+  const f32x16 d = half_to_f32(load_le16(b));
+  for (int k = 0; k < 32; ++k) {
+    const u32x16 idx = load_u8(b + 16 * (2 + k)) | (((load_u8(b + 16 * (66 + k / 4)) >> (2 * (k % 4))) & 3u) << 8);
+    store_octet(grid8(iq2s_grid, idx, load_u8(b + 16 * (34 + k)), scale16_lanes(d, b + 16 * 74, k / 2)), out + 16 * 8 * k);
+  }
+}
+
 }  // namespace
 
 const BlockCodec IQ2_XS{"IQ2_XS", 17, 256, 74, xs_decode, decode_each<xs_decode, 256, 74>,
-                        decode_lanes_each<xs_decode, 256, 74>};
+                        xs_decode_lanes};
 const BlockCodec IQ2_S{"IQ2_S", 22, 256, 82, s_decode, decode_each<s_decode, 256, 82>,
-                       decode_lanes_each<s_decode, 256, 82>};
+                       s_decode_lanes};
 
 }  // namespace cairn::codecs

@@ -7,7 +7,8 @@
 //            per weight), 4 bytes of eight 4-bit scales; db = fl(d * (1 + 2s)).
 // w = fl(db * magnitude) * (+-1), in gguf.quants' order (the sign's product is an exact negation).
 #include "codec_impl.h"
-#include "tables.h"
+#include "grid_lanes.h"
+#include "iq2_xxs_grid.h"
 
 namespace cairn::codecs {
 namespace {
@@ -15,8 +16,7 @@ namespace {
 using namespace codec_tables;
 
 inline float signed_product(float db, uint8_t magnitude, bool negative) {
-  const float w = db * (float)magnitude;
-  return negative ? -w : w;
+  return db * (float)magnitude * (negative ? -1.f : 1.f);
 }
 
 void xxs_decode(const uint8_t* __restrict blk, float* __restrict out) {
@@ -46,11 +46,42 @@ void s_decode(const uint8_t* __restrict blk, float* __restrict out) {
   }
 }
 
+// Lane forms (codec.h, decode_lanes): grid_lanes.h's octets.
+
+void xxs_decode_lanes(const uint8_t* __restrict b, float* __restrict out) {
+  using namespace lanes;
+  const f32x16 d = half_to_f32(load_le16(b));
+  for (int s = 0; s < 8; ++s) {
+    const u32x16 aux = load_le32(b + 16 * (66 + 4 * s));
+    const f32x16 db = d * (0.5f + to_f32(aux >> 28)) * 0.5f;
+    for (int g = 0; g < 4; ++g) {
+      const u32x16 neg = ksign((aux >> (7 * g)) & 0x7Fu);
+      const uint8_t* q = b + 16 * (2 + 8 * s + 2 * g);
+      store_octet(grid4x2(iq3xxs_grid, load_u8(q), load_u8(q + 16), neg, db), out + 16 * (32 * s + 8 * g));
+    }
+  }
+}
+
+void s_decode_lanes(const uint8_t* __restrict b, float* __restrict out) {
+  using namespace lanes;
+  const f32x16 d = half_to_f32(load_le16(b));
+  for (int s = 0; s < 8; ++s) {
+    const u32x16 sc = (load_u8(b + 16 * (106 + s / 2)) >> (4 * (s % 2))) & 0xFu;
+    const f32x16 db = d * to_f32(1u + 2u * sc);
+    const u32x16 qh = load_u8(b + 16 * (66 + s));  // the ninth bits of grid indexes 8s .. 8s + 7
+    for (int g = 0; g < 4; ++g) {  // 8 weights: grid indexes 8s + 2g, + 1 and sign byte 4s + g
+      const u32x16 a = load_u8(b + 16 * (2 + 8 * s + 2 * g)) | (((qh >> (2 * g)) & 1u) << 8);
+      const u32x16 c = load_u8(b + 16 * (3 + 8 * s + 2 * g)) | (((qh >> (2 * g + 1)) & 1u) << 8);
+      store_octet(grid4x2(iq3s_grid, a, c, load_u8(b + 16 * (74 + 4 * s + g)), db), out + 16 * (32 * s + 8 * g));
+    }
+  }
+}
+
 }  // namespace
 
 const BlockCodec IQ3_XXS{"IQ3_XXS", 18, 256, 98, xxs_decode, decode_each<xxs_decode, 256, 98>,
-                         decode_lanes_each<xxs_decode, 256, 98>};
+                         xxs_decode_lanes};
 const BlockCodec IQ3_S{"IQ3_S", 21, 256, 110, s_decode, decode_each<s_decode, 256, 110>,
-                       decode_lanes_each<s_decode, 256, 110>};
+                       s_decode_lanes};
 
 }  // namespace cairn::codecs

@@ -20,6 +20,7 @@
 #include <utility>
 
 #include "../codecs/codec.h"
+#include "../codecs/grid_lanes.h"
 #include "../codecs/iq2_xxs_grid.h"
 #include "../codecs/mxfp4_lanes.h"
 #include "../codecs/q_k_scales.h"
@@ -356,6 +357,134 @@ struct IQ4 {
 };
 using IQ4NL = IQ4<32, 2>;
 using IQ4XS = IQ4<256, 8>;
+
+// The other grid types (codecs/iq3.cpp, iq2_s.cpp, iq1.cpp): a group is a scale's columns (32, or 16),
+// a part 8 of them, whose grid points group.part<P>() gathers (codecs/grid_lanes.h) when the part
+// starts, as IQ2XXS does; D holds each group's db (or dl).
+struct IQ3XXS {
+  static constexpr int kBlock = 256, kBytes = 98, kSub = 32, kGroup = 32, kParts = 4;
+  static void scales(const uint8_t* b, f32x16* D, f32x16*) {
+    const f32x16 d = lanes::half_to_f32(lanes::load_le16(b));
+    for (int s = 0; s < 8; ++s) D[s] = d * (0.5f + lanes::to_f32(lanes::load_le32(b + 16 * (66 + 4 * s)) >> 28)) * 0.5f;
+  }
+  struct Group {
+    const uint8_t* q;  // the group's 8 grid indexes
+    u32x16 aux;
+    f32x16 db;
+    template <int P>
+    codecs::GridOctet part() const {
+      return codecs::grid4x2(codec_tables::iq3xxs_grid, lanes::load_u8(q + 16 * 2 * P), lanes::load_u8(q + 16 * (2 * P + 1)),
+                             codecs::ksign((aux >> (7 * P)) & 0x7Fu), db);
+    }
+  };
+  static Group group(const uint8_t* b, int r, const f32x16* D, const f32x16*) {
+    const int s = r / 32;
+    return {b + 16 * (2 + 8 * s), lanes::load_le32(b + 16 * (66 + 4 * s)), D[0]};
+  }
+};
+struct IQ3S {
+  static constexpr int kBlock = 256, kBytes = 110, kSub = 32, kGroup = 32, kParts = 4;
+  static void scales(const uint8_t* b, f32x16* D, f32x16*) {
+    const f32x16 d = lanes::half_to_f32(lanes::load_le16(b));
+    for (int s = 0; s < 8; ++s)
+      D[s] = d * lanes::to_f32(1u + 2u * ((lanes::load_u8(b + 16 * (106 + s / 2)) >> (4 * (s % 2))) & 0xFu));
+  }
+  struct Group {
+    const uint8_t *q, *signs;  // the group's 8 low index bytes and 4 sign bytes
+    u32x16 qh;                 // their ninth bits
+    f32x16 db;
+    template <int P>
+    codecs::GridOctet part() const {
+      const u32x16 a = lanes::load_u8(q + 16 * 2 * P) | (((qh >> (2 * P)) & 1u) << 8);
+      const u32x16 c = lanes::load_u8(q + 16 * (2 * P + 1)) | (((qh >> (2 * P + 1)) & 1u) << 8);
+      return codecs::grid4x2(codec_tables::iq3s_grid, a, c, lanes::load_u8(signs + 16 * P), db);
+    }
+  };
+  static Group group(const uint8_t* b, int r, const f32x16* D, const f32x16*) {
+    const int s = r / 32;
+    return {b + 16 * (2 + 8 * s), b + 16 * (74 + 4 * s), lanes::load_u8(b + 16 * (66 + s)), D[0]};
+  }
+};
+// IQ2_XS and IQ2_S: one 4-bit scale per 16 columns, db = fl(fl(d * (0.5 + s)) * 0.25).
+inline void iq2_scales16(const uint8_t* b, const uint8_t* scales, f32x16* D) {
+  const f32x16 d = lanes::half_to_f32(lanes::load_le16(b));
+  for (int s = 0; s < 16; ++s)
+    D[s] = d * (0.5f + lanes::to_f32((lanes::load_u8(scales + 16 * (s / 2)) >> (4 * (s % 2))) & 0xFu)) * 0.25f;
+}
+struct IQ2XS {
+  static constexpr int kBlock = 256, kBytes = 74, kSub = 16, kGroup = 16, kParts = 2;
+  static void scales(const uint8_t* b, f32x16* D, f32x16*) { iq2_scales16(b, b + 16 * 66, D); }
+  struct Group {
+    const uint8_t* q;  // the group's two u16
+    f32x16 db;
+    template <int P>
+    codecs::GridOctet part() const {
+      const u32x16 v = lanes::load_le16(q + 16 * 2 * P);
+      return codecs::grid8(codec_tables::iq2xs_grid, v & 511u, codecs::ksign(v >> 9), db);
+    }
+  };
+  static Group group(const uint8_t* b, int r, const f32x16* D, const f32x16*) { return {b + 16 * (2 + 4 * (r / 16)), D[0]}; }
+};
+struct IQ2S {
+  static constexpr int kBlock = 256, kBytes = 82, kSub = 16, kGroup = 16, kParts = 2;
+  static void scales(const uint8_t* b, f32x16* D, f32x16*) { iq2_scales16(b, b + 16 * 74, D); }
+  struct Group {
+    const uint8_t* b;
+    int k;  // the group's first 8-column index (2 a group)
+    f32x16 db;
+    template <int P>
+    codecs::GridOctet part() const {
+      const int i = k + P;
+      const u32x16 idx = lanes::load_u8(b + 16 * (2 + i)) | (((lanes::load_u8(b + 16 * (66 + i / 4)) >> (2 * (i % 4))) & 3u) << 8);
+      return codecs::grid8(codec_tables::iq2s_grid, idx, lanes::load_u8(b + 16 * (34 + i)), db);
+    }
+  };
+  static Group group(const uint8_t* b, int r, const f32x16* D, const f32x16*) { return {b, 2 * (r / 16), D[0]}; }
+};
+struct IQ1S {
+  static constexpr int kBlock = 256, kBytes = 50, kSub = 32, kGroup = 32, kParts = 4;
+  static void scales(const uint8_t* b, f32x16* D, f32x16*) {
+    const f32x16 d = lanes::half_to_f32(lanes::load_le16(b));
+    for (int s = 0; s < 8; ++s) D[s] = d * lanes::to_f32(2u * ((lanes::load_le16(b + 16 * (34 + 2 * s)) >> 12) & 7u) + 1u);
+  }
+  struct Group {
+    const uint8_t* q;  // the group's 4 low index bytes
+    u32x16 qh;
+    f32x16 dl;
+    template <int P>
+    codecs::Iq1Octet part() const {
+      return codecs::iq1_octet(lanes::load_u8(q + 16 * P) | (((qh >> (3 * P)) & 7u) << 8), qh >> 15, dl);
+    }
+  };
+  static Group group(const uint8_t* b, int r, const f32x16* D, const f32x16*) {
+    const int s = r / 32;
+    return {b + 16 * (2 + 4 * s), lanes::load_le16(b + 16 * (34 + 2 * s)), D[0]};
+  }
+};
+struct IQ1M {
+  static constexpr int kBlock = 256, kBytes = 56, kSub = 16, kGroup = 16, kParts = 2;
+  static void scales(const uint8_t* b, f32x16* D, f32x16*) {
+    u32x16 sc[4];
+    for (int i = 0; i < 4; ++i) sc[i] = lanes::load_le16(b + 16 * (48 + 2 * i));
+    const f32x16 d = lanes::half_to_f32(((sc[0] & 0xF000u) >> 12) | ((sc[1] & 0xF000u) >> 8) |
+                                        ((sc[2] & 0xF000u) >> 4) | (sc[3] & 0xF000u));
+    for (int s = 0; s < 16; ++s) D[s] = d * lanes::to_f32(2u * ((sc[s / 4] >> (3 * (s % 4))) & 7u) + 1u);
+  }
+  struct Group {
+    const uint8_t* q;  // the group's 2 low index bytes
+    u32x16 h;          // their nibbles: 3 index top bits and delta's sign each
+    f32x16 dl;
+    template <int P>
+    codecs::Iq1Octet part() const {
+      const u32x16 n = (h >> (4 * P)) & 0xFu;
+      return codecs::iq1_octet(lanes::load_u8(q + 16 * P) | ((n & 7u) << 8), n >> 3, dl);
+    }
+  };
+  static Group group(const uint8_t* b, int r, const f32x16* D, const f32x16*) {
+    const int g = r / 16;
+    return {b + 16 * 2 * g, lanes::load_u8(b + 16 * (32 + g)), D[0]};
+  }
+};
 
 }  // namespace kq
 

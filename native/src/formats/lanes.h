@@ -153,6 +153,30 @@ inline u32x16 gather_u32(const uint32_t* table, u32x16 idx) {
   return r;
 #endif
 }
+// The little-endian 32-bit word idx[l] of a byte table (bytes 4 idx[l] .. + 3): the IQ grids' points
+// of 4 (or, two words, 8) byte values.
+inline u32x16 gather_words(const uint8_t* table, u32x16 idx) {
+#if defined(__AVX512F__)
+  return (u32x16)_mm512_i32gather_epi32((__m512i)idx, table, 4);
+#elif defined(__AVX2__)
+  __m256i i[2];
+  std::memcpy(i, &idx, 64);
+  const __m256i lo = _mm256_i32gather_epi32((const int*)table, i[0], 4);
+  const __m256i hi = _mm256_i32gather_epi32((const int*)table, i[1], 4);
+  u32x16 r;
+  std::memcpy(&r, &lo, 32);
+  std::memcpy((char*)&r + 32, &hi, 32);
+  return r;
+#else
+  u32x16 r;
+  for (int l = 0; l < 16; ++l) {
+    uint32_t w;
+    std::memcpy(&w, table + 4 * (size_t)idx[l], 4);
+    r[l] = w;
+  }
+  return r;
+#endif
+}
 #if defined(__AVX512BW__)
 // table[p[l]] for the 32 bytes at p and a 256-entry table of 16-bit words (64-byte aligned): lanes
 // 0-15 into a, 16-31 into b, zero-extended. Four 64-entry word permutes chosen by index bits 6 and
