@@ -61,7 +61,8 @@ void s_decode_lanes(const uint8_t* __restrict b, float* __restrict out) {
   const f32x16 d = half_to_f32(load_le16(b));
   for (int k = 0; k < 32; ++k) {
     const u32x16 idx = load_u8(b + 16 * (2 + k)) | (((load_u8(b + 16 * (66 + k / 4)) >> (2 * (k % 4))) & 3u) << 8);
-    store_octet(grid8(iq2s_grid, idx, load_u8(b + 16 * (34 + k)), scale16_lanes(d, b + 16 * 74, k / 2)), out + 16 * 8 * k);
+    const f32x16 db = scale16_lanes(d, b + 16 * 74, k / 2);
+    store_octet(grid8(iq2s_grid, idx, load_u8(b + 16 * (34 + k)), db), out + 16 * 8 * k);
   }
 }
 

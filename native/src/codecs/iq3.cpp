@@ -47,7 +47,6 @@ void s_decode(const uint8_t* __restrict blk, float* __restrict out) {
 }
 
 // Lane forms (codec.h, decode_lanes): grid_lanes.h's octets.
-
 void xxs_decode_lanes(const uint8_t* __restrict b, float* __restrict out) {
   using namespace lanes;
   const f32x16 d = half_to_f32(load_le16(b));

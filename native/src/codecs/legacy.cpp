@@ -41,16 +41,17 @@ struct Legacy {
   }
 };
 
-using Q40 = Legacy<false, false>;
-using Q41 = Legacy<true, false>;
-using Q50 = Legacy<false, true>;
-using Q51 = Legacy<true, true>;
+template <bool kMin, bool kHigh>
+constexpr BlockCodec legacy(const char* name, int ggml_type) {
+  using Q = Legacy<kMin, kHigh>;
+  return {name, ggml_type, 32, Q::kBytes, Q::decode, decode_each<Q::decode, 32, Q::kBytes>, Q::decode_lanes};
+}
 
 }  // namespace
 
-const BlockCodec Q4_0{"Q4_0", 2, 32, Q40::kBytes, Q40::decode, decode_each<Q40::decode, 32, Q40::kBytes>, Q40::decode_lanes};
-const BlockCodec Q4_1{"Q4_1", 3, 32, Q41::kBytes, Q41::decode, decode_each<Q41::decode, 32, Q41::kBytes>, Q41::decode_lanes};
-const BlockCodec Q5_0{"Q5_0", 6, 32, Q50::kBytes, Q50::decode, decode_each<Q50::decode, 32, Q50::kBytes>, Q50::decode_lanes};
-const BlockCodec Q5_1{"Q5_1", 7, 32, Q51::kBytes, Q51::decode, decode_each<Q51::decode, 32, Q51::kBytes>, Q51::decode_lanes};
+const BlockCodec Q4_0 = legacy<false, false>("Q4_0", 2);
+const BlockCodec Q4_1 = legacy<true, false>("Q4_1", 3);
+const BlockCodec Q5_0 = legacy<false, true>("Q5_0", 6);
+const BlockCodec Q5_1 = legacy<true, true>("Q5_1", 7);
 
 }  // namespace cairn::codecs

@@ -373,8 +373,8 @@ struct IQ3XXS {
     f32x16 db;
     template <int P>
     codecs::GridOctet part() const {
-      return codecs::grid4x2(codec_tables::iq3xxs_grid, lanes::load_u8(q + 16 * 2 * P), lanes::load_u8(q + 16 * (2 * P + 1)),
-                             codecs::ksign((aux >> (7 * P)) & 0x7Fu), db);
+      const u32x16 a = lanes::load_u8(q + 16 * 2 * P), c = lanes::load_u8(q + 16 * (2 * P + 1));
+      return codecs::grid4x2(codec_tables::iq3xxs_grid, a, c, codecs::ksign((aux >> (7 * P)) & 0x7Fu), db);
     }
   };
   static Group group(const uint8_t* b, int r, const f32x16* D, const f32x16*) {
@@ -423,7 +423,9 @@ struct IQ2XS {
       return codecs::grid8(codec_tables::iq2xs_grid, v & 511u, codecs::ksign(v >> 9), db);
     }
   };
-  static Group group(const uint8_t* b, int r, const f32x16* D, const f32x16*) { return {b + 16 * (2 + 4 * (r / 16)), D[0]}; }
+  static Group group(const uint8_t* b, int r, const f32x16* D, const f32x16*) {
+    return {b + 16 * (2 + 4 * (r / 16)), D[0]};
+  }
 };
 struct IQ2S {
   static constexpr int kBlock = 256, kBytes = 82, kSub = 16, kGroup = 16, kParts = 2;
@@ -435,7 +437,8 @@ struct IQ2S {
     template <int P>
     codecs::GridOctet part() const {
       const int i = k + P;
-      const u32x16 idx = lanes::load_u8(b + 16 * (2 + i)) | (((lanes::load_u8(b + 16 * (66 + i / 4)) >> (2 * (i % 4))) & 3u) << 8);
+      const u32x16 top = (lanes::load_u8(b + 16 * (66 + i / 4)) >> (2 * (i % 4))) & 3u;
+      const u32x16 idx = lanes::load_u8(b + 16 * (2 + i)) | (top << 8);
       return codecs::grid8(codec_tables::iq2s_grid, idx, lanes::load_u8(b + 16 * (34 + i)), db);
     }
   };
@@ -445,7 +448,8 @@ struct IQ1S {
   static constexpr int kBlock = 256, kBytes = 50, kSub = 32, kGroup = 32, kParts = 4;
   static void scales(const uint8_t* b, f32x16* D, f32x16*) {
     const f32x16 d = lanes::half_to_f32(lanes::load_le16(b));
-    for (int s = 0; s < 8; ++s) D[s] = d * lanes::to_f32(2u * ((lanes::load_le16(b + 16 * (34 + 2 * s)) >> 12) & 7u) + 1u);
+    for (int s = 0; s < 8; ++s)
+      D[s] = d * lanes::to_f32(2u * ((lanes::load_le16(b + 16 * (34 + 2 * s)) >> 12) & 7u) + 1u);
   }
   struct Group {
     const uint8_t* q;  // the group's 4 low index bytes
