@@ -47,6 +47,18 @@ inline Iq1Octet iq1_octet(lanes::u32x16 idx, lanes::u32x16 delta_neg, lanes::f32
           lanes::bits(0x3e000000u | (delta_neg << 31))};  // +-0.125f
 }
 
+// IQ2_XS / IQ2_S: the db of 16-column group s from the 16 lanes' scale bytes at scales16 (lane_byte),
+// fl(fl(d * (0.5 + scale)) * 0.25).
+inline lanes::f32x16 iq2_db(lanes::f32x16 d, const uint8_t* scales16, int s) {
+  const lanes::u32x16 sc = (lanes::load_u8(scales16 + 16 * (s / 2)) >> (4 * (s % 2))) & 0xFu;
+  return d * (0.5f + lanes::to_f32(sc)) * 0.25f;
+}
+// IQ1_M: the f16 d held in the top nibbles of the four scale words sc[0..3].
+inline lanes::f32x16 iq1m_d(const lanes::u32x16* sc) {
+  return lanes::half_to_f32(((sc[0] & 0xF000u) >> 12) | ((sc[1] & 0xF000u) >> 8) | ((sc[2] & 0xF000u) >> 4) |
+                            (sc[3] & 0xF000u));
+}
+
 // The 8 columns of an octet into a lane decoder's output (out[16 m + l]).
 template <class Octet>
 inline void store_octet(const Octet& o, float* out) {

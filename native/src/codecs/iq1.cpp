@@ -64,8 +64,7 @@ void m_decode_lanes(const uint8_t* __restrict b, float* __restrict out) {
   using namespace lanes;
   u32x16 sc[4];
   for (int i = 0; i < 4; ++i) sc[i] = load_le16(b + 16 * (48 + 2 * i));
-  const f32x16 d = half_to_f32(((sc[0] & 0xF000u) >> 12) | ((sc[1] & 0xF000u) >> 8) | ((sc[2] & 0xF000u) >> 4) |
-                               (sc[3] & 0xF000u));
+  const f32x16 d = iq1m_d(sc);
   for (int k = 0; k < 32; ++k) {
     const u32x16 h = (load_u8(b + 16 * (32 + k / 2)) >> (4 * (k % 2))) & 0xFu;
     const int s = k / 2;

@@ -42,17 +42,13 @@ void s_decode(const uint8_t* __restrict blk, float* __restrict out) {
 }
 
 // Lane forms (codec.h, decode_lanes): grid_lanes.h's octets.
-inline lanes::f32x16 scale16_lanes(lanes::f32x16 d, const uint8_t* scales16, int s) {
-  using namespace lanes;
-  return d * (0.5f + to_f32((load_u8(scales16 + 16 * (s / 2)) >> (4 * (s % 2))) & 0xFu)) * 0.25f;
-}
 
 void xs_decode_lanes(const uint8_t* __restrict b, float* __restrict out) {
   using namespace lanes;
   const f32x16 d = half_to_f32(load_le16(b));
   for (int k = 0; k < 32; ++k) {
     const u32x16 q = load_le16(b + 16 * (2 + 2 * k));
-    store_octet(grid8(iq2xs_grid, q & 511u, ksign(q >> 9), scale16_lanes(d, b + 16 * 66, k / 2)), out + 16 * 8 * k);
+    store_octet(grid8(iq2xs_grid, q & 511u, ksign(q >> 9), iq2_db(d, b + 16 * 66, k / 2)), out + 16 * 8 * k);
   }
 }
 
@@ -61,7 +57,7 @@ void s_decode_lanes(const uint8_t* __restrict b, float* __restrict out) {
   const f32x16 d = half_to_f32(load_le16(b));
   for (int k = 0; k < 32; ++k) {
     const u32x16 idx = load_u8(b + 16 * (2 + k)) | (((load_u8(b + 16 * (66 + k / 4)) >> (2 * (k % 4))) & 3u) << 8);
-    const f32x16 db = scale16_lanes(d, b + 16 * 74, k / 2);
+    const f32x16 db = iq2_db(d, b + 16 * 74, k / 2);
     store_octet(grid8(iq2s_grid, idx, load_u8(b + 16 * (34 + k)), db), out + 16 * 8 * k);
   }
 }

@@ -405,11 +405,10 @@ struct IQ3S {
     return {b + 16 * (2 + 8 * s), b + 16 * (74 + 4 * s), lanes::load_u8(b + 16 * (66 + s)), D[0]};
   }
 };
-// IQ2_XS and IQ2_S: one 4-bit scale per 16 columns, db = fl(fl(d * (0.5 + s)) * 0.25).
+// IQ2_XS and IQ2_S: one 4-bit scale per 16 columns.
 inline void iq2_scales16(const uint8_t* b, const uint8_t* scales, f32x16* D) {
   const f32x16 d = lanes::half_to_f32(lanes::load_le16(b));
-  for (int s = 0; s < 16; ++s)
-    D[s] = d * (0.5f + lanes::to_f32((lanes::load_u8(scales + 16 * (s / 2)) >> (4 * (s % 2))) & 0xFu)) * 0.25f;
+  for (int s = 0; s < 16; ++s) D[s] = codecs::iq2_db(d, scales, s);
 }
 struct IQ2XS {
   static constexpr int kBlock = 256, kBytes = 74, kSub = 16, kGroup = 16, kParts = 2;
@@ -470,8 +469,7 @@ struct IQ1M {
   static void scales(const uint8_t* b, f32x16* D, f32x16*) {
     u32x16 sc[4];
     for (int i = 0; i < 4; ++i) sc[i] = lanes::load_le16(b + 16 * (48 + 2 * i));
-    const f32x16 d = lanes::half_to_f32(((sc[0] & 0xF000u) >> 12) | ((sc[1] & 0xF000u) >> 8) |
-                                        ((sc[2] & 0xF000u) >> 4) | (sc[3] & 0xF000u));
+    const f32x16 d = codecs::iq1m_d(sc);
     for (int s = 0; s < 16; ++s) D[s] = d * lanes::to_f32(2u * ((sc[s / 4] >> (3 * (s % 4))) & 7u) + 1u);
   }
   struct Group {
