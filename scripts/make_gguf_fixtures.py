@@ -39,8 +39,7 @@ indexer's position bias is 128 wide, no 256-value block fits its rows, and llama
 32-value type there (Q5_0, Q5_1, Q8_0, Q4_0, IQ4_NL): the fixtures keep those fallbacks, as the files users
 download have them. The grid types (IQ1-IQ3) need an importance matrix they cannot have on the position
 biases and the head's hyper-connection (no matrix products): there the type is forced (--tensor-type,
-below). A file
-holding any type outside ggml_types.SUPPORTED + F32/F16/BF16 stops the script.
+below). A file holding any type outside ggml_types.SUPPORTED + F32/F16/BF16 stops the script.
 """
 
 from __future__ import annotations
