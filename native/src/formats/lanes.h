@@ -134,25 +134,6 @@ inline f32x16 half_to_f32(u32x16 h) {
   const u32x16 sub = bits(to_f32(h & 0x3ffu) * 0x1p-24f);  // subnormal (and zero): exact
   return bits(((normal & ~is_sub) | (sub & is_sub)) | ((h & 0x8000u) << 16));
 }
-// table[idx[l]] for a table of 32-bit words (a gather where the ISA has one)
-inline u32x16 gather_u32(const uint32_t* table, u32x16 idx) {
-#if defined(__AVX512F__)
-  return (u32x16)_mm512_i32gather_epi32((__m512i)idx, (const int*)table, 4);
-#elif defined(__AVX2__)
-  __m256i i[2];
-  std::memcpy(i, &idx, 64);
-  const __m256i lo = _mm256_i32gather_epi32((const int*)table, i[0], 4);
-  const __m256i hi = _mm256_i32gather_epi32((const int*)table, i[1], 4);
-  u32x16 r;
-  std::memcpy(&r, &lo, 32);
-  std::memcpy((char*)&r + 32, &hi, 32);
-  return r;
-#else
-  u32x16 r;
-  for (int l = 0; l < 16; ++l) r[l] = table[idx[l]];
-  return r;
-#endif
-}
 // The little-endian 32-bit word idx[l] of a byte table (bytes 4 idx[l] .. + 3): the IQ grids' points
 // of 4 (or, two words, 8) byte values.
 inline u32x16 gather_words(const uint8_t* table, u32x16 idx) {
@@ -176,6 +157,10 @@ inline u32x16 gather_words(const uint8_t* table, u32x16 idx) {
   }
   return r;
 #endif
+}
+// table[idx[l]] for a table of 32-bit words
+inline u32x16 gather_u32(const uint32_t* table, u32x16 idx) {
+  return gather_words(reinterpret_cast<const uint8_t*>(table), idx);
 }
 #if defined(__AVX512BW__)
 // table[p[l]] for the 32 bytes at p and a 256-entry table of 16-bit words (64-byte aligned): lanes
