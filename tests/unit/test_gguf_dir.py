@@ -15,7 +15,6 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter
 from gguf.constants import GGML_QUANT_SIZES
-from gguf.quants import quantize
 
 from cairn.daemon.modelgen.make_model import make_model
 from cairn.daemon.protocol.tokenizer import TextTokenizer
@@ -190,10 +189,10 @@ def test_unknown_pre_tokenizer_is_refused(tmp_path):
 
 
 def rewrite(src: Path, dst: Path, *, meta: dict | None = None, drop_meta: tuple = (), drop: tuple = (),
-            as_type: dict | None = None, replace: dict | None = None, arch: str | None = None) -> Path:
+            as_zero_blocks: dict | None = None, replace: dict | None = None, arch: str | None = None) -> Path:
     """Copy a GGUF with the gguf package's writer: metadata values replaced or dropped, tensors dropped,
-    replaced, or stored as another GGML type (quantized with gguf.quants; zero blocks of a type it cannot
-    quantize)."""
+    replaced, or stored as zero blocks of another GGML type (as_zero_blocks: enough for a type the loader
+    refuses before reading a byte of it)."""
     r = GGUFReader(src)
     w = GGUFWriter(dst, arch or r.fields["general.architecture"].contents())
     meta = meta or {}
@@ -206,17 +205,13 @@ def rewrite(src: Path, dst: Path, *, meta: dict | None = None, drop_meta: tuple 
     for t in r.tensors:
         if t.name in drop:
             continue
-        qtype = (as_type or {}).get(t.name)
+        ztype = (as_zero_blocks or {}).get(t.name)
         if t.name in (replace or {}):
             w.add_tensor(t.name, replace[t.name])
-        elif qtype is not None:
-            data = np.asarray(t.data, np.float32)
-            try:
-                stored = quantize(data, qtype)
-            except NotImplementedError:
-                block, nbytes = GGML_QUANT_SIZES[qtype]
-                stored = np.zeros((*data.shape[:-1], data.shape[-1] // block * nbytes), np.uint8)
-            w.add_tensor(t.name, stored, raw_dtype=qtype)
+        elif ztype is not None:
+            block, nbytes = GGML_QUANT_SIZES[ztype]
+            *rows, cols = t.data.shape
+            w.add_tensor(t.name, np.zeros((*rows, cols // block * nbytes), np.uint8), raw_dtype=ztype)
         else:
             w.add_tensor(t.name, np.asarray(t.data), raw_dtype=t.tensor_type)
     w.write_header_to_file()
@@ -238,7 +233,7 @@ def test_an_unsupported_quantized_type_is_refused_naming_it_its_type_and_the_sup
     # The fixture's rows are 32 or 64 wide: of the 32-weight types only Q8_1 (ggml's activation format)
     # is not loaded.
     qtype = GGMLQuantizationType.Q8_1
-    path = rewrite(FIX / FILES["f32"], tmp_path / "q.gguf", as_type={"blk.1.attn_q_b.weight": qtype})
+    path = rewrite(FIX / FILES["f32"], tmp_path / "q.gguf", as_zero_blocks={"blk.1.attn_q_b.weight": qtype})
     with pytest.raises(ModelDirError) as e:
         open_model_dir(path)
     msg = str(e.value)
@@ -252,7 +247,7 @@ def test_an_unsupported_quantized_type_is_refused_naming_it_its_type_and_the_sup
 
 def test_an_unsupported_quantized_expert_stack_is_refused_by_its_gguf_name(tmp_path):
     path = rewrite(FIX / FILES["f32"], tmp_path / "q.gguf",
-                   as_type={"blk.2.ffn_up_exps.weight": GGMLQuantizationType.Q8_1})
+                   as_zero_blocks={"blk.2.ffn_up_exps.weight": GGMLQuantizationType.Q8_1})
     with pytest.raises(ModelDirError, match=r"tensor 'blk.2.ffn_up_exps.weight' has GGML type Q8_1"):
         open_model_dir(path)
 

@@ -75,9 +75,7 @@ void m_decode_lanes(const uint8_t* __restrict b, float* __restrict out) {
 
 }  // namespace
 
-const BlockCodec IQ1_S{"IQ1_S", 19, 256, 50, s_decode, decode_each<s_decode, 256, 50>,
-                       s_decode_lanes};
-const BlockCodec IQ1_M{"IQ1_M", 29, 256, 56, m_decode, decode_each<m_decode, 256, 56>,
-                       m_decode_lanes};
+const BlockCodec IQ1_S = block_codec<s_decode, s_decode_lanes, 256, 50>("IQ1_S", 19);
+const BlockCodec IQ1_M = block_codec<m_decode, m_decode_lanes, 256, 56>("IQ1_M", 29);
 
 }  // namespace cairn::codecs

@@ -64,9 +64,7 @@ void s_decode_lanes(const uint8_t* __restrict b, float* __restrict out) {
 
 }  // namespace
 
-const BlockCodec IQ2_XS{"IQ2_XS", 17, 256, 74, xs_decode, decode_each<xs_decode, 256, 74>,
-                        xs_decode_lanes};
-const BlockCodec IQ2_S{"IQ2_S", 22, 256, 82, s_decode, decode_each<s_decode, 256, 82>,
-                       s_decode_lanes};
+const BlockCodec IQ2_XS = block_codec<xs_decode, xs_decode_lanes, 256, 74>("IQ2_XS", 17);
+const BlockCodec IQ2_S = block_codec<s_decode, s_decode_lanes, 256, 82>("IQ2_S", 22);
 
 }  // namespace cairn::codecs

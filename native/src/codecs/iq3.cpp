@@ -78,9 +78,7 @@ void s_decode_lanes(const uint8_t* __restrict b, float* __restrict out) {
 
 }  // namespace
 
-const BlockCodec IQ3_XXS{"IQ3_XXS", 18, 256, 98, xxs_decode, decode_each<xxs_decode, 256, 98>,
-                         xxs_decode_lanes};
-const BlockCodec IQ3_S{"IQ3_S", 21, 256, 110, s_decode, decode_each<s_decode, 256, 110>,
-                       s_decode_lanes};
+const BlockCodec IQ3_XXS = block_codec<xxs_decode, xxs_decode_lanes, 256, 98>("IQ3_XXS", 18);
+const BlockCodec IQ3_S = block_codec<s_decode, s_decode_lanes, 256, 110>("IQ3_S", 21);
 
 }  // namespace cairn::codecs

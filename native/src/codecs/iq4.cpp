@@ -64,7 +64,7 @@ void xs_decode_lanes(const uint8_t* __restrict b, float* __restrict out) {
 
 }  // namespace
 
-const BlockCodec IQ4_NL{"IQ4_NL", 20, 32, 18, nl_decode, decode_each<nl_decode, 32, 18>, nl_decode_lanes};
-const BlockCodec IQ4_XS{"IQ4_XS", 23, 256, 136, xs_decode, decode_each<xs_decode, 256, 136>, xs_decode_lanes};
+const BlockCodec IQ4_NL = block_codec<nl_decode, nl_decode_lanes, 32, 18>("IQ4_NL", 20);
+const BlockCodec IQ4_XS = block_codec<xs_decode, xs_decode_lanes, 256, 136>("IQ4_XS", 23);
 
 }  // namespace cairn::codecs

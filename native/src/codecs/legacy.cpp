@@ -44,7 +44,7 @@ struct Legacy {
 template <bool kMin, bool kHigh>
 constexpr BlockCodec legacy(const char* name, int ggml_type) {
   using Q = Legacy<kMin, kHigh>;
-  return {name, ggml_type, 32, Q::kBytes, Q::decode, decode_each<Q::decode, 32, Q::kBytes>, Q::decode_lanes};
+  return block_codec<Q::decode, Q::decode_lanes, 32, Q::kBytes>(name, ggml_type);
 }
 
 }  // namespace

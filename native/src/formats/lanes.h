@@ -275,29 +275,24 @@ inline f32x16 fmadd_lanes(float a, f32x16 b, f32x16 c) {
   return a * b + c;
 #endif
 }
-// a * b - c per lane for a product that is exact in fp32, so one rounding (a fused multiply-subtract,
-// where the target has one) and two (the decoders' fl(fl(a * b) - c)) give the same bits.
-inline f32x16 fmsub_exact(f32x16 a, f32x16 b, f32x16 c) {
+// a * b -/+ c per lane for a product that is exact in fp32, so one rounding (a fused multiply-subtract
+// or -add, where the target has one) and two (the decoders' fl(fl(a * b) -/+ c)) give the same bits.
+template <bool kSub>
+inline f32x16 fused_exact(f32x16 a, f32x16 b, f32x16 c) {
 #if defined(__AVX512F__)
-  return (f32x16)_mm512_fmsub_ps((__m512)a, (__m512)b, (__m512)c);
+  const __m512 x = (__m512)a, y = (__m512)b, z = (__m512)c;
+  return (f32x16)(kSub ? _mm512_fmsub_ps(x, y, z) : _mm512_fmadd_ps(x, y, z));
 #elif defined(__AVX2__) && defined(__FMA__)
-  return join((f32x8)_mm256_fmsub_ps((__m256)half<0>(a), (__m256)half<0>(b), (__m256)half<0>(c)),
-              (f32x8)_mm256_fmsub_ps((__m256)half<1>(a), (__m256)half<1>(b), (__m256)half<1>(c)));
+  const auto one = [](f32x8 x, f32x8 y, f32x8 z) {
+    return (f32x8)(kSub ? _mm256_fmsub_ps((__m256)x, (__m256)y, (__m256)z) : _mm256_fmadd_ps((__m256)x, (__m256)y, (__m256)z));
+  };
+  return join(one(half<0>(a), half<0>(b), half<0>(c)), one(half<1>(a), half<1>(b), half<1>(c)));
 #else
-  return a * b - c;
+  return kSub ? a * b - c : a * b + c;
 #endif
 }
-// a * b + c per lane for a product that is exact in fp32 (as fmsub_exact): fl(fl(a * b) + c) in one rounding.
-inline f32x16 fmadd_exact(f32x16 a, f32x16 b, f32x16 c) {
-#if defined(__AVX512F__)
-  return (f32x16)_mm512_fmadd_ps((__m512)a, (__m512)b, (__m512)c);
-#elif defined(__AVX2__) && defined(__FMA__)
-  return join((f32x8)_mm256_fmadd_ps((__m256)half<0>(a), (__m256)half<0>(b), (__m256)half<0>(c)),
-              (f32x8)_mm256_fmadd_ps((__m256)half<1>(a), (__m256)half<1>(b), (__m256)half<1>(c)));
-#else
-  return a * b + c;
-#endif
-}
+inline f32x16 fmsub_exact(f32x16 a, f32x16 b, f32x16 c) { return fused_exact<true>(a, b, c); }
+inline f32x16 fmadd_exact(f32x16 a, f32x16 b, f32x16 c) { return fused_exact<false>(a, b, c); }
 // 2^(e - 127) per lane from exponent bytes (e < 255)
 inline f32x16 exp2_bytes(const uint8_t* e) { return bits(load_u8(e) << 23); }
 
