@@ -9,6 +9,8 @@ reply and a whole one carry the same blocks by construction. The stream is, as A
     message_delta (stop_reason, stop_sequence, usage), message_stop
 
 each as `event: NAME` + `data: {...}`; a failure after the stream has started is `event: error`.
+A tool_use block goes out once its call closed (start, one input_json_delta, stop): a call cut off
+by max_tokens is never sent, and stop_reason says `max_tokens` (reply_end).
 Prefill progress before message_start stays cairn's SSE comments (`: progress {...}`), which SSE
 clients, Anthropic's SDKs among them, skip.
 
@@ -24,11 +26,12 @@ import json
 import secrets
 
 from cairn.actors.messages import Done, Started, TokenOut, Usage
+from cairn.daemon.protocol.reply_end import ReplyEnd, end_reply
 from cairn.daemon.protocol.v4_output import Event, OutputParser
 
 from .anthropic import error_body
 from .asgi import send_json
-from .responders import Responder, StreamProgress
+from .responders import Responder, StreamProgress, reply_parser
 from .schemas import APIError
 
 
@@ -37,15 +40,12 @@ def usage_dict(u: Usage) -> dict:
             "cache_read_input_tokens": u.cached_tokens, "output_tokens": u.completion_tokens}
 
 
-def stop_reason(d: Done, parser: OutputParser) -> tuple[str, str | None]:
-    """(stop_reason, stop_sequence) from the engine's finish and what the parser found."""
-    if d.finish_reason == "length":
-        return "max_tokens", None
-    if d.stop_sequence is not None:
-        return "stop_sequence", d.stop_sequence
-    if parser.result.tool_calls:
-        return "tool_use", None
-    return "end_turn", None
+STOP_REASON = {"stop": "end_turn", "stop_sequence": "stop_sequence", "tool_calls": "tool_use", "length": "max_tokens"}
+
+
+def stop_reason(end: ReplyEnd) -> tuple[str, str | None]:
+    """How the reply ended (reply_end) in Anthropic's words: (stop_reason, stop_sequence)."""
+    return STOP_REASON[end.finish], end.stop_sequence
 
 
 def new_tool_id() -> str:
@@ -152,7 +152,7 @@ class MessagesJSON(Responder):
 
     def __init__(self, api, rid: str, req, n_prompt: int, thinking: bool = False) -> None:
         super().__init__(api, rid)
-        self.parser = OutputParser(thinking=thinking, tools=req.callable_tools, new_id=new_tool_id)
+        self.parser = reply_parser(thinking, req.callable_tools, new_id=new_tool_id)
         self.blocks = Blocks()
 
     async def start(self, send, msg: Started) -> None:
@@ -163,11 +163,12 @@ class MessagesJSON(Responder):
             self.blocks.add(ev)
 
     async def done(self, send, d: Done) -> None:
-        for ev in self.parser.feed(d.text_tail) + self.parser.finish():
+        events, end = end_reply(self.parser, d)
+        for ev in events:
             self.blocks.add(ev)
         self.blocks.close()
         _warn(self.api, self.rid, self.parser)
-        stop, seq = stop_reason(d, self.parser)
+        stop, seq = stop_reason(end)
         await send_json(send, 200, message(self.rid, self.api.model_id, self.blocks.blocks, stop, seq,
                                            usage_dict(d.usage)))
 
@@ -182,7 +183,7 @@ class MessagesStream(StreamProgress):
     def __init__(self, api, rid: str, req, n_prompt: int, thinking: bool = False) -> None:
         super().__init__(api, rid)
         self.n_prompt = n_prompt
-        self.parser = OutputParser(thinking=thinking, tools=req.callable_tools, new_id=new_tool_id)
+        self.parser = reply_parser(thinking, req.callable_tools, new_id=new_tool_id)
         self.blocks = Blocks()
 
     async def start(self, send, msg: Started) -> None:
@@ -201,11 +202,12 @@ class MessagesStream(StreamProgress):
             await self._send(send, self.blocks.add(ev))
 
     async def done(self, send, d: Done) -> None:
-        for ev in self.parser.feed(d.text_tail) + self.parser.finish():
+        events, end = end_reply(self.parser, d)
+        for ev in events:
             await self._send(send, self.blocks.add(ev))
         await self._send(send, self.blocks.close())
         _warn(self.api, self.rid, self.parser)
-        stop, seq = stop_reason(d, self.parser)
+        stop, seq = stop_reason(end)
         await send_named(send, "message_delta", {"type": "message_delta",
                                                  "delta": {"stop_reason": stop, "stop_sequence": seq},
                                                  "usage": usage_dict(d.usage)})

@@ -14,6 +14,7 @@ from cairn.actors.messages import Done, Progress, Started, TokenOut
 from . import formats
 from .asgi import end_sse, send_comment, send_error, send_event, send_json, start_sse
 from .schemas import APIError
+from cairn.daemon.protocol.reply_end import ReplyEnd, end_reply
 from cairn.daemon.protocol.v4_output import Event, OutputParser
 
 
@@ -50,11 +51,18 @@ class StreamProgress(Responder):
         await send_comment(send, "progress " + json.dumps(body, separators=(",", ":")))
 
 
-def _finish(finish: str, parser: OutputParser) -> str:
-    """`tool_calls` only when every started call closed: a stream may already carry the deltas of a call
-    that was then cut off, and a client must not take that finish as "run these"."""
-    r = parser.result
-    return "tool_calls" if r.tool_calls and not r.dropped_call and finish == "stop" else finish
+CHAT_FINISH = {"stop": "stop", "stop_sequence": "stop", "tool_calls": "tool_calls", "length": "length"}
+
+
+def chat_finish(end: ReplyEnd) -> str:
+    """How the reply ended (reply_end) in chat's words: `finish_reason`."""
+    return CHAT_FINISH[end.finish]
+
+
+def reply_parser(thinking: bool, tools: list | None, **kw) -> OutputParser:
+    """The parser every API responder reads: a tool call's events only once its invoke closed, so no
+    reply, streamed or not, carries a call that was then cut off (reply_end)."""
+    return OutputParser(thinking=thinking, tools=tools, whole_calls=True, **kw)
 
 
 def _warn(api, rid: str, parser: OutputParser) -> None:
@@ -94,7 +102,7 @@ class ChatJSON(Responder):
         super().__init__(api, rid)
         self.req = req
         self.thinking = thinking
-        self.parser = OutputParser(thinking=thinking, tools=req.callable_tools)
+        self.parser = reply_parser(thinking, req.callable_tools)
         self.logprobs: list | None = [] if req.logprobs else None
         self.routed = ContentLogprobs()
 
@@ -113,16 +121,15 @@ class ChatJSON(Responder):
             self.logprobs.extend(lps or ())
 
     async def done(self, send, d: Done) -> None:
-        events = self.parser.feed(d.text_tail) + self.parser.finish()
+        events, end = end_reply(self.parser, d)
         if self.logprobs is not None:
             self._keep(events)
         _warn(self.api, self.rid, self.parser)
         r = self.parser.result
         message = formats.chat_message(r.content, reasoning=r.reasoning if self.thinking else None,
-                                       tool_calls=r.tool_calls)
+                                       tool_calls=list(end.tool_calls))
         body = formats.chat_completion(self.rid, int(time.time()), self.api.model_id, message,
-                                       _finish(d.finish_reason, self.parser), d.usage, self.logprobs,
-                                       self.api.fingerprint)
+                                       chat_finish(end), d.usage, self.logprobs, self.api.fingerprint)
         await send_json(send, 200, body)
 
 
@@ -133,7 +140,7 @@ class ChatStream(StreamProgress):
         super().__init__(api, rid)
         self.req = req
         self.created = int(time.time())
-        self.parser = OutputParser(thinking=thinking, tools=req.callable_tools)
+        self.parser = reply_parser(thinking, req.callable_tools)
         self.routed = ContentLogprobs()
 
     def _chunk(self, delta, **kw) -> dict:
@@ -165,9 +172,10 @@ class ChatStream(StreamProgress):
         await self._events(send, events, lp, held=before == self.parser.state == "content")
 
     async def done(self, send, d: Done) -> None:
-        await self._events(send, self.parser.feed(d.text_tail) + self.parser.finish())
+        events, end = end_reply(self.parser, d)
+        await self._events(send, events)
         _warn(self.api, self.rid, self.parser)
-        await send_event(send, self._chunk({}, finish=_finish(d.finish_reason, self.parser)))
+        await send_event(send, self._chunk({}, finish=chat_finish(end)))
         if self.req.common.include_usage:
             await send_event(send, self._chunk({}, usage=d.usage, no_choices=True))
         await end_sse(send)

@@ -11,6 +11,8 @@ Items, in the order the model writes them: a `reasoning` item (thinking mode), a
 The reasoning item carries the reasoning as its `content` (`reasoning_text`), as its `summary` when
 the request asks for one (no summarizer here: the summary is the reasoning itself), and as
 `encrypted_content` when `include` asks for it (responses.ENCRYPTED_PREFIX; not encrypted).
+A function_call item is sent once its call closed (added, one arguments delta, done): a call cut off
+by max_output_tokens is never an item, and the response is `incomplete` (reply_end).
 """
 
 from __future__ import annotations
@@ -22,10 +24,11 @@ import time
 from cairn.actors.messages import Done, Started, TokenOut, Usage
 
 from .asgi import send_error, send_json
-from .responders import StreamProgress, _warn
+from .responders import StreamProgress, _warn, reply_parser
 from .responses import ResponsesRequest, encrypt_reasoning
 from .schemas import APIError
-from cairn.daemon.protocol.v4_output import Event, OutputParser
+from cairn.daemon.protocol.reply_end import ReplyEnd, end_reply
+from cairn.daemon.protocol.v4_output import Event
 
 
 def usage_dict(u: Usage, reasoning_tokens: int = 0) -> dict:
@@ -65,10 +68,11 @@ class ReplyBuilder:
                 out += self._text_delta(ev.text)
             elif ev.kind == "tool_start":
                 out += self._close() + self._open_call(ev)
-            else:   # tool_args: the open call's arguments
+            else:   # tool_args: the call's whole arguments (whole_calls: it came once closed), so it is done
                 item = self._calls[ev.index]
                 item["arguments"] += ev.text
                 out.append(self._at(item, "response.function_call_arguments.delta", delta=ev.text))
+                out += self._close()
         return out
 
     def finish(self, status: str = "completed") -> list[dict]:
@@ -178,8 +182,10 @@ class ReplyBuilder:
         }
 
 
-def _status(d: Done) -> str:
-    return "incomplete" if d.finish_reason == "length" else "completed"
+def _status(end: ReplyEnd) -> str:
+    """How the reply ended (reply_end) in the Responses API's words: `incomplete` (with
+    `incomplete_details.reason` `max_output_tokens`, ReplyBuilder.response) when the token limit cut it."""
+    return "incomplete" if end.cut_off else "completed"
 
 
 class _Base:
@@ -189,7 +195,7 @@ class _Base:
     def _setup(self, api, rid, req: ResponsesRequest, thinking: bool) -> None:
         self.req = req
         self.created = int(time.time())
-        self.parser = OutputParser(thinking=thinking, tools=req.chat.callable_tools)
+        self.parser = reply_parser(thinking, req.chat.callable_tools)
         self.builder = ReplyBuilder(req)
         self.reasoning_tokens = 0
 
@@ -198,13 +204,14 @@ class _Base:
             self.reasoning_tokens += 1
         return self.builder.feed(self.parser.feed(t.text))
 
-    def _end(self, d: Done) -> list[dict]:
-        events = self.builder.feed(self.parser.feed(d.text_tail) + self.parser.finish())
+    def _end(self, d: Done) -> tuple[list[dict], ReplyEnd]:
+        parsed, end = end_reply(self.parser, d)
+        events = self.builder.feed(parsed)
         _warn(self.api, self.rid, self.parser)
-        return events + self.builder.finish(_status(d))
+        return events + self.builder.finish(_status(end)), end
 
-    def _final(self, d: Done) -> dict:
-        return self.builder.response(self.rid, self.created, self.api.model_id, status=_status(d),
+    def _final(self, d: Done, end: ReplyEnd) -> dict:
+        return self.builder.response(self.rid, self.created, self.api.model_id, status=_status(end),
                                      usage=usage_dict(d.usage, self.reasoning_tokens))
 
 
@@ -222,8 +229,8 @@ class ResponsesJSON(StreamProgress, _Base):
         self._feed(t)
 
     async def done(self, send, d: Done) -> None:
-        self._end(d)
-        await send_json(send, 200, self._final(d))
+        _, end = self._end(d)
+        await send_json(send, 200, self._final(d, end))
 
 
 def _sse(event: dict) -> bytes:
@@ -265,8 +272,8 @@ class ResponsesStream(StreamProgress, _Base):
         await self._send(send, self._feed(t))
 
     async def done(self, send, d: Done) -> None:
-        events = self._end(d)
-        final = self._final(d)
+        events, end = self._end(d)
+        final = self._final(d, end)
         await self._send(send, events + [{"type": f"response.{final['status']}", "response": final}], last=True)
 
     async def failed(self, send, err: APIError) -> None:

@@ -17,6 +17,9 @@ One parser serves both the streamed and the whole reply (the whole reply is fed 
 - Linear: the text is scanned once. The parser keeps a position in its buffer instead of slicing it,
   and a feed looks only at the new text plus the few held-back characters (`scanned` counts them).
 - A call cut off by the end of the output is dropped, never closed (`dropped_call`; docs/api.md).
+- `whole_calls=True` (every API responder): a call's events wait until its invoke closes, then come
+  as its `tool_start` and one `tool_args` with the whole arguments; a call that is cut off or
+  malformed is never emitted, so no stream can carry part of a call an agent might run.
 - A malformed block is not lost: its raw text is returned as content and `warnings` says why.
 """
 
@@ -109,6 +112,7 @@ class Parsed:
     tool_calls: list[ToolCall] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     dropped_call: bool = False    # a call was started but never closed (cut off): it is not a call
+    dropped_why: str | None = None    # "cut_off" (the output ended inside it) | "malformed"
     _reasoning: _Pieces = field(default_factory=_Pieces, repr=False)
     _content: _Pieces = field(default_factory=_Pieces, repr=False)
 
@@ -122,7 +126,7 @@ class Parsed:
 
 
 class OutputParser:
-    def __init__(self, *, thinking: bool, tools: list | None, new_id=None) -> None:
+    def __init__(self, *, thinking: bool, tools: list | None, new_id=None, whole_calls: bool = False) -> None:
         # reasoning | content | block (between calls) | call (in an invoke) | param (in a value) | after
         self.state = "reasoning" if thinking else "content"
         self.buf = ""
@@ -138,6 +142,8 @@ class OutputParser:
         self._key = ""             # the open parameter: name, streamed as a JSON string?, pieces
         self._streams = False
         self._pieces: list[str] = []
+        self.whole_calls = whole_calls
+        self._held: Event | None = None   # whole_calls: the open call's tool_start, emitted when it closes
 
     # --- public ------------------------------------------------------------------------------
 
@@ -244,7 +250,11 @@ class OutputParser:
             self._open, self._n_params = call, 0
             self._take(m.end())
             self.state = "call"
-            return [Event("tool_start", index=len(self.result.tool_calls) - 1, id=call.id, name=call.name)]
+            start = Event("tool_start", index=len(self.result.tool_calls) - 1, id=call.id, name=call.name)
+            if self.whole_calls:
+                self._held = start
+                return []
+            return [start]
         m = self._match(_BLOCK_END_RE)
         if m:
             self._take(m.end())
@@ -261,14 +271,17 @@ class OutputParser:
             # a string parameter streams as it arrives; anything else is typed when complete
             self._streams = m.group(2) == "true" and want in (None, "string") or want == "string"
             self.state = "param"
-            return [self._args(self._key_fragment() + '"')] if self._streams else []
+            return self._args(self._key_fragment() + '"') if self._streams else []
         m = self._match(_INVOKE_END_RE)
         if m:
             self._take(m.end())
-            ev = self._args("{}" if self._n_params == 0 else "}")
+            out = self._args("{}" if self._n_params == 0 else "}")
+            if self.whole_calls:      # the call closed: now it is one, whole
+                out = [self._held, Event("tool_args", self._open.arguments, index=self._held.index)]
+                self._held = None
             self._open, self._raw = None, []
             self.state = "block"
-            return [ev]
+            return out
         return self._undecided((_PARAM_OPEN, INVOKE_CLOSE), final)
 
     def _param(self, final: bool) -> list[Event]:
@@ -279,7 +292,7 @@ class OutputParser:
             if not self._streams:
                 self._pieces.append(piece)
                 return []
-            return [self._args(_escaped(piece))] if piece else []
+            return self._args(_escaped(piece)) if piece else []
         self._take(i + len(PARAM_CLOSE))
         self.state = "call"
         if self._streams:
@@ -288,14 +301,16 @@ class OutputParser:
             self._pieces.append(piece)
             frag = self._key_fragment() + self._value("".join(self._pieces))
         self._n_params += 1
-        return [self._args(frag)]
+        return self._args(frag)
 
     def _key_fragment(self) -> str:
         return ("{" if self._n_params == 0 else ", ") + json.dumps(self._key, ensure_ascii=False) + ": "
 
-    def _args(self, frag: str) -> Event:
+    def _args(self, frag: str) -> list[Event]:
         self._open._arguments.add(frag)
-        return Event("tool_args", frag, index=len(self.result.tool_calls) - 1)
+        if self.whole_calls:
+            return []
+        return [Event("tool_args", frag, index=len(self.result.tool_calls) - 1)]
 
     def _undecided(self, openers: tuple[str, ...], final: bool) -> list[Event]:
         rest = self.buf[self.pos:self.pos + _MAX_TAG].lstrip()
@@ -310,20 +325,20 @@ class OutputParser:
         """The output ended inside the block (max_tokens, a stop string): calls already closed stay;
         an open call is dropped, not closed, and none of the block's raw text becomes content."""
         if self._open is not None:
-            self._drop_open()
+            self._drop_open("cut_off")
             self.result.warnings.append("a tool call was cut off by the end of the output; it was dropped")
         self.state = "after"
 
-    def _drop_open(self) -> None:
+    def _drop_open(self, why: str) -> None:
         self.result.tool_calls.remove(self._open)
-        self._open = None
-        self.result.dropped_call = True
+        self._open, self._held = None, None
+        self.result.dropped_call, self.result.dropped_why = True, why
 
     def _malformed(self, why: str) -> list[Event]:
         """The block's raw text since its start or its last closed call becomes content; an open call
         is dropped (an agent would run it)."""
         if self._open is not None:
-            self._drop_open()
+            self._drop_open("malformed")
         self.result.warnings.append(f"malformed tool-call block: {why}")
         raw = "".join(self._raw) + self.buf[self.pos:]
         self._raw = []

@@ -103,6 +103,31 @@ async def test_forced_tool_call_round_trip_streamed_and_not(loaded, tmp_path):
     assert turn2.stop_reason in ("end_turn", "max_tokens")
 
 
+async def test_a_tool_call_cut_off_by_max_tokens_is_no_tool_use_streamed_or_not(loaded, tmp_path):
+    """The forced call, with max_tokens half of what it takes: the reply ends inside the call, which
+    is never a tool_use block (no partial input), and stop_reason is max_tokens."""
+    sock = tmp_path / "c.sock"
+    kw = dict(model="tiny", extra_body={"temperature": 0}, system=SYSTEM, messages=ASK, tools=TOOLS,
+              tool_choice={"type": "tool", "name": "open_file"})
+    with trio.fail_after(180), capture_logs() as logs:
+        async with daemon(loaded, sock):
+            def use_client():
+                c = _client(sock)
+                full = c.messages.create(**kw, max_tokens=300)
+                half = full.usage.output_tokens // 2
+                return full, c.messages.create(**kw, max_tokens=half), \
+                    list(c.messages.create(**kw, max_tokens=half, stream=True))
+
+            full, cut, raw = await trio.to_thread.run_sync(use_client)
+    assert full.stop_reason == "tool_use"
+    assert cut.stop_reason == "max_tokens" and not [b for b in cut.content if b.type == "tool_use"]
+    assert raw[-2].delta.stop_reason == "max_tokens"
+    assert not [e for e in raw if e.type == "content_block_start" and e.content_block.type == "tool_use"]
+    assert not [e for e in raw if e.type == "content_block_delta" and e.delta.type == "input_json_delta"]
+    # the cut was inside the call (so there was a call to hold back), for both replies
+    assert sum("cut off" in e.get("problem", "") for e in logs if e["event"] == "model_output_malformed") == 2
+
+
 async def test_thinking_blocks_streamed_and_not(loaded, tmp_path):
     sock = tmp_path / "c.sock"
     kw = dict(model="tiny", max_tokens=1025, extra_body={"temperature": 0}, system=SYSTEM, messages=ASK,

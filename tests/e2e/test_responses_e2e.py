@@ -135,6 +135,33 @@ async def test_function_call_round_trip_through_the_openai_sdk(loaded, tmp_path)
     assert answer.usage.input_tokens_details.cached_tokens > call.usage.input_tokens, (call.usage, answer.usage)
 
 
+async def test_a_function_call_cut_off_by_max_output_tokens_is_no_item_streamed_or_not(loaded, tmp_path):
+    """The forced call, with max_output_tokens half of what it takes: the reply ends inside the call;
+    the response is incomplete and has no function_call item (no truncated arguments)."""
+    sock = tmp_path / "c.sock"
+    with trio.fail_after(180), capture_logs() as logs:
+        async with daemon(loaded, sock):
+            def use_client():
+                c = openai_client(sock)
+                kw = dict(model="tiny", instructions=INSTRUCTIONS, tools=[SHELL], reasoning={"effort": "none"},
+                          temperature=0, store=False, input=[{"role": "user", "content": "List the files."}],
+                          tool_choice={"type": "function", "name": "shell"})
+                full = c.responses.create(max_output_tokens=200, **kw)
+                half = full.usage.output_tokens // 2
+                return full, c.responses.create(max_output_tokens=half, **kw), \
+                    list(c.responses.create(max_output_tokens=half, stream=True, **kw))
+
+            full, cut, streamed = await trio.to_thread.run_sync(use_client)
+    assert full.status == "completed" and full.output[-1].type == "function_call"
+    assert cut.status == "incomplete" and cut.incomplete_details.reason == "max_output_tokens"
+    assert not [i for i in cut.output if i.type == "function_call"]
+    assert streamed[-1].type == "response.incomplete"
+    assert not [e for e in streamed if "function_call" in e.type]
+    assert not [e for e in streamed if getattr(getattr(e, "item", None), "type", None) == "function_call"]
+    assert not [i for i in streamed[-1].response.output if i.type == "function_call"]
+    assert sum("cut off" in e.get("problem", "") for e in logs if e["event"] == "model_output_malformed") == 2
+
+
 async def test_reasoning_streamed_and_not_through_the_openai_sdk(loaded, tmp_path):
     sock = tmp_path / "c.sock"
     with trio.fail_after(120), capture_logs():

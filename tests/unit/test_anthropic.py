@@ -231,10 +231,6 @@ async def run(cls, pieces, *, thinking=True, done=None, **fields):
 async def test_the_stream_is_anthropics_exact_event_sequence():
     events = await run(MessagesStream, REPLY)
     names = [(e["type"], e.get("delta", e.get("content_block", {})).get("type")) for e in events]
-    # a string parameter streams as it arrives: however many input_json deltas, in one run
-    js = [i for i, n in enumerate(names) if n == ("content_block_delta", "input_json_delta")]
-    assert len(js) >= 2 and js == list(range(js[0], js[-1] + 1))
-    names = names[:js[0] + 1] + names[js[-1] + 1:]
     assert names == [
         ("message_start", None), ("ping", None),
         ("content_block_start", "thinking"), ("content_block_delta", "thinking_delta"),
@@ -289,6 +285,51 @@ async def test_whole_and_streamed_replies_carry_the_same_blocks():
         b.pop("_json")
     assert [{k: v for k, v in b.items() if k != "id"} for b in streamed] == \
         [{k: v for k, v in b.items() if k != "id"} for b in whole["content"]]
+
+
+# max_tokens inside the call's parameter; and a first call closed, the second cut off
+CUT = REPLY[:5] + [f"<{D}parameter name=\"path\" string=\"true\">a.t"]
+SECOND_CUT = REPLY[:7] + [f"</{D}invoke>\n<{D}invoke name=\"read\">\n<{D}parameter name=\"path\" string=\"true\">b"]
+
+
+@pytest.mark.parametrize("cls", [MessagesJSON, MessagesStream])
+async def test_a_tool_call_cut_off_by_max_tokens_is_never_a_tool_use_block(cls):
+    out = await run(cls, CUT, done=Done("length", Usage(7, len(CUT), 2)))
+    if cls is MessagesJSON:
+        assert out["stop_reason"] == "max_tokens" and out["stop_sequence"] is None
+        assert [b["type"] for b in out["content"]] == ["thinking", "text"]
+        assert out["content"][1] == {"type": "text", "text": "Reading."}
+        return
+    # the stream never started a tool_use block: the call was held until it would close
+    assert not any(e.get("content_block", {}).get("type") == "tool_use" for e in out)
+    assert not any(e.get("delta", {}).get("type") == "input_json_delta" for e in out)
+    assert [e["index"] for e in out if e["type"] == "content_block_stop"] == [0, 1]
+    assert out[-2]["delta"] == {"stop_reason": "max_tokens", "stop_sequence": None}
+
+
+@pytest.mark.parametrize("cls", [MessagesJSON, MessagesStream])
+async def test_the_call_closed_before_the_cut_is_a_whole_tool_use_and_the_stop_is_max_tokens(cls):
+    out = await run(cls, SECOND_CUT, done=Done("length", Usage(7, len(SECOND_CUT), 2)))
+    if cls is MessagesJSON:
+        assert out["stop_reason"] == "max_tokens"
+        (tool,) = [b for b in out["content"] if b["type"] == "tool_use"]
+        assert tool["input"] == {"path": "a.txt"}
+        return
+    starts = [e["content_block"] for e in out if e["type"] == "content_block_start"]
+    assert [b["type"] for b in starts] == ["thinking", "text", "tool_use"]
+    args = [e["delta"]["partial_json"] for e in out if e.get("delta", {}).get("type") == "input_json_delta"]
+    assert args == ['{"path": "a.txt"}']
+    assert out[-2]["delta"]["stop_reason"] == "max_tokens"
+
+
+async def test_a_call_cut_off_by_a_stop_sequence_is_no_tool_use_and_the_stop_says_so():
+    done = Done("stop", Usage(7, len(CUT), 2), stop_sequence="a.t")
+    whole = await run(MessagesJSON, CUT, done=done, stop_sequences=["a.t"])
+    assert (whole["stop_reason"], whole["stop_sequence"]) == ("stop_sequence", "a.t")
+    assert not any(b["type"] == "tool_use" for b in whole["content"])
+    events = await run(MessagesStream, CUT, done=done, stop_sequences=["a.t"])
+    assert not any(e.get("content_block", {}).get("type") == "tool_use" for e in events)
+    assert events[-2]["delta"] == {"stop_reason": "stop_sequence", "stop_sequence": "a.t"}
 
 
 @pytest.mark.parametrize("done, fields, want", [

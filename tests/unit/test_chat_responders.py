@@ -74,7 +74,8 @@ async def test_whole_and_streamed_replies_carry_the_same_parts():
     assert "".join(d.get("content") or "" for d in deltas) == "Reading."
     calls = [tc for d in deltas for tc in d.get("tool_calls", [])]
     assert calls[0]["id"].startswith("call_") and calls[0]["function"] == {"name": "read", "arguments": ""}
-    assert "".join(tc["function"]["arguments"] for tc in calls) == call["function"]["arguments"]
+    # the call goes out once it closed: its start, then its whole arguments
+    assert [tc["function"].get("arguments") for tc in calls[1:]] == [call["function"]["arguments"]]
     assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
 
 
@@ -100,14 +101,25 @@ async def test_a_call_cut_off_by_max_tokens_is_no_call_in_either_mode():
     chunks = await run(ChatStream, CUT, stream=True, thinking=True, finish="length")
     deltas = [c["choices"][0]["delta"] for c in chunks if c["choices"]]
     assert "".join(d.get("content") or "" for d in deltas) == "Reading."
-    # what a streaming client has of the call: arguments that do not parse, and no tool_calls finish
-    args = "".join(tc["function"]["arguments"] for d in deltas for tc in d.get("tool_calls", []))
-    try:
-        json.loads(args)
-        closed = True
-    except ValueError:
-        closed = False
-    assert not closed
+    # a call's deltas go out only once it closed: a streaming client never saw any of this one
+    assert not any("tool_calls" in d for d in deltas)
+    assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+
+
+# a first call closes, the second is cut off by max_tokens
+SECOND_CUT = REPLY[:7] + [f"</{D}invoke>\n<{D}invoke name=\"read\">\n<{D}parameter name=\"path\" string=\"true\">b"]
+
+
+async def test_the_call_closed_before_the_cut_is_delivered_whole_and_the_finish_is_length():
+    whole = await run(ChatJSON, SECOND_CUT, stream=False, thinking=True, finish="length")
+    choice = whole["choices"][0]
+    assert choice["finish_reason"] == "length"
+    (call,) = choice["message"]["tool_calls"]
+    assert call["function"] == {"name": "read", "arguments": '{"path": "a.txt"}'}
+    chunks = await run(ChatStream, SECOND_CUT, stream=True, thinking=True, finish="length")
+    calls = [tc for c in chunks if c["choices"] for tc in c["choices"][0]["delta"].get("tool_calls", [])]
+    assert {tc["index"] for tc in calls} == {0}                      # nothing of the cut-off call
+    assert "".join(tc["function"]["arguments"] for tc in calls) == '{"path": "a.txt"}'
     assert chunks[-1]["choices"][0]["finish_reason"] == "length"
 
 

@@ -209,11 +209,8 @@ async def test_the_stream_events_come_in_the_order_the_responses_api_defines():
     events = await run(ResponsesStream, REPLY, stream=True, reasoning={"effort": "high", "summary": "auto"})
     assert [e["sequence_number"] for e in events] == list(range(len(events)))
     reasoning_deltas = [("response.reasoning_text.delta", 0), ("response.reasoning_summary_text.delta", 0)] * 2
-    # string parameters stream as they arrive: however many argument deltas, then one done
+    # a call goes out once it closed: one arguments delta with the whole arguments, then done
     shape = _shape(events)
-    args = [i for i, sh in enumerate(shape) if sh == ("response.function_call_arguments.delta", 2)]
-    assert len(args) >= 2 and args == list(range(args[0], args[-1] + 1))
-    shape = shape[:args[0] + 1] + shape[args[-1] + 1:]
     assert shape == [
         ("response.created", None), ("response.in_progress", None),
         ("response.output_item.added", 0), ("response.content_part.added", 0),
@@ -280,6 +277,44 @@ async def test_a_reply_cut_off_by_max_output_tokens_is_incomplete():
     assert last["response"]["incomplete_details"] == {"reason": "max_output_tokens"}
     assert last["response"]["output"][0]["status"] == "incomplete"
     Response.model_validate(last["response"])
+
+
+# max_output_tokens inside the call's parameter; and a first call closed, the second cut off
+CUT = REPLY[:5] + [f"<{D}parameter name=\"path\" string=\"true\">a.t"]
+SECOND_CUT = REPLY[:7] + [f"</{D}invoke>\n<{D}invoke name=\"read\">\n<{D}parameter name=\"path\" string=\"true\">b"]
+
+
+def _incomplete(response: dict) -> None:
+    Response.model_validate(response)
+    assert response["status"] == "incomplete"
+    assert response["incomplete_details"] == {"reason": "max_output_tokens"}
+
+
+async def test_a_call_cut_off_by_max_output_tokens_is_no_function_call_item():
+    whole = await run(ResponsesJSON, CUT, finish="length")
+    _incomplete(whole)
+    assert [i["type"] for i in whole["output"]] == ["reasoning", "message"]
+    assert whole["output"][1]["content"][0]["text"] == "Reading." and whole["output"][1]["status"] == "incomplete"
+    events = await run(ResponsesStream, CUT, finish="length", stream=True)
+    assert not any("function_call" in e["type"] for e in events)
+    assert not any(e.get("item", {}).get("type") == "function_call" for e in events)
+    assert events[-1]["type"] == "response.incomplete"
+    _incomplete(events[-1]["response"])
+    assert [i["type"] for i in events[-1]["response"]["output"]] == ["reasoning", "message"]
+
+
+async def test_the_call_closed_before_the_cut_is_a_completed_item_of_an_incomplete_response():
+    for cls in (ResponsesJSON, ResponsesStream):
+        out = await run(cls, SECOND_CUT, finish="length", stream=cls is ResponsesStream)
+        response = out if cls is ResponsesJSON else out[-1]["response"]
+        _incomplete(response)
+        (call,) = [i for i in response["output"] if i["type"] == "function_call"]
+        assert (call["arguments"], call["status"]) == ('{"path": "a.txt"}', "completed")
+        if cls is ResponsesStream:
+            added = [e["item"]["type"] for e in out if e["type"] == "response.output_item.added"]
+            assert added == ["reasoning", "message", "function_call"]
+            assert [e["delta"] for e in out if e["type"] == "response.function_call_arguments.delta"] == \
+                ['{"path": "a.txt"}']
 
 
 async def test_a_failure_after_the_stream_started_is_an_error_event_then_response_failed():
