@@ -6,17 +6,22 @@ through the Messages API renders exactly as the same conversation sent to /v1/ch
 
 - `system` (a string or text blocks) -> one system message; `cache_control` is accepted and
   dropped: every prefix is cached here, so the breakpoints a client moves between turns never
-  change the rendered prompt.
+  change the rendered prompt. A block that is wholly a known per-request nonce (Claude Code's
+  billing header; daemon/protocol/nonces.py) is left out. A `role: "system"` message inside
+  `messages` (Claude Code's environment block) -> a system message at its place.
 - user `text` blocks -> a user message; `tool_result` blocks -> tool messages (`is_error` prefixes
   the result with "Error: "); assistant `text` -> content, `thinking` -> reasoning_content,
   `tool_use` -> tool_calls; `redacted_thinking` is dropped (it cannot be read).
 - `tools[].input_schema` -> function parameters; `tool_choice` auto / any / tool / none -> auto /
   required / a named function / none (any and tool go through the grammar constraint);
   `disable_parallel_tool_use` -> parallel_tool_calls false.
-- `thinking` enabled, adaptive or between_tools / disabled -> V4's thinking / chat mode; absent:
-  the server's default (--reasoning). `budget_tokens` is checked as Anthropic checks it but not
-  enforced: V4 has no token budget for its reasoning. `output_config.effort` -> reasoning_effort
-  (V4's effort levels), `output_config.format` (a JSON schema) -> response_format json_schema.
+- `thinking` enabled, adaptive or between_tools -> V4's thinking mode; disabled or absent -> chat
+  mode (whether to think follows this field alone). `budget_tokens` is checked as Anthropic checks
+  it but not enforced: V4 has no token budget for its reasoning. `output_config.effort` ->
+  reasoning_effort (V4's effort levels, which only matter in thinking mode), `output_config.format`
+  (a JSON schema) -> response_format json_schema. `context_management.edits`
+  `clear_thinking_20251015` is accepted and changes nothing: V4's encoding renders earlier reasoning
+  by its own rule.
 - `stop_sequences` -> stop; `max_tokens`, `temperature`, `top_p`, `top_k` as they are; `metadata`
   is checked and not used; the top-level `cache_control` is accepted (every prefix is cached).
 
@@ -27,12 +32,20 @@ schemas.APIError; `error_body` gives them Anthropic's shape and status.
 
 from __future__ import annotations
 
+from cairn.daemon.protocol.nonces import nonce_name
+
 from .schemas import APIError, ChatRequest, CommonParams, MAX_STOP_CHARS, _check_unknown, bad
 
 FIELDS = {"model", "messages", "max_tokens", "system", "tools", "tool_choice", "thinking", "stop_sequences",
-          "temperature", "top_p", "top_k", "metadata", "stream", "service_tier", "cache_control", "output_config"}
-COUNT_FIELDS = {"model", "messages", "system", "tools", "tool_choice", "thinking", "cache_control", "output_config"}
+          "temperature", "top_p", "top_k", "metadata", "stream", "service_tier", "cache_control", "output_config",
+          "context_management"}
+COUNT_FIELDS = {"model", "messages", "system", "tools", "tool_choice", "thinking", "cache_control", "output_config",
+                "context_management"}
 THINKING_TYPES = ("enabled", "adaptive", "between_tools", "disabled")
+THINKING_DISPLAYS = ("summarized", "omitted", "updates")
+# context_management.edits types that leave V4's rendering as it is: V4's encoding already decides
+# which earlier reasoning the prompt keeps (docs/api.md, "context_management").
+CONTEXT_EDITS = ("clear_thinking_20251015",)
 EFFORTS = ("low", "medium", "high", "xhigh", "max")   # output_config.effort: the chat request's reasoning_effort
 MIN_THINKING_BUDGET = 1024     # Anthropic's minimum budget_tokens
 MAX_STOP_SEQUENCES = 16        # each is matched on every streamed piece: a bound keeps that cheap
@@ -48,17 +61,25 @@ def is_messages_path(path: str) -> bool:
 
 # --- errors -----------------------------------------------------------------------------------
 
-# Anthropic's error types by HTTP status. cairn's 503 (shutting down, cancelled) and 507 (no memory
-# for this conversation's state) are Anthropic's 529 overloaded_error: the server has no room now.
+# Anthropic's error types by HTTP status. cairn's 503 (shutting down, cancelled) is Anthropic's 529
+# overloaded_error: the server has no room now, retry.
 _TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
           404: "not_found_error", 405: "invalid_request_error", 408: "timeout_error",
           413: "request_too_large", 429: "rate_limit_error", 500: "api_error", 529: "overloaded_error"}
-_STATUS = {503: 529, 507: 529}
+_STATUS = {503: 529}
+# cairn's 507 (this conversation's state does not fit the memory plan) is not "overloaded": a retry
+# of the same conversation fails the same way, and Claude Code retries a 529 forever. It is answered
+# as Anthropic answers a prompt it cannot serve, a 400 whose message starts "prompt is too long",
+# which Claude Code reads as its cue to compact the conversation.
+TOO_LONG = "prompt is too long"
 
 
 def error_body(e: APIError) -> tuple[int, dict]:
     """(HTTP status, body) of an error in Anthropic's shape:
     {"type": "error", "error": {"type": "invalid_request_error", "message": ...}}."""
+    if e.status == 507:
+        return 400, {"type": "error", "error": {"type": "invalid_request_error",
+                                                "message": f"{TOO_LONG}: {e.message}"}}
     status = _STATUS.get(e.status, e.status)
     kind = _TYPES.get(status, "api_error" if status >= 500 else "invalid_request_error")
     return status, {"type": "error", "error": {"type": kind, "message": e.message}}
@@ -68,7 +89,7 @@ def check_context(n_prompt: int, max_tokens: int, context: int) -> None:
     """The prompt and its reply must fit the context, refused with Anthropic's own messages (Claude
     Code reads "prompt is too long" as its cue to compact the conversation)."""
     if n_prompt >= context:
-        raise APIError(400, f"prompt is too long: {n_prompt} tokens > {context - 1} maximum", param="messages",
+        raise APIError(400, f"{TOO_LONG}: {n_prompt} tokens > {context - 1} maximum", param="messages",
                        code="context_length_exceeded")
     if n_prompt + max_tokens > context:
         raise APIError(400, f"input length and `max_tokens` exceed context limit: {n_prompt} + {max_tokens} > "
@@ -157,18 +178,32 @@ def _blocks(content, where: str) -> list[dict]:
 
 # --- system, messages, tools ------------------------------------------------------------------
 
-def _system(v) -> list[dict]:
-    if v is None:
-        return []
+def _system_texts(v, where: str, dropped: list[str]) -> list[str]:
+    """A system prompt (a string or text blocks) -> its texts, known per-request nonces left out
+    (daemon/protocol/nonces.py): they change per conversation and would defeat the prefix cache."""
     if isinstance(v, str):
-        return [{"role": "system", "content": v}] if v else []
+        v = [{"type": "text", "text": v}] if v else []
     if not isinstance(v, list):
-        raise bad("system", f"expected a string or an array of text blocks, got {_kind(v)}", "invalid_type")
+        raise bad(where, f"expected a string or an array of text blocks, got {_kind(v)}", "invalid_type")
     texts = []
     for j, b in enumerate(v):
         if not isinstance(b, dict) or b.get("type") != "text":
-            raise bad(f"system[{j}]", 'expected a text block {"type": "text", "text": ...}', "invalid_type")
-        texts.append(_text_of(b, f"system[{j}]"))
+            raise bad(f"{where}[{j}]", 'expected a text block {"type": "text", "text": ...}', "invalid_type")
+        text = _text_of(b, f"{where}[{j}]")
+        nonce = nonce_name(text)
+        if nonce is not None:
+            dropped.append(f"{where}[{j}]: {nonce}")
+        else:
+            texts.append(text)
+    return texts
+
+
+def _system(v, dropped: list[str]) -> list[dict]:
+    if v is None:
+        return []
+    if isinstance(v, str) and nonce_name(v) is None:
+        return [{"role": "system", "content": v}] if v else []
+    texts = _system_texts(v, "system", dropped)
     # one system message of text parts: the V4 encoder joins them the same way on every turn
     return [{"role": "system", "content": [{"type": "text", "text": t} for t in texts]}] if texts else []
 
@@ -263,7 +298,7 @@ def _assistant(blocks: list[dict], where: str) -> dict:
     return msg
 
 
-def _messages(v) -> list[dict]:
+def _messages(v, dropped: list[str]) -> list[dict]:
     if not isinstance(v, list) or not v:
         raise bad("messages", "required: a non-empty array of messages",
                   "missing_field" if v is None else "invalid_type")
@@ -273,9 +308,15 @@ def _messages(v) -> list[dict]:
         if not isinstance(m, dict):
             raise bad(at, 'expected a message {"role": ..., "content": ...}', "invalid_type")
         role = m.get("role")
-        if role not in ("user", "assistant"):
-            raise bad(f"{at}.role", f"expected user or assistant, got {role!r} (the system prompt is the "
-                      "top-level `system` field)")
+        if role not in ("user", "assistant", "system"):
+            raise bad(f"{at}.role", f"expected user, assistant or system, got {role!r}")
+        if role == "system":
+            # Claude Code sends its environment block this way, after the first user message; how V4
+            # renders it: daemon/protocol/encoding_dsv4.py, docs/model-format.md ("Chat encoding")
+            texts = _system_texts(m.get("content"), f"{at}.content", dropped)
+            if texts:
+                out.append({"role": "system", "content": [{"type": "text", "text": t} for t in texts]})
+            continue
         blocks = _blocks(m.get("content"), f"{at}.content")
         out += _user(blocks, f"{at}.content") if role == "user" else [_assistant(blocks, f"{at}.content")]
     if v[-1].get("role") == "assistant":
@@ -346,16 +387,18 @@ def _tool_choice(v, tools: list[dict]) -> tuple[object, bool]:
 
 
 def _thinking(v, max_tokens: int | None):
-    """-> the chat request's `thinking` field (None: the server's default mode)."""
+    """-> the chat request's `thinking` field. Whether to think follows this field alone: enabled,
+    adaptive and between_tools think; disabled or no field is chat mode (Anthropic's own default);
+    `output_config.effort` only sets how hard V4 thinks when it does."""
     if v is None:
-        return None
+        return {"type": "disabled"}
     if not isinstance(v, dict) or v.get("type") not in THINKING_TYPES:
         got = v.get("type") if isinstance(v, dict) else v
         raise bad("thinking.type" if isinstance(v, dict) else "thinking",
                   f'{got!r}; expected {{"type": "enabled", "budget_tokens": N}} or a type among '
                   f'{", ".join(THINKING_TYPES)}')
-    if v.get("display") not in (None, "summarized", "omitted"):
-        raise bad("thinking.display", f"{v['display']!r}; expected summarized or omitted")
+    if v.get("display") not in (None, *THINKING_DISPLAYS):
+        raise bad("thinking.display", f"{v['display']!r}; expected one of {', '.join(THINKING_DISPLAYS)}")
     if v["type"] == "disabled":
         return {"type": "disabled"}
     if v["type"] == "enabled":
@@ -366,6 +409,25 @@ def _thinking(v, max_tokens: int | None):
         if max_tokens is not None and budget >= max_tokens:
             raise bad("thinking.budget_tokens", f"{budget} must be less than max_tokens ({max_tokens})")
     return {"type": "enabled"}
+
+
+def _context_management(v) -> None:
+    """Checked, and changes nothing: the only edit accepted, clearing earlier turns' thinking, is
+    what V4's encoding does on its own (it renders past reasoning by its own rule, so the prompt of
+    the next turn keeps matching the last)."""
+    if v is None:
+        return
+    if not isinstance(v, dict):
+        raise bad("context_management", f"expected an object, got {_kind(v)}", "invalid_type")
+    edits = v.get("edits", [])
+    if not isinstance(edits, list):
+        raise bad("context_management.edits", f"expected an array of edits, got {_kind(edits)}", "invalid_type")
+    for j, e in enumerate(edits):
+        kind = e.get("type") if isinstance(e, dict) else None
+        if kind not in CONTEXT_EDITS:
+            raise bad(f"context_management.edits[{j}].type", f"{kind!r} is not supported; expected "
+                      f"{' or '.join(CONTEXT_EDITS)} (cairn keeps every tool result in the prompt)",
+                      "unsupported_value")
 
 
 # --- requests ---------------------------------------------------------------------------------
@@ -397,7 +459,9 @@ def _model(d: dict) -> str:
 
 def _request(d: dict, *, known: set[str], max_tokens: int | None, stream: bool) -> ChatRequest:
     ignored = _check_unknown(d, known)
-    messages = _system(d.get("system")) + _messages(d.get("messages"))
+    dropped: list[str] = []
+    messages = _system(d.get("system"), dropped) + _messages(d.get("messages"), dropped)
+    _context_management(d.get("context_management"))
     tools = _tools(d.get("tools"))
     tool_choice, parallel = _tool_choice(d.get("tool_choice"), tools)
     thinking = _thinking(d.get("thinking"), max_tokens)
@@ -410,7 +474,7 @@ def _request(d: dict, *, known: set[str], max_tokens: int | None, stream: bool) 
                           ignored=ignored)
     return ChatRequest(common, messages, tools or None, logprobs=False, top_logprobs=0, thinking=thinking,
                        reasoning_effort=effort, response_format=response_format, tool_choice=tool_choice,
-                       parallel_tool_calls=parallel)
+                       parallel_tool_calls=parallel, dropped_nonces=tuple(dropped))
 
 
 def parse_messages(d: dict) -> ChatRequest:

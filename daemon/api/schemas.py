@@ -138,8 +138,14 @@ def _int(d: dict, key: str, default: int | None, lo: int, hi: int | None = None)
     if isinstance(v, bool) or not isinstance(v, int):
         raise bad(key, f"expected an integer, got {type(v).__name__}", "invalid_type")
     if v < lo or (hi is not None and v > hi):
-        raise bad(key, f"{v} is out of range; expected {lo}..{hi if hi is not None else ''}".rstrip("."))
+        raise bad(key, f"{v} is out of range; expected an integer "
+                  + (f"in [{lo}, {hi}]" if hi is not None else f"of at least {lo}") + _INT_NOTES.get(key, ""))
     return v
+
+
+# What bounds a field beyond its minimum, where that depends on the request (said in the refusal).
+_INT_NOTES = {k: " (and at most the context left after the prompt)"
+              for k in ("max_tokens", "max_completion_tokens", "max_output_tokens")}
 
 
 def _bool(d: dict, key: str, default: bool) -> bool:
@@ -242,6 +248,7 @@ class ChatRequest:
     response_format: dict | None = None   # None or {"type": "json_object"} or {"type": "json_schema", ...}
     tool_choice: object = "auto"          # "none" | "auto" | "required" | {"function": {"name": ...}}
     parallel_tool_calls: bool = True      # False: a forced reply makes exactly one call
+    dropped_nonces: tuple[str, ...] = ()  # where known per-request nonces were left out (protocol/nonces.py)
 
     @property
     def json_schema(self) -> dict | None:

@@ -200,6 +200,16 @@ def _turns(messages: list[dict]) -> list[dict]:
                 turns[-1]["blocks"].extend(blocks)
             else:
                 turns.append({"role": "user", "blocks": blocks})
+        elif role in ("system", "developer") and any(t["role"] != "system" for t in turns):
+            # A system message after the conversation has begun (Claude Code's environment block).
+            # V4's encoder writes system text with no marker wherever it stands, which would glue it
+            # to the turn before and leave no `<｜Assistant｜>` when it is last: it is read as a text
+            # part of the user turn at its place instead (docs/model-format.md, "Chat encoding").
+            blocks = [("text", "", t) for t in _parts(m.get("content"), where)] or [("text", "", "")]
+            if turns[-1]["role"] == "user":
+                turns[-1]["blocks"].extend(blocks)
+            else:
+                turns.append({"role": "user", "blocks": blocks})
         elif role in ("system", "developer"):   # developer: OpenAI's newer name for system
             turns.append({"role": "system", "text": _text(m.get("content"), where)})
         else:

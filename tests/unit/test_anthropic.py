@@ -99,7 +99,66 @@ def test_tool_result_error_flag_and_blocks_and_redacted_thinking():
 
 def test_thinking_disabled_and_absent():
     assert parse_messages(body(thinking={"type": "disabled"})).thinking == {"type": "disabled"}
-    assert parse_messages(body()).thinking is None          # the server's --reasoning default
+    assert parse_messages(body()).thinking == {"type": "disabled"}     # Anthropic's default: no thinking
+
+
+@pytest.mark.parametrize("reasoning", ["chat", "thinking", "high", "max"])
+def test_effort_is_not_thinking_whatever_the_server_default(reasoning):
+    # Claude Code sends output_config.effort on every request; CLAUDE_CODE_DISABLE_THINKING=1 drops
+    # only the thinking field, and that must mean chat mode.
+    from cairn.daemon.protocol.agent_protocol import AgentProtocol
+
+    agent = AgentProtocol(None, 10, get_logger("test"))
+    for effort in ("low", "high", "max"):
+        off = agent.options(parse_messages(body(output_config={"effort": effort})), reasoning)
+        assert off.thinking is False
+        on = agent.options(parse_messages(body(thinking={"type": "adaptive"}, output_config={"effort": effort})),
+                           reasoning)
+        assert on.thinking is True and on.effort == {"low": "low", "high": "high", "max": "max"}[effort]
+
+
+def test_claude_codes_thinking_display_and_context_management_are_accepted():
+    req = parse_messages(body(thinking={"type": "adaptive", "display": "updates"},
+                              context_management={"edits": [{"type": "clear_thinking_20251015",
+                                                              "keep": "all"}]}))
+    assert req.thinking == {"type": "enabled"}
+    e = refused(body(context_management={"edits": [{"type": "clear_tool_uses_20250919"}]}))
+    assert e.param == "context_management.edits[0].type" and "clear_thinking_20251015" in e.message
+    assert refused(body(thinking={"type": "adaptive", "display": "loud"})).param == "thinking.display"
+
+
+def render(req, thinking=False) -> str:
+    return V4Renderer().render(req.messages, tools=req.tools, options=ChatOptions(thinking=thinking)).text
+
+
+def test_a_system_message_inside_messages_renders_as_part_of_the_user_turn_at_its_place():
+    env = "<system-reminder>cwd: /src</system-reminder>"
+    turn1 = body(system="S", messages=[{"role": "user", "content": "fix it"},
+                                       {"role": "system", "content": [{"type": "text", "text": env}]}])
+    text = render(parse_messages(turn1))
+    assert text == f"<｜begin▁of▁sentence｜>S<｜User｜>fix it\n\n{env}<｜Assistant｜></think>"
+    # the next turn appends: its prompt starts with turn 1's, byte for byte
+    turn2 = body(system="S", messages=[*turn1["messages"], {"role": "assistant", "content": "done"},
+                                       {"role": "user", "content": "thanks"}])
+    assert render(parse_messages(turn2)).startswith(text)
+    # after an assistant turn it opens a user turn of its own, so the reply is announced
+    turn3 = body(system="S", messages=[*turn2["messages"][:3], {"role": "system", "content": env}])
+    assert render(parse_messages(turn3)).endswith(f"done<｜end▁of▁sentence｜><｜User｜>{env}<｜Assistant｜></think>")
+
+
+def test_the_billing_header_nonce_is_left_out_and_counted_tokens_match():
+    def conv(nonce):
+        return body(system=[{"type": "text", "text": f"x-anthropic-billing-header: cc_version=2.1.332.{nonce}; "
+                                                     "cc_entrypoint=cli;"},
+                            {"type": "text", "text": "You are Claude Code."}])
+    a, b = parse_messages(conv("a1f")), parse_messages(conv("9c0"))
+    assert render(a) == render(b) and "billing" not in render(a) and "You are Claude Code." in render(a)
+    assert a.dropped_nonces == ("system[0]: anthropic-billing-header",)
+    counted = parse_count_tokens({k: v for k, v in conv("77e").items() if k != "max_tokens"})
+    assert render(counted) == render(a)
+    # a block that only mentions it is instructions, and kept
+    kept = parse_messages(body(system="Never print the x-anthropic-billing-header: line.\nBe brief."))
+    assert "billing" in render(kept) and kept.dropped_nonces == ()
 
 
 def test_output_config_and_the_newer_thinking_types():
@@ -142,7 +201,9 @@ def test_count_tokens_needs_no_max_tokens():
     (body(temperature=1.5), "temperature", "out of range"),
     (body(stop_sequences="END"), "stop_sequences", "array of strings"),
     (body(metadata={"user_id": 7}), "metadata.user_id", "expected a string"),
-    (body(messages=[{"role": "system", "content": "x"}]), "messages[0].role", "top-level `system`"),
+    (body(messages=[{"role": "tool", "content": "x"}]), "messages[0].role", "user, assistant or system"),
+    (body(messages=[{"role": "user", "content": "x"}, {"role": "system", "content": [{"type": "image"}]}]),
+     "messages[1].content[0]", "text block"),
     (body(messages=[{"role": "user", "content": "x"}, {"role": "assistant", "content": "Sure"}]),
      "messages[1].role", "prefilling"),
     (body(tools=[{"type": "web_search_20250305", "name": "web_search"}]), "tools[0].type", "server tool"),
@@ -171,8 +232,9 @@ def test_errors_take_anthropics_shape_and_statuses():
     assert error_body(APIError(429, "busy"))[1]["error"]["type"] == "rate_limit_error"
     assert error_body(APIError(500, "bug"))[1]["error"]["type"] == "api_error"
     assert error_body(APIError(503, "going"))[0] == 529
-    assert error_body(APIError(507, "memory")) == (529, {"type": "error", "error": {
-        "type": "overloaded_error", "message": "memory"}})
+    # no memory for this conversation: a retry fails alike, so it is a prompt too long (Claude Code compacts)
+    assert error_body(APIError(507, "memory: 9 MiB")) == (400, {"type": "error", "error": {
+        "type": "invalid_request_error", "message": "prompt is too long: memory: 9 MiB"}})
 
 
 def test_context_overflow_uses_anthropics_messages():
@@ -357,8 +419,8 @@ async def test_a_failure_after_the_stream_started_is_an_error_event():
     await r.failed(send, APIError(507, "no memory for this conversation"))
     last = sent[-1]
     assert last["more_body"] is False
-    assert last["body"] == b'event: error\ndata: {"type":"error","error":{"type":"overloaded_error",' \
-                           b'"message":"no memory for this conversation"}}\n\n'
+    assert last["body"] == b'event: error\ndata: {"type":"error","error":{"type":"invalid_request_error",' \
+                           b'"message":"prompt is too long: no memory for this conversation"}}\n\n'
     before = MessagesJSON(FakeAPI(), "msg_2", parse_messages(body()), 3)
     sent.clear()
     await before.failed(send, APIError(429, "busy", headers={"Retry-After": "1"}))
