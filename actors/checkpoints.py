@@ -42,7 +42,8 @@ import numpy as np
 import trio
 
 from . import disk_io, page_format, shared_dir
-from .disk_format import SUFFIX, CheckpointFileError, Header, file_name, header_size, prefix_hash, read_header
+from .disk_format import (KINDS as DISK_KINDS, SUFFIX, CheckpointFileError, Header, file_name, header_size, prefix_hash,
+                          read_header)
 from .messages import FlushRecency, WriteCheckpoint
 from .plan import PrefillPlan, common_prefix_len, plan_prefill
 from .store import CheckpointStore, Entry, Eviction, footprint
@@ -323,6 +324,7 @@ class Checkpoints:
         self._apply(evictions)
         self._update_bytes()
         if (self.disk_enabled and self.out is not None and not (e is not None and e.on_disk)
+                and kind in DISK_KINDS   # a reply_end serves this process's reply table only: memory
                 and self.write_backoff.allows(trio.current_time())):   # paused after a failed write: memory only
             self._queue_write(eid, tokens, kind, snapshot)
 

@@ -14,6 +14,10 @@ Design notes.
  * What a live state holds after a turn: the prompt plus every generated token but the last (the
    last one is never fed — nothing needs its logits), so `state.tokens` is exactly what the next
    turn can extend.
+ * A chat reply the next turn may replay (`Submit.keep_reply`, daemon/protocol/reply_ids.py): `Done.ids`
+   carries the generated ids, and when the reply ended with EOS its state (prompt + every generated
+   id but that EOS) is captured as a checkpoint of kind "reply_end", memory only: the next turn, whose
+   prompt holds prompt + reply (EOS included), restores it when the slot's live state is gone.
  * Cancel is per sequence and between tokens: a token not yet taken into a step is withdrawn at
    once; one in the running step waits (shielded) for that step to finish, so when the request's
    cancel is acknowledged the kernel no longer touches its state, and the other states of the step
@@ -37,6 +41,7 @@ from .lifecycle import ClientGone, attached, end_cancelled, end_failed
 from .messages import Done, Finished, Prefilled, Started, TokenOut, Usage
 from .outcome import log_request
 from .penalties import Shaper
+from .prefill import _capture
 from .sequence import Sequence
 from .replies import finish, reply
 from .sampling import choose, log_softmax, make_rng, top_logprobs
@@ -264,6 +269,7 @@ async def run_decode(engine: Engine, pre: Prefilled, stream_decoder, stats: dict
                 else await trio.to_thread.run_sync(Speculation.over, sub.prompt))
     ahead: list[tuple[int, Any]] = []
     owed = 0
+    generated: list[int] = []     # every picked token (Done.ids, when the request keeps them)
     verified: tuple[int, float, float | None] | None = None   # (drafted, call_s, plain_s) of the open draft
     accepted = 0
 
@@ -288,6 +294,7 @@ async def run_decode(engine: Engine, pre: Prefilled, stream_decoder, stats: dict
             else:
                 tok, lp, top = _pick(logits, shaper, allowed, s, rng)
             shaper.accept(tok)
+            generated.append(tok)
             n += 1
             stats["completion_tokens"] = n
             if metrics is not None:
@@ -357,7 +364,24 @@ async def run_decode(engine: Engine, pre: Prefilled, stream_decoder, stats: dict
         else:
             tail += stops.flush()
     return Done(finish_reason, Usage(len(sub.prompt), n, pre.reused_tokens), text_tail=tail,
-                stop_sequence=stops.matched)
+                stop_sequence=stops.matched, ids=tuple(generated) if sub.keep_reply else ())
+
+
+async def capture_reply_end(engine: Engine, seq: Sequence, sub, done: Done) -> None:
+    """A reply that ended with EOS: snapshot its state (prompt + reply but that EOS, which is never fed)
+    as a "reply_end" checkpoint, under the usual capture rules (budget, memory plan, min_tokens)."""
+    ck = engine.checkpoints
+    eos = getattr(engine.tokenizer, "eos_id", None)
+    state = seq.state
+    if (not ck.enabled or not done.ids or done.ids[-1] != eos or done.finish_reason != "stop"
+            or done.stop_sequence is not None or state is None):
+        return
+    tokens = np.asarray(sub.prompt + done.ids[:-1], dtype=np.int32)
+    if tokens.shape[0] < ck.min_tokens or int(state.n_tokens) != tokens.shape[0]:
+        return
+    if ck.store.contains(tokens):
+        return
+    await _capture(engine, seq, state, tokens, "reply_end", sub, priority=DECODE)
 
 
 async def decode_turn(pre: Prefilled, seq: Sequence, to_admission, *, engine: Engine, steps: DecodeSteps,
@@ -367,9 +391,14 @@ async def decode_turn(pre: Prefilled, seq: Sequence, to_admission, *, engine: En
     sub = pre.submit
     stats: dict = {"completion_tokens": 0, "first_token_at": None}
 
+    async def work() -> Done:
+        done = await run_decode(engine, pre, new_stream_decoder(), stats, feed_of(steps, seq))
+        if sub.keep_reply:
+            await capture_reply_end(engine, seq, sub, done)
+        return done
+
     turn = await attached(
-        sub, lambda: run_decode(engine, pre, new_stream_decoder(), stats, feed_of(steps, seq)), engine=engine,
-        seq=seq, log=log,
+        sub, work, engine=engine, seq=seq, log=log,
         stage="decode",
         on_shutdown=lambda: log_request(log, sub, metrics=engine.metrics, outcome="cancelled",
                                         arrived_at=pre.arrived_at, reused=pre.reused_tokens,

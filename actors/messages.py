@@ -79,6 +79,9 @@ class Submit:
     turn_end_tokens: int | None = None  # where the next turn's prompt diverges, if before the end (capture there)
     turn_tokens: int | None = None     # where the last user message starts, in tokens (actors/turns.py)
     trace: RequestTrace = field(default_factory=RequestTrace, compare=False)   # stage times (trace.py)
+    # a chat reply the next turn may replay (daemon/protocol/reply_ids.py): `Done.ids` carries the generated
+    # ids, and a reply that ends with EOS is captured there (kind "reply_end", actors/decode.py)
+    keep_reply: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,7 +123,7 @@ class WriteCheckpoint:
     """A snapshot to write to disk (the checkpoint writer actor; dropped when its queue is full)."""
     id: str                            # the store's entry id (prefix hash), also the file stem
     tokens: object = field(repr=False)  # np.ndarray int32 [n]: the prefix the snapshot was taken at
-    kind: str = "prompt_end"           # "system" | "common" | "prompt_end"
+    kind: str = "prompt_end"           # "system" | "common" | "prompt_end" (a "reply_end" is never written)
     snapshot: object = field(default=None, repr=False)   # the kernel Snapshot (page references + tail)
 
 
@@ -181,6 +184,7 @@ class Done:
     usage: Usage
     text_tail: str = ""                # text flushed at the end (held-back bytes), after the last TokenOut
     stop_sequence: str | None = None   # the stop string that ended the reply (Anthropic's stop_sequence)
+    ids: tuple[int, ...] = field(default=(), repr=False)   # the generated ids, EOS included (Submit.keep_reply)
 
 
 @dataclass(frozen=True, slots=True)

@@ -123,17 +123,20 @@ def _snapshot(state, share_pages: bool):
     return state.snapshot(share_pages=share_pages)
 
 
-async def _capture(engine: Engine, seq: Sequence, state, ids: np.ndarray, kind: str, submit) -> None:
+async def _capture(engine: Engine, seq: Sequence, state, ids: np.ndarray, kind: str, submit,
+                   priority: tuple[int, int] | None = None) -> None:
     """Snapshot the state where it is now (in the kernel thread; it releases the GIL) and store it;
     not at all when the store could not keep it or the memory plan has no room for the copy. A snapshot
-    copies the state's tail and shares its page groups (the state copies a shared group before writing it)."""
+    copies the state's tail and shares its page groups (the state copies a shared group before writing it).
+    `priority`: the kernel gate's (a prefill's by its tokens left, unless given)."""
     nbytes, why = engine.capture_refusal(state)
     if why is not None:
         engine.checkpoints.skip_capture(ids, kind, nbytes, why, submit.request_id)
         return
     t0 = trio.current_time()
-    snap = await engine.run(prefill_priority(len(submit.prompt) - len(ids)), _snapshot, state,
-                            engine.checkpoints.share_pages)
+    if priority is None:
+        priority = prefill_priority(len(submit.prompt) - len(ids))
+    snap = await engine.run(priority, _snapshot, state, engine.checkpoints.share_pages)
     engine.checkpoints.capture(ids, kind, snap, submit.request_id)
     submit.trace.snapshot_s += trio.current_time() - t0
     submit.trace.snapshots += 1

@@ -21,7 +21,7 @@ Design notes
    the prompt at every distinct stored length, and the status lists every entry), so its
    default is generous; it no longer stands in for memory.
  * Eviction, per tier, runs while the tier is over either budget. Victims in order:
-     1. prompt_end captures, least recently used first;
+     1. turn-end captures (prompt_end, reply_end), least recently used first;
      2. prefix captures (common, system), least recently used first;
      3. the entry just added (it is refused rather than push out the protected entry);
      4. the protected entry (only when it alone breaks the budget).
@@ -52,9 +52,13 @@ from typing import Any, Callable, Literal, Sequence
 
 import numpy as np
 
-from .disk_format import KINDS, as_tokens, prefix_hash
+from .disk_format import KINDS as DISK_KINDS, as_tokens, prefix_hash
 
-Kind = Literal["system", "common", "prompt_end"]
+# reply_end: the state after a reply (actors/decode.py), memory only: the prompt it serves holds the
+# reply's generated ids, which only this process's reply table brings back (daemon/protocol/reply_ids.py)
+KINDS = DISK_KINDS + ("reply_end",)
+TURN_ENDS = ("prompt_end", "reply_end")     # evicted first
+Kind = Literal["system", "common", "prompt_end", "reply_end"]
 Tier = Literal["memory", "disk"]
 
 
@@ -85,7 +89,7 @@ class Entry:
 
     id: str                 # prefix_hash(tokens), 16 hex digits; also the file stem
     tokens: np.ndarray      # (n_tokens,) int32, read-only
-    kind: str               # "system" | "common" | "prompt_end"
+    kind: str               # "system" | "common" | "prompt_end" | "reply_end"
     snapshot: Any           # the kernel Snapshot; None when only on disk (not loaded)
     nbytes: int             # its whole size, shared pages included (from the header for disk-only entries)
     on_disk: bool = False
@@ -408,7 +412,7 @@ class CheckpointStore:
         members = [e for e in self._by_id.values() if e.in_memory]
         protected = self._protected(members)
         ordinary = sorted((e for e in members if e is not protected),
-                          key=lambda e: (e.kind != "prompt_end", e.last_used, e.created, e.id))
+                          key=lambda e: (e.kind not in TURN_ENDS, e.last_used, e.created, e.id))
         evicted: list[Eviction] = []
         start = self.memory_usage()
         for victim in ordinary + ([protected] if protected is not None else []):
@@ -437,7 +441,7 @@ class CheckpointStore:
             e = Entry(eid, ids, kind, None, nbytes, created=now, last_used=now)
             self._by_id[eid] = e
         else:
-            if (e.kind == "prompt_end" and kind != "prompt_end") or kind == "system":
+            if (e.kind in TURN_ENDS and kind not in TURN_ENDS) or kind == "system":
                 e.kind = kind
             e.last_used = max(e.last_used, now)   # a recency given by the caller never moves it back
         return e
@@ -465,7 +469,7 @@ class CheckpointStore:
             frees = lambda e: True   # noqa: E731
         protected = self._protected(members)
         ordinary = sorted((e for e in members if e is not newcomer and e is not protected),
-                          key=lambda e: (e.kind != "prompt_end", e.last_used, e.created, e.id))
+                          key=lambda e: (e.kind not in TURN_ENDS, e.last_used, e.created, e.id))
         victims = ordinary + [newcomer] + ([protected] if protected not in (None, newcomer) else [])
         if whole > max_bytes or max_slots == 0:
             victims = [newcomer]  # can never fit: refuse it without disturbing the others

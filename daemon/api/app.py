@@ -30,6 +30,8 @@ from .anthropic_reply import MessagesJSON, MessagesStream, send_anthropic_error
 from cairn.daemon.protocol.agent_protocol import AgentProtocol
 from cairn.daemon.protocol.chat import ChatTemplateError, continues_final
 from cairn.daemon.protocol.encoding_dsv4 import DSML
+from cairn.daemon.protocol.reply_end import reply_end
+from cairn.daemon.protocol.reply_ids import keepable, parsed_key, replay, reply_marks
 from .asgi import declared_length, read_body, send_error, send_json
 from .responders import ChatJSON, ChatStream, CompletionOut
 from .responses import as_responses_error, parse_responses
@@ -45,7 +47,7 @@ class API:
     def __init__(self, *, inbox: trio.MemorySendChannel, tokenizer, renderer, model_id: str,
                  context_length: int, vocab_size: int, max_tokens_default: int | None, fingerprint: str,
                  log, api_key: str | None = None, metrics=None, status=None, checkpoints=None,
-                 reasoning: str = "chat") -> None:
+                 reasoning: str = "chat", replies=None) -> None:
         self.inbox = inbox
         self.tok = tokenizer
         self.renderer = renderer
@@ -59,6 +61,10 @@ class API:
         self.metrics = metrics
         self.checkpoints = checkpoints   # actors.checkpoints.Checkpoints: GET / DELETE /v1/checkpoints
         self.markers = tokenizer.template_markers()   # message starts in ids: capture candidates (turns.py)
+        # replies reused exactly (daemon/protocol/reply_ids.py): the table, and the ids it reads; off
+        # without a table or with a template other than V4's own encoding
+        self.replies = replies
+        self.reply_marks = reply_marks(tokenizer, renderer) if replies is not None else None
         if status is None:
             from .status import StatusBoard
             status = StatusBoard(fingerprint=fingerprint, context_length=context_length)
@@ -313,7 +319,7 @@ class API:
         # a continued assistant message is past its reasoning: the reply goes on with its content
         thinking = options.thinking and not continues_final(req.messages)
         out = (ChatStream if req.common.stream else ChatJSON)(self, rid, req, thinking=thinking)
-        await self._drive(receive, send, rid, ids, hint, sampling, False, out, received, turn_end)
+        await self._drive(receive, send, rid, ids, hint, sampling, False, out, received, turn_end, chat=True)
 
     async def _responses(self, scope, receive, send) -> None:
         """The Responses API: translated into the chat request (responses.py), then the chat path's
@@ -331,7 +337,7 @@ class API:
         rid = self._new_id("resp")
         sampling = self._sampling(req.common, budget, False, 0, constraint, banned=self._no_tool_calls(req))
         out = (ResponsesStream if req.common.stream else ResponsesJSON)(self, rid, rr, thinking=options.thinking)
-        await self._drive(receive, send, rid, ids, hint, sampling, False, out, received, turn_end)
+        await self._drive(receive, send, rid, ids, hint, sampling, False, out, received, turn_end, chat=True)
 
     def _no_tool_calls(self, req) -> tuple[int, ...]:
         """tool_choice "none" with tools offered: the token that opens V4's call block is banned."""
@@ -358,8 +364,43 @@ class API:
                 turn_end = len(ids) - 1
             else:
                 turn_end = self._boundary(data, rendered.resume_bytes, ids, ends)
+        ids, hint, turn_end = self._replay(req, data, ids, ends, hint, turn_end)
         constraint = self.agent.constraint(req, options)
         return ids, hint, turn_end, constraint
+
+    def _replay(self, req, data: bytes, ids, ends, hint, turn_end):
+        """Past replies still in the reply table rendered with the ids the model generated for them
+        (reply_ids.py); the boundaries moved with them."""
+        if self.reply_marks is None:
+            return ids, hint, turn_end
+        r = replay(ids, ends, data, req.messages, self.replies, self.reply_marks)
+        if r is None:
+            return ids, hint, turn_end
+        self.log.debug("reply_ids_replayed", turns=len(r.spans), tokens=r.tokens, prompt_tokens=len(r.ids),
+                       text_tokens=len(ids))
+        return r.ids, r.position(hint), r.position(turn_end)
+
+    def _reply_opener(self, ids, turn_end) -> int | None:
+        """The id the reply will follow when its ids are worth keeping: a prompt that ends with
+        `<｜Assistant｜>` and the mode marker, whose next turn renders this reply after that marker
+        (not V4's thinking mode without tools, which drops the reasoning: `turn_end` is set then)."""
+        m = self.reply_marks
+        if m is None or turn_end is not None or len(ids) < 2 or ids[-2] != m.assistant:
+            return None
+        return ids[-1] if ids[-1] in (m.think, m.end_think) else None
+
+    def _keep_reply(self, rid: str, out, done: Done, opener: int) -> None:
+        """A reply that ended by itself (EOS; nothing cut, dropped or malformed): its generated ids,
+        keyed by what the API returned (the output parser's result every API serializes)."""
+        parser = getattr(out, "parser", None)
+        if parser is None or not done.ids:
+            return
+        parsed = parser.result
+        if not keepable(parsed, reply_end(done.finish_reason, done.stop_sequence, parsed), done.ids,
+                        self.reply_marks.eos):
+            return
+        if self.replies.put(parsed_key(parsed), opener, done.ids):
+            self.log.debug("reply_ids_kept", request_id=rid, tokens=len(done.ids))
 
     def _boundary(self, data: bytes, byte_offset: int | None, ids: list[int], ends: list[int]) -> int | None:
         """A byte offset of the prompt (`data`, its UTF-8) as a token count, if the text before it
@@ -408,7 +449,7 @@ class API:
                                   banned=self._no_tool_calls(req))
         out = (MessagesStream if req.common.stream else MessagesJSON)(self, rid, req, len(ids),
                                                                       thinking=options.thinking)
-        await self._drive(receive, send, rid, ids, hint, sampling, False, out, received, turn_end)
+        await self._drive(receive, send, rid, ids, hint, sampling, False, out, received, turn_end, chat=True)
 
     async def _count_tokens(self, scope, receive, send) -> None:
         """POST /v1/messages/count_tokens: the prompt /v1/messages would run, counted."""
@@ -435,16 +476,18 @@ class API:
     # --- the request's life -------------------------------------------------------------------
 
     async def _drive(self, receive, send, rid, ids, hint, sampling, prompt_logprobs, out,
-                     received: float | None = None, turn_end: int | None = None) -> None:
+                     received: float | None = None, turn_end: int | None = None, *, chat: bool = False) -> None:
         reply_send, reply_recv = trio.open_memory_channel(REPLY_BUFFER)
         control = RequestControl()
         # Capture candidates from the template's markers, for every endpoint (chat, ids, text): the
         # same conversation captures at the same positions however it is sent. `ids` are Python ints
         # already (validated JSON ints or the tokenizer's), so tuple() needs no per-id int().
         turns = turn_boundaries(ids, self.markers)
+        # a chat reply whose ids the next turn can replay: Done carries them, the reply's end is captured
+        opener = self._reply_opener(ids, turn_end) if chat else None
         submit = Submit(rid, tuple(ids), turns.system_end if hint is None else hint, sampling,
                         prompt_logprobs, reply_send, control, turn_end_tokens=turn_end,
-                        turn_tokens=turns.last_user, trace=RequestTrace(received))
+                        turn_tokens=turns.last_user, trace=RequestTrace(received), keep_reply=opener is not None)
         terminal = None
         self.status.submitted(rid, len(ids), sampling.max_tokens, control)
         try:
@@ -474,6 +517,8 @@ class API:
             # bytes (or the server's own close) cannot cancel this send half-way.
             if isinstance(terminal, Done):
                 await out.done(send, terminal)
+                if opener is not None:
+                    self._keep_reply(rid, out, terminal, opener)
             elif isinstance(terminal, Rejected):
                 err = APIError(429, "the engine is busy and its queue is full; retry later", code="queue_full",
                                headers={"Retry-After": str(terminal.retry_after_s)})

@@ -131,6 +131,7 @@ class StatusBoard:
     slots_reason: str = ""           # why the engine has this many slots (the setting, or the memory budget)
     expert_reason: str = ""          # why the expert cache has its budget (daemon/service/memory_plan.py)
     memory_plan: object = None       # daemon.service.memory_plan.MemoryPlan (None: no plan, no guard)
+    replies: object = None           # daemon.protocol.reply_ids.ReplyTable (None: replies are not replayed)
     started_at: float = field(default_factory=time.monotonic)
     requests: dict = field(default_factory=dict)
 
@@ -229,6 +230,8 @@ class StatusBoard:
             "checkpoints": checkpoint_tiers(engine),
             "expert_cache": expert_cache(engine, self.expert_reason),
             "memory": memory(engine, self.memory_plan),
+            # finished replies' generated ids, replayed when a later prompt holds the reply again
+            "replies": self.replies.stats() if self.replies is not None else None,
         }
 
 

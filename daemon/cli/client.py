@@ -354,6 +354,11 @@ def format_status(s: dict) -> str:
     if ck.get("enabled") is False:
         tiers += " (checkpoints off)"
     lines.append(f"checkpoints  {tiers or 'none'}")
+    rp = s.get("replies")
+    if isinstance(rp, dict):
+        lines.append(f"replies      {rp.get('entries', 0)} kept ({human_bytes(rp.get('bytes', 0))} of "
+                     f"{human_bytes(rp.get('max_bytes', 0))}); {rp.get('replayed_turns', 0)} turn(s) replayed, "
+                     f"{rp.get('replayed_tokens', 0)} tokens")
     ex = s.get("expert_cache") or {}
     if ex.get("paged"):
         hr = ex.get("hit_rate")

@@ -121,6 +121,19 @@ def test_status_board_tracks_the_running_request_and_formats():
     assert board.running() is None and "running      idle" in format_status(board.snapshot("tiny"))
 
 
+def test_status_shows_the_reply_table():
+    from cairn.daemon.protocol.reply_ids import ReplyTable
+
+    table = ReplyTable(1 << 20)
+    table.put(b"k", 7, [1, 2, 3])
+    table.note_replayed(1, 3)
+    s = StatusBoard(queue_size=8, replies=table).snapshot("tiny")
+    assert s["replies"]["entries"] == 1 and s["replies"]["max_bytes"] == 1 << 20
+    assert "replies      1 kept" in format_status(s) and "1 turn(s) replayed, 3 tokens" in format_status(s)
+    assert StatusBoard().snapshot("tiny")["replies"] is None and "replies" not in format_status(
+        StatusBoard().snapshot("tiny"))
+
+
 def test_checkpoint_hook_reads_the_managers_stats():
     class Ck:
         def checkpoint_stats(self):

@@ -55,6 +55,21 @@ def test_lru_and_prompt_end_first_under_slot_budget():
     assert s.stats().memory_entries == 3
 
 
+def test_reply_end_captures_go_with_the_prompt_ends_before_prefix_captures():
+    s = CheckpointStore(max_slots=3)
+    s.put(list(range(10)), "common", blob())
+    s.put(list(range(20)), "reply_end", blob())
+    s.put(list(range(30)), "prompt_end", blob())
+    ev = s.put(list(range(40)), "common", blob())   # turn ends first, least recently used first
+    assert [v.entry.n_tokens for v in ev] == [20]
+    ev = s.put(list(range(50)), "reply_end", blob())
+    assert [v.entry.n_tokens for v in ev] == [30]
+    s.put(list(range(50)), "common", blob())         # the same ids as a prefix capture: upgraded
+    assert s.get(prefix_hash(list(range(50)))).kind == "common"
+    s.put(list(range(40)), "reply_end", blob())      # never downgraded
+    assert s.get(prefix_hash(list(range(40)))).kind == "common"
+
+
 def test_byte_budget_evicts_until_it_fits():
     s = CheckpointStore(max_slots=10, max_bytes=1000)
     for n in (10, 20, 30):
@@ -163,7 +178,7 @@ def test_remove_tiers_and_stats():
     s.touch(eid)
     st = s.stats()
     assert (st.memory_entries, st.memory_bytes, st.disk_entries, st.disk_bytes, st.hits) == (1, 100, 1, 130, 1)
-    assert st.entries_by_kind == {"system": 1, "common": 0, "prompt_end": 0}
+    assert st.entries_by_kind == {"system": 1, "common": 0, "prompt_end": 0, "reply_end": 0}
     s.remove(eid, "disk")
     assert s.get(eid).tier == "memory" and not s.get(eid).on_disk
     s.remove(eid)
