@@ -316,7 +316,7 @@ async def run_decode(engine: Engine, pre: Prefilled, stream_decoder, stats: dict
                 finish_reason = "stop"
                 owed += kept             # the last token is never fed (below): a drafted one is taken back
                 break
-            text, stopped = stops.push(stream_decoder.push(tok))
+            text, stopped = stops.push(stream_decoder.push(tok), stream_decoder.hidden_text(tok))
             if stopped or n == budget:   # the last token is never fed: nothing needs its logits
                 owed += kept
                 await _send(sub, TokenOut(tok, text, lp, top))

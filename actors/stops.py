@@ -13,8 +13,14 @@ class StopMatcher:
         self._held = ""
         self.matched: str | None = None    # the stop string that ended the text (the earliest in it)
 
-    def push(self, text: str) -> tuple[str, bool]:
-        """Add streamed text. Returns (text safe to emit now, stopped)."""
+    def push(self, text: str, control: str | None = None) -> tuple[str, bool]:
+        """Add streamed text. Returns (text safe to emit now, stopped). `control`: the text of a control
+        token the reply drops (daemon/protocol/tokenizer.StreamDecoder); a stop string that is exactly
+        that text still stops there (a client may stop on `<｜User｜>`)."""
+        if control is not None and control in self._stops:
+            out, self._held = self._held + text, ""
+            self.matched = control
+            return out, True
         if not self._stops:
             return text, False
         buf = self._held + text

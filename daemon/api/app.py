@@ -353,8 +353,11 @@ class API:
         data = rendered.text.encode()
         self._check_prompt_size(len(data), "messages")
         # The one tokenization of the whole prompt: ids and where each token ends (for the boundaries).
-        ids, ends = self.tok.encode_with_offsets(rendered.text)
-        hint = self._boundary(data, rendered.system_prefix_bytes, ids, ends)
+        # The request's text is tokenized as text: control tokens come from the renderer's structure only.
+        content = rendered.content_spans
+        ids, ends = self.tok.encode_with_offsets(rendered.text, content) if content else \
+            self.tok.encode_with_offsets(rendered.text)
+        hint = self._boundary(data, rendered.system_prefix_bytes, ids, ends, content)
         turn_end = None
         if rendered.resume_bytes is not None:
             # Before a final special token (V4's `<think>`) the split is exact: the tokenizer cuts the
@@ -363,7 +366,7 @@ class API:
             if ids and self.tok.token_to_id(tail) == ids[-1]:
                 turn_end = len(ids) - 1
             else:
-                turn_end = self._boundary(data, rendered.resume_bytes, ids, ends)
+                turn_end = self._boundary(data, rendered.resume_bytes, ids, ends, content)
         ids, hint, turn_end = self._replay(req, data, ids, ends, hint, turn_end)
         constraint = self.agent.constraint(req, options)
         return ids, hint, turn_end, constraint
@@ -402,15 +405,18 @@ class API:
         if self.replies.put(parsed_key(parsed), opener, done.ids):
             self.log.debug("reply_ids_kept", request_id=rid, tokens=len(done.ids))
 
-    def _boundary(self, data: bytes, byte_offset: int | None, ids: list[int], ends: list[int]) -> int | None:
+    def _boundary(self, data: bytes, byte_offset: int | None, ids: list[int], ends: list[int],
+                  content: tuple[tuple[int, int], ...] = ()) -> int | None:
         """A byte offset of the prompt (`data`, its UTF-8) as a token count, if the text before it
         tokenizes on its own to the prompt's first ids (then every prompt sharing that text starts with
-        the same ids). Only that prefix is tokenized again."""
+        the same ids). Only that prefix is tokenized again (its content spans as in the whole)."""
         if byte_offset is None:
             return None
         n = bisect.bisect_right(ends, byte_offset)       # the tokens that end at or before it
         prefix = data[:byte_offset].decode(errors="ignore")
-        if not n or list(self.tok.encode(prefix)[:n]) != list(ids[:n]):
+        inside = tuple((a, min(b, len(prefix))) for a, b in content if a < len(prefix))
+        prefix_ids = self.tok.encode(prefix, inside) if inside else self.tok.encode(prefix)
+        if not n or list(prefix_ids[:n]) != list(ids[:n]):
             return None
         return n
 

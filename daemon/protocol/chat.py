@@ -12,15 +12,21 @@ Design notes:
   of an agent session, so it is worth a checkpoint of its own. Rather than knowing the template,
   we render only the leading system messages (with the tools, no generation prompt) and keep its
   length when it is a byte prefix of the full render; otherwise there is no usable prefix (None).
+- A template cannot tell the request's text from its own structure: control tokens' text in the
+  request is masked before it runs and put back after, as content spans (`_Masks`), so it is
+  tokenized as text while the template's own special tokens stay control tokens.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 
 import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from .encoding_dsv4 import SPECIAL_TOKENS
 
 ROLES = ("system", "user", "assistant", "tool")
 # OpenAI's newer name for the system role (Codex and the openai SDK send it). It is the system role
@@ -61,6 +67,10 @@ class RenderedChat:
     text: str
     system_prefix_bytes: int | None  # UTF-8 length of the shared system part of `text`, if any
     resume_bytes: int | None = None  # where the next turn will diverge, when before the end (V4 thinking)
+    # [start, end) character ranges of `text` that are the request's own text, which the tokenizer
+    # must never turn into control tokens (TextTokenizer.encode_with_offsets). The native encoder
+    # gives every piece of request text; a template, only where such text held a control token's text.
+    content_spans: tuple[tuple[int, int], ...] = ()
 
 
 def _raise_exception(message: str):
@@ -72,7 +82,7 @@ def _tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False
 
 
 class ChatRenderer:
-    def __init__(self, template: str, bos_token: str, eos_token: str):
+    def __init__(self, template: str, bos_token: str, eos_token: str, protect: tuple[str, ...] = ()):
         env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
                                             extensions=["jinja2.ext.loopcontrols"])
         env.filters["tojson"] = _tojson
@@ -83,13 +93,17 @@ class ChatRenderer:
             raise ChatTemplateError(f"chat template does not compile: {e.message} (line {e.lineno})") from None
         self.bos_token = bos_token
         self.eos_token = eos_token
+        # Control tokens' text (the tokenizer's added tokens; V4's own and BOS/EOS at least): masked in
+        # the request's text before the template runs (_Masks).
+        texts = sorted({t for t in (*protect, *SPECIAL_TOKENS, bos_token, eos_token) if t}, key=len, reverse=True)
+        self._protect = re.compile("|".join(re.escape(t) for t in (*texts, _MASK_OPEN, _MASK_CLOSE)))
 
     @classmethod
-    def from_model_dir(cls, md) -> "ChatRenderer":
+    def from_model_dir(cls, md, protect: tuple[str, ...] = ()) -> "ChatRenderer":
         from cairn.daemon.weights.model_dir import ModelDirError
 
         try:
-            return cls(md.chat_template, md.bos_token, md.eos_token)
+            return cls(md.chat_template, md.bos_token, md.eos_token, protect)
         except ChatTemplateError as e:
             raise ModelDirError(f"{md.path}: {e}") from None
 
@@ -97,14 +111,18 @@ class ChatRenderer:
 
     def render(self, messages: list[dict], *, tools: list[dict] | None = None,
                add_generation_prompt: bool = True, options=None) -> RenderedChat:
-        msgs = check_messages(messages)
-        tools = check_tools(tools)
+        masks = _Masks(self._protect)
+        msgs = masks.mask(check_messages(messages))
+        tools = masks.mask(check_tools(tools))
         kw = _template_kwargs(options)
         if continues_final(msgs):
             text = self._open_last_turn(msgs, tools, kw)
         else:
             text = self._render(msgs, tools, add_generation_prompt, kw)
-        return RenderedChat(text, self._system_prefix_bytes(msgs, tools, text, kw))
+        prefix = self._system_prefix(msgs, tools, text, kw)
+        text, spans = masks.unmask(text)
+        return RenderedChat(text, None if prefix is None else len(masks.unmask(prefix)[0].encode()),
+                            content_spans=spans)
 
     def _open_last_turn(self, msgs: list[dict], tools, kw) -> str:
         """The conversation without a generation prompt, cut right after the last assistant message's
@@ -126,8 +144,8 @@ class ChatRenderer:
         except (jinja2.TemplateError, TypeError, KeyError, ValueError) as e:
             raise ChatTemplateError(f"chat template failed on these messages: {e}") from None
 
-    def _system_prefix_bytes(self, msgs: list[dict], tools: list[dict] | None, text: str,
-                             kwargs: dict | None = None) -> int | None:
+    def _system_prefix(self, msgs: list[dict], tools: list[dict] | None, text: str,
+                       kwargs: dict | None = None) -> str | None:
         n = 0
         while n < len(msgs) and msgs[n]["role"] == "system":
             n += 1
@@ -139,7 +157,55 @@ class ChatRenderer:
             return None
         if not text.startswith(prefix):
             return None
-        return len(prefix.encode())
+        return prefix
+
+
+_MASK_OPEN, _MASK_CLOSE = "\ue000", "\ue001"     # private-use characters: no template changes them
+_MASKED = re.compile(f"{_MASK_OPEN}([0-9]+){_MASK_CLOSE}")
+
+
+class _Masks:
+    """A template cannot tell the request's text from its own structure, so the request's text goes
+    in with every control token's text replaced by a mask (`\\ue000<n>\\ue001`), and the rendered
+    text comes back with the originals in place and their ranges as content spans: they are
+    tokenized as text, while everything the template wrote itself stays what it was. A request
+    without such text renders exactly as before (no masks, no spans). The mask characters themselves
+    are masked too, so no request text can pass for a mask."""
+
+    def __init__(self, find: re.Pattern) -> None:
+        self._find = find                  # the control texts and the mask characters (ChatRenderer)
+        self.found: list[str] = []
+
+    def _one(self, m: re.Match) -> str:
+        self.found.append(m.group())
+        return f"{_MASK_OPEN}{len(self.found) - 1}{_MASK_CLOSE}"
+
+    def mask(self, value):
+        """A JSON-like value with its strings (dict keys too) masked."""
+        if isinstance(value, str):
+            return self._find.sub(self._one, value)
+        if isinstance(value, list):
+            return [self.mask(v) for v in value]
+        if isinstance(value, dict):
+            return {self.mask(k): self.mask(v) for k, v in value.items()}
+        return value
+
+    def unmask(self, text: str) -> tuple[str, tuple[tuple[int, int], ...]]:
+        if not self.found:
+            return text, ()
+        parts, spans, at, n = [], [], 0, 0
+        for m in _MASKED.finditer(text):
+            k = int(m.group(1))
+            if k >= len(self.found):       # not one of ours (the template's own text): left as it is
+                continue
+            parts.append(text[at:m.start()])
+            n += m.start() - at
+            parts.append(self.found[k])
+            spans.append((n, n + len(self.found[k])))
+            n += len(self.found[k])
+            at = m.end()
+        parts.append(text[at:])
+        return "".join(parts), tuple(spans)
 
 
 def _template_kwargs(options) -> dict:

@@ -31,7 +31,7 @@ class V4Renderer:
             enc = encode(canonical_roles(messages), tools, options or ChatOptions(), effort_variant=self.effort_variant)
         except EncodingError as e:
             raise ChatTemplateError(str(e)) from None
-        return RenderedChat(enc.text, enc.system_prefix_bytes, enc.resume_bytes)
+        return RenderedChat(enc.text, enc.system_prefix_bytes, enc.resume_bytes, enc.content_spans)
 
 
 _TOOLS = [{"type": "function", "function": {"name": "read", "description": "Read a file",
@@ -57,13 +57,14 @@ class Choice:
     reason: str
 
 
-def choose_renderer(md) -> Choice:
+def choose_renderer(md, protect: tuple[str, ...] = ()) -> Choice:
+    """`protect`: the tokenizer's control-token texts, masked in request text by a template (chat.py)."""
     variant = effort_variant_for(md.name, md.chat_template)
     native = V4Renderer(variant)
     if not md.chat_template:
         return Choice(native, native.name, f"no chat template in the model directory; effort variant {variant}")
     try:
-        template = ChatRenderer(md.chat_template, md.bos_token, md.eos_token)
+        template = ChatRenderer(md.chat_template, md.bos_token, md.eos_token, protect)
     except ChatTemplateError as e:
         return Choice(native, native.name, f"the directory's template does not compile ({e}); "
                                            f"effort variant {variant}")

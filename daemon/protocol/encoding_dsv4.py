@@ -19,6 +19,9 @@ follows its documented behaviour (docs/model-format.md, "Chat encoding"):
   a blank line, sorted in the order of the preceding assistant turn's calls.
 - The response format (a JSON schema) is an instruction block after the tools block; nothing here
   enforces it (constrained decoding does, daemon/protocol/constrain.py).
+- Every piece of the request's text is marked as content (`Encoded.content_spans`): the tokenizer
+  tokenizes it as text, so special-token text in it never becomes a control token; only what this
+  encoder writes itself is structure (docs/model-format.md, "Chat encoding").
 
 Two reasoning-effort variants exist: the first release (`original`: only `max` adds the "Absolute
 maximum" preamble) and the later one (`0731`: `low` adds nothing, `high` the "Absolute maximum"
@@ -111,6 +114,8 @@ class Encoded:
     system_prefix_bytes: int | None   # UTF-8 length of BOS + preamble + leading system part, if any
     resume_bytes: int | None          # where the next turn's prompt will diverge (before a dropped
                                       # `<think>`), when that is before the end; else None
+    content_spans: tuple[tuple[int, int], ...] = ()   # [start, end) character ranges of `text` that
+                                      # are the request's text (tokenized as text: never a control token)
 
 
 def to_json(value) -> str:
@@ -126,8 +131,14 @@ def effort_variant_for(model_name: str, template: str | None) -> str:
 
 
 def render_tools_block(tools: list[dict]) -> str:
+    return "".join(text for text, _ in _tools_block_pieces(tools))
+
+
+def _tools_block_pieces(tools: list[dict]) -> list[tuple[str, bool]]:
+    """The tools block as (text, from the request?) pieces: the schemas are the client's text."""
     schemas = "\n".join(to_json(t["function"] if "function" in t else t) for t in tools)
-    return _TOOLS_BLOCK.replace("{schemas}", schemas)
+    head, tail = _TOOLS_BLOCK.split("{schemas}")
+    return [(head, False), (schemas, True), (tail, False)]
 
 
 def dsml_arguments(arguments) -> dict:
@@ -144,15 +155,22 @@ def dsml_arguments(arguments) -> dict:
 
 def render_tool_calls(calls: list[dict]) -> str:
     """`\\n\\n<｜DSML｜tool_calls>…</｜DSML｜tool_calls>` for a list of {name, arguments}."""
-    invokes = []
-    for c in calls:
-        params = []
-        for key, value in dsml_arguments(c["arguments"]).items():
+    return "".join(text for text, _ in _tool_call_pieces(calls))
+
+
+def _tool_call_pieces(calls: list[dict]) -> list[tuple[str, bool]]:
+    """The DSML block as (text, from the request?) pieces: names, keys and values are the client's."""
+    out = [(f"\n\n{TOOL_CALLS_OPEN}\n", False)]
+    for j, c in enumerate(calls):
+        out += [(("\n" if j else "") + f'<{DSML}invoke name="', False), (c["name"], True), ('">\n', False)]
+        for k, (key, value) in enumerate(dsml_arguments(c["arguments"]).items()):
             is_str = isinstance(value, str)
-            params.append(f'<{DSML}parameter name="{key}" string="{"true" if is_str else "false"}">'
-                          f'{value if is_str else to_json(value)}{PARAM_CLOSE}')
-        invokes.append(f'<{DSML}invoke name="{c["name"]}">\n' + "\n".join(params) + f"\n{INVOKE_CLOSE}")
-    return f"\n\n{TOOL_CALLS_OPEN}\n" + "\n".join(invokes) + f"\n{TOOL_CALLS_CLOSE}"
+            out += [(("\n" if k else "") + f'<{DSML}parameter name="', False), (str(key), True),
+                    (f'" string="{"true" if is_str else "false"}">', False),
+                    (value if is_str else to_json(value), True), (PARAM_CLOSE, False)]
+        out.append((f"\n{INVOKE_CLOSE}", False))
+    out.append((f"\n{TOOL_CALLS_CLOSE}", False))
+    return out
 
 
 # ------------------------------------------------------------------------------------------------
@@ -238,6 +256,32 @@ def _sort_results(blocks: list, order: dict[str, int]) -> None:
 # ------------------------------------------------------------------------------------------------
 
 
+class _Writer:
+    """The prompt as it is written, piece by piece, and which characters came from the request."""
+
+    def __init__(self) -> None:
+        self.parts: list[str] = []
+        self.n = 0                                  # characters so far
+        self.spans: list[tuple[int, int]] = []      # the request's text: [start, end) character ranges
+
+    def structure(self, text: str) -> None:
+        self.parts.append(text)
+        self.n += len(text)
+
+    def content(self, text: str) -> None:
+        if not text:
+            return
+        if self.spans and self.spans[-1][1] == self.n:
+            self.spans[-1] = (self.spans[-1][0], self.n + len(text))
+        else:
+            self.spans.append((self.n, self.n + len(text)))
+        self.structure(text)
+
+    def pieces(self, pieces: list[tuple[str, bool]]) -> None:
+        for text, from_request in pieces:
+            (self.content if from_request else self.structure)(text)
+
+
 def encode(messages: list[dict], tools: list[dict] | None, opts: ChatOptions, *,
            effort_variant: str = "original") -> Encoded:
     """Checked OpenAI messages (daemon/chat.check_messages) -> the prompt text."""
@@ -253,52 +297,59 @@ def encode(messages: list[dict], tools: list[dict] | None, opts: ChatOptions, *,
     drop = thinking and not tools
     last_user = max((k for k, t in enumerate(turns) if t["role"] == "user"), default=-1)
 
-    out = [BOS]
+    w = _Writer()
+    w.structure(BOS)
     if thinking:
-        out.append(EFFORT_PREAMBLES[effort_variant][opts.effort])
+        w.structure(EFFORT_PREAMBLES[effort_variant][opts.effort])
     system_end = None
+    turn_ends = []                 # characters written after each turn
     for k, t in enumerate(turns):
         role = t["role"]
         if role == "system":
-            out.append(t["text"])
+            w.content(t["text"])
             if t.get("tools"):
-                out.append("\n\n" + render_tools_block(t["tools"]))
+                w.structure("\n\n")
+                w.pieces(_tools_block_pieces(t["tools"]))
             if t.get("schema") is not None:
-                out.append("\n\n" + _RESPONSE_FORMAT + to_json(t["schema"]))
+                w.structure("\n\n" + _RESPONSE_FORMAT)
+                w.content(to_json(t["schema"]))
         elif role == "user":
-            out.append(USER + "\n\n".join(text if kind == "text" else f"<tool_result>{text}</tool_result>"
-                                          for kind, _, text in t["blocks"]))
+            w.structure(USER)
+            for j, (kind, _, text) in enumerate(t["blocks"]):
+                if j:
+                    w.structure("\n\n")
+                if kind == "text":
+                    w.content(text)
+                else:
+                    w.structure("<tool_result>")
+                    w.content(text)
+                    w.structure("</tool_result>")
         else:
             keep = thinking and (not drop or k > last_user)
             # the conversation's last message, an assistant prefix: left open for the model to continue
             open_turn = k == len(turns) - 1 and not t["calls"] and bool(t["content"])
-            out.append((t["reasoning"] + END_THINK if keep else "") + t["content"]
-                       + (render_tool_calls(t["calls"]) if t["calls"] else "") + ("" if open_turn else EOS))
+            if keep:
+                w.content(t["reasoning"])
+                w.structure(END_THINK)
+            w.content(t["content"])
+            if t["calls"]:
+                w.pieces(_tool_call_pieces(t["calls"]))
+            if not open_turn:
+                w.structure(EOS)
+        turn_ends.append(w.n)
         if system_end is None and role != "system":
             system_end = k
         nxt = turns[k + 1]["role"] if k + 1 < len(turns) else None
         if role == "user" and nxt in (None, "assistant"):
             open_think = thinking and (not drop or k >= last_user)
-            out.append(ASSISTANT + (THINK if open_think else END_THINK))
-    text = "".join(out)
+            w.structure(ASSISTANT + (THINK if open_think else END_THINK))
+    text = "".join(w.parts)
     n_system = len(turns) if system_end is None else system_end
-    system_bytes = None
-    if n_system:
-        system_bytes = len("".join(out[: 1 + (1 if thinking else 0)]).encode())
-        system_bytes += sum(len(_system_text(t).encode()) for t in turns[:n_system])
+    system_bytes = len(text[:turn_ends[n_system - 1]].encode()) if n_system else None
     resume = None
     if drop and text.endswith(ASSISTANT + THINK):
         resume = len(text.encode()) - len(THINK.encode())
-    return Encoded(text, system_bytes, resume)
-
-
-def _system_text(t: dict) -> str:
-    s = t["text"]
-    if t.get("tools"):
-        s += "\n\n" + render_tools_block(t["tools"])
-    if t.get("schema") is not None:
-        s += "\n\n" + _RESPONSE_FORMAT + to_json(t["schema"])
-    return s
+    return Encoded(text, system_bytes, resume, tuple(w.spans))
 
 
 def resolve_mode(*, thinking_field, template_kwargs: dict | None, reasoning_effort: str | None,

@@ -3,6 +3,15 @@
 Design notes:
 - `encode` never adds BOS/EOS: the chat template writes them as text, and special-token text in
   the input maps to its id (the tokenizer matches added tokens before the BPE model).
+- Control tokens (every added token: BOS, EOS, `<｜User｜>`, `<think>`, the DSML marker, …) come only
+  from the renderer's own structure, never from a request's text: given the rendered prompt's
+  content spans (RenderedChat.content_spans), a control token found inside one means the stretch
+  of text between the structure's control tokens around it is tokenized again as plain text (by a
+  copy of the tokenizer that matches no added token, `_plain`, built on first use). The tokenizer
+  splits at added tokens before anything else, so every other stretch keeps its ids: a prompt whose
+  content holds no control token's text gets exactly the ids it always had, and a stretch before a
+  boundary does not depend on what follows it (checkpoints keep matching). The check is one table
+  lookup per token.
 - `tokenizers` reports offsets as CHARACTER indices of the Python string, and every byte-level
   piece of one multi-byte character reports that whole character. Prefix matching works in
   UTF-8 byte offsets, so offsets are converted here: a byte prefix -> the tokens that end at or
@@ -10,17 +19,29 @@ Design notes:
 - Streaming: each token's raw bytes come from inverting the byte-level alphabet (GPT-2's
   bytes_to_unicode); added/special tokens are their UTF-8 content. `StreamDecoder` feeds those
   bytes through an incremental UTF-8 decoder, so a character split across tokens is emitted once,
-  whole, when its last byte arrives.
+  whole, when its last byte arrives. It is where every reply's text is made (all APIs, streamed or
+  not), and it drops the control tokens a reply has no use for (`hidden_ids`: all added tokens but
+  `<think>`, `</think>` and the DSML marker, which the output parser reads): their text never
+  reaches a client.
 """
 
 from __future__ import annotations
 
 import codecs
+import json
+from bisect import bisect_right
+from functools import cached_property
 from itertools import accumulate
 
-from cairn.actors.turns import TemplateMarkers, markers_from_vocab
+import numpy as np
 
+from cairn.actors.turns import TemplateMarkers, markers_from_vocab
+from cairn.daemon.protocol.encoding_dsv4 import DSML, END_THINK, THINK
+
+from cairn.daemon.service.logs import get_logger
 from cairn.daemon.weights.model_dir import ModelDir, ModelDirError
+
+_log = get_logger()
 
 
 def _byte_level_alphabet() -> dict[str, int]:
@@ -37,6 +58,8 @@ def _byte_level_alphabet() -> dict[str, int]:
 
 
 _ALPHABET = _byte_level_alphabet()
+# The control tokens a reply may carry as text: the output parser reads them (daemon/protocol/v4_output.py).
+REPLY_MARKERS = frozenset({THINK, END_THINK, DSML})
 
 
 class TextTokenizer:
@@ -48,6 +71,12 @@ class TextTokenizer:
         self.eos_id: int = self._id_of(eos_token, eos_id, "eos")
         added = tokenizer.get_added_tokens_decoder()
         self._bytes: list[bytes] = [self._piece_bytes(i, added) for i in range(self.vocab_size)]
+        # Control tokens: every added token (special or not). Only the renderer's structure makes them.
+        self.control_texts: tuple[str, ...] = tuple(t.content for t in added.values())
+        self._control = np.zeros(self.vocab_size, dtype=bool)
+        self._control[[i for i in added if i < self.vocab_size]] = True
+        # ...and those a reply never shows as text (the output parser reads the others).
+        self.hidden_ids: frozenset[int] = frozenset(i for i, t in added.items() if t.content not in REPLY_MARKERS)
         # The most text one token can stand for: n bytes of text are at least n / this many tokens, so
         # a prompt's size bounds its length before it is tokenized. Only without a normalizer (which
         # may shrink the text first); None: no bound.
@@ -100,14 +129,79 @@ class TextTokenizer:
 
     # ---------------------------------------------------------------------------------------
 
-    def encode(self, text: str) -> list[int]:
-        return self._tok.encode(text, add_special_tokens=False).ids
-
-    def encode_with_offsets(self, text: str) -> tuple[list[int], list[int]]:
-        """Token ids, and for each token the UTF-8 byte offset in `text` where it ends."""
+    def encode(self, text: str, content: tuple[tuple[int, int], ...] = ()) -> list[int]:
+        """Token ids; `content`: character ranges of request text, which never become control tokens."""
         enc = self._tok.encode(text, add_special_tokens=False)
+        if content:
+            hits = self._control_hits(enc.ids)
+            if hits:
+                return self._as_text(text, enc.ids, [enc.token_to_chars(k) for k in hits], hits, content)[0]
+        return enc.ids
+
+    def encode_with_offsets(self, text: str, content: tuple[tuple[int, int], ...] = ()) -> tuple[list[int], list[int]]:
+        """Token ids, and for each token the UTF-8 byte offset in `text` where it ends (`content` as
+        for `encode`)."""
+        enc = self._tok.encode(text, add_special_tokens=False)
+        ids, offsets = enc.ids, enc.offsets
+        if content:
+            hits = self._control_hits(ids)
+            if hits:
+                ids, offsets = self._as_text(text, ids, [offsets[k] for k in hits], hits, content, offsets)
         char_end = _char_to_byte(text)  # char index -> byte offset
-        return enc.ids, [char_end[end] for _, end in enc.offsets]
+        return ids, [char_end[end] for _, end in offsets]
+
+    def _control_hits(self, ids: list[int]) -> list[int]:
+        """Positions of control tokens in `ids`."""
+        return np.flatnonzero(self._control[np.asarray(ids, dtype=np.intp)]).tolist() if ids else []
+
+    def _as_text(self, text, ids, spans, hits, content, offsets=None):
+        """(ids, character offsets or None) of `text` with `content` as plain text: unchanged when no
+        control token of `ids` (at `hits`, covering `spans`) overlaps a content range. Otherwise only
+        the stretches between the structure's control tokens that hold such a token are tokenized
+        again; the others keep their ids (the tokenizer splits at added tokens first)."""
+        starts = [a for a, _ in content]
+        structure = []                             # the structure's control tokens: (position in ids, span)
+        bad = []                                   # positions of control tokens made from content
+        for k, (s, e) in zip(hits, spans):
+            j = bisect_right(starts, s) - 1        # the last range starting at or before the token
+            if (j >= 0 and content[j][1] > s) or (j + 1 < len(content) and content[j + 1][0] < e):
+                bad.append(k)
+            else:
+                structure.append((k, (s, e)))
+        if not bad:
+            return ids, offsets
+        out_ids: list[int] = []
+        out_offsets: list[tuple[int, int]] | None = [] if offsets is not None else None
+        prev, at = -1, 0                           # the last structure token (position in ids) and its end
+        for k, (s, e) in [*structure, (len(ids), (len(text), len(text)))]:
+            i = bisect_right(bad, prev)
+            if i < len(bad) and bad[i] < k:        # this stretch holds content's control text
+                piece = self._plain.encode(text[at:s], add_special_tokens=False)
+                out_ids += piece.ids
+                if out_offsets is not None:
+                    out_offsets += [(a + at, b + at) for a, b in piece.offsets]
+            else:
+                out_ids += ids[prev + 1:k]
+                if out_offsets is not None:
+                    out_offsets += offsets[prev + 1:k]
+            if k < len(ids):
+                out_ids.append(ids[k])
+                if out_offsets is not None:
+                    out_offsets.append((s, e))
+            prev, at = k, e
+        return out_ids, out_offsets
+
+    @cached_property
+    def _plain(self):
+        """This tokenizer matching no added token: their text is tokenized by the model as any text."""
+        from tokenizers import Tokenizer
+
+        spec = json.loads(self._tok.to_str())
+        for t in spec.get("added_tokens") or []:
+            t["special"] = True
+        plain = Tokenizer.from_str(json.dumps(spec))
+        plain.encode_special_tokens = True
+        return plain
 
     def decode(self, ids: list[int], *, skip_special_tokens: bool = False) -> str:
         # ids past the tokenizer (a config vocab_size padded beyond it) are text-less padding rows
@@ -147,14 +241,24 @@ def _char_to_byte(text: str) -> list[int]:
 
 
 class StreamDecoder:
-    """Token ids in, text out, one complete character at a time."""
+    """Token ids in, text out, one complete character at a time; a control token the reply has no
+    use for (TextTokenizer.hidden_ids) gives no text."""
 
     def __init__(self, tok: TextTokenizer):
         self._tok = tok
+        self._hidden = getattr(tok, "hidden_ids", frozenset())
         self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
 
     def push(self, token_id: int) -> str:
+        if token_id in self._hidden:
+            _log.debug("reply_control_token_dropped", token_id=token_id,
+                       token=self._tok.token_bytes(token_id).decode("utf-8", "replace"))
+            return ""
         return self._utf8.decode(self._tok.token_bytes(token_id))
+
+    def hidden_text(self, token_id: int) -> str | None:
+        """A dropped control token's text (a stop string may name it: actors/stops.py), else None."""
+        return self._tok.token_bytes(token_id).decode("utf-8", "replace") if token_id in self._hidden else None
 
     def flush(self) -> str:
         """Whatever is left (an incomplete character becomes U+FFFD); the decoder is reset."""

@@ -55,7 +55,8 @@ def load(settings: Settings, kernel=None) -> Loaded:
     log = get_logger()
     # The weight-digest cache lives in the checkpoint directory: the place the daemon may write.
     md = open_model_dir(settings.model, digest_cache=Path(settings.checkpoint_dir) / CACHE_NAME, log=log)
-    choice = choose_renderer(md)
+    tokenizer = TextTokenizer.from_model_dir(md)
+    choice = choose_renderer(md, protect=tokenizer.control_texts)
     plan = plan_for(settings, md)
     log.info("memory_plan", limit_bytes=plan.limit_bytes, room_bytes=plan.room_bytes, source=plan.limit_source,
              slots=plan.slots, expert_cache_bytes=plan.expert_cache_bytes, paged=plan.paged,
@@ -84,7 +85,7 @@ def load(settings: Settings, kernel=None) -> Loaded:
     info = expert_cache_info(model)
     if info is not None:
         log.info("expert_cache", **info)
-    return Loaded(kernel=kernel, model=model, tokenizer=TextTokenizer.from_model_dir(md),
+    return Loaded(kernel=kernel, model=model, tokenizer=tokenizer,
                   renderer=choice.renderer, name=md.name, fingerprint=md.fingerprint,
                   context_length=int(md.config["max_position_embeddings"]),
                   encoding=f"{choice.encoding}: {choice.reason}", config=dict(md.config), memory_plan=plan)

@@ -40,13 +40,13 @@ class CountingTokenizer:
     def __getattr__(self, name):
         return getattr(self._tok, name)
 
-    def encode(self, text):
+    def encode(self, text, *content):
         self.calls.append(("encode", len(text)))
-        return self._tok.encode(text)
+        return self._tok.encode(text, *content)
 
-    def encode_with_offsets(self, text):
+    def encode_with_offsets(self, text, *content):
         self.calls.append(("encode_with_offsets", len(text)))
-        return self._tok.encode_with_offsets(text)
+        return self._tok.encode_with_offsets(text, *content)
 
     def boundary_for_byte_offset(self, text, byte_offset):      # tokenizes `text` whole
         self.calls.append(("boundary_for_byte_offset", len(text)))
@@ -122,7 +122,8 @@ async def test_a_long_prefill_progresses_across_a_client_that_gives_up_and_retri
         text = loaded.tokenizer.decode(prompt)
         body = {**CHAT, "messages": [{"role": "system", "content": "Be terse."}, {"role": "user", "content": text}],
                 "max_tokens": 1, "stream": True}
-        prompt = loaded.tokenizer.encode(loaded.renderer.render(body["messages"]).text)
+        rendered = loaded.renderer.render(body["messages"])     # (the text holds control tokens' text)
+        prompt = loaded.tokenizer.encode(rendered.text, rendered.content_spans)
     tries, done = 0, None
     with trio.fail_after(120), capture_logs() as logs:
         async with daemon(loaded, sock, chunk=chunk, segment=64):

@@ -77,7 +77,7 @@ def test_ascii_offsets(tok):
 
 
 def test_stream_decoder_reassembles_characters_split_across_tokens(tok):
-    text = MULTI + "<｜end▁of▁sentence｜>"
+    text = MULTI + "</think>"      # a marker the output parser reads is text (others are dropped: below)
     dec = StreamDecoder(tok)
     pieces = [dec.push(i) for i in tok.encode(text)]
     assert "".join(pieces) + dec.flush() == text
