@@ -330,7 +330,7 @@ class API:
         try:
             options, ids, hint, turn_end, constraint = await self._chat_prompt(
                 req, ignored=tuple(f"tools[].type={t}" for t in rr.dropped_tools),
-                param=lambda m: "tools" if m.startswith("tools") else "input")
+                param=lambda m: "tools" if m.startswith("tools") else "input", prompt_param="input")
         except APIError as e:    # a grammar that does not compile names response_format: say text.format
             raise as_responses_error(e) from None
         budget = self._budget(len(ids), req.common.max_tokens, "input", "max_output_tokens")
@@ -346,12 +346,12 @@ class API:
         dsml = self.tok.token_to_id(DSML)
         return () if dsml is None else (dsml,)
 
-    def _render_chat(self, req, options=None):
+    def _render_chat(self, req, options=None, prompt_param: str = "messages"):
         """Chat -> token ids, the system-prefix boundary as a token count (checkpoint hint), where the
         next turn will diverge (a token count, or None), and the grammar constraint (or None)."""
         rendered = self.renderer.render(req.messages, tools=req.tools, options=options)
         data = rendered.text.encode()
-        self._check_prompt_size(len(data), "messages")
+        self._check_prompt_size(len(data), prompt_param)
         # The one tokenization of the whole prompt: ids and where each token ends (for the boundaries).
         # The request's text is tokenized as text: control tokens come from the renderer's structure only.
         content = rendered.content_spans
@@ -368,7 +368,8 @@ class API:
             else:
                 turn_end = self._boundary(data, rendered.resume_bytes, ids, ends, content)
         ids, hint, turn_end = self._replay(req, data, ids, ends, hint, turn_end)
-        constraint = self.agent.constraint(req, options)
+        # a prompt that cannot fit is refused by the caller: no grammar is compiled for it
+        constraint = self.agent.constraint(req, options) if len(ids) < self.ctx else None
         return ids, hint, turn_end, constraint
 
     def _replay(self, req, data: bytes, ids, ends, hint, turn_end):
@@ -463,7 +464,8 @@ class API:
         _, ids, *_ = await self._chat_prompt(req)
         await send_json(send, 200, {"input_tokens": len(ids)})
 
-    async def _chat_prompt(self, req, *, ignored: tuple[str, ...] = (), param=lambda m: "messages"):
+    async def _chat_prompt(self, req, *, ignored: tuple[str, ...] = (), param=lambda m: "messages",
+                           prompt_param: str = "messages"):
         """The step every chat-shaped API shares: the model, the options, the prompt rendered and
         tokenized; a template error is a 400 naming `param(message)`. Rendering and tokenizing a
         long conversation takes a while, and so may compiling a grammar: off the event loop, and
@@ -471,10 +473,12 @@ class API:
         gone); its time is bounded by the body limit."""
         self._check_model(req.common.model)
         self.agent.note_ignored(req.common.ignored + ignored)
+        if req.dropped_nonces:      # daemon/protocol/nonces.py: left out of the prompt, said at debug
+            self.log.debug("request_nonce_dropped", where=list(req.dropped_nonces))
         options = self.agent.options(req, self.reasoning)
         try:
             ids, hint, turn_end, constraint = await trio.to_thread.run_sync(
-                self._render_chat, req, options, limiter=self._cpu)
+                self._render_chat, req, options, prompt_param, limiter=self._cpu)
         except ChatTemplateError as e:
             raise APIError(400, str(e), param=param(str(e)), code="invalid_value") from None
         return options, ids, hint, turn_end, constraint

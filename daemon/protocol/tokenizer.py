@@ -131,7 +131,7 @@ class TextTokenizer:
 
     def encode(self, text: str, content: tuple[tuple[int, int], ...] = ()) -> list[int]:
         """Token ids; `content`: character ranges of request text, which never become control tokens."""
-        enc = self._tok.encode(text, add_special_tokens=False)
+        enc = _encode(self._tok, text)
         if content:
             hits = self._control_hits(enc.ids)
             if hits:
@@ -141,7 +141,7 @@ class TextTokenizer:
     def encode_with_offsets(self, text: str, content: tuple[tuple[int, int], ...] = ()) -> tuple[list[int], list[int]]:
         """Token ids, and for each token the UTF-8 byte offset in `text` where it ends (`content` as
         for `encode`)."""
-        enc = self._tok.encode(text, add_special_tokens=False)
+        enc = _encode(self._tok, text)
         ids, offsets = enc.ids, enc.offsets
         if content:
             hits = self._control_hits(ids)
@@ -176,7 +176,7 @@ class TextTokenizer:
         for k, (s, e) in [*structure, (len(ids), (len(text), len(text)))]:
             i = bisect_right(bad, prev)
             if i < len(bad) and bad[i] < k:        # this stretch holds content's control text
-                piece = self._plain.encode(text[at:s], add_special_tokens=False)
+                piece = _encode(self._plain, text[at:s])
                 out_ids += piece.ids
                 if out_offsets is not None:
                     out_offsets += [(a + at, b + at) for a, b in piece.offsets]
@@ -231,6 +231,12 @@ class TextTokenizer:
                 break
             n += 1
         return n
+
+
+def _encode(tok, text: str):
+    """One text's Encoding. `Tokenizer.encode` holds the GIL for its whole run (seconds for a
+    megabyte prompt, and the event loop with it); `encode_batch` releases it, same ids and offsets."""
+    return tok.encode_batch([text], add_special_tokens=False)[0]
 
 
 def _char_to_byte(text: str) -> list[int]:

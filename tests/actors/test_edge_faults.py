@@ -87,8 +87,10 @@ async def test_a_prompt_too_large_for_the_context_is_refused_by_its_size_before_
             chat = await request(sock, "POST", "/v1/chat/completions",
                                  {**CHAT, "messages": [{"role": "user", "content": big}]})
             cmpl = await request(sock, "POST", "/v1/completions", {"model": "tiny", "prompt": big, "max_tokens": 1})
+            resp = await request(sock, "POST", "/v1/responses", {"model": "tiny", "input": big})
             health = await request(sock, "GET", "/health")
-    for r, param in ((chat, "messages"), (cmpl, "prompt")):
+    for r, param in ((chat, "messages"), (cmpl, "prompt"), (resp, "input")):
+        assert r.json()["error"]["message"].startswith(param + ":")
         err = r.json()["error"]
         assert r.status == 400 and err["code"] == "context_length_exceeded" and err["param"] == param
         assert f"at most {limit} bytes" in err["message"] and str(loaded.context_length) in err["message"]

@@ -102,3 +102,25 @@ def test_padding_ids_past_the_tokenizer_have_no_text(tok):
     assert tok.decode([*hello, pad]) == tok.decode(hello)
     d = StreamDecoder(tok)
     assert "".join(d.push(i) for i in [*hello, pad]) == "hello"
+
+
+def test_a_long_prompt_is_tokenized_without_holding_the_gil(tok):
+    # The API tokenizes in a worker thread; a tokenizer that held the GIL for a megabyte prompt
+    # would stall the event loop (and /health) for seconds all the same.
+    import threading
+    import time
+
+    text = "def f(x):\n    return x + 1  # a comment\n" * 40_000          # ~1.6 MB of ASCII
+    result = {}
+    worker = threading.Thread(target=lambda: result.update(ids=tok.encode_with_offsets(text)[0]))
+    worst, last = 0.0, time.perf_counter()
+    start = last
+    worker.start()
+    while worker.is_alive():
+        time.sleep(0.002)
+        now = time.perf_counter()
+        worst, last = max(worst, now - last), now
+    total = time.perf_counter() - start
+    assert result["ids"] == tok._tok.encode(text, add_special_tokens=False).ids
+    # GIL held: this thread waits out nearly the whole run at once; released: it runs throughout
+    assert worst < 0.5 * total, (worst, total)
