@@ -119,6 +119,17 @@ async def _prepare(engine: Engine, seq: Sequence, submit, ids: np.ndarray, log):
     raise PrefillError("could not plan the prefill: checkpoints kept failing")
 
 
+def _reuse_source(engine: Engine, plan) -> dict:
+    """Where the plan's reused tokens come from: the live state, a checkpoint (its id and kind), or nothing."""
+    if plan.action == "reuse_live":
+        return {"from": "live_state", "tokens": plan.start}
+    if plan.action == "restore":
+        entry = engine.checkpoints.store.get(plan.restore_id)
+        return {"from": "checkpoint", "id": plan.restore_id, "kind": None if entry is None else entry.kind,
+                "tokens": plan.start}
+    return {"from": "none", "tokens": 0}
+
+
 def _snapshot(state, share_pages: bool):
     return state.snapshot(share_pages=share_pages)
 
@@ -154,6 +165,7 @@ async def run_prefill(engine: Engine, seq: Sequence, submit, log, progress: dict
     plan, state = await _prepare(engine, seq, submit, ids, log)
     trace.planned_at = trio.current_time()
     reused = plan.start
+    trace.reuse = _reuse_source(engine, plan)
     if progress is not None:
         progress["reused"] = reused
     log.info("prefill_plan", request_id=submit.request_id, prompt_tokens=n, reused_tokens=reused,

@@ -14,7 +14,8 @@ from .expert_io import ExpertTally
 
 class RequestTrace:
     __slots__ = ("received_at", "submitted_at", "prefill_at", "planned_at", "prefilled_at",
-                 "kernel_s", "kernel_calls", "snapshot_s", "snapshots", "prefill_experts", "decode_experts")
+                 "kernel_s", "kernel_calls", "snapshot_s", "snapshots", "prefill_experts", "decode_experts",
+                 "reuse")
 
     def __init__(self, received_at: float | None = None) -> None:
         self.received_at = received_at      # the HTTP handler started (before the body is read)
@@ -30,6 +31,9 @@ class RequestTrace:
         # decode steps batched with other requests (several slots) count the whole step for each of them.
         self.prefill_experts = ExpertTally()
         self.decode_experts = ExpertTally()
+        # where the prompt's reused tokens came from, set by the prefill worker once planned (the edge's
+        # cache diagnostics read it): {"from": "live_state" | "checkpoint" | "none", ...}
+        self.reuse: dict | None = None
 
     def experts(self) -> dict | None:
         """The request's expert-cache work for its log line; None when no expert was paged."""

@@ -24,6 +24,8 @@ through the Messages API renders exactly as the same conversation sent to /v1/ch
   by its own rule.
 - `stop_sequences` -> stop; `max_tokens`, `temperature`, `top_p`, `top_k` as they are; `metadata`
   is checked and not used; the top-level `cache_control` is accepted (every prefix is cached).
+- `diagnostics.previous_message_id` -> `ChatRequest.diagnostics`: this prompt compared with that
+  earlier response's, answered in the reply's `diagnostics` (cache_diagnostics.py).
 
 Refused with a 400 naming the field: images and documents (this model reads text), server tools,
 a final assistant message (prefill), and anything malformed. Errors leave this module as
@@ -32,13 +34,16 @@ schemas.APIError; `error_body` gives them Anthropic's shape and status.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from cairn.daemon.protocol.nonces import nonce_name
 
+from .cache_diagnostics import Ask
 from .schemas import APIError, ChatRequest, CommonParams, MAX_STOP_CHARS, _check_unknown, bad
 
 FIELDS = {"model", "messages", "max_tokens", "system", "tools", "tool_choice", "thinking", "stop_sequences",
           "temperature", "top_p", "top_k", "metadata", "stream", "service_tier", "cache_control", "output_config",
-          "context_management"}
+          "context_management", "diagnostics"}
 COUNT_FIELDS = {"model", "messages", "system", "tools", "tool_choice", "thinking", "cache_control", "output_config",
                 "context_management"}
 THINKING_TYPES = ("enabled", "adaptive", "between_tools", "disabled")
@@ -487,7 +492,25 @@ def parse_messages(d: dict) -> ChatRequest:
     if max_tokens is None:
         raise bad("max_tokens", "required: the most tokens the reply may have (an integer of at least 1)",
                   "missing_field")
-    return _request(d, known=FIELDS, max_tokens=max_tokens, stream=bool(d.get("stream")))
+    req = _request(d, known=FIELDS, max_tokens=max_tokens, stream=bool(d.get("stream")))
+    return replace(req, diagnostics=_diagnostics(d.get("diagnostics")))
+
+
+def _diagnostics(v) -> Ask | None:
+    """`diagnostics: {"previous_message_id": "msg_…" | null}`: compare this prompt with that earlier
+    response's (api/cache_diagnostics.py); null on a first turn opts in with nothing to compare."""
+    if v is None:
+        return None
+    if not isinstance(v, dict):
+        raise bad("diagnostics", f'expected an object {{"previous_message_id": ...}}, got {_kind(v)}', "invalid_type")
+    if "previous_message_id" not in v:
+        raise bad("diagnostics.previous_message_id", "required: the id of an earlier response to compare with "
+                  "(msg_…), or null on a first turn", "missing_field")
+    pid = v["previous_message_id"]
+    if pid is not None and (not isinstance(pid, str) or not pid):
+        raise bad("diagnostics.previous_message_id", f"expected a message id string or null, got {_kind(pid)}"
+                  + (" (empty)" if pid == "" else ""), "invalid_type")
+    return Ask("anthropic", pid)
 
 
 def parse_count_tokens(d: dict) -> ChatRequest:

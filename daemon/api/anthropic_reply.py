@@ -14,6 +14,9 @@ by max_tokens is never sent, and stop_reason says `max_tokens` (reply_end).
 Prefill progress before message_start stays cairn's SSE comments (`: progress {...}`), which SSE
 clients, Anthropic's SDKs among them, skip.
 
+`diagnostics` (the message's, and message_start's in a stream) answers the request's `diagnostics`
+field (api/cache_diagnostics.py): null unless a comparison found a divergence or no earlier response.
+
 Usage: `input_tokens` are the prompt tokens not read from a checkpoint, `cache_read_input_tokens`
 those that were (so input + cache_read is the whole prompt, as Anthropic counts it); cairn caches
 every prefix on its own, so `cache_creation_input_tokens` is 0.
@@ -127,9 +130,11 @@ def _input(arguments: str) -> dict:
 
 
 def message(rid: str, model: str, content: list[dict], stop: str | None, stop_sequence: str | None,
-            usage: dict) -> dict:
+            usage: dict, diagnostics: dict | None = None) -> dict:
+    # diagnostics: the cache comparison the request asked for (cache_diagnostics.anthropic_diagnostics),
+    # null when it asked none, on a first turn, or when nothing diverged
     return {"id": rid, "type": "message", "role": "assistant", "model": model, "content": content,
-            "stop_reason": stop, "stop_sequence": stop_sequence, "usage": usage}
+            "stop_reason": stop, "stop_sequence": stop_sequence, "usage": usage, "diagnostics": diagnostics}
 
 
 async def send_anthropic_error(send, err: APIError) -> None:
@@ -150,10 +155,12 @@ def _warn(api, rid: str, parser: OutputParser) -> None:
 class MessagesJSON(Responder):
     """A whole reply: one `message` object."""
 
-    def __init__(self, api, rid: str, req, n_prompt: int, thinking: bool = False) -> None:
+    def __init__(self, api, rid: str, req, n_prompt: int, thinking: bool = False, diagnostics: dict | None = None
+                 ) -> None:
         super().__init__(api, rid)
         self.parser = reply_parser(thinking, req.callable_tools, new_id=new_tool_id)
         self.blocks = Blocks()
+        self.diagnostics = diagnostics
 
     async def start(self, send, msg: Started) -> None:
         pass
@@ -170,7 +177,7 @@ class MessagesJSON(Responder):
         _warn(self.api, self.rid, self.parser)
         stop, seq = stop_reason(end)
         await send_json(send, 200, message(self.rid, self.api.model_id, self.blocks.blocks, stop, seq,
-                                           usage_dict(d.usage)))
+                                           usage_dict(d.usage), self.diagnostics))
 
     async def failed(self, send, err: APIError) -> None:
         await send_anthropic_error(send, err)
@@ -180,17 +187,19 @@ class MessagesStream(StreamProgress):
     """A streamed reply: Anthropic's event sequence (module docstring)."""
     stream = True
 
-    def __init__(self, api, rid: str, req, n_prompt: int, thinking: bool = False) -> None:
+    def __init__(self, api, rid: str, req, n_prompt: int, thinking: bool = False, diagnostics: dict | None = None
+                 ) -> None:
         super().__init__(api, rid)
         self.n_prompt = n_prompt
         self.parser = reply_parser(thinking, req.callable_tools, new_id=new_tool_id)
         self.blocks = Blocks()
+        self.diagnostics = diagnostics     # on message_start, as Anthropic sends it
 
     async def start(self, send, msg: Started) -> None:
         await self._start_stream(send)
         usage = usage_dict(Usage(self.n_prompt, 0, msg.reused_tokens))
         await send_named(send, "message_start", {"type": "message_start", "message": message(
-            self.rid, self.api.model_id, [], None, None, usage)})
+            self.rid, self.api.model_id, [], None, None, usage, self.diagnostics)})
         await send_named(send, "ping", {"type": "ping"})
 
     async def _send(self, send, events: list[tuple[str, dict]]) -> None:

@@ -27,6 +27,7 @@ from cairn.actors.turns import turn_boundaries
 from . import anthropic, worker_info
 from .access import api_key_matches, loopback_host, operator_endpoint, x_api_key_matches
 from .anthropic_reply import MessagesJSON, MessagesStream, send_anthropic_error
+from .cache_diagnostics import FingerprintTable, fingerprint, outcome, prepare
 from cairn.daemon.protocol.agent_protocol import AgentProtocol
 from cairn.daemon.protocol.chat import ChatTemplateError, continues_final
 from cairn.daemon.protocol.encoding_dsv4 import DSML
@@ -47,7 +48,7 @@ class API:
     def __init__(self, *, inbox: trio.MemorySendChannel, tokenizer, renderer, model_id: str,
                  context_length: int, vocab_size: int, max_tokens_default: int | None, fingerprint: str,
                  log, api_key: str | None = None, metrics=None, status=None, checkpoints=None,
-                 reasoning: str = "chat", replies=None) -> None:
+                 reasoning: str = "chat", replies=None, fingerprints=None) -> None:
         self.inbox = inbox
         self.tok = tokenizer
         self.renderer = renderer
@@ -65,9 +66,14 @@ class API:
         # without a table or with a template other than V4's own encoding
         self.replies = replies
         self.reply_marks = reply_marks(tokenizer, renderer) if replies is not None else None
+        # finished responses' prompts, compared with later ones (cache_diagnostics.py)
+        if fingerprints is None:
+            from cairn.daemon.service.memory_plan import DIAGNOSTIC_IDS_BYTES
+            fingerprints = FingerprintTable(DIAGNOSTIC_IDS_BYTES)
+        self.fingerprints = fingerprints
         if status is None:
             from .status import StatusBoard
-            status = StatusBoard(fingerprint=fingerprint, context_length=context_length)
+            status = StatusBoard(fingerprint=fingerprint, context_length=context_length, fingerprints=fingerprints)
         self.status = status       # daemon/api/status.py: GET /v1/status, fed by _drive
         self.reasoning = reasoning   # the server's default mode (--reasoning)
         self.agent = AgentProtocol(tokenizer, vocab_size, log)
@@ -319,7 +325,9 @@ class API:
         # a continued assistant message is past its reasoning: the reply goes on with its content
         thinking = options.thinking and not continues_final(req.messages)
         out = (ChatStream if req.common.stream else ChatJSON)(self, rid, req, thinking=thinking)
-        await self._drive(receive, send, rid, ids, hint, sampling, False, out, received, turn_end, chat=True)
+        prep = await self._diagnose(req, options, ids, turn_end)
+        await self._drive(receive, send, rid, ids, hint, sampling, False, out, received, turn_end, chat=True,
+                          prep=prep)
 
     async def _responses(self, scope, receive, send) -> None:
         """The Responses API: translated into the chat request (responses.py), then the chat path's
@@ -336,8 +344,11 @@ class API:
         budget = self._budget(len(ids), req.common.max_tokens, "input", "max_output_tokens")
         rid = self._new_id("resp")
         sampling = self._sampling(req.common, budget, False, 0, constraint, banned=self._no_tool_calls(req))
-        out = (ResponsesStream if req.common.stream else ResponsesJSON)(self, rid, rr, thinking=options.thinking)
-        await self._drive(receive, send, rid, ids, hint, sampling, False, out, received, turn_end, chat=True)
+        prep = await self._diagnose(req, options, ids, turn_end)
+        out = (ResponsesStream if req.common.stream else ResponsesJSON)(self, rid, rr, thinking=options.thinking,
+                                                                        diagnostics=prep and prep.vendor)
+        await self._drive(receive, send, rid, ids, hint, sampling, False, out, received, turn_end, chat=True,
+                          prep=prep)
 
     def _no_tool_calls(self, req) -> tuple[int, ...]:
         """tool_choice "none" with tools offered: the token that opens V4's call block is banned."""
@@ -393,18 +404,46 @@ class API:
             return None
         return ids[-1] if ids[-1] in (m.think, m.end_think) else None
 
-    def _keep_reply(self, rid: str, out, done: Done, opener: int) -> None:
+    def _keep_reply(self, rid: str, out, done: Done, opener: int) -> bool:
         """A reply that ended by itself (EOS; nothing cut, dropped or malformed): its generated ids,
-        keyed by what the API returned (the output parser's result every API serializes)."""
+        keyed by what the API returned (the output parser's result every API serializes). Whether kept."""
         parser = getattr(out, "parser", None)
         if parser is None or not done.ids:
-            return
+            return False
         parsed = parser.result
         if not keepable(parsed, reply_end(done.finish_reason, done.stop_sequence, parsed), done.ids,
                         self.reply_marks.eos):
-            return
+            return False
         if self.replies.put(parsed_key(parsed), opener, done.ids):
             self.log.debug("reply_ids_kept", request_id=rid, tokens=len(done.ids))
+            return True
+        return False
+
+    async def _diagnose(self, req, options, ids, turn_end):
+        """The prompt's fingerprint, the comparison the request asks for and the earlier turn it extends
+        (cache_diagnostics.py), in a worker thread (hashing a long conversation, comparing ids). Never
+        fails the request: a bug here is logged and the request runs without diagnostics."""
+        def work():
+            fp = fingerprint(f"{self.model_id}:{self.fingerprint}", req.messages, req.tools, ids,
+                             thinking=options.thinking, effort=options.effort,
+                             response_schema=options.response_schema, turn_end=turn_end)
+            return prepare(self.fingerprints, fp, req.diagnostics)
+        try:
+            return await trio.to_thread.run_sync(work, limiter=self._cpu)
+        except Exception as e:
+            self.log.warning("cache_diagnostics_failed", exc_info=e)
+            return None
+
+    def _cache_started(self, rid: str, prep, reused: int, reuse: dict | None) -> None:
+        """The request's reuse is known: its figures against the earlier response it was compared with
+        (or the earlier turn it extends) go to /v1/status and, on a miss or a shortfall, to the log."""
+        ev, miss, shortfall = outcome(prep, reused, reuse)
+        asked = prep.ask is not None and prep.ask.compare_to is not None
+        self.fingerprints.note({"request_id": rid, **ev}, asked=asked, miss=miss, shortfall=shortfall)
+        if miss or shortfall:
+            self.log.info("cache_diagnostics", request_id=rid, miss=miss, shortfall=shortfall, **ev)
+        elif asked:
+            self.log.debug("cache_diagnostics", request_id=rid, miss=False, shortfall=False, **ev)
 
     def _boundary(self, data: bytes, byte_offset: int | None, ids: list[int], ends: list[int],
                   content: tuple[tuple[int, int], ...] = ()) -> int | None:
@@ -454,9 +493,12 @@ class API:
         rid = self._new_id("msg").replace("-", "_", 1)
         sampling = self._sampling(req.common, req.common.max_tokens, False, 0, constraint,
                                   banned=self._no_tool_calls(req))
+        prep = await self._diagnose(req, options, ids, turn_end)
         out = (MessagesStream if req.common.stream else MessagesJSON)(self, rid, req, len(ids),
-                                                                      thinking=options.thinking)
-        await self._drive(receive, send, rid, ids, hint, sampling, False, out, received, turn_end, chat=True)
+                                                                      thinking=options.thinking,
+                                                                      diagnostics=prep and prep.vendor)
+        await self._drive(receive, send, rid, ids, hint, sampling, False, out, received, turn_end, chat=True,
+                          prep=prep)
 
     async def _count_tokens(self, scope, receive, send) -> None:
         """POST /v1/messages/count_tokens: the prompt /v1/messages would run, counted."""
@@ -486,7 +528,9 @@ class API:
     # --- the request's life -------------------------------------------------------------------
 
     async def _drive(self, receive, send, rid, ids, hint, sampling, prompt_logprobs, out,
-                     received: float | None = None, turn_end: int | None = None, *, chat: bool = False) -> None:
+                     received: float | None = None, turn_end: int | None = None, *, chat: bool = False,
+                     prep=None) -> None:
+        # prep: the prompt's cache diagnostics (_diagnose), or None
         reply_send, reply_recv = trio.open_memory_channel(REPLY_BUFFER)
         control = RequestControl()
         # Capture candidates from the template's markers, for every endpoint (chat, ids, text): the
@@ -513,6 +557,8 @@ class API:
                         elif isinstance(msg, TokenOut):
                             await out.token(send, msg)
                         elif isinstance(msg, Started):
+                            if prep is not None:
+                                self._cache_started(rid, prep, msg.reused_tokens, submit.trace.reuse)
                             await out.start(send, msg)
                         else:
                             terminal = msg
@@ -527,8 +573,9 @@ class API:
             # bytes (or the server's own close) cannot cancel this send half-way.
             if isinstance(terminal, Done):
                 await out.done(send, terminal)
-                if opener is not None:
-                    self._keep_reply(rid, out, terminal, opener)
+                kept = opener is not None and self._keep_reply(rid, out, terminal, opener)
+                if prep is not None:     # a finished response: later prompts may be compared with it
+                    self.fingerprints.put(rid, prep.fp.finished(terminal.ids if kept else None))
             elif isinstance(terminal, Rejected):
                 err = APIError(429, "the engine is busy and its queue is full; retry later", code="queue_full",
                                headers={"Retry-After": str(terminal.retry_after_s)})

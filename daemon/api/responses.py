@@ -8,7 +8,9 @@ rendering, the engine, the output parser — is shared. Only the reply is shaped
 Mapping: `instructions` -> a leading system message; message items -> messages (`developer` stays
 the system role's alias); a reasoning item -> the next assistant turn's reasoning; `function_call`
 items -> that assistant turn's tool_calls; `function_call_output` -> tool messages; `reasoning.effort`
--> the mode (as `reasoning_effort`); `text.format` -> response_format; `max_output_tokens` -> max_tokens.
+-> the mode (as `reasoning_effort`); `text.format` -> response_format; `max_output_tokens` -> max_tokens;
+`prompt_cache_options.comparison_response_id` -> `ChatRequest.diagnostics` (prompt_cache_diagnostics in
+the reply, cache_diagnostics.py).
 
 State: nothing is kept. `store: false` is what agents send; `store: true` is accepted and the reply
 says `"store": false`. `previous_response_id`, `conversation` and `item_reference` items get a 400
@@ -26,6 +28,7 @@ from dataclasses import dataclass, field
 
 from cairn.daemon.protocol.chat import ChatTemplateError, check_messages
 
+from .cache_diagnostics import Ask
 from .schemas import (FOREIGN_FIELDS, REASONING_EFFORTS, APIError, ChatRequest, _check_unknown, _int, bad,
                       parse_chat)
 
@@ -36,7 +39,7 @@ _KNOWN = {"model", "input", "instructions", "tools", "tool_choice", "parallel_to
           "max_output_tokens", "text", "stream", "stream_options", "store", "include", "metadata", "temperature",
           "top_p", "user", "previous_response_id", "truncation", "service_tier", "prompt_cache_key",
           "prompt_cache_retention", "safety_identifier", "background", "conversation", "prompt",
-          "max_tool_calls", "top_logprobs", "client_metadata",
+          "max_tool_calls", "top_logprobs", "client_metadata", "prompt_cache_options",
           "seed", "top_k"}                     # cairn's extras, as on /v1/chat/completions
 # Known fields with nothing to do here: accepted, and named once in the log (as unknown ones are).
 ACCEPTED_IGNORED = ("client_metadata", "max_tool_calls", "prompt_cache_key", "prompt_cache_retention",
@@ -95,6 +98,7 @@ def parse_responses(d: dict) -> ResponsesRequest:
     if d.get("top_logprobs") not in (None, 0):
         raise bad("top_logprobs", "log-probabilities are not offered on /v1/responses (use /v1/chat/completions "
                   "with logprobs)", "unsupported_value")
+    ask, cache_ignored = _prompt_cache_options(d.get("prompt_cache_options"))
     so = d.get("stream_options")
     if so is not None and not isinstance(so, dict):
         raise bad("stream_options", "expected an object", "invalid_type")
@@ -117,8 +121,8 @@ def parse_responses(d: dict) -> ResponsesRequest:
         raise _renamed(APIError(400, str(e), param=field_, code="invalid_value"), where) from None
     ignored += tuple(k for k in ACCEPTED_IGNORED if d.get(k) is not None)
     ignored += ("store",) if d.get("store") else ()          # true: accepted, but nothing is kept
-    ignored += tuple(f"include={x}" for x in include if x != "reasoning.encrypted_content")
-    req = ChatRequest(**{**req.__dict__,
+    ignored += tuple(f"include={x}" for x in include if x != "reasoning.encrypted_content") + cache_ignored
+    req = ChatRequest(**{**req.__dict__, "diagnostics": ask,
                          "common": type(req.common)(**{**req.common.__dict__, "ignored": ignored})})
     return ResponsesRequest(
         chat=req, instructions=instructions, summary=summary, effort=effort,
@@ -379,6 +383,29 @@ def _text(t) -> tuple[dict, dict | None, str | None]:
     if verbosity is not None and verbosity not in ("low", "medium", "high"):
         raise bad("text.verbosity", f"{verbosity!r}; expected low, medium or high")
     return {**t, "format": fmt}, rf, verbosity
+
+
+def _prompt_cache_options(v) -> tuple[Ask | None, tuple[str, ...]]:
+    """(the comparison asked for, the options accepted with nothing to do: every prefix is cached here,
+    so `mode` and `ttl` change nothing). `comparison_response_id` -> prompt_cache_diagnostics in the
+    reply (api/cache_diagnostics.py)."""
+    if v is None:
+        return None, ()
+    if not isinstance(v, dict):
+        raise bad("prompt_cache_options", 'expected an object {"comparison_response_id": ..., "mode": ..., '
+                  '"ttl": ...}', "invalid_type")
+    if v.get("mode") not in (None, "implicit", "explicit"):
+        raise bad("prompt_cache_options.mode", f"{v['mode']!r}; expected implicit or explicit")
+    if v.get("ttl") not in (None, "30m"):
+        raise bad("prompt_cache_options.ttl", f'{v["ttl"]!r}; expected "30m"')
+    ignored = tuple(f"prompt_cache_options.{k}" for k in ("mode", "ttl") if v.get(k) is not None)
+    cid = v.get("comparison_response_id")
+    if cid is None:
+        return None, ignored
+    if not isinstance(cid, str) or not cid:
+        raise bad("prompt_cache_options.comparison_response_id", "expected the id of an earlier response "
+                  "(resp-…)", "invalid_type")
+    return Ask("openai", cid), ignored
 
 
 def _include(inc) -> list[str]:

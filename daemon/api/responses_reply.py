@@ -166,7 +166,7 @@ class ReplyBuilder:
     # --- the response object -------------------------------------------------------------------
 
     def response(self, rid: str, created: int, model: str, *, status: str, usage: dict | None = None,
-                 error: dict | None = None, output: bool = True) -> dict:
+                 error: dict | None = None, output: bool = True, diagnostics: dict | None = None) -> dict:
         r = self.req
         return {
             "id": rid, "object": "response", "created_at": created, "status": status, "model": model,
@@ -179,6 +179,8 @@ class ReplyBuilder:
             "store": False, "temperature": r.chat.common.temperature, "top_p": r.chat.common.top_p,
             "text": r.text, "tool_choice": r.tool_choice, "tools": r.tools, "truncation": "disabled",
             "usage": usage, "user": r.user, "metadata": r.metadata,
+            # the comparison prompt_cache_options asked for (cache_diagnostics.openai_diagnostics), else null
+            "prompt_cache_diagnostics": diagnostics,
         }
 
 
@@ -192,8 +194,9 @@ class _Base:
     """The parts both responders share: the parser (the same one chat uses), the builder, and a
     count of reasoning tokens (tokens sampled while the parser was in the reasoning)."""
 
-    def _setup(self, api, rid, req: ResponsesRequest, thinking: bool) -> None:
+    def _setup(self, api, rid, req: ResponsesRequest, thinking: bool, diagnostics: dict | None) -> None:
         self.req = req
+        self.diagnostics = diagnostics
         self.created = int(time.time())
         self.parser = reply_parser(thinking, req.chat.callable_tools)
         self.builder = ReplyBuilder(req)
@@ -212,15 +215,16 @@ class _Base:
 
     def _final(self, d: Done, end: ReplyEnd) -> dict:
         return self.builder.response(self.rid, self.created, self.api.model_id, status=_status(end),
-                                     usage=usage_dict(d.usage, self.reasoning_tokens))
+                                     usage=usage_dict(d.usage, self.reasoning_tokens), diagnostics=self.diagnostics)
 
 
 class ResponsesJSON(StreamProgress, _Base):
     stream = False
 
-    def __init__(self, api, rid, req: ResponsesRequest, thinking: bool = False) -> None:
+    def __init__(self, api, rid, req: ResponsesRequest, thinking: bool = False, diagnostics: dict | None = None
+                 ) -> None:
         super().__init__(api, rid)
-        self._setup(api, rid, req, thinking)
+        self._setup(api, rid, req, thinking, diagnostics)
 
     async def start(self, send, msg: Started) -> None:
         pass
@@ -243,9 +247,10 @@ class ResponsesStream(StreamProgress, _Base):
     `response.completed` / `response.incomplete` / `response.failed` (no `[DONE]`)."""
     stream = True
 
-    def __init__(self, api, rid, req: ResponsesRequest, thinking: bool = False) -> None:
+    def __init__(self, api, rid, req: ResponsesRequest, thinking: bool = False, diagnostics: dict | None = None
+                 ) -> None:
         super().__init__(api, rid)
-        self._setup(api, rid, req, thinking)
+        self._setup(api, rid, req, thinking, diagnostics)
         self.seq = 0
         self.created_sent = False
 

@@ -249,6 +249,9 @@ class ChatRequest:
     tool_choice: object = "auto"          # "none" | "auto" | "required" | {"function": {"name": ...}}
     parallel_tool_calls: bool = True      # False: a forced reply makes exactly one call
     dropped_nonces: tuple[str, ...] = ()  # where known per-request nonces were left out (protocol/nonces.py)
+    # a comparison with an earlier response (api/cache_diagnostics.Ask: Anthropic's `diagnostics`,
+    # OpenAI's `prompt_cache_options.comparison_response_id`), or None
+    diagnostics: object = None
 
     @property
     def json_schema(self) -> dict | None:

@@ -132,6 +132,7 @@ class StatusBoard:
     expert_reason: str = ""          # why the expert cache has its budget (daemon/service/memory_plan.py)
     memory_plan: object = None       # daemon.service.memory_plan.MemoryPlan (None: no plan, no guard)
     replies: object = None           # daemon.protocol.reply_ids.ReplyTable (None: replies are not replayed)
+    fingerprints: object = None      # daemon.api.cache_diagnostics.FingerprintTable (None: no cache diagnostics)
     started_at: float = field(default_factory=time.monotonic)
     requests: dict = field(default_factory=dict)
 
@@ -232,6 +233,9 @@ class StatusBoard:
             "memory": memory(engine, self.memory_plan),
             # finished replies' generated ids, replayed when a later prompt holds the reply again
             "replies": self.replies.stats() if self.replies is not None else None,
+            # prompts compared with earlier ones: the table, and the latest misses and shortfalls with
+            # their figures (daemon/api/cache_diagnostics.py)
+            "cache_diagnostics": self.fingerprints.stats() if self.fingerprints is not None else None,
         }
 
 

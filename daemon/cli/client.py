@@ -359,6 +359,15 @@ def format_status(s: dict) -> str:
         lines.append(f"replies      {rp.get('entries', 0)} kept ({human_bytes(rp.get('bytes', 0))} of "
                      f"{human_bytes(rp.get('max_bytes', 0))}); {rp.get('replayed_turns', 0)} turn(s) replayed, "
                      f"{rp.get('replayed_tokens', 0)} tokens")
+    cd = s.get("cache_diagnostics")
+    if isinstance(cd, dict):
+        line = (f"cache diag.  {cd.get('compared', 0)} compared, {cd.get('misses', 0)} missed, "
+                f"{cd.get('shortfalls', 0)} reused short")
+        last = (cd.get("recent") or [None])[-1]
+        if isinstance(last, dict):
+            line += (f"; last {last.get('request_id')}: {last.get('reason') or 'shortfall'} at token "
+                     f"{last.get('first_divergent_token', '?')}, {last.get('tokens_lost', 0)} tokens lost")
+        lines.append(line)
     ex = s.get("expert_cache") or {}
     if ex.get("paged"):
         hr = ex.get("hit_rate")

@@ -97,7 +97,8 @@ def plan_for(settings: Settings, md, limit=None, *, probe: bool = True):
     and no limit: unknown)."""
     from cairn.actors.prefill import ALL_LOGITS_BUDGET
 
-    from .memory_plan import REPLY_IDS_BYTES, StateCost, parse_expert_cache, plan_memory, split_weight_bytes
+    from .memory_plan import (DIAGNOSTIC_IDS_BYTES, REPLY_IDS_BYTES, StateCost, parse_expert_cache, plan_memory,
+                              split_weight_bytes)
     from .memory_probe import binding_limit
 
     setting = parse_expert_cache(settings.expert_cache)
@@ -121,7 +122,8 @@ def plan_for(settings: Settings, md, limit=None, *, probe: bool = True):
                        context_length=int(cfg.get("max_position_embeddings", 0) or 1),
                        expert_setting=setting, slots_setting=settings.slots,
                        checkpoint_setting=(settings.checkpoint_memory_mb << 20) if settings.checkpoints else 0,
-                       logits_block_bytes=block, min_expert_budget=min_budget, reply_bytes=REPLY_IDS_BYTES)
+                       logits_block_bytes=block, min_expert_budget=min_budget, reply_bytes=REPLY_IDS_BYTES,
+                       diagnostic_bytes=DIAGNOSTIC_IDS_BYTES)
 
 
 def expert_cache_info(model) -> dict | None:
@@ -225,12 +227,13 @@ async def run_daemon(settings: Settings, loaded: Loaded, *, handle_signals: bool
 
 async def _serve_all(settings, loaded, engine, model_id, sockets, log, handle_signals, task_status,
                      slots) -> None:
+    from cairn.daemon.api.cache_diagnostics import FingerprintTable
     from cairn.daemon.api.server import serve_http
     from cairn.daemon.api.status import StatusBoard
     from cairn.daemon.protocol.reply_ids import ReplyTable
     from cairn.daemon.protocol.tokenizer import StreamDecoder
 
-    from .memory_plan import REPLY_IDS_BYTES
+    from .memory_plan import DIAGNOSTIC_IDS_BYTES, REPLY_IDS_BYTES
 
     async with trio.open_nursery() as nursery:
         if handle_signals:
@@ -241,15 +244,19 @@ async def _serve_all(settings, loaded, engine, model_id, sockets, log, handle_si
                                    checkpoint_slots=settings.checkpoint_slots, slots=slots.slots)
         # finished replies' generated ids, replayed in later prompts (daemon/protocol/reply_ids.py)
         replies = ReplyTable(loaded.memory_plan.reply_bytes if loaded.memory_plan is not None else REPLY_IDS_BYTES)
+        # finished responses' prompts, compared with later ones (daemon/api/cache_diagnostics.py)
+        prints = FingerprintTable(loaded.memory_plan.diagnostic_bytes if loaded.memory_plan is not None
+                                  else DIAGNOSTIC_IDS_BYTES)
         api = API(inbox=inbox, tokenizer=loaded.tokenizer, renderer=loaded.renderer, model_id=model_id,
                   context_length=loaded.context_length, vocab_size=int(loaded.model.vocab_size),
                   max_tokens_default=settings.max_tokens_default, fingerprint=loaded.fingerprint, log=log,
                   reasoning=settings.reasoning,
                   api_key=settings.api_key, metrics=engine.metrics, checkpoints=engine.checkpoints, replies=replies,
+                  fingerprints=prints,
                   status=StatusBoard(engine, queue_size=settings.queue_size, fingerprint=loaded.fingerprint,
                                      context_length=loaded.context_length, slots_reason=slots.reason,
                                      expert_reason=loaded.memory_plan.expert_reason if loaded.memory_plan else "",
-                                     memory_plan=loaded.memory_plan, replies=replies))
+                                     memory_plan=loaded.memory_plan, replies=replies, fingerprints=prints))
         log.info("chat_encoding", encoding=getattr(loaded.renderer, "name", "?"), detail=loaded.encoding,
                  reasoning_default=settings.reasoning)
         binds = await nursery.start(serve_http, api, sockets)

@@ -18,6 +18,8 @@ numbers in; nothing here touches the system. The plan has these parts, in bytes:
     replies     the reply table: finished replies' generated ids, replayed when a later prompt holds
                 the reply again (daemon/protocol/reply_ids.py); REPLY_IDS_BYTES, cut to REPLY_SHARE of
                 what the weights and the margin leave; the table keeps to it
+    diagnostics finished responses' prompt ids, compared with later prompts (daemon/api/cache_diagnostics.py);
+                DIAGNOSTIC_IDS_BYTES, cut to REPLY_SHARE like the replies
     states      the rest: the live states. Each slot's share is its state at min(context, STATE_PLAN_TOKENS)
                 tokens; `slots` is how many shares fit (1..SLOTS_CAP) unless --slots says
 
@@ -47,6 +49,9 @@ STATE_SLACK = 1.25            # a growing std::vector holds more than its size; 
 # of several conversations); not worth a setting.
 REPLY_IDS_BYTES = 16 * MIB
 REPLY_SHARE = 0.01            # ...but at most this share of what the weights and margin leave (a small limit)
+# The cache diagnostics' bound: 4 bytes a prompt id, ~2M ids (the last turns of a few long conversations:
+# a comparison is with the previous turn).
+DIAGNOSTIC_IDS_BYTES = 8 * MIB
 
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(?:I?B)?\s*$", re.IGNORECASE)
@@ -255,6 +260,7 @@ class MemoryPlan:
     expert_reason: str = ""         # the expert part of it (status shows it with the expert cache)
     state_cost: StateCost | None = field(default=None, compare=False)
     reply_bytes: int = 0            # the reply table's bound (reply_ids.ReplyTable)
+    diagnostic_bytes: int = 0       # the cache diagnostics' bound (cache_diagnostics.FingerprintTable)
 
     @property
     def paged(self) -> bool:
@@ -271,7 +277,7 @@ class MemoryPlan:
                 "parts": {"dense": self.dense_bytes, "experts": self.expert_bytes, "margin": self.margin_bytes,
                           "requests": self.request_bytes, "transients": self.transient_bytes,
                           "checkpoints": self.checkpoint_bytes, "replies": self.reply_bytes,
-                          "states": self.state_bytes},
+                          "diagnostics": self.diagnostic_bytes, "states": self.state_bytes},
                 "slots": self.slots, "state_share_bytes": self.state_share_bytes, "share_tokens": self.share_tokens,
                 "per_token_bytes": self.per_token_bytes, "expert_cache_bytes": self.expert_cache_bytes,
                 "paged": self.paged, "reason": self.reason}
@@ -292,11 +298,11 @@ def _size(n: int | None) -> str:
 def plan_memory(*, limit: LimitSource | None, weights: ModelBytes, state: StateCost | None, context_length: int,
                 expert_setting: ExpertCacheSetting = ExpertCacheSetting("auto"), slots_setting: int | None = None,
                 checkpoint_setting: int = 0, logits_block_bytes: int = 0,
-                min_expert_budget: int = 0, reply_bytes: int = 0) -> MemoryPlan:
+                min_expert_budget: int = 0, reply_bytes: int = 0, diagnostic_bytes: int = 0) -> MemoryPlan:
     """The plan (see the module notes). `checkpoint_setting`: the configured checkpoint budget in
     bytes (0: checkpoints off); `logits_block_bytes`: one all-logits prefill block; `min_expert_budget`:
     the kernel's least expert budget (an explicit smaller size is passed on; its error names it);
-    `reply_bytes`: the reply table's bound."""
+    `reply_bytes`: the reply table's bound; `diagnostic_bytes`: the cache diagnostics' bound."""
     share_tokens = plan_state_tokens(context_length)
     share = state.resident_at(share_tokens) if state is not None else 0
     per_token = state.per_token if state is not None else 0
@@ -333,15 +339,16 @@ def plan_memory(*, limit: LimitSource | None, weights: ModelBytes, state: StateC
                           per_token, slots, why,
                           f"no memory limit known (no MemAvailable, no cgroup limit): {why}; "
                           f"{expert_note or 'every routed expert resident'}; no memory guard",
-                          expert_note or "every routed expert resident", state, reply_bytes)
+                          expert_note or "every routed expert resident", state, reply_bytes, diagnostic_bytes)
 
     margin = margin_bytes(room)
     left = room - weights.dense - margin
     ckpt = min(checkpoint_setting, max(0, int(left * CHECKPOINT_SHARE)))
     ckpt_note = "" if ckpt == checkpoint_setting else f" (cut from {_size(checkpoint_setting)} to fit)"
     reply_bytes = min(reply_bytes, max(0, int(left * REPLY_SHARE)))
+    diagnostic_bytes = min(diagnostic_bytes, max(0, int(left * REPLY_SHARE)))
     transient = min(share_blob, ckpt)
-    fixed = weights.dense + margin + ckpt + transient + logits_block_bytes + reply_bytes
+    fixed = weights.dense + margin + ckpt + transient + logits_block_bytes + reply_bytes + diagnostic_bytes
     n_first = slots_setting or 1
     if mode == "auto":
         if room - fixed - experts >= n_first * (share + per_request) or experts <= 0:
@@ -376,12 +383,12 @@ def plan_memory(*, limit: LimitSource | None, weights: ModelBytes, state: StateC
     states = max(0, after - slots * per_request)
     reason = (f"limit {where} = {_size(room)}: dense {_size(weights.dense)} + experts {_size(in_memory_experts)} + "
               f"margin {_size(margin)} + requests {_size(requests)} + transients {_size(transient)} + checkpoints "
-              f"{_size(ckpt)}{ckpt_note} + replies {_size(reply_bytes)} + states {_size(states)}; {slots} slot(s) "
-              f"({slots_why}); {expert_note}")
+              f"{_size(ckpt)}{ckpt_note} + replies {_size(reply_bytes)} + diagnostics {_size(diagnostic_bytes)} + "
+              f"states {_size(states)}; {slots} slot(s) ({slots_why}); {expert_note}")
     if states + ckpt <= 0:
         reason += "; nothing is left for live states: every request will end with a memory error, raise the limit"
     elif states < share:
         reason += f"; a state may reach {max(0, states + ckpt) // max(1, int(per_token * STATE_SLACK))} tokens"
     return MemoryPlan(limit.limit, room, where, weights.dense, in_memory_experts, budget, margin, requests, transient, ckpt,
                       states, share, share_tokens, per_token, slots, slots_why, reason, expert_note, state,
-                      reply_bytes)
+                      reply_bytes, diagnostic_bytes)

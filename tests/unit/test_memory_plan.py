@@ -10,8 +10,8 @@ import pytest
 from cairn.daemon.service.config import ConfigError, load_settings
 import numpy as np
 
-from cairn.daemon.service.memory_plan import (CHECKPOINT_SHARE, MARGIN_MIN, REPLY_IDS_BYTES, REPLY_SHARE, SLOTS_CAP,
-                                              STATE_PLAN_TOKENS, STATE_SLACK, BudgetError, ExpertCacheSetting,
+from cairn.daemon.service.memory_plan import (CHECKPOINT_SHARE, DIAGNOSTIC_IDS_BYTES, MARGIN_MIN, REPLY_IDS_BYTES,
+                                              REPLY_SHARE, SLOTS_CAP, STATE_PLAN_TOKENS, STATE_SLACK, BudgetError, ExpertCacheSetting,
                                               LimitSource, ModelBytes, StateCost, available_memory,
                                               parse_expert_cache, pick_limit, plan_memory, split_weight_bytes,
                                               state_bytes)
@@ -77,7 +77,7 @@ def _plan(room, model=SMALL, setting=AUTO, slots=None, ck=2 * GIB, source="MemAv
 
 def _parts(p) -> int:
     return (p.dense_bytes + p.expert_bytes + p.margin_bytes + p.request_bytes + p.transient_bytes
-            + p.checkpoint_bytes + p.reply_bytes + p.state_bytes)
+            + p.checkpoint_bytes + p.reply_bytes + p.diagnostic_bytes + p.state_bytes)
 
 
 def test_the_smallest_room_wins_whichever_source_it_is():
@@ -118,6 +118,16 @@ def test_the_reply_table_is_a_part_of_its_own():
     small = _plan(600 * MIB, ck=0, reply_bytes=REPLY_IDS_BYTES)     # a small limit: a share of what is left
     assert small.reply_bytes == int((600 * MIB - SMALL.dense - small.margin_bytes) * REPLY_SHARE) < REPLY_IDS_BYTES
     assert _parts(small) == 600 * MIB
+
+
+def test_the_cache_diagnostics_are_a_part_of_their_own():
+    without, with_ = _plan(16 * GIB), _plan(16 * GIB, diagnostic_bytes=DIAGNOSTIC_IDS_BYTES)
+    assert with_.diagnostic_bytes == DIAGNOSTIC_IDS_BYTES and _parts(with_) == 16 * GIB
+    assert with_.state_bytes == without.state_bytes - DIAGNOSTIC_IDS_BYTES
+    assert "diagnostics 8.0 MiB" in with_.reason
+    assert with_.as_status()["parts"]["diagnostics"] == DIAGNOSTIC_IDS_BYTES
+    small = _plan(600 * MIB, ck=0, diagnostic_bytes=DIAGNOSTIC_IDS_BYTES)     # a small limit: a share of what is left
+    assert small.diagnostic_bytes < DIAGNOSTIC_IDS_BYTES and _parts(small) == 600 * MIB
 
 
 def test_slots_are_the_shares_that_fit_capped_and_at_least_one():
@@ -182,7 +192,7 @@ def test_no_limit_known_means_no_guard_and_one_slot():
 def test_status_shape_has_every_part_and_the_limit():
     st = _plan(16 * GIB, source=V2).as_status()
     assert set(st["parts"]) == {"dense", "experts", "margin", "requests", "transients", "checkpoints", "replies",
-                                "states"}
+                                "diagnostics", "states"}
     assert st["limit_source"].startswith(V2) and st["room_bytes"] == 16 * GIB and st["reason"]
 
 
