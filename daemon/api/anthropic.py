@@ -413,7 +413,8 @@ def _thinking(v, max_tokens: int | None):
                       f"{MIN_THINKING_BUDGET}", "missing_field")
         if max_tokens is not None and budget >= max_tokens:
             raise bad("thinking.budget_tokens", f"{budget} must be less than max_tokens ({max_tokens})")
-    return {"type": "enabled"}
+    # display "omitted" (Claude Code's): thinking blocks are sent without their text (anthropic_reply.py)
+    return {"type": "enabled", **({"display": "omitted"} if v.get("display") == "omitted" else {})}
 
 
 def _context_management(v) -> None:

@@ -55,6 +55,11 @@ def new_tool_id() -> str:
     return "toolu_" + secrets.token_hex(12)
 
 
+def omits_thinking(req) -> bool:
+    """The request asked for thinking blocks without their text (`thinking.display: "omitted"`)."""
+    return isinstance(req.thinking, dict) and req.thinking.get("display") == "omitted"
+
+
 def signature(thinking: str) -> str:
     """An opaque `signature` for a thinking block (Anthropic's clients expect one). Nothing checks it:
     a thinking block sent back is read as text whatever its signature."""
@@ -66,8 +71,12 @@ class Blocks:
     (event name, data) pairs. A block opens at the first event of its kind and closes at the next
     block or at `close`."""
 
-    def __init__(self) -> None:
+    def __init__(self, omit_thinking: bool = False) -> None:
         self.blocks: list[dict] = []
+        # thinking.display "omitted": thinking blocks carry no text, only their signature (Anthropic's
+        # documented shape); what the client sends back is then keyed without it (api/app.py _keep_reply)
+        self.omit_thinking = omit_thinking
+        self._hidden: dict[int, list[str]] = {}   # block index -> the omitted thinking text (its signature)
         self._open: int | None = None
         self._args: dict[int, str] = {}        # block index -> the tool call's JSON arguments so far
         self._tool_block: dict[int, int] = {}  # the parser's call index -> block index
@@ -80,6 +89,9 @@ class Blocks:
                 out += self.close()
                 out += self._start({"type": "thinking", "thinking": "", "signature": ""} if kind == "thinking"
                                    else {"type": "text", "text": ""})
+            if kind == "thinking" and self.omit_thinking:
+                self._hidden.setdefault(self._open, []).append(ev.text)
+                return out
             self.blocks[self._open][kind] += ev.text
             delta = {"type": "thinking_delta", "thinking": ev.text} if kind == "thinking" else \
                 {"type": "text_delta", "text": ev.text}
@@ -102,7 +114,7 @@ class Blocks:
         b = self.blocks[i]
         out = []
         if b["type"] == "thinking":
-            b["signature"] = signature(b["thinking"])
+            b["signature"] = signature(b["thinking"] or "".join(self._hidden.get(i, ())))
             out.append(self._delta(i, {"type": "signature_delta", "signature": b["signature"]}))
         elif b["type"] == "tool_use":
             b["input"] = _input(self._args[i])
@@ -159,7 +171,8 @@ class MessagesJSON(Responder):
                  ) -> None:
         super().__init__(api, rid)
         self.parser = reply_parser(thinking, req.callable_tools, new_id=new_tool_id)
-        self.blocks = Blocks()
+        self.blocks = Blocks(omit_thinking=omits_thinking(req))
+        self.omits_reasoning = self.blocks.omit_thinking   # what the reply table keys on (api/app.py)
         self.diagnostics = diagnostics
 
     async def start(self, send, msg: Started) -> None:
@@ -192,7 +205,8 @@ class MessagesStream(StreamProgress):
         super().__init__(api, rid)
         self.n_prompt = n_prompt
         self.parser = reply_parser(thinking, req.callable_tools, new_id=new_tool_id)
-        self.blocks = Blocks()
+        self.blocks = Blocks(omit_thinking=omits_thinking(req))
+        self.omits_reasoning = self.blocks.omit_thinking   # what the reply table keys on (api/app.py)
         self.diagnostics = diagnostics     # on message_start, as Anthropic sends it
 
     async def start(self, send, msg: Started) -> None:

@@ -414,7 +414,9 @@ class API:
         if not keepable(parsed, reply_end(done.finish_reason, done.stop_sequence, parsed), done.ids,
                         self.reply_marks.eos):
             return False
-        if self.replies.put(parsed_key(parsed), opener, done.ids):
+        # the key is what the client got, so what it sends back: no reasoning when it was omitted
+        if self.replies.put(parsed_key(parsed, omit_reasoning=getattr(out, "omits_reasoning", False)), opener,
+                            done.ids):
             self.log.debug("reply_ids_kept", request_id=rid, tokens=len(done.ids))
             return True
         return False

@@ -84,9 +84,11 @@ def message_key(m: dict) -> bytes:
     return reply_key(content_text(m.get("content")), reasoning_text(m), message_calls(m))
 
 
-def parsed_key(parsed) -> bytes:
-    """The key of a reply as the output parser read it (v4_output.Parsed): what every API returns."""
-    return reply_key(parsed.content, parsed.reasoning, [(c.id, c.name, c.arguments) for c in parsed.tool_calls])
+def parsed_key(parsed, omit_reasoning: bool = False) -> bytes:
+    """The key of a reply as the output parser read it (v4_output.Parsed): what every API returns
+    (without the reasoning where the API omitted it: Anthropic's `thinking.display: "omitted"`)."""
+    return reply_key(parsed.content, "" if omit_reasoning else parsed.reasoning,
+                     [(c.id, c.name, c.arguments) for c in parsed.tool_calls])
 
 
 # --- the table --------------------------------------------------------------------------------

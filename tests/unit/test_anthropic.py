@@ -264,7 +264,9 @@ REPLY = ["let me", " see</th", "ink>Reading", ".\n\n<", f"{D}tool_calls>\n<{D}in
          f"<{D}parameter name=\"path\" string=\"true\">a.txt</{D}", "parameter>\n", f"</{D}invoke>\n</{D}tool_calls>"]
 
 
-async def run(cls, pieces, *, thinking=True, done=None, **fields):
+async def run(cls, pieces, *, thinking=True, done=None, thinking_field=None, **fields):
+    if thinking_field is not None:
+        fields["thinking"] = thinking_field
     req = parse_messages(body(tools=[READ], stream=cls is MessagesStream, **fields))
     sent = []
 
@@ -426,3 +428,28 @@ async def test_a_failure_after_the_stream_started_is_an_error_event():
     await before.failed(send, APIError(429, "busy", headers={"Retry-After": "1"}))
     assert sent[0]["status"] == 429 and (b"retry-after", b"1") in sent[0]["headers"]
     assert json.loads(sent[1]["body"]) == {"type": "error", "error": {"type": "rate_limit_error", "message": "busy"}}
+
+
+async def test_thinking_display_omitted_sends_thinking_blocks_without_their_text():
+    from cairn.daemon.protocol.reply_ids import message_key, parsed_key
+
+    fields = dict(thinking_field={"type": "adaptive", "display": "omitted"})
+    whole = await run(MessagesJSON, ["let me see", "</think>", "Hello"], **fields)
+    thinking, text = whole["content"]
+    assert thinking == {"type": "thinking", "thinking": "", "signature": thinking["signature"]}
+    assert thinking["signature"] and text == {"type": "text", "text": "Hello"}
+    events = await run(MessagesStream, ["let me see", "</think>", "Hello"], **fields)
+    deltas = [d["delta"]["type"] for d in events if d["type"] == "content_block_delta"]
+    assert "thinking_delta" not in deltas and "signature_delta" in deltas
+    # shown by default
+    shown = await run(MessagesJSON, ["let me see", "</think>", "Hello"], thinking_field={"type": "adaptive"})
+    assert shown["content"][0]["thinking"] == "let me see"
+    # the reply table keys the reply as the client got it, so as it comes back
+    r = MessagesJSON(FakeAPI(), "msg_1", parse_messages(body(thinking=fields["thinking_field"])), 7, thinking=True)
+    for piece in ("let me see", "</think>", "Hello"):
+        r.parser.feed(piece)
+    r.parser.finish()
+    back = parse_messages(body(messages=[{"role": "user", "content": "hi"},
+                                         {"role": "assistant", "content": [thinking, text]},
+                                         {"role": "user", "content": "more"}]))
+    assert parsed_key(r.parser.result, omit_reasoning=r.omits_reasoning) == message_key(back.messages[1])
