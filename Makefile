@@ -9,9 +9,12 @@ MODEL  ?= models/cairn-code
 # Benchmarks and the demo measure speed at V4-like proportions: a generated random-weight model.
 BENCH_MODEL ?= models/small
 STAMP  := $(VENV)/.cairn-installed
+# The agent clients the suite runs as they ship (pyproject.toml extra `clients`; aider in a venv of its own)
+CLIENTS := $(VENV)/.cairn-clients
+AIDER_VERSION := 0.86.2
 NATIVE := $(shell find native -type f \( -name '*.cpp' -o -name '*.h' -o -name 'CMakeLists.txt' \) 2>/dev/null)
 
-.PHONY: install serve test demo bench model clean
+.PHONY: install clients serve test demo bench model clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -25,6 +28,15 @@ $(STAMP): $(PY) pyproject.toml $(NATIVE)
 	touch $(STAMP)
 
 install: $(STAMP)
+
+$(CLIENTS): $(STAMP)
+	@echo "installing the agent clients the tests run (Claude Code, Codex CLI, aider $(AIDER_VERSION)): ~1.5 GB, once"
+	$(PIP) install -q $$($(PY) -c "import tomllib; print(' '.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['optional-dependencies']['clients']))")
+	$(PYTHON) -m venv $(VENV)/aider
+	$(VENV)/aider/bin/pip install -q 'aider-chat==$(AIDER_VERSION)'
+	touch $(CLIENTS)
+
+clients: $(CLIENTS)
 
 # The benchmark model: generated once, deterministically (preset small, seed 0). The target is the
 # last file make-model writes, so an interrupted generation is redone.
@@ -51,7 +63,7 @@ bench: install $(BENCH_MODEL)/generation_config.json
 # Root or not: what the host cannot give a test (a memory cgroup, the systemd tools) is named in the
 # summary, not failed (under CI=true it fails). Without a memory cgroup of its own but with a systemd
 # user manager, the run goes into a delegated user scope (tests/memory_cap.py wrap).
-test: install
+test: install $(CLIENTS)
 	sh scripts/ensure-systemd-tools.sh
 	$(PY) tests/memory_cap.py wrap -- $(PY) -m pytest -q tests
 

@@ -4,7 +4,8 @@ What is constrained: `response_format` json_object / json_schema (the reply is J
 the schema), and `tool_choice` "required" or a named function (the reply is a DSML tool-call block
 whose invoke names a given tool and whose parameters are the tool's required properties, each typed
 by its schema: strings raw with `string="true"`, anything else JSON with `string="false"`). In thinking
-mode the mask starts after `</think>`: the reasoning is free.
+mode the grammar starts after `</think>`: the reasoning is free text, but it cannot end the reply
+(the end-of-sequence token is masked until the constrained part is done).
 
 Known limits: a string parameter under a forced call cannot contain `</` (the grammar ends the
 value there; with `maxLength` it cannot contain `<`); optional parameters are left out; a string
@@ -177,11 +178,16 @@ class Constraint:
         self.trigger = trigger
         self.armed = trigger is None
         self._bits = np.zeros((vocab_size + 31) // 32, dtype=np.int32)
+        # Before the trigger (the reasoning) every token is free but the end: a reply the grammar
+        # constrains (a forced call, a JSON answer) must still come, so the reasoning cannot end it.
+        self._reasoning = None if self.armed else np.ones(vocab_size, dtype=bool)
+        if self._reasoning is not None:
+            self._reasoning[eos] = False
 
-    def allowed(self) -> np.ndarray | None:
-        """Boolean [V]: tokens the grammar allows next; None while the mask is not armed."""
+    def allowed(self) -> np.ndarray:
+        """Boolean [V]: tokens the grammar allows next (before the trigger: all but the end)."""
         if not self.armed:
-            return None
+            return self._reasoning
         self.m.unsafe_compute_mask_ptr(self._bits.ctypes.data, self._bits.nbytes)
         allowed = np.unpackbits(self._bits.view(np.uint8), bitorder="little")[: self.V].astype(bool)
         if not allowed.any():      # finished (or failed): only the end of the reply is left
@@ -198,10 +204,11 @@ class Constraint:
 
     def allowed_prefix(self, tokens: list[int]) -> int:
         """How many of `tokens`, in order from here, the grammar would accept (nothing is consumed):
-        a speculative draft ends at the first token it forbids. Before the trigger every token is
-        free up to the trigger itself (what follows it is not known to the grammar yet)."""
+        a speculative draft ends at the first token it forbids. Before the trigger every token but
+        the end is free up to the trigger itself (what follows it is not known to the grammar yet)."""
         if not self.armed:
-            return tokens.index(self.trigger) + 1 if self.trigger in tokens else len(tokens)
+            n = tokens.index(self.trigger) + 1 if self.trigger in tokens else len(tokens)
+            return tokens.index(self.eos) if self.eos in tokens[:n] else n
         return int(self.m.validate_tokens(list(tokens)))
 
     @property

@@ -80,10 +80,13 @@ def test_json_object_starts_with_a_brace(grammars, tok):
 def test_in_thinking_mode_the_mask_starts_after_end_think(grammars, tok):
     c = grammars.constraint(grammars.grammar_for(json_schema={}, tool_choice="auto", tools=None), thinking=True)
     for t in tok.encode("free reasoning"):
-        assert c.allowed() is None
+        free = c.allowed()
+        # the reasoning is free text, but it cannot end the reply: the constrained answer must come
+        assert free.sum() == free.size - 1 and not free[tok.eos_id]
         c.accept(t)
+    assert c.allowed_prefix([*tok.encode("more"), tok.eos_id, 5]) == len(tok.encode("more"))
     c.accept(tok.token_to_id("</think>"))
-    assert c.allowed() is not None and not c.allowed()[tok.encode("x")[0]]
+    assert not c.allowed()[tok.encode("x")[0]] and not c.allowed()[tok.eos_id]
 
 
 def _protocol(tok, tiny_md):
