@@ -202,8 +202,13 @@ class API:
     # --- simple routes ------------------------------------------------------------------------
 
     def _model_card(self) -> dict:
+        """OpenAI's model object, vLLM's `max_model_len`, and Anthropic's (`type`, `display_name`,
+        `created_at`, and the context limits its capability fields name), so one list serves both
+        kinds of client (docs/api.md, "GET /v1/models")."""
+        created_at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.created))
         return {"id": self.model_id, "object": "model", "created": self.created, "owned_by": "cairn",
-                "max_model_len": self.ctx}
+                "max_model_len": self.ctx, "type": "model", "display_name": self.model_id,
+                "created_at": created_at, "max_input_tokens": self.ctx - 1, "max_tokens": self.ctx - 1}
 
     async def _health(self, scope, receive, send) -> None:
         await send_json(send, 200, {"status": "ok", "model": self.model_id})
@@ -253,7 +258,9 @@ class API:
         await send_json(send, 200, {"id": cid, "object": "checkpoint", "deleted": True})
 
     async def _models(self, scope, receive, send) -> None:
-        await send_json(send, 200, {"object": "list", "data": [self._model_card()]})
+        # Anthropic's list adds first_id / last_id / has_more (Claude Code's gateway discovery reads it)
+        await send_json(send, 200, {"object": "list", "data": [self._model_card()], "first_id": self.model_id,
+                                    "last_id": self.model_id, "has_more": False})
 
     async def _model(self, name: str, send) -> None:
         self._check_model(name)

@@ -115,6 +115,12 @@ async def test_served_model_name_and_other_model_404(tiny_model_dir, tmp_path):
             right = await request(sock, "POST", "/v1/completions",
                                   {"model": "deepseek-v4-local", "prompt": [5], "max_tokens": 1})
     assert [m["id"] for m in models["data"]] == ["deepseek-v4-local"]
+    # OpenAI's and Anthropic's model objects in one: the context's limits for clients that read them
+    card = models["data"][0]
+    assert card["object"] == card["type"] == "model" and card["display_name"] == "deepseek-v4-local"
+    assert card["max_input_tokens"] == card["max_tokens"] == loaded.context_length - 1
+    assert card["max_model_len"] == loaded.context_length and card["created_at"].endswith("Z")
+    assert models["first_id"] == models["last_id"] == "deepseek-v4-local" and models["has_more"] is False
     assert wrong.status == 404 and wrong.json()["error"]["code"] == "model_not_found"
     assert right.status == 200 and right.json()["model"] == "deepseek-v4-local"
 
