@@ -159,3 +159,10 @@ def openai_client(sock: Path):
 
     return openai.OpenAI(base_url="http://localhost/v1", api_key="unused",
                          http_client=httpx.Client(transport=httpx.HTTPTransport(uds=str(sock))))
+
+
+async def post_ok(sock: Path, path: str, body) -> dict:
+    """POST a JSON body; the 200 answer's JSON (any other status fails the test with the body)."""
+    r = await request(sock, "POST", path, body)
+    assert r.status == 200, r.body[:500]
+    return r.json()

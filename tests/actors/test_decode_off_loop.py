@@ -22,6 +22,9 @@ class _Text:
     def push(self, tok):
         return "t"
 
+    def hidden_text(self, tok):      # no control token is dropped from this text
+        return None
+
     def flush(self):
         return ""
 

@@ -78,6 +78,9 @@ class _Text:
     def push(self, tok):
         return f"<{tok}>"
 
+    def hidden_text(self, tok):      # no control token is dropped from this text
+        return None
+
     def flush(self):
         return ""
 

@@ -18,7 +18,7 @@ import pytest
 import trio
 from structlog.testing import capture_logs
 
-from daemon_harness import daemon, real_loaded, request
+from daemon_harness import daemon, real_loaded, request, post_ok as post
 
 ON = {"checkpoint_min_tokens": 32}
 SYSTEM = "You are a coding agent. " + " ".join(f"Rule {i}: read file_{i}.py before you change it." for i in range(12))
@@ -37,10 +37,6 @@ def loaded(tiny_model_dir):
     return real_loaded(tiny_model_dir)
 
 
-async def post(sock, path, body) -> dict:
-    r = await request(sock, "POST", path, body)
-    assert r.status == 200, r.body[:500]
-    return r.json()
 
 
 async def replies(sock) -> dict:
