@@ -140,6 +140,14 @@ def token_strings(loaded: Loaded, ids: list[int]) -> list[str]:
     return [token_text(loaded.tokenizer, i) for i in ids]
 
 
+def reply_text(loaded: Loaded, ids: list[int]) -> str:
+    """The text a reply of these ids shows: a control token the model wrote shows as nothing."""
+    from cairn.daemon.protocol.tokenizer import StreamDecoder
+
+    d = StreamDecoder(loaded.tokenizer)
+    return "".join(d.push(i) for i in ids) + d.flush()
+
+
 def unix_get(path: str, url: str = "/health", timeout: float = 30.0) -> bytes:
     """One blocking GET over a Unix socket, the raw response (for daemons run as subprocesses)."""
     with socket.socket(socket.AF_UNIX) as s:

@@ -23,7 +23,7 @@ from cairn.actors.messages import WriteCheckpoint
 from cairn.actors.shared_evict import FileStat, abandoned_temps, choose_victims
 from cairn.daemon.service.logs import get_logger
 from cairn.daemon.service.metrics import Metrics
-from daemon_harness import daemon, fake_loaded, reference_greedy, request, token_strings
+from daemon_harness import daemon, fake_loaded, reference_greedy, reply_text, request
 
 HERE = Path(__file__).parent
 
@@ -318,7 +318,7 @@ async def test_planning_never_waits_on_a_hung_shared_listing_and_requests_comple
         release.set()
     assert first.status == 200 and second.status == 200
     assert [c["text"] for c in first.json()["choices"]] == [
-        "".join(token_strings(loaded, reference_greedy(loaded, ids, 4)))]
+        reply_text(loaded, reference_greedy(loaded, ids, 4))]
 
 
 async def test_a_shared_load_past_its_deadline_is_a_miss_and_the_request_prefills_cold(tiny_model_dir, tmp_path,
@@ -340,7 +340,7 @@ async def test_a_shared_load_past_its_deadline_is_a_miss_and_the_request_prefill
     finally:
         release.set()
     assert r.status == 200 and len(calls) == 1
-    assert r.json()["choices"][0]["text"] == "".join(token_strings(loaded, reference_greedy(loaded, longer, 4)))
+    assert r.json()["choices"][0]["text"] == reply_text(loaded, reference_greedy(loaded, longer, 4))
     [timeout] = [e for e in evs if e["event"] == "checkpoint_load_timeout"]
     assert timeout["log_level"] == "warning" and timeout["tokens"] == len(ids)
     [plan] = [e for e in evs if e["event"] == "prefill_plan"]
@@ -362,7 +362,7 @@ async def test_a_planted_file_whose_state_holds_other_tokens_never_changes_the_a
     a_t, b_t = np.asarray(a_ids, dtype=np.int32), np.asarray(b_ids, dtype=np.int32)
     b_header, b_blob, _ = disk_io.load(d / file_name(b_t), fp)
     longer = a_ids + [11, 12]
-    want = "".join(token_strings(loaded, reference_greedy(loaded, longer, 4)))
+    want = reply_text(loaded, reference_greedy(loaded, longer, 4))
     body = {"model": "tiny", "prompt": longer, "max_tokens": 4, "temperature": 0}
 
     shutil.copy(d / file_name(b_t), d / file_name(a_t))                        # renamed
@@ -376,7 +376,7 @@ async def test_a_planted_file_whose_state_holds_other_tokens_never_changes_the_a
     disk_io.write_checkpoint(d, fp, b_header.kind, a_t, b_blob)              # forged header, B's state
     assert disk_io.load(d / file_name(a_t), fp)[0].name == file_name(a_t)  # it passes every file check
     other = a_ids + [13, 14]                     # not the prompt above: its own capture is not a prefix
-    want = "".join(token_strings(loaded, reference_greedy(loaded, other, 4)))
+    want = reply_text(loaded, reference_greedy(loaded, other, 4))
     with trio.fail_after(20), capture_logs() as evs:
         async with daemon(loaded, sock, shared_checkpoint_dir=str(shared), **SHARED_ON):
             forged = await request(sock, "POST", "/v1/completions", {**body, "prompt": other})

@@ -183,6 +183,17 @@ async def test_count_tokens_and_errors_in_anthropics_shape(loaded, tmp_path):
                 c = _client(sock)
                 counted = c.messages.count_tokens(**kw)
                 reply = c.messages.create(**kw, max_tokens=2)
+                # as Claude Code sends it: the billing header, a system turn inside messages, adaptive
+                # thinking with omitted display, effort and context_management: counted as rendered
+                cc = dict(model="tiny", tools=TOOLS, system=[
+                    {"type": "text", "text": "x-anthropic-billing-header: cc_version=2.1.332.0b8; cc_entrypoint=cli;"},
+                    {"type": "text", "text": SYSTEM}],
+                    messages=[*ASK, {"role": "system", "content": "# Environment\n - cwd: /src"}],
+                    thinking={"type": "adaptive", "display": "omitted"},
+                    extra_body={"output_config": {"effort": "high"},
+                                "context_management": {"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]}})
+                counted_cc = c.messages.count_tokens(**cc)
+                reply_cc = c.messages.create(**cc, max_tokens=2)
                 errors = []
                 for bad in ({"messages": [{"role": "user", "content": [
                                 {"type": "image", "source": {"type": "base64", "media_type": "image/png",
@@ -195,10 +206,11 @@ async def test_count_tokens_and_errors_in_anthropics_shape(loaded, tmp_path):
                         c.messages.create(**{**kw, "max_tokens": 2, **bad}, timeout=60)
                     except anthropic.APIStatusError as e:
                         errors.append(e)
-                return counted, reply, errors
+                return counted, reply, counted_cc, reply_cc, errors
 
-            counted, reply, errors = await trio.to_thread.run_sync(use_client)
+            counted, reply, counted_cc, reply_cc, errors = await trio.to_thread.run_sync(use_client)
     assert counted.input_tokens == _prompt(reply.usage) > 0
+    assert counted_cc.input_tokens == _prompt(reply_cc.usage) > counted.input_tokens
     image, model, choice, too_long = errors
     assert isinstance(image, anthropic.BadRequestError) and image.body["type"] == "error"
     assert image.body["error"]["type"] == "invalid_request_error"
