@@ -140,6 +140,9 @@ def requests_logged(logs) -> list[dict]:
 
 
 def assert_no_4xx(logs) -> None:
+    for r in requests_logged(logs):     # the figures, for `pytest -s` (docs/benchmarks.md quotes them)
+        print(f"{r['request_id']}: prompt {r['prompt_tokens']}, reused {r['reused_tokens']}, "
+              f"completion {r['completion_tokens']}, ttft {r['ttft_ms']} ms")
     rejected = [e for e in logs if e.get("event") == "request_rejected"]
     assert not rejected, rejected
 
