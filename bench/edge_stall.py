@@ -35,7 +35,7 @@ async def measure(model: Path, n: int) -> None:
         sock = Path(tmp) / "d.sock"
         async with daemon(fake_loaded(model), sock):
             ask = [{"role": "user", "content": "hi"}]
-            cases = [("forced tool_choice, refused", "/v1/messages",
+            cases = [("forced tool_choice", "/v1/messages",
                       {"model": model.name, "max_tokens": 5, "messages": ask, "tools": tools(n),
                        "tool_choice": {"type": "tool", "name": "tool_5"}}),
                      ("count_tokens", "/v1/messages/count_tokens",
