@@ -10,6 +10,10 @@ get from the suite's own install (a memory cgroup to cap processes in, the syste
 for it, and the summary's "host cannot run" section names each such test and what it needs. Under CI
 (CI=true) every capability is required: host_cannot() fails the test, and a host-cannot skip fails
 the run like any other skip.
+
+Only this module skips: tests/unit/test_no_plain_skips.py checks the suite's source (its syntax tree)
+for any other pytest.skip / importorskip / xfail / skip marker, so a skip that only happens on some
+hosts is caught on every host.
 """
 
 from __future__ import annotations
