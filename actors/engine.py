@@ -69,6 +69,13 @@ class Engine:
         if self.memory is not None and seq.state is not None:
             self.memory.reserve(seq.state, n_tokens, seq.request_id or "")
 
+    def try_room_for(self, seq: Sequence, n_tokens: int) -> bool:
+        """`room_for` for growth the caller can do without (a draft to verify): room is made the same
+        way, but no room answers False instead of ending the request."""
+        if self.memory is None or seq.state is None:
+            return True
+        return self.memory.try_reserve(seq.state, n_tokens, seq.request_id or "")
+
     def capture_refusal(self, state) -> tuple[int, str | None]:
         """What a snapshot of `state` would add to checkpoint memory (its tail and the page groups
         the store does not hold yet) and why it must not be taken (None: take it): the checkpoint

@@ -77,9 +77,26 @@ class MemoryGuard:
     def reserve(self, state, n_tokens: int, request_id: str = "") -> None:
         """Room for `state` to hold n_tokens more, or MemoryExceeded. Evicts checkpoints (then idle
         live states) when that makes the room."""
+        why = self._room(state, n_tokens, request_id)
+        if why is None:
+            return
+        self.refused += 1
+        if self.metrics is not None:
+            self.metrics.memory_refused.inc()
+        if self.log is not None:
+            self.log.warning("memory_exceeded", request_id=request_id, **why[1])
+        raise MemoryExceeded(why[0])
+
+    def try_reserve(self, state, n_tokens: int, request_id: str = "") -> bool:
+        """Like `reserve` (room is made the same way), but False instead of MemoryExceeded, and a
+        refusal is not counted: for growth the caller can do without (a draft to verify)."""
+        return self._room(state, n_tokens, request_id) is None
+
+    def _room(self, state, n_tokens: int, request_id: str) -> tuple[str, dict] | None:
+        """Make room for `state` to hold n_tokens more: None when there is, else (message, log fields)."""
         pool = self.plan.pool_bytes
         if pool is None or self.plan.state_cost is None or n_tokens <= 0:
-            return
+            return None
         after = int(state.n_tokens) + int(n_tokens)
         others = [(st, slot) for st, slot in self._states() if st is not state]
         mine = self._resident(after)
@@ -92,10 +109,10 @@ class MemoryGuard:
         store = self.engine.checkpoints.store
         if (self._resident(after) + sum(self._resident(int(st.n_tokens)) for st, _ in others)
                 + store.memory_usage()) <= pool:
-            return
+            return None
         over = total() - pool
         if over <= 0:
-            return
+            return None
         freed = self.engine.checkpoints.make_room(over, request_id)
         over = total() - pool
         dropped = 0
@@ -115,10 +132,7 @@ class MemoryGuard:
             if self.log is not None:
                 self.log.info("memory_room_made", request_id=request_id, state_tokens=after,
                               checkpoint_bytes_freed=freed, idle_states_dropped=dropped)
-            return
-        self.refused += 1
-        if self.metrics is not None:
-            self.metrics.memory_refused.inc()
+            return None
         states_now = sum(self._resident(int(st.n_tokens)) for st, _ in others)
         ck = self.engine.checkpoints.store.memory_usage()
         msg = (f"memory: this conversation's state would grow to {after} tokens ({_mib(mine)}); with the other "
@@ -126,11 +140,8 @@ class MemoryGuard:
                f"{_mib(pool)} the memory plan leaves for states and checkpoints (limit: {self.plan.limit_source}); "
                f"{_mib(freed)} of checkpoints were evicted first. Shorten the conversation, or give the daemon "
                "more memory")
-        if self.log is not None:
-            self.log.warning("memory_exceeded", request_id=request_id, state_tokens=after, state_bytes=mine,
-                             other_states_bytes=states_now, checkpoint_bytes=ck, pool_bytes=pool,
-                             checkpoint_bytes_freed=freed, limit=self.plan.limit_source)
-        raise MemoryExceeded(msg)
+        return msg, dict(state_tokens=after, state_bytes=mine, other_states_bytes=states_now, checkpoint_bytes=ck,
+                         pool_bytes=pool, checkpoint_bytes_freed=freed, limit=self.plan.limit_source)
 
     def capture_refusal(self, nbytes: int) -> str | None:
         """Why a snapshot of `nbytes` must not be taken (None: take it)."""

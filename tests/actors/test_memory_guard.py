@@ -188,3 +188,21 @@ def test_page_groups_a_live_state_shares_with_checkpoints_count_once_in_the_pool
     assert resident(1100) + 1000 <= 120_000 < resident(1100) + 51_000
     engine.room_for(seq, 100)
     assert ck.store.stats().memory_entries == 1                             # nothing had to go
+
+
+def test_try_reserve_answers_false_without_ending_or_counting_and_still_makes_room():
+    """The non-raising check (a draft that has no room is not sent): it evicts like reserve, answers
+    False when even that is not enough, and neither counts a refusal nor raises."""
+    model = fake_kernel.Model(vocab_size=VOCAB)
+    ck = Checkpoints(max_slots=4, max_bytes=1 << 20, metrics=Metrics())
+    ck.capture(np.full(600, 1, dtype=np.int32), "prompt_end", b"x" * 20_000, "r0")
+    engine = Engine(fake_kernel, model, None, 65536, checkpoints=ck, metrics=Metrics())
+    guard = engine.memory = MemoryGuard(fake_plan(states=100_000, checkpoints=60_000), engine, metrics=engine.metrics)
+    seq = engine.slots[0]
+    fake_kernel.prefill(engine.new_state(seq), np.ones(1000, dtype=np.int32))
+    seq.request_id = "r"
+    assert engine.try_room_for(seq, 800)                        # fits once the checkpoint has gone
+    assert ck.store.memory_usage() == 0
+    assert not engine.try_room_for(seq, 5000)                   # no room: False, nothing raised
+    assert guard.refused == 0 and engine.metrics.memory_refused.value() == 0
+    engine.room_for(seq, 1)                                     # a plain step still fits
