@@ -449,8 +449,11 @@ class Checkpoints:
         for path, files, nbytes in await trio.to_thread.run_sync(disk_io.older_formats, self.disk_root, self.fingerprint):
             if self.log is not None and files:
                 self.log.warning("checkpoint_files_old_format", dir=str(path), files=files, bytes=nbytes,
-                                 reason="written by an earlier snapshot format (before paged state, or another "
-                                        "page size); never restored", action="delete the directory to reclaim the space")
+                                 reason="written by another snapshot format (before paged state, another page "
+                                        "size, before the key named the build's rounding) or by a kernel build "
+                                        "that rounds otherwise (x86-64-v2 vs FMA); never restored",
+                                 action="delete the directory to reclaim the space (unless a daemon of the "
+                                        "other build still uses it)")
         if adopted and self.log is not None:
             self.log.info("checkpoint_files_adopted", dir=str(sub), files=len(adopted),
                           reason="moved from the flat layout of an earlier version")

@@ -21,6 +21,7 @@ import trio
 
 from cairn.actors.engine import Engine
 from cairn.actors.wiring import start_engine
+from cairn.isa import numeric_class
 
 from . import systemd
 from cairn.daemon.api.app import API
@@ -156,10 +157,13 @@ def choose_slots(settings: Settings, loaded: Loaded) -> SlotsChoice:
 
 def checkpoint_fingerprint(loaded: Loaded) -> str:
     """What a disk checkpoint must match to be restored: the model (config + weights + tokenizer,
-    model_dir's fingerprint) and the kernel's snapshot format."""
+    model_dir's fingerprint), the kernel's snapshot format and page size, and the build's rounding
+    (x86-64-v2 has no FMA: its states differ in the last bits from v3/v4/aarch64 ones)."""
     pages = getattr(loaded.model, "page_tokens", None)
+    isa = getattr(loaded.kernel, "ISA", None)     # None: a kernel that does not say (tests' fake)
     return (f"{loaded.fingerprint};snapshot-v{getattr(loaded.kernel, 'SNAPSHOT_VERSION', 0)}"
-            + (f";pages-{pages}" if pages else ""))
+            + (f";pages-{pages}" if pages else "")
+            + f";numeric-{numeric_class(isa) if isa else 'unknown'}")
 
 
 def make_checkpoints(settings: Settings, loaded: Loaded, log, metrics):

@@ -50,3 +50,20 @@ def built_levels() -> list[str]:
     return [isa for isa in LEVELS if importlib.util.find_spec(f"cairn._kernel_{isa}") is not None]
 
 
+# Builds whose numbers are the same bits (docs/architecture.md): the levels with fused multiply-adds.
+# x86-64-v2 (and an x86 build for the compiler's default target) rounds a multiply and an add apart.
+FMA_LEVELS = frozenset({"v3", "v4"})
+FMA_MACHINES = frozenset({"aarch64", "arm64"})   # where the default target ("base") has FMA (NEON)
+
+
+def numeric_class(isa: str, machine: str | None = None) -> str:
+    """The rounding class of a kernel build: "fma" (x86-64-v3, -v4, aarch64) or "nofma" (x86-64-v2,
+    an x86 base build); a base build on another machine is a class of its own ("base-<machine>").
+    Checkpoints are keyed by it: a state or page of one class is never restored by another."""
+    if isa in FMA_LEVELS:
+        return "fma"
+    if isa != "base":
+        return "nofma"
+    import platform    # only here: the other answers need no probe of the machine
+    m = (machine or platform.machine()).lower()
+    return "fma" if m in FMA_MACHINES else "nofma" if m in ("x86_64", "amd64", "i686", "i386") else f"base-{m}"

@@ -1,12 +1,17 @@
-"""The model fingerprint covers every weight byte, and its digest cache (issue 10, item 6)."""
+"""The model fingerprint covers every weight byte, and its digest cache (issue 10, item 6); the
+checkpoint fingerprint adds the kernel build's rounding class (issue 40, §5)."""
 
 from __future__ import annotations
 
 import os
 import shutil
 
+from types import SimpleNamespace
+
 import pytest
 
+from cairn.actors import disk_io
+from cairn.daemon.service.main import checkpoint_fingerprint
 from cairn.daemon.weights import weight_digest
 from cairn.daemon.weights.model_dir import open_model_dir
 
@@ -83,3 +88,28 @@ def test_file_digest_is_sha256_of_every_byte(tmp_path):
     data = os.urandom(weight_digest.READ_SIZE + 12345)
     f.write_bytes(data)
     assert weight_digest.file_digest(f) == hashlib.sha256(data).hexdigest()
+
+
+def _checkpoint_fp(isa: str | None) -> str:
+    kernel = SimpleNamespace(SNAPSHOT_VERSION=3, **({"ISA": isa} if isa else {}))
+    return checkpoint_fingerprint(SimpleNamespace(fingerprint="abc", model=SimpleNamespace(page_tokens=16),
+                                                  kernel=kernel))
+
+
+def test_checkpoint_fingerprints_differ_exactly_by_the_builds_numeric_class(monkeypatch):
+    """x86-64-v2 rounds a multiply and an add apart; v3, v4 and aarch64 fuse them (the same bits):
+    a shared directory must not mix their states and pages."""
+    import platform
+
+    v2, v3, v4 = _checkpoint_fp("v2"), _checkpoint_fp("v3"), _checkpoint_fp("v4")
+    assert v3 == v4 == "abc;snapshot-v3;pages-16;numeric-fma"
+    assert v2 == "abc;snapshot-v3;pages-16;numeric-nofma"
+    assert disk_io.model_key(v2) != disk_io.model_key(v3)         # another subdirectory: never seen, never touched
+    monkeypatch.setattr(platform, "machine", lambda: "aarch64")
+    assert _checkpoint_fp("base") == v3
+    monkeypatch.setattr(platform, "machine", lambda: "x86_64")
+    assert _checkpoint_fp("base") == v2
+    monkeypatch.setattr(platform, "machine", lambda: "riscv64")
+    assert _checkpoint_fp("base") not in (v2, v3)
+    assert _checkpoint_fp(None).endswith(";numeric-unknown")      # a kernel that does not say (the tests' fake)
+
