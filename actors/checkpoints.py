@@ -354,12 +354,13 @@ class Checkpoints:
             self.metrics.checkpoint_captures_skipped.inc(
                 reason="transient_room" if "capture's copy" in reason else "budget")
 
-    def make_room(self, nbytes: int, request_id: str = "") -> int:
+    def make_room(self, nbytes: int, request_id: str = "", keep_pages=frozenset()) -> int:
         """Evict checkpoints from memory until ``nbytes`` are freed or none is left to evict (the
-        memory guard, for a growing live state). Disk copies stay. Returns the bytes freed."""
-        before = self.store.memory_usage()
-        evictions = self._apply(self.store.evict_memory(nbytes))
-        freed = before - self.store.memory_usage()
+        memory guard, for a growing live state). Disk copies stay. ``keep_pages``: the live states'
+        page groups (evicting frees none of them). Returns the bytes freed, those groups not counted."""
+        before = self.store.memory_usage_beside(keep_pages)
+        evictions = self._apply(self.store.evict_memory(nbytes, keep_pages))
+        freed = before - self.store.memory_usage_beside(keep_pages)
         if evictions and self.log is not None:
             self.log.info("checkpoint_evict_for_state", request_id=request_id, evicted=len(evictions),
                           bytes_freed=freed, bytes_wanted=nbytes)

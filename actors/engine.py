@@ -44,6 +44,7 @@ class Engine:
         from .expert_io import ExpertMeter
 
         self.runner = KernelRunner(self.kernel.AbortFlag, ExpertMeter(self.model, self.metrics))
+        self.runner.publish = self.publish_figures
         if self.checkpoints is None:
             from .checkpoints import Checkpoints
 
@@ -55,6 +56,12 @@ class Engine:
         """`fn(*args)` in the kernel thread once the gate grants `priority` (kernel_gate.py)."""
         async with self.gate.hold(priority):
             return await self.runner.run(fn, *args, **kwargs)
+
+    def publish_figures(self) -> None:
+        """In the kernel thread after each call (KernelRunner.publish): every live state's figures, for
+        the readers that must not touch a state (sequence.py); no call holds any state now."""
+        for seq in self.slots:
+            seq.publish()
 
     @property
     def piece_tokens(self) -> int:
@@ -76,15 +83,15 @@ class Engine:
             return True
         return self.memory.try_reserve(seq.state, n_tokens, seq.request_id or "")
 
-    def capture_refusal(self, state) -> tuple[int, str | None]:
-        """What a snapshot of `state` would add to checkpoint memory (its tail and the page groups
+    def capture_refusal(self, seq: Sequence) -> tuple[int, str | None]:
+        """What a snapshot of `seq`'s state would add to checkpoint memory (its tail and the page groups
         the store does not hold yet) and why it must not be taken (None: take it): the checkpoint
-        store could not keep it, or the memory plan has no room for the copy."""
-        nbytes = self.checkpoints.capture_bytes(state)
+        store could not keep it, or the memory plan has no room for the copy. From its figures."""
+        fig = seq.figures
+        nbytes = self.checkpoints.capture_bytes(fig)
         why = self.checkpoints.capture_refusal(nbytes)
         if why is None and self.memory is not None:   # the copy itself: the tail (every group when unshared)
-            copied = int(state.tail_nbytes) + (0 if self.checkpoints.share_pages
-                                               else len(state.page_ids) * int(state.page_nbytes))
+            copied = fig.tail_nbytes + (0 if self.checkpoints.share_pages else len(fig.page_ids) * fig.page_nbytes)
             why = self.memory.capture_refusal(copied)
         return nbytes, why
 
@@ -124,7 +131,7 @@ class Engine:
 
     def note_live_tokens(self) -> None:
         if self.metrics is not None:
-            self.metrics.live_state_tokens.set(sum(int(s.state.n_tokens) for s in self.slots if s.state is not None))
+            self.metrics.live_state_tokens.set(sum(s.figures.n_tokens for s in self.slots))
 
     def note_slots(self) -> None:
         if self.metrics is not None:

@@ -9,6 +9,10 @@ stopped and the state is consistent (it holds every completed chunk). The watche
 lets a group out: callers see the kernel's own exception (`ValueError`, `RuntimeError`, ...) or
 `Cancelled`, which is what lifecycle.py's `except` clauses match.
 
+After every call, still in the kernel thread, `publish` (when set; the engine's) runs: the one
+moment no kernel call holds any state, when the engine publishes each live state's figures for the
+readers that must not touch a state a call may hold (actors/sequence.py).
+
 With paged experts (`meter`, actors/expert_io.py) the thread samples the expert cache's counters
 before and after each call: the delta is that call's disk work (calls never overlap). It goes to
 the engine-wide totals and, when the caller passes a `tally`, to the caller's sum.
@@ -41,6 +45,19 @@ class KernelRunner:
         self._limiter = trio.CapacityLimiter(1)
         self._new_flag = abort_flag_factory
         self.meter = meter            # actors/expert_io.ExpertMeter, or None (no expert cache)
+        self.publish: Callable[[], None] | None = None   # in the kernel thread after each call
+
+    def _then_publish(self, call: Callable[[], Any]) -> Callable[[], Any]:
+        publish = self.publish
+        if publish is None:
+            return call
+
+        def published() -> Any:
+            try:
+                return call()
+            finally:        # an aborted or failed call changed its state too; the limiter is still held
+                publish()
+        return published
 
     async def run(self, fn: Callable[..., Any], *args: Any, abortable: bool = False, tally: Any = None,
                   **kwargs: Any) -> Any:
@@ -64,7 +81,8 @@ class KernelRunner:
 
     async def _run(self, fn: Callable[..., Any], args: tuple, kwargs: dict, abortable: bool) -> Any:
         if not abortable:
-            return await trio.to_thread.run_sync(partial(fn, *args, **kwargs), limiter=self._limiter)
+            return await trio.to_thread.run_sync(self._then_publish(partial(fn, *args, **kwargs)),
+                                                 limiter=self._limiter)
         flag = self._new_flag()
 
         async def watch() -> None:
@@ -80,8 +98,8 @@ class KernelRunner:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(watch)
                 try:
-                    result = await trio.to_thread.run_sync(partial(fn, *args, abort=flag, **kwargs),
-                                                           limiter=self._limiter)
+                    result = await trio.to_thread.run_sync(
+                        self._then_publish(partial(fn, *args, abort=flag, **kwargs)), limiter=self._limiter)
                 except Exception as e:       # held until the watcher is gone (it is cancelled below)
                     error = e
                 nursery.cancel_scope.cancel()

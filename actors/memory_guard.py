@@ -22,7 +22,8 @@ Design notes.
 
 from __future__ import annotations
 
-from typing import Any
+from contextlib import contextmanager
+from typing import Iterator
 
 
 class MemoryExceeded(RuntimeError):
@@ -40,44 +41,59 @@ class MemoryGuard:
         self.log = log
         self.metrics = metrics
         self.refused = 0                  # requests ended for memory
+        self.held = 0                     # bytes held outside states and checkpoints (`hold`: restores)
 
     # ---- what is in use ---------------------------------------------------------------------------
 
-    def _states(self) -> list[tuple[Any, Any]]:
-        """(state, its sequence.Sequence) of every live state."""
-        return [(s.state, s) for s in self.engine.slots if s.state is not None]
+    def _live(self) -> list:
+        """The sequence.Sequence of every live state. Read through its published figures only: a state
+        may be in a kernel call right now (sequence.py)."""
+        return [s for s in self.engine.slots if s.state is not None]
+
+    def _slot_of(self, state):
+        for s in self.engine.slots:
+            if s.state is state:
+                return s
+        raise ValueError("memory guard: the state is not a live state of this engine's slots")
 
     def _resident(self, n_tokens: int) -> int:
         cost = self.plan.state_cost
         return cost.resident_at(n_tokens) if cost is not None else 0
 
-    def _in_use(self, states: list, grow=None, grow_to: int = 0) -> int:
-        """Bytes of `states` (`grow` at grow_to tokens) and the checkpoints, each page group once."""
+    def _in_use(self, live: list, grow=None, grow_to: int = 0) -> int:
+        """Bytes of the `live` sequences' states (`grow`'s at grow_to tokens), the checkpoints and what
+        is held, each page group once."""
         store = self.engine.checkpoints.store
         pages = store.memory_pages()
-        total = store.memory_own_bytes()
-        for st in states:
-            n = grow_to if st is grow else int(st.n_tokens)
-            ids = [int(p) for p in st.page_ids]
-            nb = int(st.page_nbytes)
-            total += max(0, self._resident(n) - len(ids) * nb)   # its tail and the groups it will add
-            pages.update(dict.fromkeys(ids, nb))
+        total = store.memory_own_bytes() + self.held
+        for seq in live:
+            fig = seq.figures
+            n = grow_to if seq is grow else fig.n_tokens
+            total += max(0, self._resident(n) - len(fig.page_ids) * fig.page_nbytes)   # its tail, groups to come
+            pages.update(dict.fromkeys(fig.page_ids, fig.page_nbytes))
         return total + sum(pages.values())
+
+    @staticmethod
+    def _live_pages(live: list) -> frozenset:
+        """Page groups the live states hold: evicting a checkpoint does not free those."""
+        return frozenset(p for seq in live for p in seq.figures.page_ids)
 
     def usage(self) -> dict:
         """Bytes in use now (for /v1/status): live states, checkpoint memory, the pool."""
-        states = sum(self._resident(int(st.n_tokens)) for st, _ in self._states())
+        live = self._live()
+        states = sum(self._resident(s.figures.n_tokens) for s in live)
         ck = self.engine.checkpoints.store.memory_usage()
         return {"states_bytes": states, "checkpoint_bytes": ck, "pool_bytes": self.plan.pool_bytes,
-                "refused": self.refused, "captures_skipped": self.engine.checkpoints.captures_skipped,
-                "pool_in_use_bytes": self._in_use([st for st, _ in self._states()])}
+                "held_bytes": self.held, "refused": self.refused,
+                "captures_skipped": self.engine.checkpoints.captures_skipped,
+                "pool_in_use_bytes": self._in_use(live)}
 
     # ---- the hook ----------------------------------------------------------------------------------
 
     def reserve(self, state, n_tokens: int, request_id: str = "") -> None:
         """Room for `state` to hold n_tokens more, or MemoryExceeded. Evicts checkpoints (then idle
         live states) when that makes the room."""
-        why = self._room(state, n_tokens, request_id)
+        why = self._room(self._slot_of(state), n_tokens, 0, request_id)
         if why is None:
             return
         self.refused += 1
@@ -90,58 +106,80 @@ class MemoryGuard:
     def try_reserve(self, state, n_tokens: int, request_id: str = "") -> bool:
         """Like `reserve` (room is made the same way), but False instead of MemoryExceeded, and a
         refusal is not counted: for growth the caller can do without (a draft to verify)."""
-        return self._room(state, n_tokens, request_id) is None
+        return self._room(self._slot_of(state), n_tokens, 0, request_id) is None
 
-    def _room(self, state, n_tokens: int, request_id: str) -> tuple[str, dict] | None:
-        """Make room for `state` to hold n_tokens more: None when there is, else (message, log fields)."""
+    @contextmanager
+    def hold(self, nbytes: int, request_id: str = "") -> Iterator[bool]:
+        """Room for `nbytes` outside any state or checkpoint for the `with` block (a restore's read
+        buffers and copies): yields True and counts them as in use until the block ends, or yields
+        False (no room even after evicting) and holds nothing."""
+        ok = self._room(None, 0, max(0, int(nbytes)), request_id) is None
+        if ok:
+            self.held += max(0, int(nbytes))
+        try:
+            yield ok
+        finally:
+            if ok:
+                self.held -= max(0, int(nbytes))
+
+    def _room(self, seq, n_tokens: int, extra: int, request_id: str) -> tuple[str, dict] | None:
+        """Make room for `seq`'s state to hold n_tokens more and `extra` bytes beside it: None when
+        there is, else (message, log fields)."""
         pool = self.plan.pool_bytes
-        if pool is None or self.plan.state_cost is None or n_tokens <= 0:
+        if pool is None or self.plan.state_cost is None or (n_tokens <= 0 and extra <= 0):
             return None
-        after = int(state.n_tokens) + int(n_tokens)
-        others = [(st, slot) for st, slot in self._states() if st is not state]
-        mine = self._resident(after)
+        live = self._live()
+        after = (seq.figures.n_tokens if seq is not None else 0) + max(0, int(n_tokens))
+        mine = self._resident(after) if seq is not None else 0
 
         def total() -> int:
-            return self._in_use([state] + [st for st, _ in others], state, after)
+            return self._in_use(live, seq, after) + extra
 
         # Counting shared groups twice only overestimates: when even that fits (the common case, every
         # decode step) the exact union is not needed.
         store = self.engine.checkpoints.store
-        if (self._resident(after) + sum(self._resident(int(st.n_tokens)) for st, _ in others)
-                + store.memory_usage()) <= pool:
+        if (mine + sum(self._resident(s.figures.n_tokens) for s in live if s is not seq) + store.memory_usage()
+                + self.held + extra) <= pool:
             return None
         over = total() - pool
-        if over <= 0:
-            return None
-        freed = self.engine.checkpoints.make_room(over, request_id)
-        over = total() - pool
+        freed = 0
+        # Checkpoints first, until there is room by this exact count or none is left: a checkpoint's
+        # pages that a live state also holds free nothing, so the store is told which those are.
+        while over > 0:
+            got = self.engine.checkpoints.make_room(over, request_id, keep_pages=self._live_pages(live))
+            if got <= 0:
+                break
+            freed += got
+            over = total() - pool
         dropped = 0
-        for st, slot in list(others):
+        for other in [s for s in live if s is not seq]:
             if over <= 0:
                 break
-            if slot.request_id is None:    # idle: a cache of a finished conversation
-                size = self._resident(int(st.n_tokens))
-                self.engine.discard(slot)
-                others.remove((st, slot))
+            if other.request_id is None:    # idle: a cache of a finished conversation
+                n_other = other.figures.n_tokens
+                self.engine.discard(other)
+                live.remove(other)
                 dropped += 1
                 over = total() - pool     # what it frees: its tail and the groups nobody else holds
                 if self.log is not None:
-                    self.log.info("memory_live_state_dropped", request_id=request_id, slot=slot.index,
-                                  tokens=int(st.n_tokens), bytes=size, reason="room for a growing state")
+                    self.log.info("memory_live_state_dropped", request_id=request_id, slot=other.index,
+                                  tokens=n_other, bytes=self._resident(n_other), reason="room for a growing state")
         if over <= 0:
-            if self.log is not None:
-                self.log.info("memory_room_made", request_id=request_id, state_tokens=after,
+            if self.log is not None and (freed or dropped):
+                self.log.info("memory_room_made", request_id=request_id, state_tokens=after, held_bytes=extra,
                               checkpoint_bytes_freed=freed, idle_states_dropped=dropped)
             return None
-        states_now = sum(self._resident(int(st.n_tokens)) for st, _ in others)
-        ck = self.engine.checkpoints.store.memory_usage()
-        msg = (f"memory: this conversation's state would grow to {after} tokens ({_mib(mine)}); with the other "
-               f"live states ({_mib(states_now)}) and checkpoints still in memory ({_mib(ck)}) that passes the "
-               f"{_mib(pool)} the memory plan leaves for states and checkpoints (limit: {self.plan.limit_source}); "
-               f"{_mib(freed)} of checkpoints were evicted first. Shorten the conversation, or give the daemon "
-               "more memory")
+        states_now = sum(self._resident(s.figures.n_tokens) for s in live if s is not seq)
+        ck = store.memory_usage()
+        what = (f"this conversation's state would grow to {after} tokens ({_mib(mine)})" if seq is not None
+                else f"a checkpoint restore needs {_mib(extra)} while it reads and copies")
+        msg = (f"memory: {what}; with the other live states ({_mib(states_now)}) and checkpoints still in memory "
+               f"({_mib(ck)}) that passes the {_mib(pool)} the memory plan leaves for states and checkpoints "
+               f"(limit: {self.plan.limit_source}); {_mib(freed)} of checkpoints were evicted first. Shorten "
+               "the conversation, or give the daemon more memory")
         return msg, dict(state_tokens=after, state_bytes=mine, other_states_bytes=states_now, checkpoint_bytes=ck,
-                         pool_bytes=pool, checkpoint_bytes_freed=freed, limit=self.plan.limit_source)
+                         held_bytes=self.held + extra, pool_bytes=pool, checkpoint_bytes_freed=freed,
+                         limit=self.plan.limit_source)
 
     def capture_refusal(self, nbytes: int) -> str | None:
         """Why a snapshot of `nbytes` must not be taken (None: take it)."""

@@ -140,7 +140,7 @@ async def _capture(engine: Engine, seq: Sequence, state, ids: np.ndarray, kind: 
     not at all when the store could not keep it or the memory plan has no room for the copy. A snapshot
     copies the state's tail and shares its page groups (the state copies a shared group before writing it).
     `priority`: the kernel gate's (a prefill's by its tokens left, unless given)."""
-    nbytes, why = engine.capture_refusal(state)
+    nbytes, why = engine.capture_refusal(seq)
     if why is not None:
         engine.checkpoints.skip_capture(ids, kind, nbytes, why, submit.request_id)
         return
@@ -250,10 +250,9 @@ async def prefill_turn(adm: Admitted, seq: Sequence, to_admission, *, engine: En
     turn = await attached(sub, lambda: run_prefill(engine, seq, sub, log, progress), engine=engine, seq=seq,
                           log=log, stage="prefill", on_shutdown=lambda: log_outcome("cancelled", "shutdown"))
     if turn.cancelled:
-        live = seq.state
         log_outcome("cancelled")
         log.info("prefill_cancelled", request_id=sub.request_id,
-                 state_tokens=0 if live is None else int(live.n_tokens))
+                 state_tokens=seq.figures.n_tokens)
         await end_cancelled(sub, seq, to_admission, engine, turn.cancel_reason)
         return None
     if turn.error is not None:

@@ -48,7 +48,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 from dataclasses import dataclass
-from typing import Any, Callable, Literal, Sequence
+from typing import Any, Callable, Collection, Literal, Sequence
 
 import numpy as np
 
@@ -405,24 +405,35 @@ class CheckpointStore:
         e.disk_pages = ()
         return e.id not in self._by_id, self.orphan_pages(pages)
 
-    def evict_memory(self, nbytes: int) -> list[Eviction]:
+    def evict_memory(self, nbytes: int, keep_pages: Collection[int] = ()) -> list[Eviction]:
         """Free at least ``nbytes`` of the memory tier if it can (a growing live state needs them; the
         memory guard): snapshots leave in the eviction order above, the protected entry last. Snapshots queued
-        for the writer free nothing until written, so they stay. Returns what was evicted."""
+        for the writer free nothing until written, so they stay. ``keep_pages``: page groups held outside
+        the store (the live states'): they stay in memory whoever drops them, so they count as nothing
+        freed — evicting a checkpoint that shares its groups with a live state frees only its tail.
+        Returns what was evicted."""
         members = [e for e in self._by_id.values() if e.in_memory]
         protected = self._protected(members)
         ordinary = sorted((e for e in members if e is not protected),
                           key=lambda e: (e.kind not in TURN_ENDS, e.last_used, e.created, e.id))
+        keep = frozenset(keep_pages)
         evicted: list[Eviction] = []
-        start = self.memory_usage()
+        start = self.memory_usage_beside(keep)
         for victim in ordinary + ([protected] if protected is not None else []):
-            if start - self.memory_usage() >= nbytes:
+            if start - self.memory_usage_beside(keep) >= nbytes:
                 break
             if victim.id in self._held:
                 continue
             self.remove(victim.id, "memory")
             evicted.append(Eviction(victim, "memory", victim.id not in self._by_id))
         return evicted
+
+    def memory_usage_beside(self, keep_pages: Collection[int] = ()) -> int:
+        """The memory tier's bytes, but for the page groups in ``keep_pages`` (held elsewhere too)."""
+        total, pages, _ = self._memory()
+        if not keep_pages:
+            return total
+        return total - sum(size for p, size in pages.items() if p in keep_pages)
 
     # ---- internals ----------------------------------------------------------------------------
 

@@ -244,4 +244,4 @@ def live_tokens(engine) -> int:
     so mid-request it lags: a gateway balancing on it would see a stale figure)."""
     if engine is None:
         return 0
-    return sum(int(s.state.n_tokens) for s in engine.slots if s.state is not None)
+    return sum(s.figures.n_tokens for s in engine.slots)   # published figures: a state may be in a kernel call

@@ -52,6 +52,7 @@ def test_guard_evicts_checkpoints_first_then_refuses_naming_memory():
     st = engine.new_state(seq)
     seq.request_id = "big"
     fake_kernel.prefill(st, np.ones(1000, dtype=np.int32))
+    seq.publish()   # a kernel call outside the engine's runner: publish its figures
     # 1000 + 500 tokens: 1.25 x (68 x 1500 + 2048) = 130 kB; with 60 kB of checkpoints over the 160 kB pool
     engine.room_for(seq, 500)
     assert ck.store.memory_usage() == 20_000 and ck.store.stats().memory_entries == 1   # two evicted, one kept
@@ -149,6 +150,7 @@ def test_slot_mode_drops_an_idle_slots_state_after_the_checkpoints_and_never_a_b
     idle, busy, growing = engine.slots
     for slot, n in ((idle, 800), (busy, 800), (growing, 200)):
         fake_kernel.prefill(engine.new_state(slot), np.ones(n, dtype=np.int32))
+        slot.publish()   # a kernel call outside the engine's runner: publish its figures
     busy.request_id, growing.request_id = "busy", "grow"
     # growing to 800: three states of 1.25 x (68 x 800 + 2048) = 70.6 kB + 10 kB of checkpoints > 210 kB,
     # and still over without the checkpoints
@@ -182,6 +184,7 @@ def test_page_groups_a_live_state_shares_with_checkpoints_count_once_in_the_pool
     seq = engine.slots[0]
     seq.state, seq.request_id = PagedState(model), "grow"
     fake_kernel.prefill(seq.state, np.ones(1000, dtype=np.int32))
+    seq.publish()   # a kernel call outside the engine's runner: publish its figures
     resident = guard.plan.state_cost.resident_at
     assert guard.usage()["pool_in_use_bytes"] == resident(1000) + 1000      # the groups once, not twice
     # 1100 tokens: resident(1100) + 1000 = 97 kB of a 120 kB pool; counted twice it would be 147 kB
@@ -200,9 +203,40 @@ def test_try_reserve_answers_false_without_ending_or_counting_and_still_makes_ro
     guard = engine.memory = MemoryGuard(fake_plan(states=100_000, checkpoints=60_000), engine, metrics=engine.metrics)
     seq = engine.slots[0]
     fake_kernel.prefill(engine.new_state(seq), np.ones(1000, dtype=np.int32))
+    seq.publish()   # a kernel call outside the engine's runner: publish its figures
     seq.request_id = "r"
     assert engine.try_room_for(seq, 800)                        # fits once the checkpoint has gone
     assert ck.store.memory_usage() == 0
     assert not engine.try_room_for(seq, 5000)                   # no room: False, nothing raised
     assert guard.refused == 0 and engine.metrics.memory_refused.value() == 0
     engine.room_for(seq, 1)                                     # a plain step still fits
+
+
+def test_evicting_goes_on_until_there_is_room_when_older_checkpoints_share_the_live_states_pages():
+    """Issue 40 §2: the older prompt-end checkpoint shares its groups with the live state, so evicting
+    it frees only its tail; the guard goes on to the checkpoint whose groups nobody else holds instead
+    of refusing (the store used to count the shared groups as freed and stop)."""
+
+    def snap(pages):
+        return type("Snap", (), {"own_nbytes": 1000, "page_ids": list(pages), "page_nbytes": 5000})()
+
+    class PagedState(fake_kernel.State):
+        page_ids, page_nbytes = np.arange(10, dtype=np.uint64), 5000
+
+    model = fake_kernel.Model(vocab_size=VOCAB)
+    ck = Checkpoints(max_slots=4, max_bytes=1 << 20)
+    ck.capture(np.full(600, 1, dtype=np.int32), "prompt_end", snap(range(10)), "r0")          # shares 0..9
+    ck.capture(np.full(700, 2, dtype=np.int32), "prompt_end", snap(range(100, 110)), "r1")    # its own groups
+    engine = Engine(fake_kernel, model, None, 65536, checkpoints=ck)
+    guard = engine.memory = MemoryGuard(fake_plan(states=80_000, checkpoints=40_000), engine)
+    seq = engine.slots[0]
+    seq.state, seq.request_id = PagedState(model), "grow"
+    fake_kernel.prefill(seq.state, np.ones(1000, dtype=np.int32))
+    seq.publish()
+    resident = guard.plan.state_cost.resident_at
+    # growing to 1100: 2 tails + its tail + 20 groups = 148 kB of a 120 kB pool; without the second
+    # checkpoint 96 kB fits, without the first alone 147 kB does not
+    assert 2000 + resident(1100) + 50_000 > 120_000 >= resident(1100) and 1000 + resident(1100) + 50_000 > 120_000
+    engine.room_for(seq, 100)                                      # no MemoryExceeded
+    assert ck.store.stats().memory_entries == 0 and guard.refused == 0
+    assert guard._in_use(guard._live(), seq, 1100) == resident(1100) <= 120_000
