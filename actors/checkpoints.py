@@ -42,8 +42,8 @@ import numpy as np
 import trio
 
 from . import disk_io, page_format, shared_dir
-from .disk_format import (KINDS as DISK_KINDS, SUFFIX, CheckpointFileError, Header, file_name, header_size, prefix_hash,
-                          read_header)
+from .disk_format import (KINDS as DISK_KINDS, SUFFIX, CheckpointFileError, Header, check_page_keys, file_name,
+                          header_size, prefix_hash, read_header)
 from .messages import FlushRecency, WriteCheckpoint
 from .plan import PrefillPlan, common_prefix_len, plan_prefill
 from .store import CheckpointStore, Entry, Eviction, footprint
@@ -239,9 +239,11 @@ class Checkpoints:
                 raise CheckpointFileError("no kernel to rebuild a paged snapshot")
             return header, tail
         try:
-            return header, self.rebuild(tail, pages)
+            snap = self.rebuild(tail, pages)
         except ValueError as err:     # KernelError: version, model, page layout, checksum
             raise CheckpointFileError(f"kernel refused the snapshot: {err}") from None
+        check_page_keys(header, int(getattr(snap, "page_tokens", 0)))   # the model's page size (a blob: no pages)
+        return header, snap
 
     def _forget_file(self, entry_id: str, reason: str, request_id: str | None = None,
                      miss_label: str = "evicted_elsewhere") -> None:
@@ -265,11 +267,12 @@ class Checkpoints:
         self.store.remove(e.id)
         if was_on_disk and self.disk_dir is not None:
             await self._unlink(file_name(e.tokens))
-            if bad_page is not None:    # a damaged page file: bad for every checkpoint that needs it
+            if bad_page is not None:    # a damaged page file: bad for every checkpoint that needs it (shared too)
                 await self._unlink_pages([bad_page])
-            await self._unlink_pages(self.store.orphan_pages(pages))
+            await self._unlink_orphans(pages)
         label = ("fingerprint_mismatch" if "fingerprint" in reason else
-                 "tokens_mismatch" if "tokens differ" in reason else "bad_file")
+                 "tokens_mismatch" if "tokens differ" in reason else
+                 "page_keys_mismatch" if "page keys" in reason else "bad_file")
         self.miss(request_id or "", label, reason)
         self._update_bytes()
 
@@ -618,6 +621,10 @@ class Checkpoints:
                 self.log.warning("checkpoint_evict_skipped", dir=str(self.disk_dir),
                                  reason="another daemon held the eviction lease too long; the next pass catches up")
             return
+        if res.unreadable and self.log is not None:
+            self.log.warning("checkpoint_page_sweep_skipped", dir=str(self.disk_dir), unreadable=list(res.unreadable),
+                             reason="a checkpoint header could not be read, so the pages it references are "
+                                    "unknown; a later pass sweeps")
         for name in res.removed:
             e = self.store.remove(name.removesuffix(SUFFIX), "disk")
             if e is not None:   # the pass deleted its page files that nothing references
@@ -715,7 +722,7 @@ class Checkpoints:
             self.log.info("checkpoint_disk_writes_resumed", dir=str(self.disk_dir), id=msg.id)
         if msg.id in self._no_write:            # deleted through the API while it was being written
             await self._unlink(file_name(msg.tokens))
-            await self._unlink_pages(self.store.orphan_pages(pages))
+            await self._unlink_orphans(pages)
             return
         evictions = self.store.put_disk(msg.tokens, msg.kind, footprint(snap).nbytes, file_len, last_used=last_used,
                                         pages=pages)
@@ -742,6 +749,14 @@ class Checkpoints:
             if ev.tier == "disk":
                 await self._unlink(file_name(ev.entry.tokens))
                 await self._unlink_pages(ev.pages_freed)
+
+    async def _unlink_orphans(self, pages) -> None:
+        """The page files of ``pages`` (a checkpoint that left the disk tier) no indexed checkpoint
+        references. Not in a shared directory: this index lacks the checkpoints peers published
+        since its last listing, which may reference them; there only the eviction pass, under the
+        lease and from the whole directory's headers, deletes pages (shared_dir.evict_pass)."""
+        if not self.shared:
+            await self._unlink_pages(self.store.orphan_pages(pages))
 
     async def _unlink_pages(self, names) -> None:
         if self.disk_dir is None or (self._lock is None and not self.shared):
@@ -785,7 +800,7 @@ class Checkpoints:
             self._no_write.add(entry_id)   # its queued write must not bring it back
         if on_disk or self.disk_enabled:
             await self._unlink(file_name(e.tokens))
-            await self._unlink_pages(self.store.orphan_pages(pages))
+            await self._unlink_orphans(pages)
         if self.log is not None:
             self.log.info("checkpoint_deleted", id=entry_id, tokens=e.n_tokens, kind=e.kind)
         self._update_bytes()

@@ -12,6 +12,9 @@ Design notes
    missing, damaged or replaced is caught before the kernel sees it.
  * The header carries everything the index needs (fingerprint, kind, token ids, payload length),
    so a restart rebuilds the index by reading headers only; payloads are loaded lazily on restore.
+ * Before a restore the page keys are recomputed from the header's token ids (``check_page_keys``):
+   a file that lists another prefix's pages (planted, or a bug) is refused, since the kernel state's
+   own tokens, checked after the restore, come from the tail and would not tell.
  * Checksums are CRC-32 (zlib): one over the header, one over the payload, stored in the header.
    They guard against accidental damage (torn writes that escaped the atomic rename, bit rot,
    truncation by a full disk), not against an adversary: the directory is ours (mode 0700).
@@ -132,6 +135,20 @@ def page_keys(tokens: Sequence[int] | np.ndarray, n_pages: int, page_tokens: int
         h.update(raw[4 * k * page_tokens: 4 * (k + 1) * page_tokens])
         out.append(h.copy().hexdigest())
     return out
+
+
+def check_page_keys(header: Header, page_tokens: int) -> None:
+    """A checkpoint's pages must be the pages of its own token ids: one per full group of
+    ``page_tokens``, each keyed by the hash of the prefix it closes (``page_keys``: one hashing
+    pass). Raises ``CheckpointFileError`` otherwise: its pages would hold another prefix's state,
+    and no other check would notice (the restored state's tokens come from the tail)."""
+    want = header.n_tokens // page_tokens if page_tokens > 0 else 0
+    if len(header.pages) != want:
+        raise CheckpointFileError(f"page keys do not match its token ids ({len(header.pages)} pages listed, "
+                                  f"{header.n_tokens} tokens make {want})")
+    for k, (key, expected) in enumerate(zip((key for key, _ in header.pages), page_keys(header.tokens, want, page_tokens))):
+        if key != expected:
+            raise CheckpointFileError(f"page keys do not match its token ids (page {k} of {want})")
 
 
 def header_size(fingerprint: str, n_tokens: int, n_pages: int = 0) -> int:

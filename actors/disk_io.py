@@ -24,6 +24,8 @@ Design notes
    back by ``scan``, so eviction order survives a restart.
  * Page files are deleted when the last checkpoint referencing them leaves (the store's
    ``pages_freed``) and, at start-up, when no checkpoint file references them (``remove_orphan_pages``).
+   A page a new checkpoint reuses gets its mtime refreshed before that checkpoint is published:
+   a shared directory's sweep deletes only unreferenced pages older than its grace.
  * Only files we own are touched: ``*.ckpt``, ``pages/*.page`` and our temp-file pattern in our model's
    subdirectory. Anything else is left. Files of our fingerprint left at the top level by the
    flat layout of earlier versions are moved into the subdirectory (``adopt_flat_files``).
@@ -206,22 +208,49 @@ def write_checkpoint(directory: str | os.PathLike, fingerprint: str, kind: str,
         n_pages, page_nbytes = int(snapshot.n_full_pages), int(snapshot.page_nbytes)
         page_tokens, tail = int(snapshot.page_tokens), snapshot.tail()
     pages_dir = ensure_dir(Path(directory) / page_format.DIR) if n_pages else None
-    manifest, files = [], []
+    manifest, files, reused = [], [], []
     for k, key in enumerate(page_keys(ids, n_pages, page_tokens)):
         name = page_format.file_name(key)
-        crc = _existing_page_crc(pages_dir / name, page_nbytes)
+        crc = _reuse_page(pages_dir / name, page_nbytes)
         if crc is None:                  # new (or torn): checksum and write it; a stored page is never re-read
-            view = snapshot.page(k)
-            header = page_format.encode_header(view)
-            (crc,) = struct.unpack_from("<I", header, 16)
-            atomic_write(pages_dir, name, [header, view])
+            crc = _write_page(pages_dir, name, snapshot.page(k))
+        else:
+            reused.append(k)
         manifest.append((key, crc))
         files.append((name, page_format.file_size(page_nbytes)))
     header = encode_header(fingerprint, kind, ids, tail, page_nbytes, manifest)
     path = atomic_write(directory, file_name(ids), [header, tail])
+    # A shared directory's sweep that read the page's old mtime just before _reuse_page refreshed it
+    # may still have deleted it: now that the checkpoint references it, no sweep will again.
+    for k in reused:
+        if not (pages_dir / files[k][0]).exists():
+            _write_page(pages_dir, files[k][0], snapshot.page(k))
     if last_used is not None:
         os.utime(path, (last_used, last_used))
     return len(header) + len(tail), files
+
+
+def _write_page(pages_dir: Path, name: str, view) -> int:
+    """Write one page file; its payload CRC."""
+    header = page_format.encode_header(view)
+    atomic_write(pages_dir, name, [header, view])
+    return struct.unpack_from("<I", header, 16)[0]
+
+
+def _reuse_page(path: Path, page_nbytes: int) -> int | None:
+    """An existing page file to reference instead of writing it again: its CRC, its mtime set to now
+    first. The mtime is its age for a shared directory's sweep of unreferenced pages
+    (shared_dir.evict_pass): a page last written long ago is otherwise deleted as an orphan between
+    this reuse and the publish of the checkpoint that references it. None (write it) when absent,
+    not a whole page file, or its mtime cannot be set (another owner)."""
+    crc = _existing_page_crc(path, page_nbytes)
+    if crc is None:
+        return None
+    try:
+        os.utime(path)
+    except (FileNotFoundError, PermissionError):   # gone meanwhile, or a peer's file: write our own
+        return None
+    return crc
 
 
 def _existing_page_crc(path: Path, page_nbytes: int) -> int | None:

@@ -23,7 +23,11 @@ Design notes
    held only for the pass), lists every file and reads the checkpoints' headers (which pages
    each references), and deletes least recently used checkpoints first (shared_evict.py) until
    the checkpoints and the pages they reference fit, then the page files nothing references that
-   are older than ``PAGE_GRACE_S`` (younger ones may belong to a checkpoint being published). Passes are serialised, so daemons never delete for
+   are older than ``PAGE_GRACE_S`` (younger ones may belong to a checkpoint being published; a
+   writer refreshes the mtime of each page it reuses before it publishes, disk_io.write_checkpoint).
+   A checkpoint whose header cannot be read during the pass skips that sweep (its pages are
+   unknown). Only this pass deletes pages in a shared directory: a daemon's own index may lack its
+   peers' newest checkpoints (Checkpoints._unlink_orphans). Passes are serialised, so daemons never delete for
    the same overflow twice, and each deletes by the same global order instead of its own files
    at random. The pass also removes temp files older than ``TMP_GRACE_S`` (a crashed writer's).
  * Requirements on a shared file system: atomic rename within a directory, ``flock`` visible to
@@ -65,6 +69,7 @@ class PassResult:
     bytes_after: int
     skipped: bool = False     # the lease stayed busy for LEASE_WAIT_S: nothing was done (the next pass will)
     pages_removed: int = 0    # page files no remaining checkpoint references
+    unreadable: tuple[str, ...] = ()   # checkpoints whose header could not be read: no page sweep this pass
 
 
 def open_shared(root: str | os.PathLike, fingerprint: str) -> Path:
@@ -105,7 +110,7 @@ def evict_pass(sub: str | os.PathLike, max_bytes: int, *, now: float | None = No
     try:
         if not _take_lease(fd, lease_wait_s):     # held for one pass only; process death releases it
             return PassResult([], 0, -1, skipped=True)
-        files, temps = _listing(d)
+        files, temps, unreadable = _listing(d)
         removed = []
         for victim in choose_victims(files, max_bytes):
             disk_io.remove(d, victim.name)
@@ -117,9 +122,12 @@ def evict_pass(sub: str | os.PathLike, max_bytes: int, *, now: float | None = No
         gone = set(removed)
         kept = [f for f in files if f.name not in gone]
         referenced = {name for f in kept for name, _ in f.pages}
-        pages = disk_io.remove_orphan_pages(d, referenced, older_than=t_now - page_grace_s)
+        # A checkpoint whose header was not read references pages this pass cannot name: sweeping
+        # would delete them. Skip the sweep; a later pass (the file fixed, or evicted) does it.
+        pages = [] if unreadable else disk_io.remove_orphan_pages(d, referenced, older_than=t_now - page_grace_s)
         page_bytes = sum(size for name, size in {p for f in kept for p in f.pages})
-        return PassResult(removed, len(stale), sum(f.size for f in kept) + page_bytes, pages_removed=len(pages))
+        return PassResult(removed, len(stale), sum(f.size for f in kept) + page_bytes, pages_removed=len(pages),
+                          unreadable=tuple(unreadable))
     finally:
         os.close(fd)
 
@@ -136,9 +144,12 @@ def _take_lease(fd: int, wait_s: float) -> bool:
             time.sleep(0.01)   # a worker thread polling a lock, not a test waiting: passes take milliseconds
 
 
-def _listing(d: Path) -> tuple[list[FileStat], list[FileStat]]:
+def _listing(d: Path) -> tuple[list[FileStat], list[FileStat], list[str]]:
+    """Checkpoint files (with the pages each references), temp files, and the checkpoints whose
+    header could not be read (damaged, or an I/O error): their pages are unknown."""
     files: list[FileStat] = []
     temps: list[FileStat] = []
+    unreadable: list[str] = []
     for name in os.listdir(d):
         is_tmp = name.startswith(".") and name.endswith(disk_io.TMP_SUFFIX)
         if not (is_tmp or name.endswith(SUFFIX)):
@@ -153,7 +164,10 @@ def _listing(d: Path) -> tuple[list[FileStat], list[FileStat]]:
         try:
             with open(d / name, "rb") as f:
                 pages = tuple(disk_io.page_files(read_header(f)))
+        except FileNotFoundError:
+            continue     # evicted or deleted since the listing: it references nothing now
         except (OSError, CheckpointFileError):
-            pages = ()   # gone or damaged: still counted and evictable; a reader removes a damaged one
+            pages = ()   # still counted and evictable; a reader removes a damaged one
+            unreadable.append(name)
         files.append(FileStat(name, st.st_size, st.st_mtime, pages))
-    return files, temps
+    return files, temps, unreadable

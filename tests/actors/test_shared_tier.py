@@ -12,6 +12,7 @@ import threading
 from pathlib import Path
 
 import numpy as np
+import pytest
 import trio
 from structlog.testing import capture_logs
 
@@ -210,6 +211,132 @@ async def test_one_budget_for_the_directory_whoever_wrote_the_files(tmp_path):
     for ck in (a, b):
         assert {file_name(e.tokens) for e in ck.store.entries() if e.on_disk} == {p.name for p in files}
     assert a.checkpoint_stats()["disk"]["max_bytes"] == 70_000 and a.checkpoint_stats()["disk"]["shared"]
+
+
+# ---- pages: only the leased pass deletes them ---------------------------------------------------
+
+class PagedBlob:
+    """A snapshot with full page groups and no kernel: what the store and disk_io.write_checkpoint
+    read of one. A page's bytes depend only on the prefix it closes (as the kernel's do)."""
+
+    page_tokens, page_nbytes = 16, 256
+
+    def __init__(self, ids: np.ndarray) -> None:
+        self.ids = np.asarray(ids, dtype=np.int32)
+        self.n_full_pages = len(self.ids) // self.page_tokens
+        self.keys = [prefix_hash(self.ids[: (k + 1) * self.page_tokens]) for k in range(self.n_full_pages)]
+        self.page_ids = [int(key, 16) for key in self.keys]
+        self.own_nbytes = 64
+
+    def tail(self) -> bytes:
+        return b"tail" + self.ids.tobytes()
+
+    def page(self, k: int) -> np.ndarray:
+        return np.frombuffer(np.random.default_rng(self.page_ids[k]).bytes(self.page_nbytes), dtype=np.uint8)
+
+
+async def write_paged(ck: Checkpoints, ids: np.ndarray) -> str:
+    snap = PagedBlob(ids)
+    ck.capture(ids, "prompt_end", snap, "r")
+    await ck.write(WriteCheckpoint(prefix_hash(ids), ids, "prompt_end", snap))
+    return prefix_hash(ids)
+
+
+def page_names(ids: np.ndarray) -> set[str]:
+    return {f"{key}.page" for key in PagedBlob(ids).keys}
+
+
+def age_pages(d: Path) -> None:
+    for p in (d / "pages").glob("*.page"):
+        os.utime(p, (1, 1))                          # written long ago: past any sweep's grace
+
+
+@pytest.mark.parametrize("how", ["delete", "drop_bad", "deleted_while_written"])
+async def test_in_a_shared_directory_a_daemon_never_deletes_pages_a_peers_newer_checkpoint_needs(tmp_path, how,
+                                                                                                monkeypatch):
+    """a's index does not know b's checkpoint yet; a's DELETE, drop_bad or a write deleted while it
+    is written (the no-write branch) must not delete the pages b's checkpoint shares with a's."""
+    a, b = await shared_ck(tmp_path, disk_max_bytes=1 << 30), await shared_ck(tmp_path, disk_max_bytes=1 << 30)
+    t = toks(7, 48)
+    d = sub(tmp_path)
+    if how == "deleted_while_written":
+        await write_paged(b, t)                                       # b: pages 0, 1 and 2
+        a.out, queued = trio.open_memory_channel(4)
+        a.capture(t[:32], "prompt_end", PagedBlob(t[:32]), "r")    # queued for a's writer
+        written, go_on = threading.Event(), threading.Event()
+        real = disk_io.write_checkpoint
+        monkeypatch.setattr(disk_io, "write_checkpoint",
+                            lambda *args: (real(*args), written.set(), go_on.wait())[0])
+        async with trio.open_nursery() as n:
+            n.start_soon(a.write, queued.receive_nowait())            # reuses pages 0, 1 ...
+            await trio.to_thread.run_sync(written.wait)
+            assert await a.delete(prefix_hash(t[:32]))                # ... deleted while it is written
+            go_on.set()                                               # the no-write branch deletes the file
+    else:
+        x = await write_paged(a, t[:32])                              # pages 0, 1
+        await write_paged(b, t)                                       # reuses them, adds page 2
+        if how == "delete":
+            assert await a.delete(x)
+        else:
+            await a.drop_bad(a.store.get(x), "kernel refused the snapshot: test")
+    assert not (d / file_name(t[:32])).exists()                       # a's checkpoint file is gone ...
+    header, _, pages = disk_io.load(d / file_name(t), "fp")           # ... b's loads whole
+    assert len(pages) == 3 and {p.name for p in (d / "pages").iterdir()} == page_names(t)
+    age_pages(d)
+    res = shared_dir.evict_pass(d, 0)                                 # the leased pass deletes what nothing needs
+    assert res.removed == [file_name(t)] and res.pages_removed == 3
+
+
+def test_a_reused_page_is_not_swept_between_its_reuse_and_the_publish(tmp_path, monkeypatch):
+    """A page left by an evicted checkpoint, long unused, is reused by a new one: a peer's pass
+    running between the reuse and the publish sees it young (its mtime refreshed) and keeps it;
+    a pass that deletes it anyway (no grace) is repaired once the checkpoint is published."""
+    d = shared_dir.open_shared(tmp_path / "shared", "fp")
+    t = toks(8, 48)
+    disk_io.write_checkpoint(d, "fp", "prompt_end", t[:32], PagedBlob(t[:32]))
+    os.unlink(d / file_name(t[:32]))                  # its checkpoint evicted: pages 0, 1 unreferenced ...
+    age_pages(d)                                      # ... and old
+    real, passes = disk_io.atomic_write, []
+
+    def publish_after_a_peers_pass(directory, name, data):
+        if name.endswith(".ckpt"):
+            passes.append(shared_dir.evict_pass(d, 1 << 30, page_grace_s=grace))
+        return real(directory, name, data)
+
+    monkeypatch.setattr(disk_io, "atomic_write", publish_after_a_peers_pass)
+    grace = shared_dir.PAGE_GRACE_S
+    disk_io.write_checkpoint(d, "fp", "prompt_end", t, PagedBlob(t))   # reuses pages 0, 1; writes page 2
+    assert [p.pages_removed for p in passes] == [0]
+    assert len(disk_io.load(d / file_name(t), "fp")[2]) == 3
+    os.unlink(d / file_name(t))
+    age_pages(d)
+    grace = 0                                         # a pass that deletes even a page written this instant
+    disk_io.write_checkpoint(d, "fp", "prompt_end", t, PagedBlob(t))
+    assert [p.pages_removed for p in passes] == [0, 3]
+    assert len(disk_io.load(d / file_name(t), "fp")[2]) == 3   # the reused pages were written again
+
+
+async def test_a_header_that_cannot_be_read_during_a_pass_skips_that_passs_page_sweep(tmp_path, monkeypatch):
+    a = await shared_ck(tmp_path, disk_max_bytes=1 << 30)
+    t = toks(9, 48)
+    await write_paged(a, t)
+    d = sub(tmp_path)
+    age_pages(d)
+    real = shared_dir.read_header
+
+    def read_error(f, *args):
+        if Path(f.name).name == file_name(t):
+            raise OSError(5, "Input/output error")    # a network file system's transient EIO
+        return real(f, *args)
+
+    monkeypatch.setattr(shared_dir, "read_header", read_error)
+    with capture_logs() as evs:
+        await a._evict_shared()
+    [skip] = [e for e in evs if e["event"] == "checkpoint_page_sweep_skipped"]
+    assert skip["log_level"] == "warning" and skip["unreadable"] == [file_name(t)]
+    assert {p.name for p in (d / "pages").iterdir()} == page_names(t)   # its pages were not taken for orphans
+    monkeypatch.setattr(shared_dir, "read_header", real)
+    assert shared_dir.evict_pass(d, 1 << 30).pages_removed == 0 and len(disk_io.load(d / file_name(t), "fp")[2]) == 3
 
 
 # ---- two processes, a while --------------------------------------------------------------------
