@@ -6,6 +6,7 @@ deletes a page file only with the last checkpoint that references it."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import trio
 from structlog.testing import capture_logs
 
@@ -180,3 +181,49 @@ async def test_two_daemons_on_a_shared_directory_share_page_files(tiny_model_dir
     assert res.removed == [file_name(ids[:100])] and res.pages_removed == 0 and len(list(pdir.glob("*.page"))) == 9
     res = shared_dir.evict_pass(a.disk_dir, 0, page_grace_s=0)   # nothing fits: all go, pages too
     assert res.pages_removed == 9 and not list(pdir.glob("*.page"))
+
+
+@pytest.mark.parametrize("shared", [False, True])
+async def test_a_planted_file_listing_another_prompts_pages_is_never_restored_and_the_answer_is_unchanged(
+        tiny_model_dir, tmp_path, shared):
+    """A's header, name and tail (its state's own tokens are A's, so the check after a restore
+    passes) with B's page list and CRCs (valid page files, of B's prefixes): only the page keys,
+    recomputed from A's token ids, tell. The request prefills and answers as a cold run does."""
+    from cairn.actors import disk_io
+    from cairn.actors.disk_format import encode_header
+    from daemon_harness import daemon, reference_greedy, reply_text, request
+
+    loaded = real_loaded(tiny_model_dir, checkpoint_page_tokens=P)
+    fp = checkpoint_fingerprint(loaded)
+    root, sock = tmp_path / "ck", tmp_path / "c.sock"
+    tier = {"shared_checkpoint_dir": str(root)} if shared else {"checkpoint_dir": str(root), "disk_checkpoints": True}
+    rng = np.random.default_rng(9)
+    a, b = ([int(t) for t in rng.integers(20, 500, size=300)] for _ in range(2))
+    d = disk_io.model_subdir(root, fp)
+    with trio.fail_after(60), capture_logs():
+        async with daemon(loaded, sock, checkpoint_min_tokens=16, **tier):
+            for ids in (a, b):
+                r = await request(sock, "POST", "/v1/completions",
+                                  {"model": "tiny", "prompt": ids, "max_tokens": 1, "temperature": 0})
+                assert r.status == 200
+                while not (d / file_name(np.asarray(ids, dtype=np.int32))).exists():
+                    await trio.sleep(0.01)
+    a_t, b_t = np.asarray(a, dtype=np.int32), np.asarray(b, dtype=np.int32)
+    a_header, a_tail, _ = disk_io.load(d / file_name(a_t), fp)
+    b_header = disk_io.load(d / file_name(b_t), fp)[0]
+    assert len(b_header.pages) == len(a_header.pages) == 300 // P
+    disk_io.atomic_write(d, file_name(a_t), [encode_header(fp, a_header.kind, a_t, a_tail, b_header.page_nbytes,
+                                                           b_header.pages), a_tail])
+    assert disk_io.load(d / file_name(a_t), fp)[0].pages == b_header.pages    # every file check passes
+    longer = a + [11, 12, 13]
+    want = reply_text(loaded, reference_greedy(loaded, longer, 8))
+    with trio.fail_after(60), capture_logs() as evs:
+        async with daemon(loaded, sock, checkpoint_min_tokens=16, **tier):
+            r = await request(sock, "POST", "/v1/completions",
+                              {"model": "tiny", "prompt": longer, "max_tokens": 8, "temperature": 0})
+    [bad] = [e for e in evs if e["event"] == "checkpoint_bad"]
+    assert bad["log_level"] == "warning" and bad["reason"].startswith("page keys do not match its token ids")
+    assert not any(e["event"] == "checkpoint_hit" for e in evs)
+    assert any(e["event"] == "checkpoint_miss" and e["reason"] == "page_keys_mismatch" for e in evs)
+    assert r.status == 200 and r.json()["choices"][0]["text"] == want
+    assert {p.name for p in (d / "pages").iterdir()} >= {n for n, _ in disk_io.page_files(b_header)}   # B's intact

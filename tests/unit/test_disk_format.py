@@ -19,7 +19,8 @@ import pytest
 
 from cairn.actors import disk_io
 from cairn.actors.disk_format import (
-    MAGIC, CheckpointFileError, encode, encode_header, file_name, prefix_hash, read_header, read_payload,
+    MAGIC, CheckpointFileError, check_page_keys, encode, encode_header, file_name, page_keys, prefix_hash,
+    read_header, read_payload,
 )
 from cairn.actors.store import CheckpointStore
 
@@ -36,6 +37,22 @@ def reason(data: bytes, fingerprint: str | None = FP) -> str:
 
 
 # ---- pure format ---------------------------------------------------------------------------------
+
+def test_page_keys_are_checked_against_the_headers_own_token_ids():
+    """One hashing pass over the header's ids names every page group: a file listing another
+    prefix's pages, too few or too many, is refused before a restore (never at read_header)."""
+    own = [(k, 7) for k in page_keys(TOKENS, len(TOKENS) // 64, 64)]
+    check_page_keys(read_header(encode_header(FP, "prompt_end", TOKENS, PAYLOAD, 4096, own)), 64)
+    other = [(k, 7) for k in page_keys(TOKENS[::-1], len(TOKENS) // 64, 64)]
+    for pages, what in ((own[:4] + other[4:5] + own[5:], "page 4 of 9"), (own[:-1], "8 pages listed"),
+                        (own + other[:1], "10 pages listed")):
+        h = read_header(encode_header(FP, "prompt_end", TOKENS, PAYLOAD, 4096, pages))   # a valid header ...
+        with pytest.raises(CheckpointFileError, match=what) as e:
+            check_page_keys(h, 64)                                                      # ... of another prefix's pages
+        assert e.value.reason.startswith("page keys do not match its token ids")
+    with pytest.raises(CheckpointFileError):
+        check_page_keys(read_header(encode_header(FP, "prompt_end", TOKENS, PAYLOAD, 4096, own)), 32)
+    check_page_keys(read_header(encode(FP, "prompt_end", TOKENS, PAYLOAD)), 0)           # a blob: no pages
 
 def test_round_trip():
     data = encode(FP, "system", TOKENS, PAYLOAD)
