@@ -57,11 +57,18 @@ class Engine:
         async with self.gate.hold(priority):
             return await self.runner.run(fn, *args, **kwargs)
 
-    def publish_figures(self) -> None:
-        """In the kernel thread after each call (KernelRunner.publish): every live state's figures, for
-        the readers that must not touch a state (sequence.py); no call holds any state now."""
+    def publish_figures(self, args: tuple) -> None:
+        """In the kernel thread after each call (KernelRunner.publish): the figures of the slots whose
+        state the call was given (an argument, or in a list of them: a batched step). Only those: an
+        idle slot's state may be read on the Trio thread meanwhile, and two reads of one state at once
+        are refused like a read during a call."""
+        given = set()
+        for a in args:
+            for x in (a if isinstance(a, (list, tuple)) else (a,)):
+                given.add(id(x))
         for seq in self.slots:
-            seq.publish()
+            if seq.state is not None and id(seq.state) in given:
+                seq.publish()
 
     @property
     def piece_tokens(self) -> int:

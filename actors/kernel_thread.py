@@ -9,9 +9,10 @@ stopped and the state is consistent (it holds every completed chunk). The watche
 lets a group out: callers see the kernel's own exception (`ValueError`, `RuntimeError`, ...) or
 `Cancelled`, which is what lifecycle.py's `except` clauses match.
 
-After every call, still in the kernel thread, `publish` (when set; the engine's) runs: the one
-moment no kernel call holds any state, when the engine publishes each live state's figures for the
-readers that must not touch a state a call may hold (actors/sequence.py).
+After every call, still in the kernel thread, `publish(args)` (when set; the engine's) runs: the
+call's states are still its own (no other call runs, and their requests wait for this one), so the
+engine publishes their figures for the readers that must not touch a state a call may hold
+(actors/sequence.py).
 
 With paged experts (`meter`, actors/expert_io.py) the thread samples the expert cache's counters
 before and after each call: the delta is that call's disk work (calls never overlap). It goes to
@@ -45,9 +46,9 @@ class KernelRunner:
         self._limiter = trio.CapacityLimiter(1)
         self._new_flag = abort_flag_factory
         self.meter = meter            # actors/expert_io.ExpertMeter, or None (no expert cache)
-        self.publish: Callable[[], None] | None = None   # in the kernel thread after each call
+        self.publish: Callable[[tuple], None] | None = None   # (the call's args), kernel thread, after each call
 
-    def _then_publish(self, call: Callable[[], Any]) -> Callable[[], Any]:
+    def _then_publish(self, call: Callable[[], Any], args: tuple) -> Callable[[], Any]:
         publish = self.publish
         if publish is None:
             return call
@@ -56,7 +57,7 @@ class KernelRunner:
             try:
                 return call()
             finally:        # an aborted or failed call changed its state too; the limiter is still held
-                publish()
+                publish(args)
         return published
 
     async def run(self, fn: Callable[..., Any], *args: Any, abortable: bool = False, tally: Any = None,
@@ -81,7 +82,7 @@ class KernelRunner:
 
     async def _run(self, fn: Callable[..., Any], args: tuple, kwargs: dict, abortable: bool) -> Any:
         if not abortable:
-            return await trio.to_thread.run_sync(self._then_publish(partial(fn, *args, **kwargs)),
+            return await trio.to_thread.run_sync(self._then_publish(partial(fn, *args, **kwargs), args),
                                                  limiter=self._limiter)
         flag = self._new_flag()
 
@@ -99,7 +100,7 @@ class KernelRunner:
                 nursery.start_soon(watch)
                 try:
                     result = await trio.to_thread.run_sync(
-                        self._then_publish(partial(fn, *args, abort=flag, **kwargs)), limiter=self._limiter)
+                        self._then_publish(partial(fn, *args, abort=flag, **kwargs), args), limiter=self._limiter)
                 except Exception as e:       # held until the watcher is gone (it is cancelled below)
                     error = e
                 nursery.cancel_scope.cancel()
