@@ -146,8 +146,9 @@ def check_page_keys(header: Header, page_tokens: int) -> None:
     if len(header.pages) != want:
         raise CheckpointFileError(f"page keys do not match its token ids ({len(header.pages)} pages listed, "
                                   f"{header.n_tokens} tokens make {want})")
-    for k, (key, expected) in enumerate(zip((key for key, _ in header.pages), page_keys(header.tokens, want, page_tokens))):
-        if key != expected:
+    expected = page_keys(header.tokens, want, page_tokens)
+    for k, (key, _) in enumerate(header.pages):
+        if key != expected[k]:
             raise CheckpointFileError(f"page keys do not match its token ids (page {k} of {want})")
 
 
