@@ -1,28 +1,35 @@
 """Which build of the kernel this CPU runs (cairn/_kernel.py loads it; native/CMakeLists.txt builds one
-per level): plain policy over /proc/cpuinfo's flags, so it is testable with any flags."""
+per level): plain policy over a set of feature names, so it is testable with any set.
+
+The names come from `cairn._cpu` (native/src/cpu.cpp), the compiler's own check: "x86-64-v2" ..
+"x86-64-v4" when `__builtin_cpu_supports` says the CPU has the whole psABI level (what
+`-march=x86-64-vN` may emit), and "os-ymm" / "os-zmm" when XCR0 says the OS saves the AVX / AVX-512
+registers. /proc/cpuinfo is not read: its flags name the CPU's features, not what the OS enabled, and
+a hand-written list of them drifts from what the compiler emits.
+"""
 
 from __future__ import annotations
 
 import importlib.util
+import os
+from pathlib import Path
 
-# what each level needs from /proc/cpuinfo's flags (the x86-64 psABI levels, as GCC's -march=x86-64-vN)
-LEVELS: dict[str, frozenset[str]] = {
-    "v4": frozenset({"avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl", "avx2", "fma", "f16c", "bmi2"}),
-    "v3": frozenset({"avx2", "fma", "f16c", "bmi1", "bmi2", "movbe"}),
-    "v2": frozenset({"sse4_2", "ssse3", "popcnt"}),
-    "base": frozenset(),
-}
+# what each level needs; each level's set holds the one below it, so a CPU that runs a level runs
+# every level under it
+_V2 = frozenset({"x86-64-v2"})
+_V3 = _V2 | {"x86-64-v3", "os-ymm"}
+_V4 = _V3 | {"x86-64-v4", "os-zmm"}
+LEVELS: dict[str, frozenset[str]] = {"v4": _V4, "v3": _V3, "v2": _V2, "base": frozenset()}
+
+# CAIRN_KERNEL_DIR: a directory of kernel modules (_kernel_<level>*.so) used instead of the installed
+# ones for the levels it holds -- the sanitizer build (`make sanitize`) is loaded this way.
+KERNEL_DIR_ENV = "CAIRN_KERNEL_DIR"
 
 
 def cpu_flags() -> frozenset[str]:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith(("flags", "Features")):
-                    return frozenset(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return frozenset()
+    from cairn import _cpu
+
+    return frozenset(_cpu.features())
 
 
 def runnable(flags: frozenset[str]) -> list[str]:
@@ -37,7 +44,8 @@ def choose(flags: frozenset[str], built: list[str], forced: str | None = None) -
         if forced not in built:
             raise ImportError(f"CAIRN_ISA={forced!r}: this build has no such kernel (built: {', '.join(built)})")
         if forced not in runnable(flags):
-            raise ImportError(f"CAIRN_ISA={forced!r}: this CPU lacks {', '.join(sorted(LEVELS[forced] - flags))}")
+            raise ImportError(f"CAIRN_ISA={forced!r}: this CPU (or its OS) lacks "
+                              f"{', '.join(sorted(LEVELS[forced] - flags))}")
         return forced
     for isa in runnable(flags):
         if isa in built:
@@ -46,8 +54,18 @@ def choose(flags: frozenset[str], built: list[str], forced: str | None = None) -
                       "reinstall to build one for it)")
 
 
+def override_module(isa: str, kernel_dir: str | None) -> Path | None:
+    """The module file for `isa` in kernel_dir (CAIRN_KERNEL_DIR), if it holds one."""
+    if not kernel_dir:
+        return None
+    found = sorted(Path(kernel_dir).glob(f"_kernel_{isa}.*.so"))
+    return found[0] if found else None
+
+
 def built_levels() -> list[str]:
-    return [isa for isa in LEVELS if importlib.util.find_spec(f"cairn._kernel_{isa}") is not None]
+    kernel_dir = os.environ.get(KERNEL_DIR_ENV)
+    return [isa for isa in LEVELS
+            if override_module(isa, kernel_dir) or importlib.util.find_spec(f"cairn._kernel_{isa}") is not None]
 
 
 # Builds whose numbers are the same bits (docs/architecture.md): the levels with fused multiply-adds.
