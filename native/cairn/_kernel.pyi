@@ -13,6 +13,10 @@ SNAPSHOT_VERSION: int
 class KernelError(ValueError):
     """Bad input to the kernel (tokens, chunk, snapshot blob); a ValueError."""
 
+class StateBusyError(RuntimeError):
+    """A State is held by a kernel call (prefill, decode, decode_batch, verify, rewind, snapshot):
+    a second call on it, or any of its getters, raises this until the call ends."""
+
 class AbortFlag:
     """Thread-safe flag; prefill checks it between chunks."""
     def __init__(self) -> None: ...
@@ -94,11 +98,17 @@ class Model:
         rounded up to a multiple of every compress rate)."""
     @property
     def page_nbytes(self) -> int: ...
+    def verify_journal_nbytes(self, n_tokens: int) -> int:
+        """Bytes of the undo record a verify of n_tokens (1..MAX_CHUNK) tokens keeps in its state
+        until the state's next call: each token's window row and compressor buffer slots, the CSA
+        overlaps and appended rows of each window it completes, and n_tokens + 1 rows of logits.
+        An exact upper bound (the record is reserved at this size); about 1 MB per token at
+        V4-Flash width, half of it logits."""
 
 class Snapshot:
-    """Immutable snapshot of a State: a copy of its tail (window ring, compressor buffers, tokens,
-    logits) and references to its page groups of compressed rows, shared with the state and with
-    other snapshots (native/include/cairn/pages.h)."""
+    """Immutable snapshot of a State: a copy of the used part of its tail (window ring rows,
+    compressor buffer slots and overlaps, tokens, logits) and references to its page groups of
+    compressed rows, shared with the state and with other snapshots (native/include/cairn/pages.h)."""
     @property
     def n_tokens(self) -> int: ...
     @property
@@ -112,10 +122,12 @@ class Snapshot:
     def page_tokens(self) -> int: ...
     @property
     def n_full_pages(self) -> int:
-        """n_tokens // page_tokens: the groups stored as pages on disk."""
+        """n_tokens // page_tokens: the groups stored as pages on disk (0 for a model without
+        compressed layers, which has no groups)."""
     @property
     def own_nbytes(self) -> int:
-        """Bytes outside page groups (the copied tail)."""
+        """Bytes it holds outside page groups, as allocated (the used part of the tail): what the
+        State's tail_nbytes said before it was taken."""
     @property
     def copied_nbytes(self) -> int:
         """Bytes copied when it was taken (0 for one rebuilt from parts)."""
@@ -139,10 +151,20 @@ def page_pool() -> dict[str, int]:
     """{'groups', 'bytes'}: page groups alive in this process (states and snapshots share them)."""
 
 class State:
-    """Mutable per-sequence state. Single writer: a concurrent second call raises RuntimeError."""
+    """Mutable per-sequence state. Single writer: a concurrent second call raises StateBusyError.
+    Every getter but page_nbytes reads the state's mutable data, and raises StateBusyError while a
+    kernel call holds the state (read figures published when a call ends instead); each claims the
+    state for its read, so a call started meanwhile raises StateBusyError too."""
     def __init__(self, model: Model) -> None: ...
     @property
     def n_tokens(self) -> int: ...
+    @property
+    def rewindable(self) -> int:
+        """Tokens rewind can take back: those its last call, a verify, fed (0 otherwise)."""
+    @property
+    def journal_nbytes(self) -> int:
+        """Bytes its undo record holds (after a verify, until the next call; 0 otherwise), at most
+        Model.verify_journal_nbytes of that verify's tokens."""
     @property
     def tokens(self) -> npt.NDArray[np.int32]: ...
     @property
@@ -156,7 +178,7 @@ class State:
     def page_nbytes(self) -> int: ...
     @property
     def tail_nbytes(self) -> int:
-        """Bytes a snapshot of it would copy (everything outside page groups)."""
+        """Bytes a snapshot of it would copy and hold outside page groups (its own_nbytes)."""
     def snapshot(self, *, share_pages: bool = True) -> Snapshot:
         """Tail copied, page groups shared (the state copies a shared group before writing it);
         share_pages=False copies every group too."""
@@ -172,6 +194,13 @@ def prefill(
     all_logits: bool = False,
 ) -> tuple[int, npt.NDArray[np.float32]]: ...
 def decode(state: State, token: int) -> npt.NDArray[np.float32]: ...
+def verify(state: State, tokens: npt.NDArray[np.int32]) -> npt.NDArray[np.float32]:
+    """Feed 1..MAX_CHUNK tokens in one speculative call; logits [S, V], the bits of decoding them
+    one by one. Keeps an undo record (Model.verify_journal_nbytes) until the state's next call."""
+def verify_batch(states: Sequence[State], tokens: Sequence[npt.NDArray[np.int32]]) -> list[npt.NDArray[np.float32]]:
+    """verify for distinct states of one model in one call; one [len(tokens[b]), V] array each."""
+def rewind(state: State, k: int) -> None:
+    """Take back the last k tokens its last call, a verify, fed (KernelError otherwise)."""
 def decode_batch(
     states: Sequence[State],
     tokens: Sequence[int] | npt.NDArray[np.integer],

@@ -479,6 +479,14 @@ of every compress rate >= 256); any multiple of every compress rate gives the sa
       .def_property_readonly("page_tokens", [](const BoundModel& m) { return m.page_layout->page_tokens; })
       .def_property_readonly("page_nbytes", [](const BoundModel& m) { return m.page_layout->group_bytes(); },
                              "Bytes of one page group of a state's compressed rows.")
+      .def("verify_journal_nbytes", [](const BoundModel& m, int64_t n) {
+        if (n < 1 || n > MAX_CHUNK)
+          throw py::value_error("n_tokens must be in 1.." + std::to_string(MAX_CHUNK) + " (one verify's tokens), got " +
+                                std::to_string(n));
+        return journal_bytes(m.cfg, n);
+      }, py::arg("n_tokens"),
+         "Bytes of the undo record a verify of n_tokens tokens keeps in its state until the state's next "
+         "call (an exact upper bound: the record is reserved at this size and never grows).")
       .def_property_readonly("packed_from_cache", [](const BoundModel& m) { return m.packed_from_cache; })
       .def_property_readonly("packed_cache_written", [](const BoundModel& m) { return m.packed_cache_written; })
       .def_property_readonly("packed_bytes", [](const BoundModel& m) { return m.packed_bytes; })

@@ -5,7 +5,13 @@
 //    tokens are copied into a private vector, output arrays allocated, then the GIL is
 //    released for the whole compute (safe: the kernel touches only C++ memory and the
 //    Model's weights, which the State pins through a shared_ptr).
-//  * A State is single-writer: a concurrent second call raises RuntimeError instead of racing.
+//  * A State is single-writer: a concurrent second call raises StateBusyError (a RuntimeError)
+//    instead of racing.
+//  * Its getters read the same mutable vectors a kernel call grows with the GIL released, so each
+//    claims the busy flag for the length of its read, as a call does: while a call runs they raise
+//    StateBusyError (the daemon reads figures published when a call ends), and a call cannot start
+//    mid-read. Checking the flag without claiming it would not do: building the result allocates,
+//    which can run Python code that lets another thread take the GIL and start a call.
 //  * Abort: a std::atomic<bool> checked between chunks; prefill returns how far it got rather
 //    than throwing (see docs/stack-notes.md).
 #include <Python.h>
@@ -34,29 +40,49 @@ struct PyState : BoundState {
   using BoundState::BoundState;
 };
 
+// Raised as cairn._kernel.StateBusyError (a RuntimeError).
+struct StateBusy : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
 struct BusyGuard {
   PyState& s;
   explicit BusyGuard(PyState& st) : s(st) {
-    if (s.busy.exchange(true)) throw std::runtime_error("State is already in use by another call");
+    if (s.busy.exchange(true)) throw StateBusy("State is already in use by another call");
   }
   ~BusyGuard() { s.busy.store(false); }
 };
+
+// A getter's claim on the state for the length of its read (see the notes).
+struct ReadGuard {
+  PyState& s;
+  explicit ReadGuard(PyState& st) : s(st) {
+    if (s.busy.exchange(true))
+      throw StateBusy("State is in use by a kernel call (prefill, decode, verify, rewind or snapshot): its "
+                      "figures are published when the call ends");
+  }
+  ~ReadGuard() { s.busy.store(false); }
+};
+
+// A State getter: f(state) under a ReadGuard.
+template <class F>
+auto guarded(F f) {
+  return [f](PyState& s) {
+    ReadGuard g(s);
+    return f(static_cast<const State&>(s.st));
+  };
+}
 
 struct KernelError : std::invalid_argument {
   using std::invalid_argument::invalid_argument;
 };
 
-// An immutable snapshot: a copy of the state's tail, sharing its page groups.
+// An immutable snapshot: the used part of the state's tail (State::snapshot), sharing its page groups.
 struct PySnapshot {
   std::shared_ptr<BoundModel> model;
   State st;
   int64_t copied_bytes = 0;  // what taking it copied: the tail, plus every group when not shared
 };
-
-// Bytes a snapshot holds outside page groups: the tail without the partial group's rows.
-int64_t own_bytes(const State& st) {
-  return st.tail_bytes() - 4 * st.pages.layout->used_floats(st.full_groups(), st.n);
-}
 
 py::array_t<uint64_t> group_ids(const State& st) {
   py::array_t<uint64_t> out((py::ssize_t)st.pages.groups.size());
@@ -97,10 +123,10 @@ std::unique_ptr<PySnapshot> snapshot_from_parts(std::shared_ptr<BoundModel> mode
     ptrs.push_back(buffer_bytes(pages[k], "pages[" + std::to_string(k) + "]", pn, keep));
     sizes.push_back(pn);
   }
-  auto out = std::make_unique<PySnapshot>(PySnapshot{model, State(*model), 0});
+  std::unique_ptr<PySnapshot> out;
   {
     py::gil_scoped_release rel;
-    out->st = restore(*model, tp, tn, ptrs.data(), sizes.data(), ptrs.size());
+    out = std::make_unique<PySnapshot>(PySnapshot{model, restore(*model, tp, tn, ptrs.data(), sizes.data(), ptrs.size()), 0});
   }
   return out;
 }
@@ -161,7 +187,7 @@ struct Claim {
       if (ps[n]->busy.exchange(true)) {
         const size_t bad = n;
         release();
-        throw std::runtime_error("states[" + std::to_string(bad) + "] is already in use by another call");
+        throw StateBusy("states[" + std::to_string(bad) + "] is already in use by another call");
       }
   }
   void release() {
@@ -189,9 +215,12 @@ std::vector<int32_t> check_draft(const PyState& s, const py::handle& obj, const 
 
 void register_state(py::module_& m) {
   static py::exception<KernelError> exc(m, "KernelError", PyExc_ValueError);
+  static py::exception<StateBusy> busy_exc(m, "StateBusyError", PyExc_RuntimeError);
   py::register_exception_translator([](std::exception_ptr p) {
     try {
       if (p) std::rethrow_exception(p);
+    } catch (const StateBusy& e) {
+      py::set_error(busy_exc, e.what());
     } catch (const KernelError& e) {
       py::set_error(exc, e.what());
     } catch (const std::invalid_argument& e) {
@@ -211,34 +240,42 @@ void register_state(py::module_& m) {
              return std::make_unique<PyState>(model);
            }),
            py::arg("model"))
-      .def_property_readonly("n_tokens", [](const PyState& s) { return s.st.n; })
-      .def_property_readonly("rewindable", [](const PyState& s) {
-        const Journal* j = s.st.journal.j.get();
+      // Every getter but page_nbytes (the model's) reads mutable data: each raises StateBusyError
+      // while a kernel call holds the state (see the notes).
+      .def_property_readonly("n_tokens", guarded([](const State& st) { return st.n; }))
+      .def_property_readonly("rewindable", guarded([](const State& st) {
+        const Journal* j = st.journal.j.get();
         return j ? j->n1 - j->n0 : (int64_t)0;
-      }, "How many of its last tokens rewind can take back: those its last call, a verify, fed (0 otherwise).")
-      .def_property_readonly("tokens", [](const PyState& s) {
-        py::array_t<int32_t> out((py::ssize_t)s.st.tokens.size());
-        if (!s.st.tokens.empty()) std::memcpy(out.mutable_data(), s.st.tokens.data(), 4 * s.st.tokens.size());
+      }), "How many of its last tokens rewind can take back: those its last call, a verify, fed (0 otherwise).")
+      .def_property_readonly("journal_nbytes", guarded([](const State& st) {
+        const Journal* j = st.journal.j.get();
+        return j ? j->held_bytes() : (int64_t)0;
+      }), "Bytes its undo record holds (its last call's, a verify's; 0 otherwise): at most "
+          "Model.verify_journal_nbytes of the tokens that verify fed.")
+      .def_property_readonly("tokens", guarded([](const State& st) {
+        py::array_t<int32_t> out((py::ssize_t)st.tokens.size());
+        if (!st.tokens.empty()) std::memcpy(out.mutable_data(), st.tokens.data(), 4 * st.tokens.size());
         return out;
-      })
-      .def_property_readonly("nbytes", [](const PyState& s) { return s.st.payload_bytes(); })
-      .def_property_readonly("page_ids", [](const PyState& s) { return group_ids(s.st); },
+      }))
+      .def_property_readonly("nbytes", guarded([](const State& st) { return st.payload_bytes(); }))
+      .def_property_readonly("page_ids", guarded([](const State& st) { return group_ids(st); }),
                              "Ids of the page groups this state holds (shared with snapshots), in token order.")
-      .def_property_readonly("page_nbytes", [](const PyState& s) { return s.st.pages.layout->group_bytes(); })
-      .def_property_readonly("tail_nbytes", [](const PyState& s) { return own_bytes(s.st); },
-                             "Bytes a snapshot of it would copy (everything outside page groups).")
-      .def_property_readonly("last_logits", [](const PyState& s) -> py::object {
-        if (s.st.last_logits.empty()) return py::none();
-        return vec_to_array(s.st.last_logits);
-      })
+      .def_property_readonly("page_nbytes", [](const PyState& s) { return s.model->page_layout->group_bytes(); })
+      .def_property_readonly("tail_nbytes", guarded([](const State& st) { return st.snapshot_bytes(); }),
+                             "Bytes a snapshot of it would copy and hold outside page groups (its own_nbytes).")
+      .def_property_readonly("last_logits", guarded([](const State& st) -> py::object {
+        if (st.last_logits.empty()) return py::none();
+        return vec_to_array(st.last_logits);
+      }))
       .def("snapshot", [](PyState& s, bool share_pages) {
         BusyGuard g(s);
-        auto out = std::make_unique<PySnapshot>(PySnapshot{s.model, State(*s.model), 0});
+        std::unique_ptr<PySnapshot> out;
         {
           py::gil_scoped_release rel;
-          out->st = s.st;  // the tail is copied, every page group shared
-          if (!share_pages) out->st.pages.unshare();
-          out->copied_bytes = own_bytes(s.st) + (share_pages ? 0 : (int64_t)out->st.pages.groups.size() * s.st.pages.layout->group_bytes());
+          State st = s.st.snapshot();  // the tail's used part is copied, every page group shared
+          if (!share_pages) st.pages.unshare();
+          const int64_t copied = st.held_bytes() + (share_pages ? 0 : (int64_t)st.pages.groups.size() * st.pages.layout->group_bytes());
+          out = std::make_unique<PySnapshot>(PySnapshot{s.model, std::move(st), copied});
         }
         return out;
       }, py::kw_only(), py::arg("share_pages") = true,
@@ -256,9 +293,8 @@ void register_state(py::module_& m) {
         std::unique_ptr<PyState> out;
         {
           py::gil_scoped_release rel;
-          State st = snap.st;  // shares the snapshot's groups; the state copies one before writing it
-          st.model = model.get();
-          out = std::make_unique<PyState>(model, std::move(st));
+          // full-size buffers again; shares the snapshot's groups, copying one before writing it
+          out = std::make_unique<PyState>(model, snap.st.live(*model));
         }
         return out;
       }, py::arg("model"), py::arg("snapshot"), "A new State equal to the one the snapshot was taken of.");
@@ -279,12 +315,13 @@ void register_state(py::module_& m) {
       .def_property_readonly("page_tokens", [](const PySnapshot& s) { return s.st.pages.layout->page_tokens; })
       .def_property_readonly("n_full_pages", [](const PySnapshot& s) { return s.st.full_groups(); },
                              "Page groups that are full (n_tokens // page_tokens): the ones stored as pages.")
-      .def_property_readonly("own_nbytes", [](const PySnapshot& s) { return own_bytes(s.st); },
-                             "Bytes it holds outside page groups (the copied tail).")
+      .def_property_readonly("own_nbytes", [](const PySnapshot& s) { return s.st.held_bytes(); },
+                             "Bytes it holds outside page groups, as allocated: the used part of the window ring "
+                             "and compressor buffers, tokens, logits.")
       .def_property_readonly("copied_nbytes", [](const PySnapshot& s) { return s.copied_bytes; },
                              "Bytes copied when it was taken (0 for one rebuilt from parts).")
       .def_property_readonly("nbytes", [](const PySnapshot& s) {
-        return own_bytes(s.st) + (int64_t)s.st.pages.groups.size() * s.st.pages.layout->group_bytes();
+        return s.st.held_bytes() + (int64_t)s.st.pages.groups.size() * s.st.pages.layout->group_bytes();
       }, "Everything it references: own bytes plus every page group, shared or not.")
       .def("tail", [](const PySnapshot& s) {
         const size_t n = tail_size(s.st);
@@ -341,10 +378,10 @@ void register_state(py::module_& m) {
         std::vector<const uint8_t*> ptrs;
         std::vector<size_t> sizes((size_t)F, gb);
         for (int64_t k = 0; k < F; ++k) ptrs.push_back(p + tn + (size_t)k * gb);
-        auto out = std::make_unique<PySnapshot>(PySnapshot{model, State(*model), 0});
+        std::unique_ptr<PySnapshot> out;
         {
           py::gil_scoped_release rel;
-          out->st = restore(*model, p, tn, ptrs.data(), sizes.data(), ptrs.size());
+          out = std::make_unique<PySnapshot>(PySnapshot{model, restore(*model, p, tn, ptrs.data(), sizes.data(), ptrs.size()), 0});
         }
         return out;
       }, py::arg("model"), py::arg("blob"), "Inverse of to_bytes.");

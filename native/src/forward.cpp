@@ -244,6 +244,7 @@ void verify_batch(State* const* states, const int32_t* tokens, const int* lens, 
   for (int b = 0; b < B; ++b) {
     State& st = *states[b];
     st.journal.j = std::make_unique<Journal>();
+    st.journal.j->reserve(m.cfg, lens[b]);  // never grows past journal_bytes (Model.verify_journal_nbytes)
     st.journal.j->n0 = st.n;
     st.journal.j->logits_before = st.last_logits;
     segs[b] = AttnSeg{&st, st.layers.data(), st.n, S, lens[b]};

@@ -26,32 +26,96 @@ namespace cairn {
 
 static const char kMagic[8] = {'C', 'A', 'I', 'R', 'N', 'S', 'N', 'P'};
 
-static void init_comp(CompState& cs, int arr, int rate, int dim, bool overlap) {
+// Floats of each buffer a state of `used` tokens reads: a prefix (state.h); used < 0: all of it.
+static size_t win_used(const Config& c, int64_t used) {
+  const int64_t ring = c.W - 1;
+  return (size_t)((used < 0 ? ring : std::min(used, ring)) * c.Dh);
+}
+static size_t buf_used(const CompState& cs, int64_t used) {
+  return (size_t)((used < 0 ? cs.rate : used % cs.rate) * cs.cw);
+}
+static size_t ov_used(const CompState& cs, bool overlap, int64_t used) {
+  return overlap && (used < 0 || used >= cs.rate) ? (size_t)cs.rate * cs.dim : 0;
+}
+
+static void init_comp(CompState& cs, int arr, int rate, int dim, bool overlap, int64_t used) {
   cs.arr = arr;
   cs.rate = rate;
   cs.dim = dim;
   cs.cw = overlap ? 2 * dim : dim;
-  cs.buf_kv.assign((size_t)rate * cs.cw, 0.f);
-  cs.buf_gate.assign((size_t)rate * cs.cw, 0.f);
-  if (overlap) {
-    cs.ov_kv.assign((size_t)rate * dim, 0.f);
-    cs.ov_gate.assign((size_t)rate * dim, 0.f);
-  }
+  cs.buf_kv.assign(buf_used(cs, used), 0.f);
+  cs.buf_gate.assign(buf_used(cs, used), 0.f);
+  cs.ov_kv.assign(ov_used(cs, overlap, used), 0.f);
+  cs.ov_gate.assign(ov_used(cs, overlap, used), 0.f);
 }
 
-State::State(const Model& m) : model(&m) {
+State::State(const Model& m, int64_t used) : model(&m) {
   const Config& c = m.cfg;
   pages.layout = m.page_layout;
   layers.resize(c.n_layers);
   for (int l = 0; l < c.n_layers; ++l) {
     LayerState& ls = layers[l];
-    ls.win.assign((size_t)(c.W - 1) * c.Dh, 0.f);
-    if (c.layer_types[l] == AttnType::HCA) init_comp(ls.comp, 2 * l, c.hca_rate, c.Dh, false);
+    ls.win.assign(win_used(c, used), 0.f);
+    if (c.layer_types[l] == AttnType::HCA) init_comp(ls.comp, 2 * l, c.hca_rate, c.Dh, false, used);
     if (c.layer_types[l] == AttnType::CSA) {
-      init_comp(ls.comp, 2 * l, c.csa_rate, c.Dh, true);
-      init_comp(ls.icomp, 2 * l + 1, c.csa_rate, c.Di, true);
+      init_comp(ls.comp, 2 * l, c.csa_rate, c.Dh, true, used);
+      init_comp(ls.icomp, 2 * l + 1, c.csa_rate, c.Di, true, used);
     }
   }
+}
+
+State::State(const Model& m) : State(m, -1) {}
+
+State State::shell(const Model& m, int64_t n) { return State(m, n); }
+
+// dst (a prefix-sized buffer) <- the same prefix of src
+static void copy_prefix(std::vector<float>& dst, const std::vector<float>& src, size_t k) {
+  dst.assign(src.begin(), src.begin() + (std::ptrdiff_t)k);
+}
+
+State State::snapshot() const {
+  State s(*model, 0);  // every buffer empty: nothing allocated before it is copied
+  const Config& c = model->cfg;
+  s.n = n;
+  s.tokens.assign(tokens.begin(), tokens.end());
+  s.last_logits.assign(last_logits.begin(), last_logits.end());
+  s.pages.groups.assign(pages.groups.begin(), pages.groups.end());  // shared, not copied
+  for (size_t l = 0; l < layers.size(); ++l) {
+    const LayerState& from = layers[l];
+    LayerState& to = s.layers[l];
+    copy_prefix(to.win, from.win, win_used(c, n));
+    for (auto [t, f] : {std::pair{&to.comp, &from.comp}, std::pair{&to.icomp, &from.icomp}}) {
+      if (!f->rate) continue;
+      t->rows = f->rows;
+      copy_prefix(t->buf_kv, f->buf_kv, buf_used(*f, n));
+      copy_prefix(t->buf_gate, f->buf_gate, buf_used(*f, n));
+      copy_prefix(t->ov_kv, f->ov_kv, ov_used(*f, !f->ov_kv.empty(), n));
+      copy_prefix(t->ov_gate, f->ov_gate, ov_used(*f, !f->ov_gate.empty(), n));
+    }
+  }
+  return s;
+}
+
+State State::live(const Model& m) const {
+  State s(m);
+  s.n = n;
+  s.tokens = tokens;
+  s.last_logits = last_logits;
+  s.pages = pages;  // shared; the state copies a group before it writes it
+  auto into = [](std::vector<float>& dst, const std::vector<float>& src) { std::copy(src.begin(), src.end(), dst.begin()); };
+  for (size_t l = 0; l < layers.size(); ++l) {
+    const LayerState& from = layers[l];
+    LayerState& to = s.layers[l];
+    into(to.win, from.win);
+    for (auto [t, f] : {std::pair{&to.comp, &from.comp}, std::pair{&to.icomp, &from.icomp}}) {
+      t->rows = f->rows;
+      into(t->buf_kv, f->buf_kv);
+      into(t->buf_gate, f->buf_gate);
+      into(t->ov_kv, f->ov_kv);
+      into(t->ov_gate, f->ov_gate);
+    }
+  }
+  return s;
 }
 
 void State::append_entry(CompState& cs, const float* row) {
@@ -86,9 +150,65 @@ static int64_t entry_floats(const State& s, int64_t n) {
 
 int64_t State::payload_bytes() const { return 4 * (layer_tail_floats(*this, n) + entry_floats(*this, n)); }
 
-int64_t State::tail_bytes() const {
-  return 4 * (layer_tail_floats(*this, n) + pages.layout->used_floats(full_groups(), n)) +
-         4 * (int64_t)n + (last_logits.empty() ? 0 : 4 * (int64_t)model->cfg.vocab);
+// Bookkeeping a State holds besides its floats: one LayerState per layer, one pointer per group.
+static int64_t shape_bytes(size_t layers, size_t groups) {
+  return (int64_t)(layers * sizeof(LayerState) + groups * sizeof(std::shared_ptr<PageGroup>));
+}
+
+int64_t State::held_bytes() const {
+  int64_t f = (int64_t)last_logits.capacity();
+  for (const LayerState& ls : layers) {
+    f += (int64_t)ls.win.capacity();
+    for (const CompState* cs : {&ls.comp, &ls.icomp})
+      f += (int64_t)(cs->buf_kv.capacity() + cs->buf_gate.capacity() + cs->ov_kv.capacity() + cs->ov_gate.capacity());
+  }
+  return 4 * f + 4 * (int64_t)tokens.capacity() + shape_bytes(layers.capacity(), pages.groups.capacity());
+}
+
+int64_t State::snapshot_bytes() const {
+  return 4 * (layer_tail_floats(*this, n) + (int64_t)tokens.size() + (int64_t)last_logits.size()) +
+         shape_bytes(layers.size(), pages.groups.size());
+}
+
+JournalBound journal_bound(const Config& c, int64_t S) {
+  JournalBound b;
+  auto comp = [&](int rate, int cw, int dim, bool overlap) {
+    const int64_t windows = (S + rate - 1) / rate;  // completed among S consecutive positions
+    b.writes += 2 * S + (overlap ? 2 * windows : 0);
+    b.floats += 2 * S * cw + (overlap ? 2 * windows * rate * dim : 0);
+    b.appends += windows;
+  };
+  for (int l = 0; l < c.n_layers; ++l) {
+    b.writes += S;
+    b.floats += S * c.Dh;
+    if (c.layer_types[l] == AttnType::HCA) comp(c.hca_rate, c.Dh, c.Dh, false);
+    if (c.layer_types[l] == AttnType::CSA) {
+      comp(c.csa_rate, 2 * c.Dh, c.Dh, true);
+      comp(c.csa_rate, 2 * c.Di, c.Di, true);
+    }
+  }
+  b.logits = (S + 1) * (int64_t)c.vocab;
+  return b;
+}
+
+int64_t journal_bytes(const Config& c, int64_t S) {
+  const JournalBound b = journal_bound(c, S);
+  return (int64_t)sizeof(Journal) + b.writes * (int64_t)sizeof(Journal::Write) + 4 * b.floats +
+         b.appends * (int64_t)sizeof(std::pair<CompState*, int64_t>) + 4 * b.logits;
+}
+
+void Journal::reserve(const Config& c, int64_t S) {
+  const JournalBound b = journal_bound(c, S);
+  writes.reserve((size_t)b.writes);
+  saved.reserve((size_t)b.floats);
+  appends.reserve((size_t)b.appends);
+  logits.reserve((size_t)(b.logits - c.vocab));
+  logits_before.reserve((size_t)c.vocab);
+}
+
+int64_t Journal::held_bytes() const {
+  return (int64_t)(sizeof(Journal) + writes.capacity() * sizeof(Write) + saved.capacity() * sizeof(float) +
+                   appends.capacity() * sizeof(appends[0]) + (logits.capacity() + logits_before.capacity()) * sizeof(float));
 }
 
 namespace {
@@ -248,7 +368,7 @@ int64_t read_header(const Model& m, Reader& r) {
 
 int64_t tail_full_groups(const Model& m, const uint8_t* tail, size_t size) {
   Reader r{tail, size};
-  return read_header(m, r) / m.page_layout->page_tokens;
+  return m.page_layout->full_groups(read_header(m, r));
 }
 
 State restore(const Model& m, const uint8_t* data, size_t size, const uint8_t* const* pages,
@@ -256,14 +376,14 @@ State restore(const Model& m, const uint8_t* data, size_t size, const uint8_t* c
   const Config& c = m.cfg;
   Reader r{data, size};
   const int64_t n = read_header(m, r);
-  State s(m);
+  State s = State::shell(m, n);  // a snapshot's buffers: only what n tokens use
   const PageLayout& L = *m.page_layout;
   // exact expected size: header so far + tokens + flag + [logits] + tail floats + checksum
   const size_t after_tokens = r.off + 4 * (size_t)n;
   if (after_tokens + 1 > size) throw std::invalid_argument("snapshot is truncated");
   const uint8_t has_logits = data[after_tokens];
   if (has_logits > 1) throw std::invalid_argument("snapshot is corrupt (logits flag)");
-  const int64_t full = n / L.page_tokens;
+  const int64_t full = L.full_groups(n);
   const size_t expect = after_tokens + 1 + (has_logits ? 4 * (size_t)c.vocab : 0) +
                         4 * (size_t)(layer_tail_floats(s, n) + L.used_floats(full, n)) + 8;
   if (size < expect) throw std::invalid_argument("snapshot is truncated");

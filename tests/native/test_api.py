@@ -1,7 +1,6 @@
 """Kernel API contract: argument validation, abort between chunks, model validation."""
 
 import threading
-import time
 
 import numpy as np
 import pytest
@@ -61,38 +60,89 @@ def test_preset_abort_does_nothing(model):
     assert not flag.is_set()
 
 
+def _wait_until_busy(st, th) -> None:
+    """Return once a kernel call holds st (its getters raise), or fail if the thread ended first.
+    n_tokens is polled: it claims the state for a plain load and allocates nothing while it does, so
+    the poll can never make the call's own claim fail."""
+    while True:
+        try:
+            st.n_tokens
+        except K.StateBusyError:
+            return
+        assert th.is_alive(), "the kernel call ended before it was seen holding the state"
+
+
+def _prefill_in_thread(st, tokens, chunk, flag):
+    result = {}
+    th = threading.Thread(target=lambda: result.setdefault("r", K.prefill(st, tokens, chunk=chunk, abort=flag)))
+    th.start()
+    return th, result
+
+
 def test_abort_from_other_thread_stops_after_current_chunk(model, small_oracle):
     rng = np.random.default_rng(7)
     tokens = rng.integers(0, model.vocab_size, 6000, dtype=np.int32)
     chunk = 7
     flag = K.AbortFlag()
     st = K.State(model)
-    result = {}
-    th = threading.Thread(target=lambda: result.setdefault("r", K.prefill(st, tokens, chunk=chunk, abort=flag)))
-    th.start()
-    # Wait until the kernel is well into the prompt (n_tokens is updated after each chunk; reading it
-    # while prefill runs is a plain load of the counter), then abort from this thread.
-    deadline = time.monotonic() + 60
-    while st.n_tokens < 3 * chunk and th.is_alive():
-        assert time.monotonic() < deadline, "the prefill made no progress"
-        time.sleep(0.0005)
+    start = 3 * chunk
+    K.prefill(st, tokens[:start], chunk=chunk)   # so the aborted call leaves logits, however early it stops
+    th, result = _prefill_in_thread(st, tokens[start:], chunk, flag)
+    _wait_until_busy(st, th)
     flag.set()
-    seen = st.n_tokens          # read after set: the kernel had done at most this much when it was set
-    th.join(60)
-    assert not th.is_alive()
-    n, logits = result["r"]
-    # it stopped between chunks, finishing at most the chunk in flight when the flag was set
-    assert 3 * chunk <= seen <= n <= seen + chunk and n % chunk == 0
-    assert n < len(tokens)
+    th.join()
+    done, logits = result["r"]
+    # it stopped between chunks, long before the end of the prompt
+    assert done % chunk == 0 and done < len(tokens) - start
+    n = start + done
     assert st.n_tokens == n
     np.testing.assert_array_equal(st.tokens, tokens[:n])
-    np.testing.assert_array_equal(logits, st.last_logits)
+    if done:
+        np.testing.assert_array_equal(logits, st.last_logits)
     # continuing gives the same logits as never having stopped
     more = tokens[n : n + 3 * chunk]
     _, cont = K.prefill(st, more, chunk=chunk, all_logits=True)
     ref = K.State(model)
     _, all_ref = K.prefill(ref, tokens[: n + len(more)], chunk=chunk, all_logits=True)
     np.testing.assert_array_equal(cont, all_ref[n:])
+
+
+# Every State getter that reads the state's mutable data (page_nbytes is the model's figure).
+STATE_GETTERS = ["n_tokens", "rewindable", "journal_nbytes", "tokens", "nbytes", "page_ids", "tail_nbytes",
+                 "last_logits"]
+
+
+def test_a_busy_states_getters_raise_until_the_call_ends(model):
+    """While a prefill runs with the GIL released (appending tokens and page groups), every getter
+    raises StateBusyError, a RuntimeError, instead of reading vectors the call is growing; once it
+    ends they work. The prefill is long and only stops when the flag is set, after the checks."""
+    rng = np.random.default_rng(11)
+    tokens = rng.integers(0, model.vocab_size, 6000, dtype=np.int32)
+    st = K.State(model)
+    K.prefill(st, tokens[:40], chunk=8)
+    assert K.StateBusyError.__mro__[1] is RuntimeError
+    flag = K.AbortFlag()
+    th, result = _prefill_in_thread(st, tokens[40:], 7, flag)
+    try:
+        _wait_until_busy(st, th)
+        for name in STATE_GETTERS:
+            with pytest.raises(K.StateBusyError, match=r"in use by a kernel call .*published when the call ends"):
+                getattr(st, name)
+        assert st.page_nbytes == model.page_nbytes   # the model's, not the state's
+        # a second kernel call on the busy state is refused the same way, not raced
+        with pytest.raises(K.StateBusyError, match="already in use"):
+            K.decode(st, 1)
+        with pytest.raises(K.StateBusyError, match="already in use"):
+            st.snapshot()
+    finally:
+        flag.set()
+        th.join()
+    done, _ = result["r"]
+    assert done < len(tokens) - 40   # the checks ran while the call held the state
+    assert st.n_tokens == 40 + done and len(st.tokens) == 40 + done and st.last_logits is not None
+    assert st.nbytes > 0 and st.tail_nbytes > 0 and st.rewindable == 0 and st.journal_nbytes == 0
+    full = st.n_tokens // model.page_tokens
+    assert full <= len(st.page_ids) <= full + 1
 
 
 def test_model_rejects_missing_and_misshapen_weights(small_oracle):

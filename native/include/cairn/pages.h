@@ -36,6 +36,9 @@ struct PageLayout {
   std::vector<Array> arrays;  // [2 * n_layers]
   int64_t group_floats = 0;
   int64_t group_bytes() const { return 4 * group_floats; }
+  // Full groups a state of n tokens holds. A model without compressed layers has no arrays, so no
+  // group is ever written: it holds none, however long the state.
+  int64_t full_groups(int64_t n) const { return group_floats ? n / page_tokens : 0; }
   // Floats of the arrays' rows that a state of n tokens holds in group k (k's fill).
   int64_t used_floats(int64_t group, int64_t n) const;
 };

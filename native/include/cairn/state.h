@@ -10,6 +10,11 @@
 //  * Compressed rows (entries) are append-only and live in shared page groups (cairn/pages.h);
 //    everything else here is the small mutable tail, owned by one state.
 //  * Nothing is recomputed on restore: the snapshot carries exactly these tensors.
+//  * What a state of n tokens reads of each buffer is a prefix: window rows 0..n-1 while n < W-1
+//    (position p sits in row p), compressor slots 0..n%rate-1, the overlap once n >= rate. A
+//    snapshot holds only those prefixes (its memory is what it counts, whatever W and the rates);
+//    live() gives a state the full buffers back, zeros past the prefixes, as restore from a blob
+//    always did (nothing past them is read before it is written).
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -56,7 +61,23 @@ struct Journal {
     writes.push_back({dst, pos, (int64_t)saved.size(), len});
     saved.insert(saved.end(), dst, dst + len);
   }
+  // Reserve the most a call of S tokens records (journal_bound), so the record never reallocates
+  // and holds no more than journal_bytes(c, S): no geometric growth past the figure.
+  void reserve(const Config& c, int64_t S);
+  int64_t held_bytes() const;  // bytes its buffers hold as allocated
 };
+
+// The most a verify of S tokens records, per buffer. Per token and layer: its window row
+// (Dh floats) and each compressor's two buffer slots (2 cw); per compressor window it completes
+// (at most ceil(S / rate) in S consecutive positions): one appended row and, for CSA, the two
+// overlap arrays (2 rate dim); and S + 1 rows of logits (after each token, and before the call).
+struct JournalBound {
+  int64_t writes = 0, floats = 0, appends = 0, logits = 0;
+};
+JournalBound journal_bound(const Config& c, int64_t S);
+// Bytes of the undo record a verify of S tokens keeps until the state's next call (exact upper
+// bound of Journal::held_bytes): about 1 MB per token at V4-Flash width, half of it logits.
+int64_t journal_bytes(const Config& c, int64_t S);
 
 // Owns a state's journal; a copy (a snapshot, a restored state) starts without one.
 struct JournalSlot {
@@ -78,12 +99,21 @@ struct State {
   PageTable pages;                  // every compressor's entries, in token order
   JournalSlot journal;              // set only by a speculative call (forward.h: verify), until the next call
 
-  explicit State(const Model& m);
+  explicit State(const Model& m);  // a live state: no tokens, every buffer at full size (zeros)
+  // A snapshot's empty shell for n tokens: each buffer only the prefix n tokens use (zeros); n,
+  // tokens, logits and pages are left empty for the caller (restore) to fill.
+  static State shell(const Model& m, int64_t n);
+  // A snapshot of this state: its buffers' used prefixes, tokens and logits copied, every page
+  // group shared, no journal. Allocates only what it copies.
+  State snapshot() const;
+  // A live state of model m equal to this snapshot: full-size buffers, the prefixes copied in.
+  State live(const Model& m) const;
   const float* entry(const CompState& cs, int64_t i) const { return pages.row(cs.arr, i); }
   void append_entry(CompState& cs, const float* row);
   int64_t payload_bytes() const;  // the live state: tail and rows, as the digest counts them
-  int64_t tail_bytes() const;     // what a snapshot copies (everything but the full page groups)
-  int64_t full_groups() const { return n / pages.layout->page_tokens; }
+  int64_t held_bytes() const;     // what its own buffers hold as allocated (all but page groups)
+  int64_t snapshot_bytes() const; // held_bytes() of snapshot(), without taking it
+  int64_t full_groups() const { return pages.layout->full_groups(n); }
   // Journaled writes: the hooks attention and the compressors call before they overwrite
   // (no-ops outside a speculative call).
   void will_write(float* dst, int64_t len, int64_t pos) {
@@ -92,6 +122,9 @@ struct State {
   void will_append(CompState& cs, int64_t pos) {
     if (journal.j) journal.j->appends.emplace_back(&cs, pos);
   }
+
+ private:
+  State(const Model& m, int64_t used);  // buffers sized for `used` tokens (< 0: full size)
 };
 
 // Serialized snapshot: a tail blob (everything a state holds but its full page groups) plus the
