@@ -252,10 +252,9 @@ static void packed_widened(const float* const* x, int M, const Linear& L, int p0
 
 static void packed_tiled(const float* const* x, int M, const Linear& L, int p0, int np, float* out) {
   const PanelCodec& C = L.p16 ? bf16_codec() : panel_codec(L.qf);
-  // Decode (M <= kPackM) reaches here only for a GGUF type without an in-register form: one block
-  // step at a time, so the tile the codec writes and the row tile reads stays in L1; prefill keeps
-  // the wide span, reused by every row tile.
-  const int K = L.in, st = C.step(L), span = M <= kPackM ? st : std::max(st, kKC / st * st);
+  // Prefill only (M > kPackM): every format has an in-register form for decode (packed_panels). The
+  // wide span is reused by every row tile.
+  const int K = L.in, st = C.step(L), span = std::max(st, kKC / st * st);
   thread_local std::vector<float> tile;  // [np][span][16]
   if (tile.size() < (size_t)kPackN * span * kPanel) tile.resize((size_t)kPackN * span * kPanel);
   for (int k0 = 0; k0 < K; k0 += span) {

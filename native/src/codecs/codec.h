@@ -10,7 +10,7 @@ namespace cairn {
 struct BlockCodec {
   const char* name;     // GGML type name, "Q4_K"
   int ggml_type;        // GGMLQuantizationType value, 12 for Q4_K
-  int block;            // weights per block (256 for K-quants, 32 for Q8_0/MXFP4, 1 for F32/F16/BF16)
+  int block;            // weights per block (256 for K-quants, 32 for Q8_0/MXFP4)
   int bytes;            // bytes per block
   void (*decode)(const uint8_t* blk, float* out);  // out[block]
   // Decode n consecutive blocks (a whole row, or a span of one) into out[n*block]; may be faster.

@@ -45,7 +45,7 @@ constexpr BlockCodec block_codec(const char* name, int ggml_type) {
   return {name, ggml_type, Block, Bytes, Decode, decode_each<Decode, Block, Bytes>, Lanes};
 }
 
-extern const BlockCodec F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ2_XXS,
+extern const BlockCodec Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ2_XXS,
     IQ4_NL, IQ4_XS, MXFP4, IQ3_XXS, IQ3_S, IQ2_XS, IQ2_S, IQ1_S, IQ1_M;
 
 }  // namespace cairn::codecs

@@ -1,4 +1,8 @@
-// The codec table: every GGUF storage format the kernel can compute on, by GGML type and name.
+// The codec table: every GGUF block-quantized format the kernel can compute on, by GGML type and
+// name. GGUF's F32/F16/BF16 tensors are not here: the loader passes them as the float types they
+// are (daemon/weights/gguf_dir.py), so no Linear ever holds them as blocks. Every codec has a lane
+// decoder (formats/ggml_blocks.cpp calls it unconditionally) and an in-register form for decode
+// (packed.cpp, packed_panels).
 #include <cstring>
 
 #include "codec_impl.h"
@@ -8,10 +12,10 @@ namespace cairn {
 const std::vector<const BlockCodec*>& all_codecs() {
   // GGML type order; the codec objects are constant-initialised, so no static-order hazard.
   static const std::vector<const BlockCodec*> table = {
-      &codecs::F32,  &codecs::F16,  &codecs::Q4_0,    &codecs::Q4_1,   &codecs::Q5_0,   &codecs::Q5_1,
-      &codecs::Q8_0, &codecs::Q2_K, &codecs::Q3_K,    &codecs::Q4_K,   &codecs::Q5_K,   &codecs::Q6_K,
-      &codecs::IQ2_XXS, &codecs::IQ2_XS, &codecs::IQ3_XXS, &codecs::IQ1_S, &codecs::IQ4_NL, &codecs::IQ3_S,
-      &codecs::IQ2_S, &codecs::IQ4_XS, &codecs::IQ1_M, &codecs::BF16, &codecs::MXFP4};
+      &codecs::Q4_0,    &codecs::Q4_1,   &codecs::Q5_0,    &codecs::Q5_1,  &codecs::Q8_0,   &codecs::Q2_K,
+      &codecs::Q3_K,    &codecs::Q4_K,   &codecs::Q5_K,    &codecs::Q6_K,  &codecs::IQ2_XXS, &codecs::IQ2_XS,
+      &codecs::IQ3_XXS, &codecs::IQ1_S,  &codecs::IQ4_NL,  &codecs::IQ3_S, &codecs::IQ2_S,  &codecs::IQ4_XS,
+      &codecs::IQ1_M,   &codecs::MXFP4};
   return table;
 }
 

@@ -2,8 +2,8 @@
 // its 16 rows' blocks interleaved, [ceil(N/16)][K/block][bytes * 16]: byte i of every lane's block b
 // side by side (or, in a codec's word range, 4-byte words side by side: codec.h, lane_byte), a
 // permutation of the stored bytes (resident memory is the stored bytes). A
-// codec's lane decoder then widens 16 rows' block at once into the fp32 tile, one vector per column;
-// a codec without one decodes each lane's block and transposes.
+// codec's lane decoder then widens 16 rows' block at once into the fp32 tile, one vector per column
+// (every codec has one: codecs/registry.cpp).
 #include <algorithm>
 #include <cstring>
 
@@ -32,27 +32,13 @@ void pack(const std::vector<QRow>& rows, int K, uint8_t* codes, uint8_t*) {
   }
 }
 
-// Without a lane decoder: each lane's block gathered, decoded, and laid into its lane.
-void decode_lanes_by_row(const BlockCodec& c, const uint8_t* blk16, float* out) {
-  uint8_t one[512];
-  float row[256];
-  for (int l = 0; l < kPanel; ++l) {
-    for (int i = 0; i < c.bytes; ++i) one[i] = blk16[lane_byte(c, i, l)];
-    c.decode(one, row);
-    for (int k = 0; k < c.block; ++k) out[k * kPanel + l] = row[k];
-  }
-}
-
 void decode(const Linear& L, int p0, int np, int k0, int kc, float* out) {
   const BlockCodec& c = *L.codec;
   const size_t rb = row_bytes(&c, L.in), stride = (size_t)c.bytes * kPanel;  // bytes of one 16-lane block
   for (int j = 0; j < np; ++j) {
     const uint8_t* blk = L.pq + (size_t)(p0 + j) * kPanel * rb + (size_t)(k0 / c.block) * stride;
     float* o = out + (size_t)j * kc * kPanel;
-    for (int k = 0; k < kc; k += c.block, blk += stride, o += (size_t)c.block * kPanel) {
-      if (c.decode_lanes) c.decode_lanes(blk, o);
-      else decode_lanes_by_row(c, blk, o);
-    }
+    for (int k = 0; k < kc; k += c.block, blk += stride, o += (size_t)c.block * kPanel) c.decode_lanes(blk, o);
   }
 }
 
