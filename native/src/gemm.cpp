@@ -18,34 +18,22 @@
 
 namespace cairn {
 
-#ifdef __AVX2__
-static inline float hsum256(__m256 v) {
-  __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
-  lo = _mm_add_ps(lo, hi);
-  __m128 sh = _mm_movehdup_ps(lo);
-  __m128 s = _mm_add_ps(lo, sh);
-  sh = _mm_movehl_ps(sh, s);
-  s = _mm_add_ss(s, sh);
-  return _mm_cvtss_f32(s);
-}
-#endif
-
+// 32 partial sums (lane j takes elements j, j+32, ...; a tail of whole 8s goes to lanes 0-7), added
+// pairwise, then the last n % 8 products in order: the order of four AVX2 accumulators and their
+// horizontal sum, written in portable code so that every target -- AVX2, AVX-512, NEON, SSE --
+// adds in this order (fp32 adds do not associate; no compiler reorders them without -ffast-math).
+// Whether the compiler vectorizes the lanes changes nothing.
 float dot(const float* a, const float* b, int n) {
+  float acc[32] = {};
   int i = 0;
-  float s = 0.f;
-#ifdef __AVX2__
-  __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(),
-         a3 = _mm256_setzero_ps();
-  for (; i + 32 <= n; i += 32) {
-    a0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), a0);
-    a1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), a1);
-    a2 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 16), _mm256_loadu_ps(b + i + 16), a2);
-    a3 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 24), _mm256_loadu_ps(b + i + 24), a3);
-  }
-  for (; i + 8 <= n; i += 8) a0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), a0);
-  s = hsum256(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
-#endif
-  for (; i < n; ++i) s += a[i] * b[i];
+  for (; i + 32 <= n; i += 32)
+    for (int j = 0; j < 32; ++j) acc[j] = fmadd(a[i + j], b[i + j], acc[j]);
+  for (; i + 8 <= n; i += 8)
+    for (int j = 0; j < 8; ++j) acc[j] = fmadd(a[i + j], b[i + j], acc[j]);
+  float t[8];
+  for (int j = 0; j < 8; ++j) t[j] = (acc[j] + acc[8 + j]) + (acc[16 + j] + acc[24 + j]);
+  float s = ((t[0] + t[4]) + (t[1] + t[5])) + ((t[2] + t[6]) + (t[3] + t[7]));
+  for (; i < n; ++i) s = fmadd(a[i], b[i], s);
   return s;
 }
 
@@ -56,7 +44,7 @@ void axpy(float a, const float* x, float* y, int n) {
   for (; i + 8 <= n; i += 8)
     _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
 #endif
-  for (; i < n; ++i) y[i] += a * x[i];
+  for (; i < n; ++i) y[i] = fmadd(a, x[i], y[i]);  // the vector lanes' rounding, not left to contraction
 }
 
 // ---- vectorised exp ----------------------------------------------------------------------
@@ -106,7 +94,8 @@ void vexp(const float* x, float* y, int n) {
 float fexp(float x) { return exp_scalar(x); }
 
 void rmsnorm(const float* x, const float* w, float* y, int n, float eps) {
-  // 32-lane fp32 accumulation (as torch's vectorised reduction: no long serial chain)
+  // 32-lane fp32 accumulation (as torch's vectorised reduction: no long serial chain), the same
+  // order on every target (dot)
   float var = dot(x, x, n) / (float)n;
   float rs = 1.f / std::sqrt(var + eps);
   if (w)

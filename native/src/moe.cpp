@@ -23,7 +23,9 @@
 
 namespace cairn {
 
-static inline float softplus(float v) { return v > 20.f ? v : std::log1p(std::exp(v)); }
+// log1p in double: glibc's float log1pf rounds differently on x86-64 and aarch64 (its double
+// log1p and float exp agree bit for bit, and the double result rounded to float is the same).
+static inline float softplus(float v) { return v > 20.f ? v : (float)std::log1p((double)std::exp(v)); }
 
 // idx/wt [S, k]: each token's experts and routing weights (wt may be null: the experts alone)
 static void route(const Model& m, int layer, const float* x, const int32_t* tokens, int S, std::vector<int>& idx,
