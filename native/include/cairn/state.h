@@ -89,7 +89,8 @@ struct JournalSlot {
   JournalSlot& operator=(JournalSlot&&) = default;
 };
 
-// A State copies as a snapshot does: the tail is copied, every page group is shared.
+// A State: a live one (full-size buffers) or a snapshot's (State::snapshot: only the used prefixes).
+// Copying one copies its buffers as they are and shares every page group.
 struct State {
   const Model* model = nullptr;
   int64_t n = 0;
