@@ -131,8 +131,12 @@ def test_decode_batch_state_in_use_is_refused_and_others_released(small_oracle, 
     started.wait()
     # the prefill thread holds `busy` from before it releases the GIL until it returns
     try:
-        while busy.n_tokens == 0:
-            pass  # wait for the first chunk: proves the other call owns the state
+        while True:  # until the other call owns the state: its getters refuse while it does
+            try:
+                busy.n_tokens
+            except K.StateBusyError:
+                break
+            assert th.is_alive()
         with pytest.raises(RuntimeError, match=r"states\[1\] is already in use"):
             K.decode_batch([free, busy], [1, 2])
     finally:
