@@ -73,8 +73,8 @@ class Gate:
 
 
 class GatedKernel:
-    """Module-like: AbortFlag, State, prefill, decode and decode_batch gated by `gate`; everything else
-    delegated."""
+    """Module-like: AbortFlag, State, prefill, decode, decode_batch, verify and verify_batch gated by
+    `gate`; everything else delegated (rewind too: it only takes back what a gated call fed)."""
 
     def __init__(self, kernel, gate: Gate, vocab_size: int) -> None:
         self._k = kernel
@@ -128,6 +128,18 @@ class GatedKernel:
         self.gate._enter()
         out = self._k.decode_batch(states, tokens, abort=abort)
         self.gate._record("decode_batch", len(states))
+        return out
+
+    def verify(self, state, tokens):
+        self.gate._enter()
+        out = self._k.verify(state, tokens)
+        self.gate._record("verify", len(tokens))
+        return out
+
+    def verify_batch(self, states, tokens):
+        self.gate._enter()
+        out = self._k.verify_batch(states, tokens)
+        self.gate._record("verify_batch", len(states))
         return out
 
 

@@ -15,6 +15,14 @@ def _body(prompt, n, **kw):
     return {"model": "tiny", "prompt": prompt, "max_tokens": n, "temperature": 0, "ignore_eos": True, **kw}
 
 
+BATCHED = ("decode_batch", "verify_batch")    # a step of several sequences (with drafts or not)
+
+
+def _batched(calls, rows: int | None = None) -> int:
+    """The batched steps among kernel `calls` (of `rows` sequences, when given)."""
+    return sum(1 for k, n in calls if k in BATCHED and (rows is None or n == rows))
+
+
 def _text(resp) -> str:
     assert resp.status == 200, resp.body
     return resp.json()["choices"][0]["text"]
@@ -37,7 +45,7 @@ async def test_two_concurrent_streams_produce_what_each_produces_alone(tiny_mode
                 n.start_soon(go, "a", a_body)
                 n.start_soon(go, "b", b_body)
     assert res == {"a": alone_a, "b": alone_b}
-    assert ("decode_batch", 2) in loaded.model.calls            # they really shared decode steps
+    assert _batched(loaded.model.calls, 2)                      # they really shared decode steps
     slots = {e["request_id"]: e["slot"] for e in events if e["event"] == "request"}
     assert sorted(set(slots.values())) == [0, 1]                # the log line names the slot
 
@@ -57,7 +65,7 @@ async def test_cancel_mid_decode_leaves_the_other_stream_unchanged(tiny_model_di
                 n.start_soon(b)
                 gate.allow(6)                                   # both prefills, then batched steps
                 await gate.wait_blocked()
-                assert gate.count("decode_batch") >= 2 and ("decode_batch", 2) in gate.calls
+                assert _batched(gate.calls) >= 2 and _batched(gate.calls, 2)
                 status = (await request(sock, "GET", "/v1/status")).json()
                 metrics = (await request(sock, "GET", "/metrics")).body.decode()
                 await a.aclose()                                # A's client leaves mid-answer
@@ -123,7 +131,8 @@ async def test_side_request_completes_while_a_long_prefill_runs(tiny_model_dir, 
             await long.aclose()
             gate.allow(None)
     # one decode step of one row (a one-row step is the kernel's `decode`: the same bits)
-    assert side_calls.count(("decode", 1)) == 1 and not any(k == "decode_batch" for k, _ in side_calls)
+    steps = [c for c in side_calls if c[0] != "prefill_chunk"]
+    assert len(steps) == 1 and steps[0][0] in ("decode", "verify") and not _batched(side_calls)
     assert sum(1 for k, n in side_calls if k == "prefill_chunk") <= 7     # 5 of its own + at most 2 of the long one
 
 
@@ -208,8 +217,8 @@ async def test_a_sequence_ready_while_a_prefill_chunk_holds_the_kernel_joins_the
                 assert len(gate.calls) == held_at               # the kernel is still in B's chunk
                 gate.allow(None)
             await long.aclose()
-    steps = [c for c in gate.calls[held_at:] if c[0] in ("decode", "decode_batch")]
-    assert steps[0] == ("decode_batch", 2), steps
+    steps = [c for c in gate.calls[held_at:] if c[0] != "prefill_chunk"]
+    assert steps[0] in (("decode_batch", 2), ("verify_batch", 2)), steps
     assert res["c"] and res["d"]
 
 
