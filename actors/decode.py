@@ -23,6 +23,10 @@ Design notes.
    cancel is acknowledged the kernel no longer touches its state, and the other states of the step
    are not affected at all. Text is assembled as UTF-8 across token boundaries (StreamDecoder) and
    held back while it could still start a stop string (StopMatcher).
+ * A draft is optional work: the memory plan's room for the plain step is reserved first (no room
+   ends the request, as without drafts); the draft's extra tokens only if there is room left
+   (`try_room_for`), else the step goes without it — decoding plainly, never a memory error a plain
+   step would not give.
 """
 
 from __future__ import annotations
@@ -45,7 +49,7 @@ from .prefill import _capture
 from .sequence import Sequence
 from .replies import finish, reply
 from .sampling import choose, log_softmax, make_rng, top_logprobs
-from .speculation import Speculation
+from .speculation import DEFAULT_DRAFT_COST, Speculation, draft_cost_of
 from .stops import StopMatcher
 
 
@@ -83,11 +87,10 @@ class _Step:
     draft: tuple = ()          # draft tokens fed after `token` in the same call (verify)
     rewind: int = 0            # tokens of the state's last verify to take back first
     ran: bool = False          # taken into a step (the kernel saw it)
-    call_s: float = 0.0        # the step's kernel call time
-    plain_s: float | None = None   # a plain step of the same batch size, recently (None: not measured)
+    draft_cost: float = DEFAULT_DRAFT_COST   # a draft token's cost in plain steps, when the step ran
 
 
-PLAIN_DECAY = 0.2              # weight of the newest plain step in DecodeSteps.plain_s
+PLAIN_DECAY = 0.2              # weight of the newest step in DecodeSteps.plain_s and draft_cost
 
 
 def _speculative_step(kernel, states: list, rewinds: list[int], feeds: list) -> list:
@@ -112,14 +115,27 @@ class DecodeSteps:
         self._arrived = trio.Event()
         self.steps = 0                          # kernel steps made (metrics, tests)
         self.rows = 0                           # sequence-steps they advanced
+        self.verify_steps = 0                   # steps that verified a draft (tests)
+        self.batched_verify_steps = 0           # ... of two or more sequences in one call
+        self.drafts_dropped = 0                 # drafts not sent: no room in the memory plan
         self.plain_s: dict[int, float] = {}     # batch size -> moving average of a plain step's time
+        # what one draft token adds to a step, in plain steps of its batch size (the hardware's
+        # figure, shared; each request's acceptance is its own: speculation.py)
+        self.draft_cost = DEFAULT_DRAFT_COST
 
     def submit(self, seq: Sequence, token: int, tally: Any = None, draft: tuple = (), rewind: int = 0) -> _Step:
         """Hand `token` in for `seq`'s next step (it does not wait), with a draft to verify after it and
         the tokens of its last verify to take back first. `tally` gets the whole step's expert-cache
         work: the experts a step reads serve every sequence in it (shared). The memory plan's check
-        runs here, in the request's own task: a MemoryExceeded ends only this request."""
-        self._engine.room_for(seq, 1 + len(draft))   # the step grows this state by these tokens
+        runs here, in the request's own task: a MemoryExceeded ends only this request. The draft goes
+        only where the plan has room for it too; `entry.draft` is what is sent (() when it had none)."""
+        # The step first takes back `rewind` tokens: the plain step grows the state to what plain
+        # decoding's state would be plus one token (no room for that ends the request, as always).
+        plain = 1 - int(rewind)
+        self._engine.room_for(seq, plain)
+        if draft and not self._engine.try_room_for(seq, plain + len(draft)):
+            draft = ()                          # no room for the draft: this step decodes plainly
+            self.drafts_dropped += 1
         entry = _Step(seq, int(token), tally=tally, draft=tuple(int(t) for t in draft), rewind=int(rewind))
         self._pending.append(entry)
         self._arrived.set()
@@ -128,7 +144,10 @@ class DecodeSteps:
     async def rewind(self, seq: Sequence, k: int) -> None:
         """Take back the last k tokens `seq`'s last verify fed (a request ending inside its draft)."""
         state = seq.state
-        if k <= 0 or state is None or int(state.rewindable) < k:   # discarded, or nothing to take back
+        if k <= 0 or state is None:             # nothing to take back, or the state was discarded
+            return
+        if int(state.rewindable) < k:           # never expected: a state holding a draft is never reused
+            self._engine.discard(seq)
             return
         await self._engine.run(DECODE, self._engine.kernel.rewind, state, k)
 
@@ -148,6 +167,8 @@ class DecodeSteps:
         Whether the step ran (False: it was withdrawn before the kernel saw it)."""
         if entry in self._pending:              # not taken into a step: withdraw it, nothing ran
             self._pending.remove(entry)
+            entry.error = RuntimeError("this decode step was withdrawn: its request ended")
+            entry.done.set()                    # a second let_go (wait's, then the caller's) returns at once
             return False
         with trio.CancelScope(shield=True):      # in the running step: wait until the kernel lets go
             await entry.done.wait()
@@ -177,6 +198,16 @@ class DecodeSteps:
                 if batch:
                     await self._run_step(batch)
 
+    def _timed(self, rows: int, drafted: int, call_s: float) -> None:
+        """A step of `rows` sequences that fed `drafted` draft tokens took call_s: a step without
+        drafts is a plain one (a rewind costs next to nothing); one with drafts measures draft_cost."""
+        plain = self.plain_s.get(rows)
+        if not drafted:
+            self.plain_s[rows] = call_s if plain is None else (1 - PLAIN_DECAY) * plain + PLAIN_DECAY * call_s
+        elif plain is not None:
+            c = draft_cost_of(call_s, plain, drafted)
+            self.draft_cost = (1 - PLAIN_DECAY) * self.draft_cost + PLAIN_DECAY * c
+
     async def _run_step(self, batch: list[_Step]) -> None:
         engine = self._engine
         kernel = engine.kernel
@@ -196,20 +227,21 @@ class DecodeSteps:
             else:
                 out = await engine.runner.run(kernel.decode_batch, [e.seq.state for e in batch],
                                               [e.token for e in batch], tally=step_io)
-            call_s = trio.current_time() - t0
-            plain = self.plain_s.get(len(batch))
-            if not speculative:
-                self.plain_s[len(batch)] = call_s if plain is None else (1 - PLAIN_DECAY) * plain + PLAIN_DECAY * call_s
+            self._timed(len(batch), sum(len(e.draft) for e in batch), trio.current_time() - t0)
             for e in batch:
-                e.call_s, e.plain_s = call_s, plain
-            for e in batch:
+                e.draft_cost = self.draft_cost
                 if e.tally is not None:
                     e.tally.add(step_io.io)
             self.steps += 1
             self.rows += len(batch)
+            drafted = any(e.draft for e in batch)
+            self.verify_steps += drafted
+            self.batched_verify_steps += drafted and len(batch) > 1
             if engine.metrics is not None:
                 engine.metrics.decode_steps.inc()
                 engine.metrics.decode_step_rows.inc(len(batch))
+                if drafted and len(batch) > 1:
+                    engine.metrics.spec_batched_verify_steps.inc()
             for i, e in enumerate(batch):
                 e.logits = out[i]
         except Exception as exc:                # every sequence of the step fails (its state may be torn)
@@ -270,14 +302,14 @@ async def run_decode(engine: Engine, pre: Prefilled, stream_decoder, stats: dict
     ahead: list[tuple[int, Any]] = []
     owed = 0
     generated: list[int] = []     # every picked token (Done.ids, when the request keeps them)
-    verified: tuple[int, float, float | None] | None = None   # (drafted, call_s, plain_s) of the open draft
+    verified: tuple[int, float] | None = None   # (drafted, draft_cost) of the open draft
     accepted = 0
 
     def close_draft() -> None:
         nonlocal verified, accepted
         if verified is not None:
-            drafted, call_s, plain_s = verified
-            spec.record(drafted, accepted, call_s, plain_s)
+            drafted, draft_cost = verified
+            spec.record(drafted, accepted, draft_cost)
             if metrics is not None:
                 metrics.spec_drafts.inc()
                 metrics.spec_draft_tokens.inc(drafted)
@@ -330,8 +362,13 @@ async def run_decode(engine: Engine, pre: Prefilled, stream_decoder, stats: dict
             draft = _grammar_prefix(s.constraint, spec.draft(budget - n - 1)) if spec is not None else []
             # Hand the token in before sending it: the kernel computes the next logits while this token
             # goes out to the client.
-            fed = (feed.submit(tok, sub.trace.decode_experts, draft, owed) if spec is not None
-                   else feed.submit(tok, sub.trace.decode_experts))
+            if spec is not None:
+                fed = feed.submit(tok, sub.trace.decode_experts, draft, owed)
+                if len(fed.draft) < len(draft):      # no room in the memory plan: sent without it
+                    spec.stats["no_room"] += 1
+                    draft = list(fed.draft)
+            else:
+                fed = feed.submit(tok, sub.trace.decode_experts)
             try:
                 await _send(sub, TokenOut(tok, text, lp, top))
                 out = await feed.wait(fed)
@@ -344,7 +381,7 @@ async def run_decode(engine: Engine, pre: Prefilled, stream_decoder, stats: dict
                 spec.stats["calls"] += 1
             if draft:
                 logits, ahead = out[0], list(zip(draft, out[1:]))
-                verified = (len(draft), getattr(fed, "call_s", 0.0), getattr(fed, "plain_s", None))
+                verified = (len(draft), fed.draft_cost)
             else:
                 logits = out if out.ndim == 1 else out[0]
     finally:

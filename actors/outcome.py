@@ -33,6 +33,6 @@ def log_request(log, submit, *, outcome: str, arrived_at: float, reused: int,
         finish_reason=finish_reason,
         **({"error": error} if error else {}),
         **({"slot": slot} if slot is not None else {}),   # which sequence slot's live state served it
-        **({"speculation": speculation} if speculation else {}),   # drafts, drafted, accepted, calls, off
+        **({"speculation": speculation} if speculation else {}),   # drafts, drafted, accepted, calls, off, no_room
         **({"experts": experts} if (experts := submit.trace.experts()) is not None else {}),
     )

@@ -257,6 +257,9 @@ class Metrics:
         self.spec_draft_tokens = r.counter("cairn_spec_draft_tokens_total", "Draft tokens fed for verification.")
         self.spec_accepted_tokens = r.counter("cairn_spec_accepted_tokens_total",
                                               "Draft tokens the reply kept (each one a token without its own step).")
+        self.spec_batched_verify_steps = r.counter(
+            "cairn_spec_batched_verify_steps_total",
+            "Decode steps that verified drafts for two or more sequences in one kernel call.")
         # the memory plan (daemon/service/memory_plan.py) and its guard (actors/memory_guard.py)
         self.memory_refused = r.counter("cairn_memory_refused_total",
                                         "Requests ended because their state could not grow within the memory plan.")

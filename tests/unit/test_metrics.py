@@ -27,7 +27,7 @@ def test_fresh_metrics_parse_with_every_known_series_at_zero():
         "cairn_decode_tokens_per_second": "histogram", "cairn_live_state_tokens": "gauge",
         "cairn_slots": "gauge", "cairn_decode_steps": "counter", "cairn_decode_step_rows": "counter",
         "cairn_decode_tokens": "counter", "cairn_spec_drafts": "counter", "cairn_spec_draft_tokens": "counter",
-        "cairn_spec_accepted_tokens": "counter",
+        "cairn_spec_accepted_tokens": "counter", "cairn_spec_batched_verify_steps": "counter",
         "cairn_expert_cache_budget_bytes": "gauge", "cairn_expert_cache_hits": "counter",
         "cairn_expert_cache_misses": "counter", "cairn_expert_cache_read_bytes": "counter",
         "cairn_expert_cache_read_seconds": "counter", "cairn_expert_cache_stall_seconds": "counter",

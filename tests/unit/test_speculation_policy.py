@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 
 from cairn.actors.drafts import PromptLookup, longest_match
-from cairn.actors.speculation import FIRST_DRAFT, FIRST_PAUSE, MAX_DRAFT, WARMUP_CALLS, Speculation
+from cairn.actors.speculation import (DEFAULT_DRAFT_COST, FIRST_DRAFT, FIRST_PAUSE, MAX_DRAFT, MIN_DRAFT_COST,
+                                      WARMUP_CALLS, Speculation, draft_cost_of)
 
 
 def test_lookup_equals_a_plain_scan_as_tokens_arrive():
@@ -59,14 +60,14 @@ def _spec(prompt=(1, 2, 3, 4, 5, 6, 7, 8, 9, 1, 2, 3)):
 def test_draft_length_doubles_on_full_acceptance_and_shrinks_on_rejection():
     s = _spec()
     assert s.k == FIRST_DRAFT
-    s.record(FIRST_DRAFT, FIRST_DRAFT, 1.0, None)
+    s.record(FIRST_DRAFT, FIRST_DRAFT)
     assert s.k == 2 * FIRST_DRAFT
     for _ in range(5):
-        s.record(s.k, s.k, 1.0, None)
+        s.record(s.k, s.k)
     assert s.k == MAX_DRAFT
-    s.record(MAX_DRAFT, 2, 1.0, None)
+    s.record(MAX_DRAFT, 2)
     assert s.k == 3
-    s.record(3, 0, 1.0, None)
+    s.record(3, 0)
     assert s.k == 1
     assert s.stats["drafts"] == 8 and s.stats["accepted"] == 4 + 8 + 16 * 4 + 2
 
@@ -74,24 +75,45 @@ def test_draft_length_doubles_on_full_acceptance_and_shrinks_on_rejection():
 def test_drafting_pauses_when_it_loses_and_comes_back_longer_paused_each_time():
     s = _spec()
     assert s.draft(8) == [4, 5, 6, 7]         # "1 2 3" matched: what followed it, FIRST_DRAFT long
-    for _ in range(WARMUP_CALLS):             # nothing accepted, a verify call costs 1.5 plain steps
-        s.record(4, 0, 1.5, 1.0)
+    for _ in range(WARMUP_CALLS):             # nothing accepted: a call of 4 drafts gives 1 token for 2 steps' cost
+        s.record(4, 0, 0.25)
     assert s.paused_for == FIRST_PAUSE and s.stats["off"] == 1
     assert s.draft(8) == []
     for t in range(FIRST_PAUSE):
         s.push(t % 3)
     assert s.paused_for == 0 and s.draft(8) != []
     for _ in range(WARMUP_CALLS):
-        s.record(4, 0, 1.5, 1.0)
+        s.record(4, 0, 0.25)
     assert s.paused_for == 2 * FIRST_PAUSE
 
 
 def test_drafting_that_wins_stays_on():
     s = _spec()
     for _ in range(20):
-        s.record(4, 3, 1.3, 1.0)              # 4 tokens per call at 1.3 plain steps: a gain of ~3
+        s.record(4, 3, 0.075)                 # 4 tokens per call at 1.3 plain steps: a gain of ~3
     assert s.paused_for == 0 and s.stats["off"] == 0
     assert s.gain == pytest.approx(4 / 1.3)
+
+
+def test_each_request_decides_from_its_own_acceptance():
+    """Two requests in the same batched steps (the same draft cost): the one whose drafts are all
+    rejected turns drafting off for itself; the one whose drafts are kept goes on — whatever the
+    measured cost, which stays within [MIN_DRAFT_COST, 1] (a rejected draft is never free; a draft
+    token never costs more than a step of its own)."""
+    for cost in (0.0, MIN_DRAFT_COST, DEFAULT_DRAFT_COST, 0.9, 5.0):
+        rejected, kept = _spec(), _spec()
+        for _ in range(WARMUP_CALLS):
+            rejected.record(rejected.k, 0, cost)
+            kept.record(kept.k, kept.k, cost)
+        assert rejected.stats["off"] == 1 and rejected.draft(8) == [], cost
+        assert kept.stats["off"] == 0 and kept.draft(8) != [], cost
+
+
+def test_the_draft_cost_measured_from_step_times():
+    assert draft_cost_of(1.5, 1.0, 4) == pytest.approx(0.125)   # 4 drafts added half a plain step
+    assert draft_cost_of(0.9, 1.0, 4) == MIN_DRAFT_COST           # timing noise: never free
+    assert draft_cost_of(9.0, 1.0, 4) == 1.0                      # never more than a step of its own
+    assert draft_cost_of(1.0, 0.0, 4) == DEFAULT_DRAFT_COST       # nothing to compare with
 
 
 def test_no_room_no_draft():
