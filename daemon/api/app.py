@@ -33,7 +33,7 @@ from cairn.daemon.protocol.chat import ChatTemplateError, continues_final
 from cairn.daemon.protocol.encoding_dsv4 import DSML
 from cairn.daemon.protocol.reply_end import reply_end
 from cairn.daemon.protocol.reply_ids import keepable, parsed_key, replay, reply_marks
-from .asgi import declared_length, read_body, send_error, send_json
+from .asgi import BodyBytes, declared_length, read_body, send_error, send_json, too_large
 from .responders import ChatJSON, ChatStream, CompletionOut
 from .responses import as_responses_error, parse_responses
 from .responses_reply import ResponsesJSON, ResponsesStream
@@ -48,7 +48,7 @@ class API:
     def __init__(self, *, inbox: trio.MemorySendChannel, tokenizer, renderer, model_id: str,
                  context_length: int, vocab_size: int, max_tokens_default: int | None, fingerprint: str,
                  log, api_key: str | None = None, metrics=None, status=None, checkpoints=None,
-                 reasoning: str = "chat", replies=None, fingerprints=None) -> None:
+                 reasoning: str = "chat", replies=None, fingerprints=None, body_bytes: int | None = None) -> None:
         self.inbox = inbox
         self.tok = tokenizer
         self.renderer = renderer
@@ -87,6 +87,11 @@ class API:
         # Bodies over PARSE_ON_LOOP (or of unknown length) are read and parsed LARGE_BODIES at a time:
         # a burst of 64 MiB bodies cannot hold gigabytes at once.
         self._large_bodies = trio.Semaphore(LARGE_BODIES)
+        # ...and every body, small ones too, holds its bytes of the memory plan's room for bodies being
+        # read and parsed (memory_plan.body_bytes) until it is parsed.
+        if body_bytes is None:
+            from cairn.daemon.service.memory_plan import BODY_MAX as body_bytes
+        self.bodies = BodyBytes(body_bytes)
         # A prompt of more UTF-8 bytes than this cannot fit the context (tokenizer.max_token_bytes):
         # refused by its size, before tokenizing (a 50 MB prompt would take most of a minute).
         mtb = getattr(tokenizer, "max_token_bytes", None)
@@ -300,18 +305,24 @@ class API:
     # --- endpoints ----------------------------------------------------------------------------
 
     async def _parse(self, scope, receive, parse):
-        """Read the body (413 before reading when it is too large) and parse it, in a thread when large."""
+        """Read the body (413 before reading when it is too large) and parse it, in a thread when large;
+        its bytes held in `bodies` meanwhile (a body of unknown length holds the most it may be)."""
         n = declared_length(scope)
+        limit = self.bodies.limit()
+        if n is not None and n > limit:
+            raise too_large(limit, n)
         if n is not None and n <= PARSE_ON_LOOP:
-            raw = await read_body(receive, scope=scope)
-            if len(raw) <= PARSE_ON_LOOP:
-                return parse(parse_json_body(raw))
-            return await trio.to_thread.run_sync(lambda: parse(parse_json_body(raw)), limiter=self._cpu)
+            async with self.bodies.hold(n):
+                raw = await read_body(receive, limit, scope=scope)
+                if len(raw) <= PARSE_ON_LOOP:
+                    return parse(parse_json_body(raw))
+                return await trio.to_thread.run_sync(lambda: parse(parse_json_body(raw)), limiter=self._cpu)
         async with self._large_bodies:
-            raw = await read_body(receive, scope=scope)
-            if len(raw) <= PARSE_ON_LOOP:
-                return parse(parse_json_body(raw))
-            return await trio.to_thread.run_sync(lambda: parse(parse_json_body(raw)), limiter=self._cpu)
+            async with self.bodies.hold(limit if n is None else n):
+                raw = await read_body(receive, limit, scope=scope)
+                if len(raw) <= PARSE_ON_LOOP:
+                    return parse(parse_json_body(raw))
+                return await trio.to_thread.run_sync(lambda: parse(parse_json_body(raw)), limiter=self._cpu)
 
     def _check_prompt_size(self, n_bytes: int, param: str) -> None:
         if self.max_prompt_bytes is not None and n_bytes > self.max_prompt_bytes:

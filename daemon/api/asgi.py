@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import json
+from contextlib import asynccontextmanager
+from typing import AsyncIterator
+
+import trio
 
 from .schemas import APIError
 
 MAX_BODY = 64 * 1024 * 1024
 
 
-def _too_large(limit: int, size: int | None = None) -> APIError:
+def too_large(limit: int, size: int | None = None) -> APIError:
     got = f" ({size} bytes)" if size is not None else ""
     return APIError(413, f"request body too large{got}; at most {limit} bytes ({limit >> 20} MiB) are accepted",
                     code="body_too_large")
@@ -32,7 +36,7 @@ async def read_body(receive, limit: int = MAX_BODY, scope=None) -> bytes:
     if scope is not None:
         n = declared_length(scope)
         if n is not None and n > limit:
-            raise _too_large(limit, n)
+            raise too_large(limit, n)
     parts, size = [], 0
     while True:
         msg = await receive()
@@ -41,10 +45,44 @@ async def read_body(receive, limit: int = MAX_BODY, scope=None) -> bytes:
         body = msg.get("body", b"")
         size += len(body)
         if size > limit:
-            raise _too_large(limit)
+            raise too_large(limit)
         parts.append(body)
         if not msg.get("more_body"):
             return b"".join(parts)
+
+
+class BodyBytes:
+    """A byte semaphore: request bodies being read and parsed take their bytes of `capacity` (the memory
+    plan's `body_bytes`) until parsed, so what they hold at once is bounded whatever the number of
+    clients; waiters are served first come, first served. A body of unknown length takes the most it
+    may be. A body larger than the whole capacity is refused (413) before anything is read."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = max(1, int(capacity))
+        self.free = self.capacity
+        self._order = trio.Lock()           # fair: the first waiter gets the next freed bytes
+        self._freed = trio.Event()
+
+    def limit(self, limit: int = MAX_BODY) -> int:
+        """The largest body accepted: the protocol's limit, or the whole capacity when smaller."""
+        return min(limit, self.capacity)
+
+    @asynccontextmanager
+    async def hold(self, nbytes: int) -> AsyncIterator[None]:
+        n = max(0, int(nbytes))
+        if n > self.capacity:
+            raise APIError(413, f"request body of {n} bytes is larger than the memory plan leaves for request "
+                           f"bodies ({self.capacity} bytes at once)", code="body_too_large")
+        async with self._order:
+            while self.free < n:
+                await self._freed.wait()
+            self.free -= n
+        try:
+            yield
+        finally:
+            self.free += n
+            self._freed.set()
+            self._freed = trio.Event()
 
 
 def _dumps(obj) -> bytes:

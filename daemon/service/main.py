@@ -97,6 +97,7 @@ def plan_for(settings: Settings, md, limit=None, *, probe: bool = True):
     measured now, before the load (`limit`: a memory_plan.LimitSource, for tests; with `probe` False
     and no limit: unknown)."""
     from cairn.actors.prefill import ALL_LOGITS_BUDGET
+    from cairn.actors.speculation import MAX_DRAFT
 
     from .memory_plan import (DIAGNOSTIC_IDS_BYTES, REPLY_IDS_BYTES, StateCost, parse_expert_cache, plan_memory,
                               split_weight_bytes)
@@ -108,9 +109,11 @@ def plan_for(settings: Settings, md, limit=None, *, probe: bool = True):
     weights = split_weight_bytes((name, t.end - t.start) for name, t in md.tensors.items())
     cfg = md.config
     try:
-        cost = StateCost.from_config(cfg)
+        cost = StateCost.from_config(cfg, int(getattr(settings, "checkpoint_page_tokens", 0) or 0))
     except (KeyError, TypeError, ValueError):
         cost = None
+    # with speculation, each slot's state keeps one verify's undo journal until its next call
+    journal = cost.journal_bytes(1 + MAX_DRAFT) if cost is not None and settings.speculate == "on" else 0
     try:   # the kernel's least budget: one decode step's experts (k slots of one expert each)
         n_keys = len(cfg["layer_types"]) * int(cfg["n_routed_experts"])
         min_budget = int(cfg["num_experts_per_tok"]) * -(-weights.experts // max(1, n_keys))
@@ -124,7 +127,7 @@ def plan_for(settings: Settings, md, limit=None, *, probe: bool = True):
                        expert_setting=setting, slots_setting=settings.slots,
                        checkpoint_setting=(settings.checkpoint_memory_mb << 20) if settings.checkpoints else 0,
                        logits_block_bytes=block, min_expert_budget=min_budget, reply_bytes=REPLY_IDS_BYTES,
-                       diagnostic_bytes=DIAGNOSTIC_IDS_BYTES)
+                       diagnostic_bytes=DIAGNOSTIC_IDS_BYTES, journal_bytes=journal)
 
 
 def expert_cache_info(model) -> dict | None:
@@ -257,6 +260,7 @@ async def _serve_all(settings, loaded, engine, model_id, sockets, log, handle_si
                   reasoning=settings.reasoning,
                   api_key=settings.api_key, metrics=engine.metrics, checkpoints=engine.checkpoints, replies=replies,
                   fingerprints=prints,
+                  body_bytes=loaded.memory_plan.body_bytes if loaded.memory_plan is not None else None,
                   status=StatusBoard(engine, queue_size=settings.queue_size, fingerprint=loaded.fingerprint,
                                      context_length=loaded.context_length, slots_reason=slots.reason,
                                      expert_reason=loaded.memory_plan.expert_reason if loaded.memory_plan else "",

@@ -9,8 +9,13 @@ numbers in; nothing here touches the system. The plan has these parts, in bytes:
     dense       every weight that is not a routed expert (always resident)
     experts     routed experts: all of them, or the expert cache's budget when paged (--expert-cache)
     margin      kernel scratch, Python, the rest of the system: MARGIN_FRACTION of the room, >= MARGIN_MIN
-    requests    per slot: the prompt's ids and a few logits rows; plus one all-logits block (prompt
+    requests    per slot: the prompt's ids, a few logits rows and, with speculation, one verify's undo
+                journal (StateCost.journal_bytes of 1 + the longest draft: ~1 MB a token at V4-Flash width,
+                kept in the state until its next call); plus one all-logits block (prompt
                 log-probabilities; kernel calls run one at a time, so one block at most)
+    bodies      request bodies being read and parsed at once: the HTTP edge admits `body_bytes` of them
+                at a time (daemon/api/app.py), counted BODY_PARSE_FACTOR times (the raw bytes and what
+                JSON parsing makes of them)
     transients  a capture copies the state into a blob before the store takes it: one blob, at most the
                 checkpoint budget (a larger capture is never taken, actors/memory_guard.py)
     checkpoints the checkpoint memory budget (--checkpoint-memory-mb), blobs queued for the disk writer
@@ -21,7 +26,10 @@ numbers in; nothing here touches the system. The plan has these parts, in bytes:
     diagnostics finished responses' prompt ids, compared with later prompts (daemon/api/cache_diagnostics.py);
                 DIAGNOSTIC_IDS_BYTES, cut to REPLY_SHARE like the replies
     states      the rest: the live states. Each slot's share is its state at min(context, STATE_PLAN_TOKENS)
-                tokens; `slots` is how many shares fit (1..SLOTS_CAP) unless --slots says
+                tokens; `slots` is how many shares fit (1..SLOTS_CAP) unless --slots says. A live state holds
+                its window ring and compressor buffers at full size from its first token (resident_at);
+                a checkpoint only the prefixes its tokens use (bytes_at). A restore from disk (read buffers
+                and the rebuilt snapshot, up to twice its size) asks the guard for room in this pool first
 
 A state grows with its tokens (StateCost.bytes_at: sliding windows, compressed rows, indexer keys, as
 the kernel's State stores them). The plan is a budget, not a reservation: at each kernel call that grows
@@ -32,6 +40,7 @@ memory error when even that is not enough — never the OOM killer.
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
@@ -52,6 +61,14 @@ REPLY_SHARE = 0.01            # ...but at most this share of what the weights an
 # The cache diagnostics' bound: 4 bytes a prompt id, ~2M ids (the last turns of a few long conversations:
 # a comparison is with the previous turn).
 DIAGNOSTIC_IDS_BYTES = 8 * MIB
+# Request bodies read and parsed at once (the edge's byte semaphore): BODY_SHARE of what the weights and
+# margin leave, within [BODY_MIN, BODY_MAX]. JSON parsing multiplies a body: measured 5.6x for token-id
+# arrays, 12.6x for many short messages, 3.8x for text (tests/unit/test_memory_plan.py). A body of
+# nothing but empty containers reaches ~72x; it is bounded by the same semaphore, not by this factor.
+BODY_SHARE = 0.01
+BODY_MIN = 1 * MIB
+BODY_MAX = 128 * MIB          # two of the largest accepted bodies (daemon/api/asgi.MAX_BODY, 64 MiB)
+BODY_PARSE_FACTOR = 16
 
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(?:I?B)?\s*$", re.IGNORECASE)
@@ -154,14 +171,21 @@ class StateCost:
     vocab: int
 
     @classmethod
-    def from_config(cls, config: Mapping) -> "StateCost":
+    def from_config(cls, config: Mapping, page_tokens: int = 0) -> "StateCost":
+        """`page_tokens` 0: the kernel's default (the smallest multiple of every compress rate >= 256)."""
+        csa, hca = int(config["csa_rate"]), int(config["hca_rate"])
+        if page_tokens <= 0:
+            step = math.lcm(max(1, csa), max(1, hca))
+            page_tokens = -(-256 // step) * step
         return cls(tuple(config["layer_types"]), int(config["sliding_window"]), int(config["head_dim"]),
-                   int(config["index_head_dim"]), int(config["csa_rate"]), int(config["hca_rate"]),
-                   int(config["vocab_size"]))
+                   int(config["index_head_dim"]), csa, hca, int(config["vocab_size"]), int(page_tokens))
+
+    page_tokens: int = 0     # tokens per page group of compressed rows (0: rows not rounded to groups)
 
     def bytes_at(self, n_tokens: int) -> int:
-        """Bytes of a State holding n_tokens: what State.nbytes reports plus its token ids and last
-        logits (the snapshot blob's size, give or take its header)."""
+        """Bytes of a snapshot of a State holding n_tokens: the buffers' used prefixes (window rows,
+        compressor slots; the kernel copies only those), its compressed rows, token ids and last
+        logits — what Snapshot.nbytes reports, give or take its bookkeeping."""
         n = max(0, int(n_tokens))
         floats = 0
         for kind in self.layer_types:
@@ -173,9 +197,79 @@ class StateCost:
                 floats += _comp_floats(self.hca_rate, self.head_dim, False, n)
         return 4 * floats + 4 * n + 4 * self.vocab
 
+    def _fixed_floats(self) -> int:
+        """Floats of a live state's full-size buffers, whatever its tokens: every layer's window ring
+        (W-1 rows) and each compressor's raw buffers (and CSA overlap) at full size."""
+        def comp(rate: int, dim: int, overlap: bool) -> int:
+            return 2 * rate * (2 * dim if overlap else dim) + (2 * rate * dim if overlap else 0)
+        f = 0
+        for kind in self.layer_types:
+            f += max(0, self.window - 1) * self.head_dim
+            if kind == "compressed_sparse_attention":
+                f += comp(self.csa_rate, self.head_dim, True) + comp(self.csa_rate, self.index_head_dim, True)
+            elif kind == "heavily_compressed_attention":
+                f += comp(self.hca_rate, self.head_dim, False)
+        return f
+
+    def group_bytes(self) -> int:
+        """Bytes of one page group (0 when rows are not rounded to groups)."""
+        if self.page_tokens <= 0:
+            return 0
+        rows = 0
+        for kind in self.layer_types:
+            if kind == "compressed_sparse_attention":
+                rows += (self.page_tokens // self.csa_rate) * (self.head_dim + self.index_head_dim)
+            elif kind == "heavily_compressed_attention":
+                rows += (self.page_tokens // self.hca_rate) * self.head_dim
+        return 4 * rows
+
     def resident_at(self, n_tokens: int) -> int:
-        """What the state may hold in memory at n tokens: its bytes and the vectors' spare capacity."""
-        return int(self.bytes_at(n_tokens) * STATE_SLACK)
+        """What a live state may hold in memory at n tokens: its bytes and the vectors' spare capacity,
+        the full-size buffers a live state keeps however few tokens it holds (the window ring: ~23 MB at
+        V4-Flash width), and its last page group allocated whole."""
+        n = max(0, int(n_tokens))
+        unused = 4 * max(0, self._fixed_floats() - self._buffer_floats(n))   # full-size buffers past the prefixes
+        return int(self.bytes_at(n) * STATE_SLACK) + unused + self.group_bytes()
+
+    def _buffer_floats(self, n: int) -> int:
+        """Floats of the used prefixes of the windows and compressor buffers at n tokens."""
+        f = 0
+        for kind in self.layer_types:
+            f += min(n, self.window - 1) * self.head_dim
+            if kind == "compressed_sparse_attention":
+                f += (_comp_floats(self.csa_rate, self.head_dim, True, n) - (n // self.csa_rate) * self.head_dim
+                      + _comp_floats(self.csa_rate, self.index_head_dim, True, n)
+                      - (n // self.csa_rate) * self.index_head_dim)
+            elif kind == "heavily_compressed_attention":
+                f += _comp_floats(self.hca_rate, self.head_dim, False, n) - (n // self.hca_rate) * self.head_dim
+        return f
+
+    def journal_bytes(self, n_tokens: int) -> int:
+        """Bytes of the undo record a verify of n_tokens keeps in its state until the state's next call
+        (the kernel's journal_bytes, Model.verify_journal_nbytes): per token and layer its window row and
+        each compressor's two buffer slots, per compressor window it completes a row (and for CSA the
+        overlap), the logits after each token and before the call; plus the records' bookkeeping."""
+        s = max(0, int(n_tokens))
+        if s == 0:
+            return 0
+        writes = floats = appends = 0
+
+        def comp(rate: int, cw: int, dim: int, overlap: bool) -> None:
+            nonlocal writes, floats, appends
+            windows = -(-s // rate)
+            writes += 2 * s + (2 * windows if overlap else 0)
+            floats += 2 * s * cw + (2 * windows * rate * dim if overlap else 0)
+            appends += windows
+        for kind in self.layer_types:
+            writes += s
+            floats += s * self.head_dim
+            if kind == "heavily_compressed_attention":
+                comp(self.hca_rate, self.head_dim, self.head_dim, False)
+            elif kind == "compressed_sparse_attention":
+                comp(self.csa_rate, 2 * self.head_dim, self.head_dim, True)
+                comp(self.csa_rate, 2 * self.index_head_dim, self.index_head_dim, True)
+        # sizeof(Write) = 32, an append record 16, the Journal itself < 256
+        return 256 + 32 * writes + 4 * floats + 16 * appends + 4 * (s + 1) * self.vocab
 
     @property
     def per_token(self) -> int:
@@ -261,10 +355,17 @@ class MemoryPlan:
     state_cost: StateCost | None = field(default=None, compare=False)
     reply_bytes: int = 0            # the reply table's bound (reply_ids.ReplyTable)
     diagnostic_bytes: int = 0       # the cache diagnostics' bound (cache_diagnostics.FingerprintTable)
+    body_bytes: int = BODY_MAX      # request bodies read / parsed at once (the edge's byte semaphore)
+    journal_bytes: int = 0          # per slot: one verify's undo journal (0: speculation off)
 
     @property
     def paged(self) -> bool:
         return self.expert_cache_bytes > 0
+
+    @property
+    def bodies_bytes(self) -> int:
+        """What request bodies being read and parsed may hold (0 with no limit known: not planned)."""
+        return 0 if self.room_bytes is None else self.body_bytes * BODY_PARSE_FACTOR
 
     @property
     def pool_bytes(self) -> int | None:
@@ -277,7 +378,9 @@ class MemoryPlan:
                 "parts": {"dense": self.dense_bytes, "experts": self.expert_bytes, "margin": self.margin_bytes,
                           "requests": self.request_bytes, "transients": self.transient_bytes,
                           "checkpoints": self.checkpoint_bytes, "replies": self.reply_bytes,
-                          "diagnostics": self.diagnostic_bytes, "states": self.state_bytes},
+                          "diagnostics": self.diagnostic_bytes, "bodies": self.bodies_bytes,
+                          "states": self.state_bytes},
+                "body_bytes": self.body_bytes, "journal_bytes": self.journal_bytes,
                 "slots": self.slots, "state_share_bytes": self.state_share_bytes, "share_tokens": self.share_tokens,
                 "per_token_bytes": self.per_token_bytes, "expert_cache_bytes": self.expert_cache_bytes,
                 "paged": self.paged, "reason": self.reason}
@@ -298,16 +401,18 @@ def _size(n: int | None) -> str:
 def plan_memory(*, limit: LimitSource | None, weights: ModelBytes, state: StateCost | None, context_length: int,
                 expert_setting: ExpertCacheSetting = ExpertCacheSetting("auto"), slots_setting: int | None = None,
                 checkpoint_setting: int = 0, logits_block_bytes: int = 0,
-                min_expert_budget: int = 0, reply_bytes: int = 0, diagnostic_bytes: int = 0) -> MemoryPlan:
+                min_expert_budget: int = 0, reply_bytes: int = 0, diagnostic_bytes: int = 0,
+                journal_bytes: int = 0) -> MemoryPlan:
     """The plan (see the module notes). `checkpoint_setting`: the configured checkpoint budget in
     bytes (0: checkpoints off); `logits_block_bytes`: one all-logits prefill block; `min_expert_budget`:
     the kernel's least expert budget (an explicit smaller size is passed on; its error names it);
-    `reply_bytes`: the reply table's bound; `diagnostic_bytes`: the cache diagnostics' bound."""
+    `reply_bytes`: the reply table's bound; `diagnostic_bytes`: the cache diagnostics' bound;
+    `journal_bytes`: one verify's undo journal, per slot (0: speculation off)."""
     share_tokens = plan_state_tokens(context_length)
     share = state.resident_at(share_tokens) if state is not None else 0
     per_token = state.per_token if state is not None else 0
     vocab = state.vocab if state is not None else 0
-    per_request = share_tokens * PROMPT_BYTES_PER_TOKEN + LOGITS_ROWS * 4 * vocab
+    per_request = share_tokens * PROMPT_BYTES_PER_TOKEN + LOGITS_ROWS * 4 * vocab + max(0, int(journal_bytes))
     share_blob = state.bytes_at(share_tokens) if state is not None else 0
     room = limit.room if limit is not None else None
     where = limit.describe() if limit is not None else "no limit known"
@@ -339,7 +444,8 @@ def plan_memory(*, limit: LimitSource | None, weights: ModelBytes, state: StateC
                           per_token, slots, why,
                           f"no memory limit known (no MemAvailable, no cgroup limit): {why}; "
                           f"{expert_note or 'every routed expert resident'}; no memory guard",
-                          expert_note or "every routed expert resident", state, reply_bytes, diagnostic_bytes)
+                          expert_note or "every routed expert resident", state, reply_bytes, diagnostic_bytes,
+                          BODY_MAX, max(0, int(journal_bytes)))
 
     margin = margin_bytes(room)
     left = room - weights.dense - margin
@@ -348,7 +454,10 @@ def plan_memory(*, limit: LimitSource | None, weights: ModelBytes, state: StateC
     reply_bytes = min(reply_bytes, max(0, int(left * REPLY_SHARE)))
     diagnostic_bytes = min(diagnostic_bytes, max(0, int(left * REPLY_SHARE)))
     transient = min(share_blob, ckpt)
-    fixed = weights.dense + margin + ckpt + transient + logits_block_bytes + reply_bytes + diagnostic_bytes
+    body_bytes = min(BODY_MAX, max(BODY_MIN, int(max(0, left) * BODY_SHARE)))
+    bodies = body_bytes * BODY_PARSE_FACTOR
+    fixed = (weights.dense + margin + ckpt + transient + logits_block_bytes + reply_bytes + diagnostic_bytes
+             + bodies)
     n_first = slots_setting or 1
     if mode == "auto":
         if room - fixed - experts >= n_first * (share + per_request) or experts <= 0:
@@ -384,11 +493,11 @@ def plan_memory(*, limit: LimitSource | None, weights: ModelBytes, state: StateC
     reason = (f"limit {where} = {_size(room)}: dense {_size(weights.dense)} + experts {_size(in_memory_experts)} + "
               f"margin {_size(margin)} + requests {_size(requests)} + transients {_size(transient)} + checkpoints "
               f"{_size(ckpt)}{ckpt_note} + replies {_size(reply_bytes)} + diagnostics {_size(diagnostic_bytes)} + "
-              f"states {_size(states)}; {slots} slot(s) ({slots_why}); {expert_note}")
+              f"bodies {_size(bodies)} + states {_size(states)}; {slots} slot(s) ({slots_why}); {expert_note}")
     if states + ckpt <= 0:
         reason += "; nothing is left for live states: every request will end with a memory error, raise the limit"
     elif states < share:
         reason += f"; a state may reach {max(0, states + ckpt) // max(1, int(per_token * STATE_SLACK))} tokens"
     return MemoryPlan(limit.limit, room, where, weights.dense, in_memory_experts, budget, margin, requests, transient, ckpt,
                       states, share, share_tokens, per_token, slots, slots_why, reason, expert_note, state,
-                      reply_bytes, diagnostic_bytes)
+                      reply_bytes, diagnostic_bytes, body_bytes, max(0, int(journal_bytes)))

@@ -195,3 +195,32 @@ async def test_large_bodies_are_read_two_at_a_time():
             await trio.testing.wait_all_tasks_blocked()
             assert len(reading) == 2
             nursery.cancel_scope.cancel()
+
+
+async def test_bodies_being_read_hold_at_most_the_memory_plans_bytes_for_them():
+    """Issue 40 §3: every body, small ones too, holds its bytes of the plan's room for bodies (here
+    2.5 MiB) until parsed: two 1 MiB bodies are read, the third waits; a body of unknown length waits
+    for the whole room, and one declared larger than the room is refused (413) before it is read."""
+    reading = []
+
+    def slow_body(i):
+        async def receive():
+            reading.append(i)
+            await trio.sleep_forever()        # the client is still sending
+        return receive
+
+    inbox, _ = trio.open_memory_channel(16)
+    api = API(inbox=inbox, tokenizer=_Tok(), renderer=None, model_id="tiny", context_length=4096, vocab_size=64,
+              max_tokens_default=16, fingerprint="f" * 16, log=get_logger(), body_bytes=5 << 19)
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            for i in range(3):
+                nursery.start_soon(api, _scope("/v1/chat/completions", 1 << 20), slow_body(i), _Sink())
+            nursery.start_soon(api, _scope("/v1/chat/completions", None), slow_body("chunked"), _Sink())
+            await trio.testing.wait_all_tasks_blocked()
+            assert sorted(map(str, reading)) == ["0", "1"] and api.bodies.free == (5 << 19) - (2 << 20)
+            big = _Sink()
+            await api(_scope("/v1/chat/completions", 3 << 20), slow_body("big"), big)
+            assert big.status == 413 and "big" not in reading
+            nursery.cancel_scope.cancel()
+    assert api.bodies.free == 5 << 19                      # every byte given back

@@ -77,7 +77,7 @@ def _plan(room, model=SMALL, setting=AUTO, slots=None, ck=2 * GIB, source="MemAv
 
 def _parts(p) -> int:
     return (p.dense_bytes + p.expert_bytes + p.margin_bytes + p.request_bytes + p.transient_bytes
-            + p.checkpoint_bytes + p.reply_bytes + p.diagnostic_bytes + p.state_bytes)
+            + p.checkpoint_bytes + p.reply_bytes + p.diagnostic_bytes + p.bodies_bytes + p.state_bytes)
 
 
 def test_the_smallest_room_wins_whichever_source_it_is():
@@ -135,7 +135,7 @@ def test_slots_are_the_shares_that_fit_capped_and_at_least_one():
     big = _plan(64 * GIB)
     assert big.slots == SLOTS_CAP
     p = _plan(3 * GIB)
-    fixed = SMALL.dense + SMALL.experts + p.margin_bytes + p.checkpoint_bytes + p.transient_bytes
+    fixed = SMALL.dense + SMALL.experts + p.margin_bytes + p.checkpoint_bytes + p.transient_bytes + p.bodies_bytes
     assert p.slots == min(SLOTS_CAP, (3 * GIB - fixed) // per) and 1 < p.slots < SLOTS_CAP
     assert f"holds {p.slots} share(s)" in p.slots_reason
     tiny = _plan(600 * MIB, ck=0)
@@ -161,7 +161,7 @@ def test_auto_pages_the_experts_when_they_do_not_fit_and_keeps_one_slot():
     room = 32 * GIB
     p = _plan(room, model=MODEL)
     per = SHARE + STATE_PLAN_TOKENS * 40 + 4 * 4 * COST.vocab
-    fixed = MODEL.dense + p.margin_bytes + p.checkpoint_bytes + p.transient_bytes
+    fixed = MODEL.dense + p.margin_bytes + p.checkpoint_bytes + p.transient_bytes + p.bodies_bytes
     assert p.paged and p.slots == 1 and p.expert_cache_bytes == room - fixed - per
     assert p.expert_bytes == p.expert_cache_bytes and "experts paged" in p.expert_reason
     assert _parts(p) == room
@@ -192,7 +192,7 @@ def test_no_limit_known_means_no_guard_and_one_slot():
 def test_status_shape_has_every_part_and_the_limit():
     st = _plan(16 * GIB, source=V2).as_status()
     assert set(st["parts"]) == {"dense", "experts", "margin", "requests", "transients", "checkpoints", "replies",
-                                "diagnostics", "states"}
+                                "diagnostics", "bodies", "states"}
     assert st["limit_source"].startswith(V2) and st["room_bytes"] == 16 * GIB and st["reason"]
 
 
@@ -229,7 +229,10 @@ def test_per_token_cost_of_v4_flash_is_the_documented_13760_bytes():
 
     cost = StateCost.from_config(resolve_config(hf_config(PRESETS["flash-slice"])))
     assert abs(cost.per_token - 13760) < 16            # ../shared/docs/v4-architecture.md section 3
-    assert cost.resident_at(1000) == int(cost.bytes_at(1000) * STATE_SLACK)
+    assert cost.resident_at(1000) >= int(cost.bytes_at(1000) * STATE_SLACK) + cost.group_bytes()
+    # a live state keeps its window ring and compressor buffers at full size from its first token (issue 40
+    # §3): ~23 MB at V4-Flash width, however short the conversation
+    assert cost.resident_at(1) - cost.bytes_at(1) > 20 << 20
     assert cost.bytes_at(100_000) > cost.bytes_at(10_000) > cost.bytes_at(1)
 
 
@@ -318,3 +321,54 @@ def test_daemon_plans_from_the_model_directory(tiny_model_dir):
     no_plan = Loaded(kernel=None, model=None, tokenizer=None, renderer=None, name="m", fingerprint="f",
                      context_length=4096)
     assert choose_slots(load_settings({"model": "x"}, {}), no_plan).slots == 1
+
+
+# --- what the plan counts against what is measured (issue 40 §3) -------------------------------------------
+
+def _parse_peak(raw: bytes, parse) -> int:
+    import tracemalloc
+
+    from cairn.daemon.api.schemas import parse_json_body
+
+    tracemalloc.start()
+    try:
+        kept = parse(parse_json_body(raw))
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+        del kept
+
+
+def test_a_parsed_request_body_holds_no_more_than_the_plan_counts_for_it():
+    """BODY_PARSE_FACTOR x the raw bytes >= what parsing the usual shapes holds at its peak: a prompt of
+    token ids, a long text, many short messages (each ~1 MB)."""
+    import json
+    import random
+
+    from cairn.daemon.api.schemas import parse_chat, parse_completion
+    from cairn.daemon.service.memory_plan import BODY_PARSE_FACTOR
+
+    rng = random.Random(40)
+    bodies = [
+        (json.dumps({"model": "x", "prompt": [rng.randrange(100_000, 129_000) for _ in range(150_000)]}),
+         lambda d: parse_completion(d, context_length=1 << 20)),
+        (json.dumps({"model": "x", "messages": [{"role": "user", "content": "ab cd " * 200_000}]}), parse_chat),
+        (json.dumps({"model": "x", "messages": [{"role": "user", "content": "a"}] * 50_000}), parse_chat),
+    ]
+    for text, parse in bodies:
+        raw = text.encode()
+        peak = _parse_peak(raw, parse)
+        assert BODY_PARSE_FACTOR * len(raw) >= peak + len(raw), (len(raw), peak)
+
+
+def test_bodies_and_the_verify_journal_are_parts_of_the_plan():
+    from cairn.daemon.service.memory_plan import BODY_MAX, BODY_MIN, BODY_PARSE_FACTOR
+
+    plain = _plan(64 * GIB)
+    spec = plan_memory(limit=LimitSource("MemAvailable", 64 * GIB), weights=ModelBytes(100 << 20, 0), state=COST,
+                       context_length=65536, checkpoint_setting=1 * GIB, journal_bytes=COST.journal_bytes(17))
+    assert BODY_MIN <= plain.body_bytes <= BODY_MAX
+    assert plain.as_status()["parts"]["bodies"] == plain.body_bytes * BODY_PARSE_FACTOR == plain.bodies_bytes
+    assert spec.journal_bytes == COST.journal_bytes(17) > 0
+    assert spec.request_bytes - plain.request_bytes == spec.slots * COST.journal_bytes(17)
+    assert _parts(spec) == 64 * GIB
