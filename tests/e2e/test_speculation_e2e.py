@@ -34,7 +34,8 @@ def loaded(tmp_path_factory):
 
 def _spec_counts(metrics: str) -> dict[str, float]:
     out = {}
-    for name in ("spec_drafts", "spec_draft_tokens", "spec_accepted_tokens", "decode_steps", "decode_tokens"):
+    for name in ("spec_drafts", "spec_draft_tokens", "spec_accepted_tokens", "spec_batched_verify_steps",
+                 "decode_steps", "decode_tokens"):
         m = re.search(rf"^cairn_{name}_total (\S+)$", metrics, re.M)
         out[name] = float(m.group(1))
     return out
@@ -95,6 +96,7 @@ async def test_two_slots_verify_in_one_batch_and_each_reply_is_its_own(loaded, t
     for a, b in zip(alone, both):
         assert _tokens(b) == _tokens(a)
     assert counts["spec_accepted_tokens"] > 0
+    assert counts["spec_batched_verify_steps"] > 0       # drafts of both slots verified in one kernel call
 
 
 async def test_a_grammar_constrained_reply_is_the_same_with_drafts(loaded, tmp_path):
@@ -104,16 +106,19 @@ async def test_a_grammar_constrained_reply_is_the_same_with_drafts(loaded, tmp_p
     msgs = [{"role": "user", "content": "Describe this function as JSON.\n" + CODE[:400]}]
     body = {"model": "cairn-code", "messages": msgs, "max_tokens": 60, "temperature": 0,
             "response_format": {"type": "json_schema", "json_schema": {"name": "d", "schema": schema}}}
-    texts = {}
+    texts, counts = {}, {}
     for mode in ("off", "on"):
         sock = tmp_path / f"g-{mode}.sock"
         with trio.fail_after(120):
             async with daemon(loaded, sock, speculate=mode, checkpoints=False):
                 r = await request(sock, "POST", "/v1/chat/completions", body)
+                counts[mode] = _spec_counts((await request(sock, "GET", "/metrics")).body.decode())
         assert r.status == 200, r.body
         texts[mode] = r.json()["choices"][0]["message"]["content"]
     assert texts["on"] == texts["off"]
     json.loads(texts["on"])
+    assert counts["off"]["spec_drafts"] == 0
+    assert counts["on"]["spec_drafts"] > 0                # drafts were sent (through the grammar) and verified
 
 
 async def test_the_live_state_holds_the_reply_as_plain_decoding_leaves_it(loaded, tmp_path):
