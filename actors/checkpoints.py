@@ -70,7 +70,7 @@ def miss_reason(detail: str | None) -> str:
     for prefix, label in (("no stored prefix matches", "no_match"), ("no stored prefix", "no_stored_prefix"),
                           ("stored prefixes all longer", "longer_than_prompt"),
                           ("live state is as good", "live_state_better"), ("checkpoint of", "not_worth_it"),
-                          ("prompt log-probabilities", "all_logits")):
+                          ("prompt log-probabilities", "all_logits"), ("no memory to restore", "no_memory")):
         if d.startswith(prefix):
             return label
     return "other"
@@ -153,7 +153,7 @@ class Checkpoints:
 
     def plan(self, prompt: np.ndarray, live_tokens, *, hint_tokens: int | None,
              need_all_logits: bool, turn_end_tokens: int | None = None,
-             turn_tokens: int | None = None) -> PrefillPlan:
+             turn_tokens: int | None = None, exclude: frozenset[str] = frozenset()) -> PrefillPlan:
         n = int(prompt.shape[0])
         if need_all_logits:
             return PrefillPlan("fresh", 0, n, None, (), False, "prompt log-probabilities need every position",
@@ -164,7 +164,7 @@ class Checkpoints:
         return plan_prefill(prompt, live_tokens, self.store, hint_tokens=hint_tokens, turn_tokens=turn_tokens,
                             previous_fresh_prompt=self.previous_fresh_prompt, min_tokens=self.min_tokens,
                             tail_guard=self.tail_guard, restore_cost_tokens=self._restore_cost,
-                            turn_end_tokens=turn_end_tokens)
+                            turn_end_tokens=turn_end_tokens, exclude=exclude)
 
     def _restore_cost(self, entry: Entry) -> int:
         if entry.in_memory:
@@ -357,12 +357,13 @@ class Checkpoints:
             self.metrics.checkpoint_captures_skipped.inc(
                 reason="transient_room" if "capture's copy" in reason else "budget")
 
-    def make_room(self, nbytes: int, request_id: str = "", keep_pages=frozenset()) -> int:
+    def make_room(self, nbytes: int, request_id: str = "", keep_pages=frozenset(), spare=()) -> int:
         """Evict checkpoints from memory until ``nbytes`` are freed or none is left to evict (the
         memory guard, for a growing live state). Disk copies stay. ``keep_pages``: the live states'
-        page groups (evicting frees none of them). Returns the bytes freed, those groups not counted."""
+        page groups (evicting frees none of them); ``spare``: ids to keep (the one being restored).
+        Returns the bytes freed, those groups not counted."""
         before = self.store.memory_usage_beside(keep_pages)
-        evictions = self._apply(self.store.evict_memory(nbytes, keep_pages))
+        evictions = self._apply(self.store.evict_memory(nbytes, keep_pages, spare))
         freed = before - self.store.memory_usage_beside(keep_pages)
         if evictions and self.log is not None:
             self.log.info("checkpoint_evict_for_state", request_id=request_id, evicted=len(evictions),

@@ -9,6 +9,7 @@ one kernel thread. `kernel` is injected (the real `cairn._kernel` or a fake).
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -89,6 +90,26 @@ class Engine:
         if self.memory is None or seq.state is None:
             return True
         return self.memory.try_reserve(seq.state, n_tokens, seq.request_id or "")
+
+    def restore_bytes(self, entry) -> int:
+        """What bringing checkpoint `entry` (store.Entry) into a live state holds beside everything the
+        guard counts, until the new state is the slot's: the live state's full-size buffers and tail (its
+        page groups are the snapshot's), and for a disk-only entry the file's bytes read and the snapshot
+        rebuilt from them (twice its size). 0 without a memory plan."""
+        cost = None if self.memory is None else self.memory.plan.state_cost
+        if cost is None:
+            return 0
+        pages = len(entry.mem.pages) * entry.mem.page_nbytes if entry.mem is not None else 0
+        live = max(0, cost.resident_at(entry.n_tokens) - pages)
+        return live + (0 if entry.in_memory else 2 * int(entry.nbytes))
+
+    def hold_room(self, nbytes: int, request_id: str = "", spare: tuple[str, ...] = ()):
+        """A `with` block holding `nbytes` in the memory plan (memory_guard.MemoryGuard.hold; `spare`:
+        checkpoint ids not evicted for it); it yields False when there is no room even after evicting,
+        True (holding nothing) without a plan."""
+        if self.memory is None or nbytes <= 0:
+            return nullcontext(True)
+        return self.memory.hold(nbytes, request_id, spare)
 
     def capture_refusal(self, seq: Sequence) -> tuple[int, str | None]:
         """What a snapshot of `seq`'s state would add to checkpoint memory (its tail and the page groups

@@ -109,11 +109,12 @@ class MemoryGuard:
         return self._room(self._slot_of(state), n_tokens, 0, request_id) is None
 
     @contextmanager
-    def hold(self, nbytes: int, request_id: str = "") -> Iterator[bool]:
+    def hold(self, nbytes: int, request_id: str = "", spare: tuple[str, ...] = ()) -> Iterator[bool]:
         """Room for `nbytes` outside any state or checkpoint for the `with` block (a restore's read
         buffers and copies): yields True and counts them as in use until the block ends, or yields
-        False (no room even after evicting) and holds nothing."""
-        ok = self._room(None, 0, max(0, int(nbytes)), request_id) is None
+        False (no room even after evicting) and holds nothing. `spare`: checkpoint ids not evicted
+        for it (the one being restored)."""
+        ok = self._room(None, 0, max(0, int(nbytes)), request_id, spare) is None
         if ok:
             self.held += max(0, int(nbytes))
         try:
@@ -122,7 +123,8 @@ class MemoryGuard:
             if ok:
                 self.held -= max(0, int(nbytes))
 
-    def _room(self, seq, n_tokens: int, extra: int, request_id: str) -> tuple[str, dict] | None:
+    def _room(self, seq, n_tokens: int, extra: int, request_id: str, spare: tuple[str, ...] = ()
+              ) -> tuple[str, dict] | None:
         """Make room for `seq`'s state to hold n_tokens more and `extra` bytes beside it: None when
         there is, else (message, log fields)."""
         pool = self.plan.pool_bytes
@@ -146,7 +148,8 @@ class MemoryGuard:
         # Checkpoints first, until there is room by this exact count or none is left: a checkpoint's
         # pages that a live state also holds free nothing, so the store is told which those are.
         while over > 0:
-            got = self.engine.checkpoints.make_room(over, request_id, keep_pages=self._live_pages(live))
+            got = self.engine.checkpoints.make_room(over, request_id, keep_pages=self._live_pages(live),
+                                                    spare=spare)
             if got <= 0:
                 break
             freed += got

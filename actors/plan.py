@@ -90,7 +90,7 @@ def plan_prefill(prompt: Sequence[int] | np.ndarray, live_tokens: Sequence[int] 
                  previous_fresh_prompt: Sequence[int] | np.ndarray | None = None,
                  min_tokens: int = 512, tail_guard: int = 8,
                  restore_cost_tokens: int | Callable[[Entry], int] = 64,
-                 turn_end_tokens: int | None = None) -> PrefillPlan:
+                 turn_end_tokens: int | None = None, exclude: frozenset[str] = frozenset()) -> PrefillPlan:
     """Decide how to bring the state to ``prompt`` (see the module notes).
 
     ``live_tokens``: the ids the live state holds (None or empty: no live state).
@@ -98,7 +98,8 @@ def plan_prefill(prompt: Sequence[int] | np.ndarray, live_tokens: Sequence[int] 
     the prompt's first ids. ``turn_tokens``: where the last user message starts (turns.py), captured
     as a "common" prefix. ``previous_fresh_prompt``: the last prompt whose plan was not
     "reuse_live" (the caller keeps it: set it to ``prompt`` unless this plan reuses the live state). ``restore_cost_tokens``: what a restore costs, in prefill tokens, as a number
-    or as a function of the entry (e.g. more for a disk-only entry).
+    or as a function of the entry (e.g. more for a disk-only entry). ``exclude``: ids of entries not to
+    restore this time (the memory plan had no room to bring one in): a shorter one may be.
     """
     ids = as_tokens(prompt)
     n = int(ids.shape[0])
@@ -120,9 +121,11 @@ def plan_prefill(prompt: Sequence[int] | np.ndarray, live_tokens: Sequence[int] 
             live_miss = f"live state diverges at token {k}"
 
     # The store.
-    entry = store.longest_prefix(ids, strict=False)
+    entry = next((e for e in store.prefixes_of(ids) if e.id not in exclude), None)
     store_miss = None
-    if entry is None:
+    if entry is None and exclude and any(e.id in exclude for e in store.prefixes_of(ids)):
+        store_miss = "no memory to restore the stored prefix now"
+    elif entry is None:
         if not len(store):
             store_miss = "no stored prefix"
         elif _any_extends(store.entries(), ids):

@@ -20,6 +20,8 @@ consistent.
 
 from __future__ import annotations
 
+from contextlib import ExitStack
+
 import numpy as np
 import trio
 
@@ -85,33 +87,50 @@ async def _prepare(engine: Engine, seq: Sequence, submit, ids: np.ndarray, log):
     warning and the request is planned again (a shorter checkpoint, the live state, or fresh)."""
     ck = engine.checkpoints
     await ck.refresh_before_plan()   # a shared disk tier: a fresh listing if the mount answers at once
+    no_room: frozenset[str] = frozenset()   # checkpoints the memory plan had no room to bring in now
     for _ in range(4):
         live = seq.state
         live_tokens = None
-        if live is not None and live.last_logits is not None:
+        if live is not None and seq.figures.has_logits:
             live_tokens = np.asarray(live.tokens, dtype=np.int32)
         plan = ck.plan(ids, live_tokens, hint_tokens=submit.hint_tokens, turn_tokens=submit.turn_tokens,
-                       need_all_logits=submit.prompt_logprobs, turn_end_tokens=submit.turn_end_tokens)
+                       need_all_logits=submit.prompt_logprobs, turn_end_tokens=submit.turn_end_tokens,
+                       exclude=no_room)
         if plan.action == "reuse_live":
             ck.note_plan(plan, ids, submit.request_id)
             return plan, live
         if plan.action == "fresh":
             ck.note_plan(plan, ids, submit.request_id)
             return plan, engine.new_state(seq)
-        snap, tier = await ck.snapshot_for(plan.restore_id, submit.request_id)
-        if snap is None:
-            continue
-        try:
-            state = await engine.run(prefill_priority(seq.tokens_left()), engine.kernel.State.restore,
-                                     engine.model, snap)
-        except ValueError as e:   # KernelError: the kernel refused the snapshot (model, page layout)
-            entry = ck.store.get(plan.restore_id)
-            if entry is not None:
-                await ck.drop_bad(entry, f"kernel refused the snapshot: {e}", submit.request_id)
-            continue
-        if not await ck.check_restored(plan.restore_id, state.tokens, ids[:plan.start], submit.request_id):
-            continue   # a planted or stale file: never let it change the answer
-        seq.state = state
+        entry = ck.store.get(plan.restore_id)
+        need = 0 if entry is None else engine.restore_bytes(entry)
+        # The read (disk), the rebuilt snapshot and the new live state all exist before the guard counts
+        # them as a checkpoint and a state: room for them is held first, or the restore is not tried.
+        with ExitStack() as held:
+            room = held.enter_context(engine.hold_room(need, submit.request_id, spare=(plan.restore_id,)))
+            if not room and seq.state is not None:
+                # the live state the checkpoint would replace: its memory goes first, then ask again
+                engine.discard(seq)
+                room = held.enter_context(engine.hold_room(need, submit.request_id, spare=(plan.restore_id,)))
+            if not room:
+                log.info("checkpoint_restore_skipped", request_id=submit.request_id, id=plan.restore_id,
+                         tokens=plan.start, bytes=need, reason="no room in the memory plan to bring it in")
+                no_room |= {plan.restore_id}
+                continue
+            snap, tier = await ck.snapshot_for(plan.restore_id, submit.request_id)
+            if snap is None:
+                continue
+            try:
+                state = await engine.run(prefill_priority(seq.tokens_left()), engine.kernel.State.restore,
+                                         engine.model, snap)
+            except ValueError as e:   # KernelError: the kernel refused the snapshot (model, page layout)
+                entry = ck.store.get(plan.restore_id)
+                if entry is not None:
+                    await ck.drop_bad(entry, f"kernel refused the snapshot: {e}", submit.request_id)
+                continue
+            if not await ck.check_restored(plan.restore_id, state.tokens, ids[:plan.start], submit.request_id):
+                continue   # a planted or stale file: never let it change the answer
+            seq.state = state
         ck.note_plan(plan, ids, submit.request_id)
         ck.hit(plan.restore_id, tier, submit.request_id, len(ids))
         return plan, state

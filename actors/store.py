@@ -405,13 +405,14 @@ class CheckpointStore:
         e.disk_pages = ()
         return e.id not in self._by_id, self.orphan_pages(pages)
 
-    def evict_memory(self, nbytes: int, keep_pages: Collection[int] = ()) -> list[Eviction]:
+    def evict_memory(self, nbytes: int, keep_pages: Collection[int] = (), spare: Collection[str] = ()
+                     ) -> list[Eviction]:
         """Free at least ``nbytes`` of the memory tier if it can (a growing live state needs them; the
         memory guard): snapshots leave in the eviction order above, the protected entry last. Snapshots queued
         for the writer free nothing until written, so they stay. ``keep_pages``: page groups held outside
         the store (the live states'): they stay in memory whoever drops them, so they count as nothing
         freed — evicting a checkpoint that shares its groups with a live state frees only its tail.
-        Returns what was evicted."""
+        ``spare``: ids never evicted here (the checkpoint being restored). Returns what was evicted."""
         members = [e for e in self._by_id.values() if e.in_memory]
         protected = self._protected(members)
         ordinary = sorted((e for e in members if e is not protected),
@@ -422,7 +423,7 @@ class CheckpointStore:
         for victim in ordinary + ([protected] if protected is not None else []):
             if start - self.memory_usage_beside(keep) >= nbytes:
                 break
-            if victim.id in self._held:
+            if victim.id in self._held or victim.id in spare:
                 continue
             self.remove(victim.id, "memory")
             evicted.append(Eviction(victim, "memory", victim.id not in self._by_id))

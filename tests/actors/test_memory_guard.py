@@ -240,3 +240,48 @@ def test_evicting_goes_on_until_there_is_room_when_older_checkpoints_share_the_l
     engine.room_for(seq, 100)                                      # no MemoryExceeded
     assert ck.store.stats().memory_entries == 0 and guard.refused == 0
     assert guard._in_use(guard._live(), seq, 1100) == resident(1100) <= 120_000
+
+
+async def test_a_restore_without_room_in_the_plan_is_skipped_and_the_request_prefills():
+    """Issue 40 §3: bringing a checkpoint in (the new live state; from disk also the file read and the
+    snapshot rebuilt from it: twice its size) holds room in the plan first, evicting other checkpoints
+    (never the one restored) and, if that is not enough, the live state it would replace. Without room
+    even then, the restore is not tried and the request is planned again: it prefills fresh."""
+    from types import SimpleNamespace
+
+    from structlog import get_logger
+
+    from cairn.actors.prefill import _prepare
+
+    ids = np.arange(3, 903, dtype=np.int32)
+    submit = SimpleNamespace(request_id="r", hint_tokens=None, turn_tokens=None, prompt_logprobs=False,
+                             turn_end_tokens=None)
+    model = fake_kernel.Model(vocab_size=VOCAB)
+    src = fake_kernel.State(model)
+    fake_kernel.prefill(src, ids[:600])
+    resident = FAKE_COST.resident_at
+    outcomes = {}
+    for pool in (55_000, 100_000):
+        ck = Checkpoints(max_slots=8, max_bytes=1 << 20)
+        ck.capture(ids[:600], "prompt_end", src.snapshot(), "r0")                        # the one to restore
+        ck.capture(np.full(700, 1, dtype=np.int32), "prompt_end", b"o" * 30_000, "r1")   # newer, but evictable
+        engine = Engine(fake_kernel, model, None, 65536, checkpoints=ck)
+        guard = engine.memory = MemoryGuard(fake_plan(states=pool - 50_000, checkpoints=50_000), engine)
+        seq = engine.slots[0]
+        seq.request_id = "r"
+        old = engine.new_state(seq)
+        fake_kernel.prefill(old, np.full(300, 2, dtype=np.int32))      # a live state the checkpoint beats
+        seq.publish()
+        with capture_logs() as events:
+            plan, state = await _prepare(engine, seq, submit, ids, get_logger())
+        skipped = [e for e in events if e["event"] == "checkpoint_restore_skipped"]
+        outcomes[pool] = (plan.action, len(skipped), seq.state is state, int(state.n_tokens),
+                          ck.store.contains(ids[:600]), ck.store.stats().memory_entries)
+        assert guard.held == 0                                          # the hold was let go
+    need = resident(600)                                                # the new live state
+    snap = len(src.snapshot())
+    assert need + snap > 55_000 and resident(300) + need + snap + 30_000 > 100_000 >= need + snap + resident(300)
+    # no room even with the other checkpoint and the old live state gone: planned again, fresh
+    assert outcomes[55_000] == ("fresh", 1, True, 0, True, 1)
+    # room once the other checkpoint is evicted (the restored one is spared): restored, 600 tokens
+    assert outcomes[100_000] == ("restore", 0, True, 600, True, 1)
