@@ -46,7 +46,7 @@ from .disk_format import (KINDS as DISK_KINDS, SUFFIX, CheckpointFileError, Head
                           header_size, prefix_hash, read_header)
 from .messages import FlushRecency, WriteCheckpoint
 from .plan import PrefillPlan, common_prefix_len, plan_prefill
-from .store import CheckpointStore, Entry, Eviction, footprint
+from .store import CheckpointStore, Entry, Eviction, Footprint, footprint
 from .write_backoff import WriteBackoff
 
 METRIC_TIER = {"memory": "ram", "disk": "disk"}   # the metric label values (daemon/service/metrics.py)
@@ -338,14 +338,25 @@ class Checkpoints:
         held = self.store.memory_pages() if self.share_pages else set()
         return int(state.tail_nbytes) + int(state.page_nbytes) * sum(1 for p in pages if p not in held)
 
-    def capture_refusal(self, nbytes: int) -> str | None:
+    def capture_refusal(self, nbytes: int, figures=None, kind: str = "prompt_end") -> str | None:
         """Why a snapshot adding ``nbytes`` would not be kept by the store (None: it could be):
-        checked before the snapshot is taken, so a capture that could not be kept is never copied."""
+        checked before the snapshot is taken, so a capture that could not be kept is never copied.
+        ``figures`` (sequence.StateFigures of the state): also refused when the store would drop it at
+        once, not fitting beside the protected checkpoint and the snapshots queued for the writer."""
         if not self.enabled or self.store.max_slots == 0:
             return "checkpoints off"
         if nbytes > self.store.max_bytes:
             return (f"snapshot of {nbytes} bytes is larger than the checkpoint memory budget "
                     f"({self.store.max_bytes} bytes)")
+        if figures is not None:
+            if self.share_pages:
+                fp = Footprint(figures.tail_nbytes, tuple(figures.page_ids), figures.page_nbytes)
+            else:
+                fp = Footprint(figures.tail_nbytes + len(figures.page_ids) * figures.page_nbytes)
+            if not self.store.would_keep(fp, kind, figures.n_tokens):
+                return (f"snapshot of {fp.nbytes} bytes would not fit the checkpoint memory budget "
+                        f"({self.store.max_bytes} bytes) beside the protected checkpoint and those queued for "
+                        "the disk writer")
         return None
 
     def skip_capture(self, tokens: np.ndarray, kind: str, nbytes: int, reason: str, request_id: str) -> None:

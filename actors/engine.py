@@ -111,13 +111,13 @@ class Engine:
             return nullcontext(True)
         return self.memory.hold(nbytes, request_id, spare)
 
-    def capture_refusal(self, seq: Sequence) -> tuple[int, str | None]:
+    def capture_refusal(self, seq: Sequence, kind: str = "prompt_end") -> tuple[int, str | None]:
         """What a snapshot of `seq`'s state would add to checkpoint memory (its tail and the page groups
         the store does not hold yet) and why it must not be taken (None: take it): the checkpoint
         store could not keep it, or the memory plan has no room for the copy. From its figures."""
         fig = seq.figures
         nbytes = self.checkpoints.capture_bytes(fig)
-        why = self.checkpoints.capture_refusal(nbytes)
+        why = self.checkpoints.capture_refusal(nbytes, fig, kind)
         if why is None and self.memory is not None:   # the copy itself: the tail (every group when unshared)
             copied = fig.tail_nbytes + (0 if self.checkpoints.share_pages else len(fig.page_ids) * fig.page_nbytes)
             why = self.memory.capture_refusal(copied)

@@ -159,7 +159,7 @@ async def _capture(engine: Engine, seq: Sequence, state, ids: np.ndarray, kind: 
     not at all when the store could not keep it or the memory plan has no room for the copy. A snapshot
     copies the state's tail and shares its page groups (the state copies a shared group before writing it).
     `priority`: the kernel gate's (a prefill's by its tokens left, unless given)."""
-    nbytes, why = engine.capture_refusal(seq)
+    nbytes, why = engine.capture_refusal(seq, kind)
     if why is not None:
         engine.checkpoints.skip_capture(ids, kind, nbytes, why, submit.request_id)
         return

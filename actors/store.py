@@ -320,6 +320,22 @@ class CheckpointStore:
             return True
         return self._usage(self._resident() + [footprint(snapshot)]) <= self.max_bytes
 
+    def would_keep(self, fp: Footprint, kind: Kind, n_tokens: int) -> bool:
+        """Would ``put`` keep a new entry of this footprint in memory? It is refused when it does not fit
+        beside what eviction cannot remove first: the protected entry (unless the new one would take
+        the protection over) and snapshots queued for the writer. Asked before a capture is taken."""
+        if self.max_slots == 0 or fp.nbytes > self.max_bytes:
+            return False
+        members = [e for e in self._by_id.values() if e.in_memory]
+        new = Entry("", np.zeros(int(n_tokens), dtype=np.int32), kind, True, fp.nbytes, mem=fp,
+                    created=float("inf"), last_used=float("inf"))
+        protected = self._protected(members + [new])
+        stay = [e for e in members if e is protected or e.id in self._held]
+        if len([e for e in stay if e is protected]) + 1 > self.max_slots:
+            return False
+        resident = [e.mem for e in stay] + [h for i, h in self._held.items() if not self._in_memory(i)]
+        return self._usage(resident + [fp]) <= self.max_bytes
+
     def hold(self, entry_id: str, snapshot: Any) -> None:
         self._held[entry_id] = footprint(snapshot)
         self._mem_cache = None

@@ -285,3 +285,24 @@ async def test_a_restore_without_room_in_the_plan_is_skipped_and_the_request_pre
     assert outcomes[55_000] == ("fresh", 1, True, 0, True, 1)
     # room once the other checkpoint is evicted (the restored one is spared): restored, 600 tokens
     assert outcomes[100_000] == ("restore", 0, True, 600, True, 1)
+
+
+def test_a_capture_the_store_would_drop_beside_its_protected_entry_is_refused_before_the_snapshot():
+    """Issue 40 §3: the store keeps its protected system prefix and refuses a newcomer that does not fit
+    beside it; the capture is refused before the snapshot is taken (and holds the kernel gate), not
+    taken and then dropped. The same state is captured when the protected entry leaves room."""
+    model = fake_kernel.Model(vocab_size=VOCAB)
+    for system_bytes, refused in ((990_000, True), (900_000, False)):
+        ck = Checkpoints(max_slots=4, max_bytes=1_000_000)
+        ck.capture(np.full(800, 5, dtype=np.int32), "system", b"s" * system_bytes, "r0")
+        engine = Engine(fake_kernel, model, None, 65536, checkpoints=ck)
+        seq = engine.slots[0]
+        fake_kernel.prefill(engine.new_state(seq), np.ones(600, dtype=np.int32))
+        seq.publish()
+        nbytes, why = engine.capture_refusal(seq, "prompt_end")
+        assert nbytes == seq.figures.tail_nbytes and (why is not None) == refused, (system_bytes, why)
+        if refused:
+            assert "beside the protected checkpoint" in why
+        # what put does with a snapshot of that size agrees
+        ck.capture(np.ones(600, dtype=np.int32), "prompt_end", b"t" * nbytes, "r1")
+        assert ck.store.contains(np.ones(600, dtype=np.int32)) == (not refused)

@@ -280,3 +280,43 @@ def test_disk_pages_are_freed_when_their_last_checkpoint_leaves():
     evs = small.put_disk(toks(2), "prompt_end", 2000, 300, pages=[("p2.page", 1000), ("p3.page", 1000)])
     assert [(e.entry.n_tokens, e.pages_freed) for e in evs] == [(1, ("p0.page", "p1.page"))]
     assert small.disk_usage() == 2300
+
+
+class _Paged:
+    """A snapshot footprint with shared page groups (what footprint() reads of a kernel Snapshot)."""
+
+    def __init__(self, own: int, pages, page_nbytes: int = 1000) -> None:
+        self.own_nbytes, self.page_ids, self.page_nbytes = own, list(pages), page_nbytes
+
+
+def test_would_keep_predicts_whether_put_keeps_the_new_entry():
+    """Issue 40 §3: a capture the store would drop at once (no room beside the protected entry and the
+    queued snapshots) is refused before it is taken: `would_keep` says exactly what `put` then does
+    (random stores: kinds, sizes, shared pages, queued snapshots, slot limits)."""
+    from cairn.actors.store import footprint
+
+    rng = np.random.default_rng(40)
+    kinds = ("system", "common", "prompt_end", "reply_end")
+    seen = {True: 0, False: 0}
+    for trial in range(400):
+        s = CheckpointStore(max_slots=int(rng.integers(1, 5)), max_bytes=int(rng.integers(2, 12)) * 1000)
+        for i in range(int(rng.integers(0, 5))):
+            tokens = [int(trial), i] + [7] * int(rng.integers(1, 40))
+            pages = [int(p) for p in rng.choice(12, size=int(rng.integers(0, 4)), replace=False)]
+            snap = _Paged(int(rng.integers(100, 3000)), pages)
+            s.put(tokens, kinds[int(rng.integers(0, 4))], snap)
+            if s.contains(tokens) and rng.random() < 0.25:
+                s.hold(prefix_hash(tokens), snap)             # queued for the disk writer
+        for _ in range(int(rng.integers(0, 3))):
+            s.record_prompt([int(trial), 0] + [7] * 40)
+        kind = kinds[int(rng.integers(0, 4))]
+        tokens = [int(trial), 99] + [7] * int(rng.integers(1, 60))
+        pages = [int(p) for p in rng.choice(12, size=int(rng.integers(0, 4)), replace=False)]
+        snap = _Paged(int(rng.integers(100, 5000)), pages)
+        predicted = s.would_keep(footprint(snap), kind, len(tokens))
+        s.put(tokens, kind, snap)
+        e = s.get(prefix_hash(tokens))
+        kept = e is not None and e.in_memory
+        assert predicted == kept, (trial, kind, predicted, kept)
+        seen[kept] += 1
+    assert min(seen.values()) > 50                           # both outcomes were exercised
