@@ -97,6 +97,7 @@ def plan_for(settings: Settings, md, limit=None, *, probe: bool = True):
     measured now, before the load (`limit`: a memory_plan.LimitSource, for tests; with `probe` False
     and no limit: unknown)."""
     from cairn.actors.prefill import ALL_LOGITS_BUDGET
+    from cairn.actors.drafts import LOOKUP_BYTES_PER_TOKEN
     from cairn.actors.speculation import MAX_DRAFT
 
     from .memory_plan import (DIAGNOSTIC_IDS_BYTES, REPLY_IDS_BYTES, StateCost, parse_expert_cache, plan_memory,
@@ -113,7 +114,8 @@ def plan_for(settings: Settings, md, limit=None, *, probe: bool = True):
     except (KeyError, TypeError, ValueError):
         cost = None
     # with speculation, each slot's state keeps one verify's undo journal until its next call
-    journal = cost.journal_bytes(1 + MAX_DRAFT) if cost is not None and settings.speculate == "on" else 0
+    speculate = settings.speculate == "on"
+    journal = cost.journal_bytes(1 + MAX_DRAFT) if cost is not None and speculate else 0
     try:   # the kernel's least budget: one decode step's experts (k slots of one expert each)
         n_keys = len(cfg["layer_types"]) * int(cfg["n_routed_experts"])
         min_budget = int(cfg["num_experts_per_tok"]) * -(-weights.experts // max(1, n_keys))
@@ -127,7 +129,8 @@ def plan_for(settings: Settings, md, limit=None, *, probe: bool = True):
                        expert_setting=setting, slots_setting=settings.slots,
                        checkpoint_setting=(settings.checkpoint_memory_mb << 20) if settings.checkpoints else 0,
                        logits_block_bytes=block, min_expert_budget=min_budget, reply_bytes=REPLY_IDS_BYTES,
-                       diagnostic_bytes=DIAGNOSTIC_IDS_BYTES, journal_bytes=journal)
+                       diagnostic_bytes=DIAGNOSTIC_IDS_BYTES, journal_bytes=journal,
+                       lookup_bytes_per_token=LOOKUP_BYTES_PER_TOKEN if speculate else 0)
 
 
 def expert_cache_info(model) -> dict | None:

@@ -11,7 +11,8 @@ numbers in; nothing here touches the system. The plan has these parts, in bytes:
     margin      kernel scratch, Python, the rest of the system: MARGIN_FRACTION of the room, >= MARGIN_MIN
     requests    per slot: the prompt's ids, a few logits rows and, with speculation, one verify's undo
                 journal (StateCost.journal_bytes of 1 + the longest draft: ~1 MB a token at V4-Flash width,
-                kept in the state until its next call); plus one all-logits block (prompt
+                kept in the state until its next call) and its prompt-lookup table (drafts.py, 8 bytes a
+                token); plus one all-logits block (prompt
                 log-probabilities; kernel calls run one at a time, so one block at most)
     bodies      request bodies being read and parsed at once: the HTTP edge admits `body_bytes` of them
                 at a time (daemon/api/app.py), counted BODY_PARSE_FACTOR times (the raw bytes and what
@@ -402,17 +403,19 @@ def plan_memory(*, limit: LimitSource | None, weights: ModelBytes, state: StateC
                 expert_setting: ExpertCacheSetting = ExpertCacheSetting("auto"), slots_setting: int | None = None,
                 checkpoint_setting: int = 0, logits_block_bytes: int = 0,
                 min_expert_budget: int = 0, reply_bytes: int = 0, diagnostic_bytes: int = 0,
-                journal_bytes: int = 0) -> MemoryPlan:
+                journal_bytes: int = 0, lookup_bytes_per_token: int = 0) -> MemoryPlan:
     """The plan (see the module notes). `checkpoint_setting`: the configured checkpoint budget in
     bytes (0: checkpoints off); `logits_block_bytes`: one all-logits prefill block; `min_expert_budget`:
     the kernel's least expert budget (an explicit smaller size is passed on; its error names it);
     `reply_bytes`: the reply table's bound; `diagnostic_bytes`: the cache diagnostics' bound;
-    `journal_bytes`: one verify's undo journal, per slot (0: speculation off)."""
+    `journal_bytes`: one verify's undo journal, per slot (0: speculation off); `lookup_bytes_per_token`:
+    the prompt-lookup table's bytes a token (actors/drafts.py; 0: speculation off)."""
     share_tokens = plan_state_tokens(context_length)
     share = state.resident_at(share_tokens) if state is not None else 0
     per_token = state.per_token if state is not None else 0
     vocab = state.vocab if state is not None else 0
-    per_request = share_tokens * PROMPT_BYTES_PER_TOKEN + LOGITS_ROWS * 4 * vocab + max(0, int(journal_bytes))
+    per_request = (share_tokens * (PROMPT_BYTES_PER_TOKEN + max(0, int(lookup_bytes_per_token)))
+                   + LOGITS_ROWS * 4 * vocab + max(0, int(journal_bytes)))
     share_blob = state.bytes_at(share_tokens) if state is not None else 0
     room = limit.room if limit is not None else None
     where = limit.describe() if limit is not None else "no limit known"

@@ -372,3 +372,29 @@ def test_bodies_and_the_verify_journal_are_parts_of_the_plan():
     assert spec.journal_bytes == COST.journal_bytes(17) > 0
     assert spec.request_bytes - plain.request_bytes == spec.slots * COST.journal_bytes(17)
     assert _parts(spec) == 64 * GIB
+
+
+def test_a_prompt_lookup_table_holds_no_more_than_the_plan_counts_for_it():
+    """Issue 40 §3: the drafts' lookup over a 20k-token prompt and a reply (measured ~416 bytes a token
+    as dicts of n-gram tuples) holds at most LOOKUP_BYTES_PER_TOKEN a token, and the plan counts that per
+    slot at its share of tokens when speculation is on."""
+    import tracemalloc
+
+    from cairn.actors.drafts import LOOKUP_BYTES_PER_TOKEN, PromptLookup
+
+    rng = np.random.default_rng(3)
+    prompt = tuple(int(t) for t in rng.integers(0, 129_000, 20_000))
+    tracemalloc.start()
+    try:
+        lookup = PromptLookup(prompt)
+        for t in rng.integers(0, 129_000, 3_000):          # a reply, token by token
+            lookup.append(int(t))
+            lookup.draft(16)
+        held = tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+    assert len(lookup) == 23_000
+    assert LOOKUP_BYTES_PER_TOKEN * 23_000 >= held, held
+    plain = _plan(64 * GIB)
+    spec = _plan(64 * GIB, lookup_bytes_per_token=LOOKUP_BYTES_PER_TOKEN)
+    assert spec.request_bytes - plain.request_bytes == spec.slots * LOOKUP_BYTES_PER_TOKEN * spec.share_tokens

@@ -30,7 +30,7 @@ def test_bulk_extend_builds_what_appending_one_by_one_builds():
     bulk = PromptLookup(seq[:7])
     for a, b in [(7, 8), (8, 100), (100, 101), (101, 300)]:
         bulk.extend(seq[a:b])
-    assert bulk.tokens == one.tokens and bulk._next == one._next
+    assert bulk.tokens == one.tokens and bulk.draft(8) == one.draft(8)
 
 
 def test_the_longest_suffix_wins_and_the_latest_occurrence_of_it():
