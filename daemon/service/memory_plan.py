@@ -54,6 +54,7 @@ STATE_PLAN_TOKENS = 32768     # a slot's share: its state at this many tokens (o
 CHECKPOINT_SHARE = 0.25       # checkpoints take at most this share of what the weights and margin leave
 PROMPT_BYTES_PER_TOKEN = 40   # a prompt as the Python tuple of ints a request carries (and its numpy copy)
 LOGITS_ROWS = 4               # [V] float32 rows a request holds at once (last logits, shaped, log-probs)
+BOOKKEEPING_PER_LAYER = 512  # a State's LayerState (vectors' headers, compressor fields) and its allocations
 STATE_SLACK = 1.25            # a growing std::vector holds more than its size; measured RSS <= 1.0 x nbytes
 # The reply table's bound: 4 bytes a generated id, ~4M ids (an agent's every reply of hundreds of turns,
 # of several conversations); not worth a setting.
@@ -198,6 +199,11 @@ class StateCost:
                 floats += _comp_floats(self.hca_rate, self.head_dim, False, n)
         return 4 * floats + 4 * n + 4 * self.vocab
 
+    def snapshot_bytes_at(self, n_tokens: int) -> int:
+        """What a checkpoint of n tokens holds in memory: bytes_at, its last page group whole, and the
+        kernel's bookkeeping (a LayerState a layer, a pointer a group: BOOKKEEPING_PER_LAYER covers it)."""
+        return self.bytes_at(n_tokens) + self.group_bytes() + BOOKKEEPING_PER_LAYER * len(self.layer_types)
+
     def _fixed_floats(self) -> int:
         """Floats of a live state's full-size buffers, whatever its tokens: every layer's window ring
         (W-1 rows) and each compressor's raw buffers (and CSA overlap) at full size."""
@@ -230,7 +236,8 @@ class StateCost:
         V4-Flash width), and its last page group allocated whole."""
         n = max(0, int(n_tokens))
         unused = 4 * max(0, self._fixed_floats() - self._buffer_floats(n))   # full-size buffers past the prefixes
-        return int(self.bytes_at(n) * STATE_SLACK) + unused + self.group_bytes()
+        return (int(self.bytes_at(n) * STATE_SLACK) + unused + self.group_bytes()
+                + BOOKKEEPING_PER_LAYER * len(self.layer_types))
 
     def _buffer_floats(self, n: int) -> int:
         """Floats of the used prefixes of the windows and compressor buffers at n tokens."""
@@ -416,7 +423,7 @@ def plan_memory(*, limit: LimitSource | None, weights: ModelBytes, state: StateC
     vocab = state.vocab if state is not None else 0
     per_request = (share_tokens * (PROMPT_BYTES_PER_TOKEN + max(0, int(lookup_bytes_per_token)))
                    + LOGITS_ROWS * 4 * vocab + max(0, int(journal_bytes)))
-    share_blob = state.bytes_at(share_tokens) if state is not None else 0
+    share_blob = state.snapshot_bytes_at(share_tokens) if state is not None else 0
     room = limit.room if limit is not None else None
     where = limit.describe() if limit is not None else "no limit known"
     experts = weights.experts

@@ -102,7 +102,7 @@ def test_every_part_adds_up_to_the_room_and_the_pool_is_states_plus_checkpoints(
         assert _parts(p) == room, room
         assert p.pool_bytes == p.state_bytes + p.checkpoint_bytes
         assert p.margin_bytes == max(MARGIN_MIN, int(room * 0.05))
-        assert p.transient_bytes == min(COST.bytes_at(STATE_PLAN_TOKENS), p.checkpoint_bytes)
+        assert p.transient_bytes == min(COST.snapshot_bytes_at(STATE_PLAN_TOKENS), p.checkpoint_bytes)
         assert p.state_share_bytes == SHARE and p.share_tokens == STATE_PLAN_TOKENS
         assert p.per_token_bytes == COST.per_token
         for word in ("dense", "experts", "margin", "requests", "transients", "checkpoints", "states"):
