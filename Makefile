@@ -14,7 +14,7 @@ CLIENTS := $(VENV)/.cairn-clients
 AIDER_VERSION := 0.86.2
 NATIVE := $(shell find native -type f \( -name '*.cpp' -o -name '*.h' -o -name 'CMakeLists.txt' \) 2>/dev/null)
 
-.PHONY: install clients serve test demo bench model clean
+.PHONY: install clients serve test demo bench model clean sanitize
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -69,3 +69,24 @@ test: install $(CLIENTS)
 
 clean:
 	rm -rf build $(VENV) .pytest_cache
+
+# The kernel under AddressSanitizer + UndefinedBehaviorSanitizer: one level (the best this CPU runs),
+# built in build/asan and loaded instead of the installed module (CAIRN_KERNEL_DIR, cairn/_kernel.py),
+# then the native tests and daemon e2e runs under load against it. A report stops the run
+# (halt_on_error) and is printed from build/asan/report.<pid> (pytest's capture would swallow it);
+# Python's own allocations leak by design, so leak checking is off.
+SAN_DIR   := build/asan
+# (test_isa_paths builds its own programs and loads no kernel module: nothing to sanitize there)
+SAN_TESTS ?= tests/native --ignore=tests/native/test_isa_paths.py tests/e2e/test_status_under_load.py tests/e2e/test_slots_e2e.py
+SAN_ENV    = CAIRN_KERNEL_DIR=$(abspath $(SAN_DIR)) \
+             LD_PRELOAD="$$(c++ -print-file-name=libasan.so) $$(c++ -print-file-name=libubsan.so)" \
+             ASAN_OPTIONS=detect_leaks=0:abort_on_error=1:halt_on_error=1:log_path=$(abspath $(SAN_DIR))/report \
+             UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1:log_path=$(abspath $(SAN_DIR))/report
+
+sanitize: install
+	isa=$$($(PY) -c 'from cairn.isa import cpu_flags, runnable; print(runnable(cpu_flags())[0])') && \
+	$(VENV)/bin/cmake -S native -B $(SAN_DIR) -G Ninja -DCAIRN_SANITIZE=ON -DCAIRN_ISAS=$$isa \
+	  -DPython_EXECUTABLE=$(abspath $(PY)) -Dpybind11_DIR=$$($(PY) -c 'import pybind11; print(pybind11.get_cmake_dir())') && \
+	PATH=$(abspath $(VENV)/bin):$$PATH $(VENV)/bin/cmake --build $(SAN_DIR) --target _kernel_$$isa
+	rm -f $(SAN_DIR)/report.*
+	$(SAN_ENV) $(PY) -m pytest -q -p no:cacheprovider $(SAN_TESTS) || { cat $(SAN_DIR)/report.* 2>/dev/null; exit 1; }

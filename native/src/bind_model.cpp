@@ -232,8 +232,12 @@ struct Loader {
     check_shape(name, a, want);
     py::array_t<int64_t, py::array::c_style | py::array::forcecast> c(a);
     std::vector<int32_t> out(c.size());
+    // a view of a safetensors file may sit at any offset: read each value as bytes (an unaligned
+    // int64 load is undefined behaviour; UBSan reports it, `make sanitize`)
+    const char* raw = (const char*)c.data();
     for (py::ssize_t i = 0; i < c.size(); ++i) {
-      int64_t v = c.data()[i];
+      int64_t v;
+      std::memcpy(&v, raw + (size_t)i * sizeof v, sizeof v);
       if (v < 0 || v >= lim) throw py::value_error("weight '" + name + "' holds out-of-range value " + std::to_string(v));
       out[i] = (int32_t)v;
     }
