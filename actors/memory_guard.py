@@ -9,9 +9,14 @@ Design notes.
    included) and compares with the pool. Live states and checkpoints share page groups
    (docs/prefill.md "Pages"): a group is counted once, whoever holds it — each state's page groups
    are replaced in its figure by the union of every holder's groups.
+ * States are read only through their slot's published figures (sequence.StateFigures, set at the
+   end of each kernel call): another slot's call may be writing a state right now.
  * Over the pool, room is made in this order: checkpoints leave memory (the store's eviction order:
-   prompt-end captures first, the protected system prefix last), then idle slots' live states (a
-   cache of a finished conversation, rebuilt by a prefill). If that is still not enough the request
+   prompt-end captures first, the protected system prefix last) until this count has room or none is
+   left — the store is told which page groups live states hold, so a checkpoint sharing them with a
+   live state frees only its tail — then idle slots' live states (a cache of a finished
+   conversation, rebuilt by a prefill). `try_reserve` makes room the same way but answers False
+   (a draft is optional); `hold` keeps bytes outside any state for a `with` block (a restore). If that is still not enough the request
    ends with `MemoryExceeded` (lifecycle.py turns it into an HTTP 507 `insufficient_memory` reply);
    the other requests go on and the OOM killer never has to choose.
  * A capture is refused before the snapshot is taken when its blob could not be kept: larger than the
