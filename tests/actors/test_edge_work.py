@@ -216,6 +216,7 @@ async def test_bodies_being_read_hold_at_most_the_memory_plans_bytes_for_them():
         async with trio.open_nursery() as nursery:
             for i in range(3):
                 nursery.start_soon(api, _scope("/v1/chat/completions", 1 << 20), slow_body(i), _Sink())
+            await trio.testing.wait_all_tasks_blocked()
             nursery.start_soon(api, _scope("/v1/chat/completions", None), slow_body("chunked"), _Sink())
             await trio.testing.wait_all_tasks_blocked()
             assert len(reading) == 2 and "chunked" not in reading          # any two of the three 1 MiB ones
