@@ -184,6 +184,15 @@ def sse_events(raw: bytes) -> list[dict]:
     return out
 
 
+class StreamError(ValueError):
+    """A stream that ended with an error event (the message is the daemon's)."""
+
+
+def refused_for_memory(message: str) -> bool:
+    """507's message (`memory: …`), also as Anthropic's 400 `prompt is too long: memory: …`."""
+    return message.startswith("memory:") or message.startswith("prompt is too long: memory:")
+
+
 def answer_of(api: str, reply: Reply, streamed: bool) -> tuple[str, str]:
     """(text, finish reason) of a 200 answer, streamed or not."""
     if api == "openai":
@@ -193,7 +202,7 @@ def answer_of(api: str, reply: Reply, streamed: bool) -> tuple[str, str]:
         text, finish = "", None
         for e in sse_events(reply.body):
             if "error" in e:
-                raise ValueError(f"stream ended with an error: {e['error']}")
+                raise StreamError(e["error"].get("message", str(e["error"])))
             for c in e.get("choices", ()):
                 text += (c.get("delta") or {}).get("content") or ""
                 finish = c.get("finish_reason") or finish
@@ -204,7 +213,7 @@ def answer_of(api: str, reply: Reply, streamed: bool) -> tuple[str, str]:
     text, finish = "", None
     for e in sse_events(reply.body):
         if e.get("type") == "error":
-            raise ValueError(f"stream ended with an error: {e['error']}")
+            raise StreamError(e["error"].get("message", str(e["error"])))
         if e.get("type") == "content_block_delta" and e["delta"].get("type") == "text_delta":
             text += e["delta"]["text"]
         if e.get("type") == "message_delta":
@@ -334,11 +343,18 @@ class Load:
     def stopping(self) -> bool:
         return trio.current_time() >= self.until
 
-    async def bounded(self, what: str, fn, *args):
-        """fn(*args) within the wedge bound; None (and a wedge counted) past it."""
+    async def bounded(self, what: str, fn, *args, reset_ok: bool = False):
+        """fn(*args) within the wedge bound; None (and a wedge counted) past it. reset_ok: a connection
+        reset while the body was still being sent is "reset" (the daemon refused it unread; the
+        answer it wrote may be lost with the reset), not a failure."""
         with trio.move_on_after(self.timeout):
             try:
                 return await fn(*args)
+            except trio.BrokenResourceError as e:
+                if reset_ok and isinstance(e.__cause__, ConnectionResetError):
+                    return "reset"
+                self.tally.fail("unexpected", f"{what}: {type(e).__name__}: {e}")
+                return None
             except (OSError, trio.BrokenResourceError) as e:
                 self.tally.fail("unexpected", f"{what}: {type(e).__name__}: {e}")
                 return None
@@ -378,7 +394,16 @@ async def complete(load: Load, conv: Conversation, turn: int, answers: list[str]
         if r is None:
             return None
         if r.status == 200:
-            break
+            try:
+                text, _ = answer_of(conv.api, r, streamed)
+                break
+            except StreamError as e:
+                if not refused_for_memory(str(e)):
+                    t.fail("unexpected", f"c{conv.cid} t{turn}: stream ended with an error: {e}")
+                    return None
+                t.counts["refused_507_in_stream"] += 1
+                await trio.sleep(0.5 + attempt)
+                continue
         if r.status in (429, 507) or (conv.api == "anthropic" and r.status == 400 and b"prompt is too long" in r.body):
             t.counts[f"refused_{r.status}"] += 1
             await trio.sleep(0.5 + attempt)
@@ -387,11 +412,6 @@ async def complete(load: Load, conv: Conversation, turn: int, answers: list[str]
         return None
     else:
         t.counts["dropped_conversations"] += 1
-        return None
-    try:
-        text, _ = answer_of(conv.api, r, streamed)
-    except (ValueError, KeyError) as e:
-        t.fail("unexpected", f"c{conv.cid} t{turn}: {e}")
         return None
     t.counts["answers"] += 1
     t.counts["padded_bodies"] += bool(padding)
@@ -467,15 +487,19 @@ async def large_bodies(load: Load, rng: random.Random) -> None:
         if kind == "text":      # a prompt that cannot fit the context, refused by its size or its tokens
             payload = json.dumps({"model": m, "max_tokens": 4, "messages": [
                 {"role": "user", "content": "x = 1\n" * rng.randint(500_000, 700_000)}]}).encode()
-            r = await load.bounded("large text body", http, load.d.sock, "POST", "/v1/chat/completions", payload)
+            r = await load.bounded("large text body", http, load.d.sock, "POST", "/v1/chat/completions", payload,
+                                   reset_ok=True)
         elif kind == "ids":
             payload = json.dumps({"model": m, "max_tokens": 4, "prompt": [5] * 1_200_000}).encode()
-            r = await load.bounded("large id body", http, load.d.sock, "POST", "/v1/completions", payload)
+            r = await load.bounded("large id body", http, load.d.sock, "POST", "/v1/completions", payload,
+                                   reset_ok=True)
         else:                   # Content-Length over the 64 MiB limit: refused before it is read
             head = _head("POST", "/v1/chat/completions", 80 << 20)   # the head alone: the answer comes first
             r = await load.bounded("over-limit body", partial(http, head=head), load.d.sock, "POST",
                                    "/v1/chat/completions", b"")
-        if r is not None:
+        if r == "reset":
+            load.tally.counts["large_bodies_reset"] += 1
+        elif r is not None:
             if _clear_error("large", r):
                 load.tally.counts["large_bodies_refused"] += 1
             else:
@@ -637,7 +661,9 @@ def main(argv: list[str] | None = None) -> int:
         "served": {"answers": c["answers"], "conversations": c["conversations"], "streamed": c["streamed"],
                    "padded_bodies": c["padded_bodies"], "status_polls": c["status_polls"],
                    "bad_bodies_refused": c["bad_bodies_refused"], "large_bodies_refused": c["large_bodies_refused"],
-                   "refused_507": c["refused_507"], "refused_429": c["refused_429"],
+                   "large_bodies_reset": c["large_bodies_reset"],
+                   "refused_507": c["refused_507"], "refused_507_in_stream": c["refused_507_in_stream"],
+                   "refused_429": c["refused_429"],
                    "refused_400_too_long": c["refused_400"], "dropped_conversations": c["dropped_conversations"]},
         "disconnects": {"prefill": c["disconnects_prefill"], "decode": c["disconnects_decode"]},
         "retries": c["retries"],
