@@ -148,6 +148,9 @@ class MemoryGuard:
         if (mine + sum(self._resident(s.figures.n_tokens) for s in live if s is not seq) + store.memory_usage()
                 + self.held + extra) <= pool:
             return None
+        if self._floor(live, seq, after, extra, spare) > pool:
+            # no eviction can make the room: evict nothing for it
+            return self._refusal(live, seq, after, mine, extra, pool, 0)
         over = total() - pool
         freed = 0
         # Checkpoints first, until there is room by this exact count or none is left: a checkpoint's
@@ -177,6 +180,30 @@ class MemoryGuard:
                 self.log.info("memory_room_made", request_id=request_id, state_tokens=after, held_bytes=extra,
                               checkpoint_bytes_freed=freed, idle_states_dropped=dropped)
             return None
+        return self._refusal(live, seq, after, mine, extra, pool, freed)
+
+    def _floor(self, live: list, seq, after: int, extra: int, spare: tuple[str, ...]) -> int:
+        """The least _in_use + extra could fall to by evicting: every checkpoint gone but `spare`, every
+        idle live state dropped. Over the pool, evicting would only destroy caches for a refusal anyway."""
+        store = self.engine.checkpoints.store
+        pages: dict[int, int] = {}
+        total = self.held + extra
+        for eid in spare:
+            e = store.get(eid)
+            if e is not None and e.mem is not None:
+                total += e.mem.own
+                pages.update(dict.fromkeys(e.mem.pages, e.mem.page_nbytes))
+        for s in live:
+            if s is seq or s.request_id is not None:
+                fig = s.figures
+                n = after if s is seq else fig.n_tokens
+                total += max(0, self._resident(n) - len(fig.page_ids) * fig.page_nbytes)
+                pages.update(dict.fromkeys(fig.page_ids, fig.page_nbytes))
+        return total + sum(pages.values())
+
+    def _refusal(self, live: list, seq, after: int, mine: int, extra: int, pool: int, freed: int
+                 ) -> tuple[str, dict]:
+        store = self.engine.checkpoints.store
         states_now = sum(self._resident(s.figures.n_tokens) for s in live if s is not seq)
         ck = store.memory_usage()
         what = (f"this conversation's state would grow to {after} tokens ({_mib(mine)})" if seq is not None

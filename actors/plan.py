@@ -99,7 +99,7 @@ def plan_prefill(prompt: Sequence[int] | np.ndarray, live_tokens: Sequence[int] 
     as a "common" prefix. ``previous_fresh_prompt``: the last prompt whose plan was not
     "reuse_live" (the caller keeps it: set it to ``prompt`` unless this plan reuses the live state). ``restore_cost_tokens``: what a restore costs, in prefill tokens, as a number
     or as a function of the entry (e.g. more for a disk-only entry). ``exclude``: ids of entries not to
-    restore this time (the memory plan had no room to bring one in): a shorter one may be.
+    restore this time (the memory plan had no room to bring one in, or its restore failed): a shorter one may be.
     """
     ids = as_tokens(prompt)
     n = int(ids.shape[0])
@@ -124,7 +124,7 @@ def plan_prefill(prompt: Sequence[int] | np.ndarray, live_tokens: Sequence[int] 
     entry = next((e for e in store.prefixes_of(ids) if e.id not in exclude), None)
     store_miss = None
     if entry is None and exclude and any(e.id in exclude for e in store.prefixes_of(ids)):
-        store_miss = "no memory to restore the stored prefix now"
+        store_miss = "no memory to restore the stored prefix now (or its restore failed)"
     elif entry is None:
         if not len(store):
             store_miss = "no stored prefix"

@@ -37,6 +37,7 @@ from .plan import pieces
 from .sequence import Sequence
 
 ALL_LOGITS_BUDGET = 1 << 26   # floats of [n, V] logits one segment may return (256 MiB) with all_logits
+MAX_RESTORE_ATTEMPTS = 4      # checkpoints tried (bad or without room) before the request prefills without one
 
 
 def segment_length(segment: int, chunk: int, vocab_size: int, all_logits: bool) -> int:
@@ -84,18 +85,26 @@ def _prefill_with_logprobs(kernel, state, tokens, prev_row, k, *, chunk, abort):
 async def _prepare(engine: Engine, seq: Sequence, submit, ids: np.ndarray, log):
     """Plan, then bring the slot's live state to the plan's start: reuse it, restore a checkpoint (reading
     a disk-only one first) or make a fresh one. A checkpoint that turns out bad is dropped with a
-    warning and the request is planned again (a shorter checkpoint, the live state, or fresh)."""
+    warning, and one the memory plan has no room to bring in is skipped; either way the request is
+    planned again without it (a shorter checkpoint, the live state, or fresh): a restore that cannot be
+    done never fails the request, it only costs the prefill of those tokens."""
     ck = engine.checkpoints
     await ck.refresh_before_plan()   # a shared disk tier: a fresh listing if the mount answers at once
     no_room: frozenset[str] = frozenset()   # checkpoints the memory plan had no room to bring in now
-    for _ in range(4):
+    failed: frozenset[str] = frozenset()    # checkpoints whose restore failed (read, kernel, tokens)
+    for attempt in range(MAX_RESTORE_ATTEMPTS + 1):
         live = seq.state
         live_tokens = None
         if live is not None and seq.figures.has_logits:
             live_tokens = np.asarray(live.tokens, dtype=np.int32)
+        # Each try excludes one more checkpoint; after MAX_RESTORE_ATTEMPTS failed ones (other slots may
+        # keep capturing new prefixes) none is tried any more, so the last plan is the live state or fresh.
+        exclude = no_room | failed
+        if attempt == MAX_RESTORE_ATTEMPTS:
+            exclude |= {e.id for e in ck.store.prefixes_of(ids)}
         plan = ck.plan(ids, live_tokens, hint_tokens=submit.hint_tokens, turn_tokens=submit.turn_tokens,
                        need_all_logits=submit.prompt_logprobs, turn_end_tokens=submit.turn_end_tokens,
-                       exclude=no_room)
+                       exclude=exclude)
         if plan.action == "reuse_live":
             ck.note_plan(plan, ids, submit.request_id)
             return plan, live
@@ -117,6 +126,7 @@ async def _prepare(engine: Engine, seq: Sequence, submit, ids: np.ndarray, log):
                          tokens=plan.start, bytes=need, reason="no room in the memory plan to bring it in")
                 no_room |= {plan.restore_id}
                 continue
+            failed |= {plan.restore_id}   # until it is this slot's live state below
             snap, tier = await ck.snapshot_for(plan.restore_id, submit.request_id)
             if snap is None:
                 continue
@@ -134,8 +144,7 @@ async def _prepare(engine: Engine, seq: Sequence, submit, ids: np.ndarray, log):
         ck.note_plan(plan, ids, submit.request_id)
         ck.hit(plan.restore_id, tier, submit.request_id, len(ids))
         return plan, state
-    seq.state = None
-    raise PrefillError("could not plan the prefill: checkpoints kept failing")
+    raise AssertionError("unreachable: the last plan restores nothing")
 
 
 def _reuse_source(engine: Engine, plan) -> dict:
