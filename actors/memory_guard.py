@@ -16,7 +16,9 @@ Design notes.
    left — the store is told which page groups live states hold, so a checkpoint sharing them with a
    live state frees only its tail — then idle slots' live states (a cache of a finished
    conversation, rebuilt by a prefill). `try_reserve` makes room the same way but answers False
-   (a draft is optional); `hold` keeps bytes outside any state for a `with` block (a restore). If that is still not enough the request
+   (a draft is optional); `hold` keeps bytes outside any state for a `with` block (a restore), and
+   when even evicting every checkpoint but the restored one and every idle state could not make its
+   room it evicts nothing (the restore is skipped; the caches stay for the requests that fit). If that is still not enough the request
    ends with `MemoryExceeded` (lifecycle.py turns it into an HTTP 507 `insufficient_memory` reply);
    the other requests go on and the OOM killer never has to choose.
  * A capture is refused before the snapshot is taken when its blob could not be kept: larger than the
@@ -148,8 +150,8 @@ class MemoryGuard:
         if (mine + sum(self._resident(s.figures.n_tokens) for s in live if s is not seq) + store.memory_usage()
                 + self.held + extra) <= pool:
             return None
-        if self._floor(live, seq, after, extra, spare) > pool:
-            # no eviction can make the room: evict nothing for it
+        if seq is None and self._floor(live, seq, after, extra, spare) > pool:
+            # a hold (a restore) no eviction can make room for: evict nothing for it, the caller does without
             return self._refusal(live, seq, after, mine, extra, pool, 0)
         over = total() - pool
         freed = 0

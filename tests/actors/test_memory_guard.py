@@ -56,8 +56,7 @@ def test_guard_evicts_checkpoints_first_then_refuses_naming_memory():
     # 1000 + 500 tokens: 1.25 x (68 x 1500 + 2048) = 130 kB; with 60 kB of checkpoints over the 160 kB pool
     engine.room_for(seq, 500)
     assert ck.store.memory_usage() == 20_000 and ck.store.stats().memory_entries == 1   # two evicted, one kept
-    # 1000 + 1100 tokens: 181 kB alone is over the pool: the request ends, and since no eviction could
-    # make that room, the last checkpoint is not evicted for it
+    # 1000 + 1100 tokens: 181 kB alone is over the pool: every checkpoint goes, then the request ends
     try:
         engine.room_for(seq, 1100)
     except MemoryExceeded as e:
@@ -65,7 +64,7 @@ def test_guard_evicts_checkpoints_first_then_refuses_naming_memory():
     else:
         raise AssertionError("no MemoryExceeded")
     assert msg.startswith("memory:") and "2100 tokens" in msg and "cgroup v1 memory.limit_in_bytes" in msg
-    assert ck.store.memory_usage() == 20_000 and guard.refused == 1
+    assert ck.store.memory_usage() == 0 and guard.refused == 1
     assert guard.usage()["refused"] == 1 and engine.metrics.memory_refused.value() == 1
     engine.room_for(seq, 100)                       # a smaller step still fits: nothing raised
 
