@@ -16,7 +16,7 @@ numbers in; nothing here touches the system. The plan has these parts, in bytes:
                 log-probabilities; kernel calls run one at a time, so one block at most)
     bodies      request bodies being read and parsed at once: the HTTP edge admits `body_bytes` of them
                 at a time (daemon/api/app.py), counted BODY_PARSE_FACTOR times (the raw bytes and what
-                JSON parsing makes of them)
+                JSON parsing makes of them); BODY_SHARE of what the weights and margin leave
     transients  a capture copies the state into a blob before the store takes it: one blob, at most the
                 checkpoint budget (a larger capture is never taken, actors/memory_guard.py)
     checkpoints the checkpoint memory budget (--checkpoint-memory-mb), blobs queued for the disk writer
@@ -63,12 +63,15 @@ REPLY_SHARE = 0.01            # ...but at most this share of what the weights an
 # The cache diagnostics' bound: 4 bytes a prompt id, ~2M ids (the last turns of a few long conversations:
 # a comparison is with the previous turn).
 DIAGNOSTIC_IDS_BYTES = 8 * MIB
-# Request bodies read and parsed at once (the edge's byte semaphore): BODY_SHARE of what the weights and
-# margin leave, within [BODY_MIN, BODY_MAX]. JSON parsing multiplies a body: measured 5.6x for token-id
-# arrays, 12.6x for many short messages, 3.8x for text (tests/unit/test_memory_plan.py). A body of
-# nothing but empty containers reaches ~72x; it is bounded by the same semaphore, not by this factor.
-BODY_SHARE = 0.01
-BODY_MIN = 1 * MIB
+# Request bodies read and parsed at once (the edge's byte semaphore): parsed (BODY_PARSE_FACTOR x their
+# bytes) they take at most BODY_SHARE of what the weights and margin leave, their bytes within
+# [BODY_MIN, BODY_MAX]. JSON parsing multiplies a body: measured (peak RSS, the raw body included) 5.6x
+# for token-id arrays of 6-digit ids, 12.7x for compact arrays of 3-digit ids (`[300,301,...]`: a 32-byte
+# int and an 8-byte slot for 4 bytes of text), 8.7x for ids below 256 (cached ints), 12.6x for many short
+# messages, 3.8x for text (tests/unit/test_memory_plan.py). A body of nothing but empty containers
+# reaches ~72x; it is bounded by the same semaphore, not by this factor.
+BODY_SHARE = 0.05
+BODY_MIN = 256 << 10          # a prompt of ~60k token ids or ~250 KB of text, under the smallest limits
 BODY_MAX = 128 * MIB          # two of the largest accepted bodies (daemon/api/asgi.MAX_BODY, 64 MiB)
 BODY_PARSE_FACTOR = 16
 
@@ -464,7 +467,7 @@ def plan_memory(*, limit: LimitSource | None, weights: ModelBytes, state: StateC
     reply_bytes = min(reply_bytes, max(0, int(left * REPLY_SHARE)))
     diagnostic_bytes = min(diagnostic_bytes, max(0, int(left * REPLY_SHARE)))
     transient = min(share_blob, ckpt)
-    body_bytes = min(BODY_MAX, max(BODY_MIN, int(max(0, left) * BODY_SHARE)))
+    body_bytes = min(BODY_MAX, max(BODY_MIN, int(max(0, left) * BODY_SHARE) // BODY_PARSE_FACTOR))
     bodies = body_bytes * BODY_PARSE_FACTOR
     fixed = (weights.dense + margin + ckpt + transient + logits_block_bytes + reply_bytes + diagnostic_bytes
              + bodies)
@@ -499,12 +502,23 @@ def plan_memory(*, limit: LimitSource | None, weights: ModelBytes, state: StateC
         slots_why = (f"{_size(max(0, after))} for states holds {fit} share(s) of {_size(share)} "
                      f"({share_tokens} tokens); 1..{SLOTS_CAP}")
     requests = slots * per_request + logits_block_bytes
-    states = max(0, after - slots * per_request)
+    short = slots * per_request - after           # > 0: the fixed parts and the requests pass the room
+    if short > 0 and ckpt > 0:
+        # The guard's pool (states + checkpoints) must be memory that is there: the checkpoint budget (a
+        # cache) gives way first, and the capture copy bounded by it with it.
+        cut_to = max(0, ckpt - short)
+        short -= (ckpt - cut_to) + (transient - min(share_blob, cut_to))
+        ckpt_note = f" (cut from {_size(checkpoint_setting)} to fit the fixed parts)"
+        ckpt, transient = cut_to, min(share_blob, cut_to)
+    states = max(0, -short)
     reason = (f"limit {where} = {_size(room)}: dense {_size(weights.dense)} + experts {_size(in_memory_experts)} + "
               f"margin {_size(margin)} + requests {_size(requests)} + transients {_size(transient)} + checkpoints "
               f"{_size(ckpt)}{ckpt_note} + replies {_size(reply_bytes)} + diagnostics {_size(diagnostic_bytes)} + "
               f"bodies {_size(bodies)} + states {_size(states)}; {slots} slot(s) ({slots_why}); {expert_note}")
-    if states + ckpt <= 0:
+    if short > 0:
+        reason += (f"; the fixed parts pass the room by {_size(short)} even without checkpoints: nothing is left "
+                   "for live states, every request will end with a memory error; raise the limit or set fewer slots")
+    elif states + ckpt <= 0:
         reason += "; nothing is left for live states: every request will end with a memory error, raise the limit"
     elif states < share:
         reason += f"; a state may reach {max(0, states + ckpt) // max(1, int(per_token * STATE_SLACK))} tokens"

@@ -352,6 +352,9 @@ def test_a_parsed_request_body_holds_no_more_than_the_plan_counts_for_it():
     bodies = [
         (json.dumps({"model": "x", "prompt": [rng.randrange(100_000, 129_000) for _ in range(150_000)]}),
          lambda d: parse_completion(d, context_length=1 << 20)),
+        # the costliest ids: 3 digits and a comma, each a 32-byte int and an 8-byte list slot (~12x)
+        (json.dumps({"model": "x", "prompt": [rng.randrange(256, 1000) for _ in range(250_000)]},
+                    separators=(",", ":")), lambda d: parse_completion(d, context_length=1 << 20)),
         (json.dumps({"model": "x", "messages": [{"role": "user", "content": "ab cd " * 200_000}]}), parse_chat),
         (json.dumps({"model": "x", "messages": [{"role": "user", "content": "a"}] * 50_000}), parse_chat),
     ]
@@ -398,3 +401,24 @@ def test_a_prompt_lookup_table_holds_no_more_than_the_plan_counts_for_it():
     plain = _plan(64 * GIB)
     spec = _plan(64 * GIB, lookup_bytes_per_token=LOOKUP_BYTES_PER_TOKEN)
     assert spec.request_bytes - plain.request_bytes == spec.slots * LOOKUP_BYTES_PER_TOKEN * spec.share_tokens
+
+
+@pytest.mark.parametrize("room_mib", [100, 116, 140, 160, 300])
+def test_the_fixed_parts_never_leave_the_pool_more_than_is_there(room_mib):
+    """Issue 40 (the soak): at a small limit the fixed parts (margin, requests, bodies, transients,
+    checkpoints) passed the room and the plan still offered the checkpoint budget as the guard's pool.
+    The checkpoint budget gives way first, so every part sums to the room; where even that is not
+    enough the reason says so at start."""
+    wide = StateCost(("sliding_attention",) + ("compressed_sparse_attention",) * 6, window=128, head_dim=256,
+                     index_head_dim=16, csa_rate=2, hca_rate=16, vocab=512)
+    p = plan_memory(limit=LimitSource("cgroup v1 memory.limit_in_bytes", room_mib * MIB, 0, "/svc"),
+                    weights=ModelBytes(3 * MIB, 1 * MIB), state=wide, context_length=65536, slots_setting=4,
+                    checkpoint_setting=2 * GIB, journal_bytes=wide.journal_bytes(17), lookup_bytes_per_token=8)
+    fits = p.margin_bytes + p.dense_bytes + p.expert_bytes + p.request_bytes + p.bodies_bytes + p.reply_bytes \
+        + p.diagnostic_bytes <= room_mib * MIB
+    if fits:
+        assert _parts(p) == room_mib * MIB, p.reason
+        assert "pass the room" not in p.reason
+    else:
+        assert p.checkpoint_bytes == 0 and p.state_bytes == 0
+        assert "the fixed parts pass the room by" in p.reason and "raise the limit" in p.reason
