@@ -216,7 +216,7 @@ struct Writer {
   uint8_t* out;
   size_t off = 0;
   void raw(const void* p, size_t n) {
-    std::memcpy(out + off, p, n);
+    if (n) std::memcpy(out + off, p, n);  // an empty buffer's data() may be null: memcpy(…, nullptr, 0) is UB
     off += n;
   }
   template <class T> void put(T v) { raw(&v, sizeof v); }
@@ -227,7 +227,7 @@ struct Reader {
   size_t n, off = 0;
   void raw(void* dst, size_t k) {
     if (k > n - off) throw std::invalid_argument("snapshot is truncated");
-    std::memcpy(dst, p + off, k);
+    if (k) std::memcpy(dst, p + off, k);
     off += k;
   }
   template <class T> T get() { T v; raw(&v, sizeof v); return v; }
