@@ -14,12 +14,15 @@ default model instead; its 200 bytes a token never reach the cap.)
 
 The load, from `--seed`: `--clients` conversation clients run multi-turn conversations drawn from a
 pool of `--conversations` (each over the OpenAI or the Anthropic API, temperature 0, non-streamed or
-streamed; some turns padded to a several-MB body by an unknown field); before a turn a client may
+streamed; some turns padded by an unknown field to just under the body limit, read from /v1/status
+`memory.plan.body_bytes` at start: 256 KiB at the 160 MiB cap); before a turn a client may
 disconnect mid-prefill or mid-decode and then send the same request again (a resume). Beside them a
 poller hammers `GET /v1/status`, one client sends bad bodies (invalid JSON, wrong types, bad UTF-8, an
-unknown model, a wrong method) and one large ones (a 4 MB prompt, 1.2 M token ids, a Content-Length
-over the 64 MiB limit). A refused turn (429, 507) is retried a few times, then the conversation is
-dropped.
+unknown model, a wrong method) and one bodies over the limit (a 4 MB prompt, 1.2 M token ids, one
+byte over the plan's limit, a Content-Length over the 64 MiB limit), each of which must get a 413
+`body_too_large` naming the limit (or a reset while it is still sent: the daemon answered unread).
+Bad and large bodies go through every kind first, so the warm-up does all the work the load does. A
+refused turn (429, 507) is retried a few times, then the conversation is dropped.
 
 The checks (exit status 1 if any is not zero; one JSON summary on stdout):
   crashes         the daemon died, or its pid / uptime in /v1/status shows a restart
@@ -34,7 +37,8 @@ The checks (exit status 1 if any is not zero; one JSON summary on stdout):
                   fills the checkpoint budget, the reply table and the shared tier as the load does.
                   Both readings less the live states and memory checkpoints held then (status
                   `memory.in_use`): which conversations those are is chance (_net); raw RSS is
-                  reported too
+                  reported too. `--rounds N` reads it after each of N parts of the load: a
+                  leak grows round after round, a plateau does not
 Also counted (and failing): `unexpected`, an answer no client should get (a 5xx other than 507, a
 bad body not refused with a 4xx error naming what was wrong, a status poll that failed).
 Results: docs/benchmarks.md ("Soak (issue 40)").
@@ -64,6 +68,7 @@ sys.path.insert(0, str(REPO / "tests"))
 from memory_cap import memory_cap, memory_cap_unavailable_reason  # noqa: E402
 
 CAIRN = str(Path(sys.executable).parent / "cairn")
+MAX_BODY = 64 << 20          # the protocol's limit (daemon/api/asgi.py); the plan's body_bytes may be lower
 
 
 # --- the workload (pure: a function of the seed) ----------------------------------------------------
@@ -336,7 +341,8 @@ class Load:
     ref: dict[int, list[str]]
     tally: Tally
     timeout: float
-    large: bool = True          # send several-MB bodies (padded turns, the large-body client)
+    large: bool = True          # send padded turns and the large-body client
+    body_limit: int = 64 << 20  # the largest body the daemon accepts (status memory.plan.body_bytes)
     until: float = 0.0
     pid: int = 0
 
@@ -382,8 +388,15 @@ async def disconnect(load: Load, conv: Conversation, payload: bytes, when: str, 
 async def complete(load: Load, conv: Conversation, turn: int, answers: list[str], rng: random.Random) -> str | None:
     """One turn to its end: the answer (checked), or None when refused past the retries or failed."""
     streamed = rng.random() < 0.5
-    padding = rng.randint(2 << 20, 6 << 20) if load.large and rng.random() < 0.05 else 0
-    payload = json.dumps(body(load.model, conv, turn, answers, stream=streamed, padding=padding)).encode()
+    padding = 0
+    payload = json.dumps(body(load.model, conv, turn, answers, stream=streamed)).encode()
+    if load.large and rng.random() < 0.05:
+        # padded to just under the plan's body limit (a turn over it is a 413, the large-body client's
+        # probe): the daemon must take the largest body it accepts and still answer the same
+        room = load.body_limit - len(payload) - 64
+        if room > 0:
+            padding = rng.randint(room // 2, room)
+            payload = json.dumps(body(load.model, conv, turn, answers, stream=streamed, padding=padding)).encode()
     t = load.tally
     if rng.random() < 0.3:
         await load.bounded(f"disconnect c{conv.cid} t{turn}", disconnect, load, conv, payload,
@@ -468,8 +481,11 @@ def _clear_error(path: str, r: Reply) -> bool:
 
 
 async def bad_bodies(load: Load, rng: random.Random) -> None:
+    sent = 0
     while not load.stopping():
-        path, payload, method = rng.choice(BAD_BODIES)
+        # every kind once first, so a short warm-up has done all the work the load does
+        path, payload, method = BAD_BODIES[sent] if sent < len(BAD_BODIES) else rng.choice(BAD_BODIES)
+        sent += 1
         payload = payload.replace(b'"M"', json.dumps(load.model).encode())
         r = await load.bounded(f"bad body {payload[:40]!r}", http, load.d.sock, method, path, payload)
         if r is not None:
@@ -480,11 +496,25 @@ async def bad_bodies(load: Load, rng: random.Random) -> None:
         await trio.sleep(rng.uniform(0.05, 0.4))
 
 
+def _names_limit(r: Reply, limit: int) -> bool:
+    """A 413 `body_too_large` whose message says how many bytes are accepted (the plan's body limit,
+    or the protocol's 64 MiB when smaller)."""
+    try:
+        err = r.json().get("error") or {}
+    except ValueError:
+        return False
+    return r.status == 413 and err.get("code") == "body_too_large" and str(limit) in (err.get("message") or "")
+
+
 async def large_bodies(load: Load, rng: random.Random) -> None:
+    """Bodies over the daemon's limit: each must be refused with a 413 naming the limit (or, when the
+    daemon answered before taking the whole body, a reset while it was still being sent)."""
     m = load.model
+    kinds, sent = ("text", "ids", "just_over", "over_limit"), 0
     while not load.stopping():
-        kind = rng.choice(("text", "ids", "over_limit"))
-        if kind == "text":      # a prompt that cannot fit the context, refused by its size or its tokens
+        kind = kinds[sent] if sent < len(kinds) else rng.choice(kinds)   # each once first (as bad_bodies)
+        sent += 1
+        if kind == "text":      # a several-MB prompt
             payload = json.dumps({"model": m, "max_tokens": 4, "messages": [
                 {"role": "user", "content": "x = 1\n" * rng.randint(500_000, 700_000)}]}).encode()
             r = await load.bounded("large text body", http, load.d.sock, "POST", "/v1/chat/completions", payload,
@@ -493,6 +523,12 @@ async def large_bodies(load: Load, rng: random.Random) -> None:
             payload = json.dumps({"model": m, "max_tokens": 4, "prompt": [5] * 1_200_000}).encode()
             r = await load.bounded("large id body", http, load.d.sock, "POST", "/v1/completions", payload,
                                    reset_ok=True)
+        elif kind == "just_over":   # one byte over the plan's limit
+            text = "y" * (load.body_limit + 1 - len(json.dumps({"model": m, "max_tokens": 4, "messages": [
+                {"role": "user", "content": ""}]})))
+            payload = json.dumps({"model": m, "max_tokens": 4, "messages": [{"role": "user", "content": text}]}).encode()
+            r = await load.bounded("just-over body", http, load.d.sock, "POST", "/v1/chat/completions", payload,
+                                   reset_ok=True)
         else:                   # Content-Length over the 64 MiB limit: refused before it is read
             head = _head("POST", "/v1/chat/completions", 80 << 20)   # the head alone: the answer comes first
             r = await load.bounded("over-limit body", partial(http, head=head), load.d.sock, "POST",
@@ -500,7 +536,7 @@ async def large_bodies(load: Load, rng: random.Random) -> None:
         if r == "reset":
             load.tally.counts["large_bodies_reset"] += 1
         elif r is not None:
-            if _clear_error("large", r):
+            if _names_limit(r, load.body_limit):
                 load.tally.counts["large_bodies_refused"] += 1
             else:
                 load.tally.fail("unexpected", f"large body ({kind}): HTTP {r.status} {r.body[:200]!r}")
@@ -581,11 +617,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cap-mb", type=int, default=160, help="memory cgroup limit (MiB); 0: none")
     ap.add_argument("--warmup", type=float, help="seconds of the same load before the RSS baseline "
                     "(default: 10 %% of the load, 15..60 s)")
+    ap.add_argument("--rounds", type=int, default=1, help="split the load into this many rounds, RSS read after "
+                    "each (a leak grows round after round; a plateau does not)")
     ap.add_argument("--idle", type=float, default=5.0, help="seconds idle before each RSS reading")
     ap.add_argument("--request-timeout", type=float, default=120.0, help="the wedge bound for one request")
     ap.add_argument("--speculate", default="on", help="the soak daemon's --speculate (the reference runs off)")
-    ap.add_argument("--no-large-bodies", action="store_true", help="send no body over 1 MiB (to tell their "
-                    "memory from the rest's)")
+    ap.add_argument("--no-large-bodies", action="store_true", help="send no padded turn and no body over "
+                    "the limit (to tell their memory from the rest's)")
     ap.add_argument("--workdir", type=Path, help="daemon logs, checkpoints (default: a temporary directory)")
     ap.add_argument("--json", type=Path, help="also write the summary here")
     a = ap.parse_args(argv)
@@ -625,15 +663,22 @@ def main(argv: list[str] | None = None) -> int:
 
         async def soak() -> tuple[dict, dict]:
             st0 = (await http(d.sock, "GET", "/v1/status")).json()
+            plan_body = (st0["memory"].get("plan") or {}).get("body_bytes")
+            load.body_limit = min(MAX_BODY, plan_body or MAX_BODY)   # what the daemon accepts (daemon/api/app.py)
             await run_load(load, warmup, a.clients, a.seed + 1)
             base = await settle(load, a.idle)
             base_fig = figures(base, d.rss() if d.proc.poll() is None else 0)
             warm = Counter(tally.counts)
             tally.counts.clear()
-            await run_load(load, seconds, a.clients, a.seed)
-            end = await settle(load, a.idle)
-            end_fig = figures(end, d.rss() if d.proc.poll() is None else 0)
-            return {"plan": st0["memory"]["plan"], "warmup": dict(warm)}, {"baseline": base_fig, "end": end_fig}
+            rounds = []
+            for i in range(max(1, a.rounds)):
+                await run_load(load, seconds / max(1, a.rounds), a.clients, a.seed + 100 * i)
+                end = await settle(load, a.idle)
+                rounds.append(figures(end, d.rss() if d.proc.poll() is None else 0))
+                if end is None:
+                    break
+            return ({"plan": st0["memory"]["plan"], "warmup": dict(warm)},
+                    {"baseline": base_fig, "end": rounds[-1], "rounds": rounds})
 
         t1 = time.monotonic()
         info, mem = trio.run(soak)
@@ -671,9 +716,11 @@ def main(argv: list[str] | None = None) -> int:
                 "change_pct": round(100 * (end_rss - base_rss) / base_rss, 2) if base_rss else None,
                 "net_baseline": base_net, "net_end": end_net,
                 "net_change_pct": round(100 * (end_net - base_net) / base_net, 2) if base_net and end_net else None,
+                "rounds": [{"rss": f["rss_bytes"], "net": _net(f)} for f in mem["rounds"]],
                 "baseline_parts": mem["baseline"], "end_parts": mem["end"]},
         "cgroup": {"limit_bytes": a.cap_mb << 20, "peak_bytes": peak} if cap is not None else {"none": no_cap},
-        "plan": {k: info["plan"].get(k) for k in ("limit_bytes", "room_bytes", "limit_source", "parts", "per_token_bytes")},
+        "plan": {k: info["plan"].get(k) for k in ("limit_bytes", "room_bytes", "limit_source", "parts", "per_token_bytes",
+                                                  "body_bytes")},
         "error_log_lines": dict(events),
         "setup": {"model": str(model_dir), "minutes": a.minutes, "large_bodies": load.large, "speculate": a.speculate, "warmup_s": warmup, "seed": a.seed,
                   "clients": a.clients, "conversations": a.conversations,

@@ -34,3 +34,5 @@ def test_a_short_soak_ends_with_five_zeros(tmp_path):
     assert served["answers"] >= 20 and served["status_polls"] >= 200, served
     assert s["retries"] >= 2 and s["disconnects"]["prefill"] + s["disconnects"]["decode"] == s["retries"], s
     assert served["bad_bodies_refused"] >= 10 and served["large_bodies_refused"] >= 3, served
+    # turns padded to just under the plan's body limit are served, not refused (~5 % of the turns)
+    assert served["padded_bodies"] >= 1 and 0 < s["plan"]["body_bytes"] <= 64 << 20, (served, s["plan"])
