@@ -16,7 +16,7 @@ from .replies import finish
 
 
 async def admission(inbox: trio.MemoryReceiveChannel, to_prefill: trio.MemorySendChannel, *,
-                    queue_size: int, log, metrics=None, slots: int = 1,
+                    queue_size: int, log, metrics=None, slots: int = 1, note_busy=lambda busy: None,
                     task_status=trio.TASK_STATUS_IGNORED) -> None:
     queue: AdmissionQueue[tuple[Submit, float]] = AdmissionQueue(queue_size, slots)
     running: dict[str, Submit] = {}
@@ -54,3 +54,4 @@ async def admission(inbox: trio.MemoryReceiveChannel, to_prefill: trio.MemorySen
                 to_prefill.send_nowait(Admitted(sub, arrived))
             if metrics is not None:
                 metrics.queue_depth.set(len(queue))
+            note_busy(bool(running) or len(queue) > 0)   # idle: actors/trim.py gives freed heap back

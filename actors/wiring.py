@@ -26,6 +26,7 @@ from .decode import decode_worker
 from .engine import Engine
 from .prefill import prefill_worker
 from .sequence import Sequence
+from .trim import IdleTrim
 
 
 WRITER_QUEUE = 8   # disk writes waiting: more only lengthens the lag behind the captures
@@ -47,6 +48,8 @@ async def start_engine(nursery: trio.Nursery, engine: Engine, *, queue_size: int
     await nursery.start(partial(decode_worker, dec_recv, adm_send.clone(), engine=engine,
                                 new_stream_decoder=new_stream_decoder, log=log))
     await nursery.start(partial(prefill_worker, pre_recv, dec_send, adm_send.clone(), engine=engine, log=log))
+    trim = IdleTrim(log)
+    await nursery.start(trim.run)
     await nursery.start(partial(admission, adm_recv, pre_send, queue_size=queue_size, log=log,
-                                metrics=engine.metrics, slots=slots))
+                                metrics=engine.metrics, slots=slots, note_busy=trim.note))
     return adm_send
