@@ -82,7 +82,8 @@ async def _start(nursery, loaded, *, inline: bool = True, metrics=None, **engine
     idle = trio.Event()
     engine.announce = lambda text: idle.set() if text.startswith("idle") else None
     log = get_logger()
-    inbox = await start_engine(nursery, engine, queue_size=4, log=log,
+    # no idle trim: on the autojump clock its worker thread would let virtual time leap past the test's bounds
+    inbox = await start_engine(nursery, engine, queue_size=4, log=log, idle_trim=False,
                                new_stream_decoder=lambda: StreamDecoder(loaded.tokenizer))
     status = StatusBoard(engine, queue_size=4, fingerprint="f" * 16, context_length=loaded.context_length)
     api = API(inbox=inbox, tokenizer=loaded.tokenizer, renderer=loaded.renderer, model_id="tiny",
