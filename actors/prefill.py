@@ -217,7 +217,9 @@ async def run_prefill(engine: Engine, seq: Sequence, submit, log, progress: dict
     if reused < n:
         reporter.begin()
     seg_len = segment_length(engine.piece_tokens, engine.chunk, int(engine.model.vocab_size), submit.prompt_logprobs)
-    for a, b in pieces(plan.start, n, seg_len, cut_kind):  # one kernel call (and log line) each
+    # The log: a line per segment at info, per kernel call at debug (with several slots a call is one chunk)
+    span_from, span_t0, span_io = plan.start, t_begin, ExpertTally()
+    for a, b in pieces(plan.start, n, seg_len, cut_kind):  # one kernel call each
         seg = ids[a:b]
         t0 = trio.current_time()
         seg_io = ExpertTally()     # this segment's expert-cache work (paged experts; actors/expert_io.py)
@@ -243,10 +245,17 @@ async def run_prefill(engine: Engine, seq: Sequence, submit, log, progress: dict
         if engine.metrics is not None:
             engine.metrics.prefill_tokens.inc(n_done, kind="computed")
         rate = done / max(now - t_begin, 1e-9)
-        log.info("prefill_segment", request_id=submit.request_id, tokens_done=a + n_done,
-                 tokens_total=n, tok_s=round(n_done / max(now - t0, 1e-9), 1),
-                 eta_s=round((n - a - n_done) / rate, 2) if rate > 0 else None,
-                 **_segment_experts(seg_io.io, now - t0))
+        eta_s = round((n - a - n_done) / rate, 2) if rate > 0 else None
+        span_io.add(seg_io.io)
+        if a + n_done - span_from >= engine.segment or a + n_done >= n or n_done < len(seg):
+            log.info("prefill_segment", request_id=submit.request_id, tokens_done=a + n_done, tokens_total=n,
+                     tok_s=round((a + n_done - span_from) / max(now - span_t0, 1e-9), 1), eta_s=eta_s,
+                     **_segment_experts(span_io.io, now - span_t0))
+            span_from, span_t0, span_io = a + n_done, now, ExpertTally()
+        else:
+            log.debug("prefill_chunk", request_id=submit.request_id, tokens_done=a + n_done, tokens_total=n,
+                      tok_s=round(n_done / max(now - t0, 1e-9), 1), eta_s=eta_s,
+                      **_segment_experts(seg_io.io, now - t0))
         reporter.segment_done(a + n_done)
         engine.announce(f"prefill {submit.request_id}: {a + n_done}/{n} tokens"
                         + (f", ETA {(n - a - n_done) / rate:.0f} s" if rate > 0 and a + n_done < n else ""))
