@@ -16,7 +16,7 @@ from hypercorn.config import Config, Sockets
 from hypercorn.trio.run import worker_serve
 from hypercorn.utils import wrap_app
 
-from cairn.daemon.service.socket_dir import check_socket_dir
+from cairn.daemon.service.socket_dir import check_socket_dir, check_socket_free
 
 
 def prepare_socket_dir(path: str) -> None:
@@ -29,19 +29,9 @@ def prepare_socket_dir(path: str) -> None:
 def _unix_socket(path: str, mode: int) -> socket.socket:
     p = Path(path)
     prepare_socket_dir(path)
+    check_socket_free(p)                  # a live server or another file: refused, with the fix
     if p.is_socket():
-        probe = socket.socket(socket.AF_UNIX)
-        try:
-            probe.connect(str(p))
-        except OSError:
-            p.unlink()                    # stale socket from a previous run
-        else:
-            probe.close()
-            raise OSError(f"{p}: another server is already listening there")
-        finally:
-            probe.close()
-    elif p.exists():
-        raise OSError(f"{p}: exists and is not a socket; refusing to replace it")
+        p.unlink()                        # stale socket from a previous run
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     old = os.umask(0o777 & ~mode)         # no window where the socket is wider than asked
     try:

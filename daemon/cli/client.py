@@ -24,7 +24,9 @@ import httpx
 from cairn.daemon.service.config import ConfigError, default_socket_path, read_api_key_file
 from cairn.daemon.service.socket_dir import SocketDirError, check_socket_dir
 
-UNREACHABLE = "cannot reach cairn at {path}: is the daemon running? (systemctl status cairn / cairn serve)"
+# the start command names the model: `cairn serve` alone only says --model is missing
+UNREACHABLE = ("cannot reach cairn at {path}: is the daemon running? Start it with `make serve` in the cairn "
+               "checkout, or `cairn serve --model DIR_OR_GGUF`; as a service: `systemctl status cairn`")
 
 
 class ClientError(Exception):

@@ -63,11 +63,26 @@ class Field:
     help: str
     check: Callable[[Any], str | None] | None = None   # returns what is allowed when the value is wrong
     optional: bool = False  # None allowed (unset)
-    flag_only_negative: bool = False  # bool on by default: the flag is --no-NAME
+    flag_only_negative: bool = False  # bool on by default: the flag that changes it is --no-NAME
+    metavar: str | None = None        # the value's placeholder in --help (else N for integers, NAME)
 
     @property
     def flag(self) -> str:
+        """The flag that changes the default (a boolean takes --NAME and --no-NAME both)."""
         return ("--no-" if self.flag_only_negative else "--") + self.name.replace("_", "-")
+
+    @property
+    def choices(self) -> tuple[str, ...] | None:
+        return getattr(self.check, "allowed", None)
+
+    def default_text(self, env: dict[str, str] | None = None) -> str:
+        """The default as --help shows it: computed ones (paths) for this environment."""
+        value = self.default(os.environ if env is None else env) if callable(self.default) else self.default
+        if value is None:
+            return "unset"
+        if isinstance(value, bool):
+            return "on" if value else "off"
+        return str(value)
 
     @property
     def env(self) -> str:
@@ -85,7 +100,10 @@ def _range(lo: int | None = None, hi: int | None = None) -> Callable[[int], str 
 
 
 def _one_of(*allowed: str) -> Callable[[str], str | None]:
-    return lambda v: None if v in allowed else f"one of {', '.join(allowed)}"
+    def check(v: str) -> str | None:
+        return None if v in allowed else f"one of {', '.join(allowed)}"
+    check.allowed = allowed          # --help shows them: --speculate {on,off}
+    return check
 
 
 def _tcp(v: str) -> str | None:
@@ -114,17 +132,20 @@ def _expert_cache(v: str) -> str | None:
 
 
 FIELDS: tuple[Field, ...] = (
-    Field("model", str, None, "model directory to serve", optional=True),
-    Field("socket", str, default_socket_path, "Unix socket path to listen on"),
-    Field("socket_mode", str, "0660", "file mode of the Unix socket (octal)", _octal_mode),
-    Field("tcp", str, None, "also listen on TCP HOST:PORT (off by default; non-loopback needs --api-key)",
-          _tcp, optional=True),
+    Field("model", str, None, "model to serve: a directory with config.json, or a .gguf file", optional=True,
+          metavar="DIR_OR_GGUF"),
+    Field("socket", str, default_socket_path, "Unix socket path to listen on", metavar="PATH"),
+    Field("socket_mode", str, "0660", "file mode of the Unix socket (octal)", _octal_mode, metavar="MODE"),
+    Field("tcp", str, None, "also listen on TCP HOST:PORT (non-loopback needs --api-key)",
+          _tcp, optional=True, metavar="HOST:PORT"),
     Field("api_key", str, None, "require 'Authorization: Bearer KEY' on TCP, and on the Unix socket for the "
-          "operator endpoints (/v1/status, /v1/checkpoints)", optional=True),
+          "operator endpoints (/v1/status, /v1/checkpoints)", optional=True, metavar="KEY"),
     Field("api_key_file", str, None, "read api_key from this file (e.g. a systemd credential, "
-          "$CREDENTIALS_DIRECTORY/api_key); one line, surrounding whitespace ignored", optional=True),
-    Field("served_model_name", str, None, "model id in the API (default: the model directory name)", optional=True),
-    Field("segment", int, 4096, "prefill segment size in tokens (one progress line each)", _range(1)),
+          "$CREDENTIALS_DIRECTORY/api_key); one line, surrounding whitespace ignored", optional=True, metavar="PATH"),
+    Field("served_model_name", str, None, "model id in the API; unset: the model's directory or file name",
+          optional=True, metavar="ID"),
+    Field("segment", int, 4096, "prefill segment size in tokens: the log gets one progress line per segment "
+          "(per chunk at log_level debug)", _range(1)),
     Field("chunk", int, 128, "prefill chunk size in tokens (cancel granularity); 1..MAX_CHUNK of the kernel",
           _range(1)),
     Field("progress_interval_ms", int, 250, "least time between two prefill progress messages of a request "
@@ -148,25 +169,26 @@ FIELDS: tuple[Field, ...] = (
     Field("checkpoint_page_tokens", int, 0, "tokens per page group of a state's compressed rows (checkpoints "
           "share whole pages); 0: 256, rounded up to a multiple of the model's compress rates", _range(0, 1 << 20)),
     Field("checkpoint_share_pages", bool, True, "checkpoints share page groups with live states and each other; "
-          "off: every capture copies the whole state (as before pages, for comparisons)"),
+          "off: every capture copies the whole state (as before pages, for comparisons)", flag_only_negative=True),
     Field("checkpoint_memory_mb", int, 2048, "memory budget for checkpoints (MiB)", _range(0)),
     Field("disk_checkpoints", bool, False, "also keep checkpoints on disk (survive restarts)"),
     Field("checkpoint_dir", str, default_checkpoint_dir,
-          "where disk checkpoints (a subdirectory per model) and the weight-digest cache live"),
+          "where disk checkpoints (a subdirectory per model) and the weight-digest cache live", metavar="DIR"),
     Field("checkpoint_disk_mb", int, 8192, "disk budget for checkpoints (MiB)", _range(0)),
     Field("shared_checkpoint_dir", str, None, "disk checkpoints in a directory shared by several daemons of the "
           "model (a shared file system); turns the disk tier on, checkpoint_disk_mb is the whole directory's "
-          "budget", optional=True),
+          "budget", optional=True, metavar="DIR"),
     Field("checkpoint_min_tokens", int, 512, "shortest prefix worth a checkpoint (tokens)", _range(1)),
     Field("packed_cache_dir", str, default_packed_cache_dir,
-          "where a large model's packed weight panels are cached between starts (a rebuildable cache)"),
+          "where a large model's packed weight panels are cached between starts (a rebuildable cache)",
+          metavar="DIR"),
     Field("packed_cache_budget_mb", int, 0, "disk cap for packed_cache_dir (MiB): after a load, a model's older "
           "packed files always go, and other models' files that no running daemon uses are removed, least "
           "recently used first, down to it; 0: no cap (one current file per model directory)", _range(0)),
     Field("expert_cache", str, "auto", "memory for routed experts; the rest is read from the packed cache file on "
           "disk as tokens need them (larger-than-memory models): auto (from available memory and the cgroup "
           "limit), all or 0 (every expert resident), a size such as 800M or 12G, or a share such as 25%",
-          _expert_cache),
+          _expert_cache, metavar="{auto,all,SIZE,SHARE}"),
     Field("expert_prefetch", str, "on", "with paged experts, read a layer's experts before its turn: a hash "
           "layer's from the token ids, others guessed by the layer's router one layer early (only the reads are "
           "speculative: the same output either way): on or off", _one_of("on", "off")),
@@ -226,20 +248,21 @@ LOOPBACK = {"127.0.0.1", "::1", "localhost"}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """One flag per setting; absent flags stay None so lower layers show through."""
-    parser.add_argument("--config", default=None, help="TOML file with settings (keys as below, snake_case)")
+    """One flag per setting; absent flags stay None so lower layers show through. The help shows each
+    default itself (argparse's would be None, the "not given" of the layering) and a setting's choices;
+    a boolean takes --NAME and --no-NAME both (either may undo a config file or variable)."""
+    parser.add_argument("--config", default=None, metavar="PATH",
+                        help="TOML file with settings (keys as below, snake_case)")
     for f in FIELDS:
-        text = f.help.replace("%", "%%")  # argparse %-formats help strings (a literal % crashes --help)
+        text = f"{f.help} (default: {f.default_text()}; {f.env})".replace("%", "%%")  # argparse %-formats help
         if f.kind is bool:
-            if f.flag_only_negative:
-                parser.add_argument(f.flag, dest=f.name, action="store_const", const=False, default=None,
-                                    help=f"turn off: {text} ({f.env})")
-            else:
-                parser.add_argument(f.flag, dest=f.name, action="store_const", const=True, default=None,
-                                    help=f"{text} ({f.env})")
+            parser.add_argument("--" + f.name.replace("_", "-"), dest=f.name, default=None,
+                                action=argparse.BooleanOptionalAction, help=text)
         else:
-            parser.add_argument(f.flag, dest=f.name, default=None, metavar=f.name.upper(),
-                                help=f"{text} ({f.env})")
+            choices = f.choices
+            metavar = f.metavar or ("{" + ",".join(choices) + "}" if choices else
+                                    "N" if f.kind is int else f.name.upper())
+            parser.add_argument(f.flag, dest=f.name, default=None, help=text, metavar=metavar)
 
 
 def _convert(f: Field, value: Any, source: str) -> Any:

@@ -318,10 +318,12 @@ def serve(settings: Settings, load_model=load) -> int:
     """Load the model, then serve it until SIGTERM / SIGINT. Exit status: 0, 1 (sockets), 2 (model)."""
     from cairn.daemon.weights.model_dir import ModelDirError
     from cairn.daemon.api.server import prepare_socket_dir
+    from .socket_dir import check_socket_free
 
     if not os.environ.get("LISTEN_FDS"):      # else systemd owns the socket (checked again at bind)
         try:
-            prepare_socket_dir(settings.socket)   # refuse an unsafe directory before a minutes-long load
+            prepare_socket_dir(settings.socket)   # refuse an unsafe directory before a minutes-long load,
+            check_socket_free(settings.socket)    # and a busy path (another daemon) likewise
         except OSError as e:
             print(f"cairn serve: {e}", file=sys.stderr)
             return 1

@@ -48,3 +48,35 @@ def check_socket_dir(directory: str | os.PathLike, *, uid: int | None = None) ->
         fix = "use a socket path in a directory of its own, e.g. $XDG_RUNTIME_DIR/cairn/cairn.sock"
     raise SocketDirError(f"socket directory {directory} {problem}: another user could replace the socket "
                          f"and read the requests sent to it; {fix} (--socket / CAIRN_SOCKET)")
+
+
+class SocketBusyError(OSError):
+    """Something already stands at the socket path that binding must not replace; the message says
+    what and how to fix it."""
+
+
+def check_socket_free(path: str | os.PathLike) -> None:
+    """Raise SocketBusyError when `path` holds a socket a server answers on, or a file that is not a
+    socket. Nothing there, or a socket nobody answers on (left by a crashed run), is free: binding
+    removes the stale one. `cairn serve` asks before the model loads (minutes for a real model) and
+    again when it binds."""
+    import socket
+
+    p = os.fspath(path)
+    try:
+        st = os.lstat(p)
+    except FileNotFoundError:
+        return
+    if not stat.S_ISSOCK(st.st_mode):
+        raise SocketBusyError(f"{p}: exists and is not a socket; refusing to replace it: remove it if it is "
+                              "a leftover, or serve on another path with --socket PATH (CAIRN_SOCKET)")
+    probe = socket.socket(socket.AF_UNIX)
+    try:
+        probe.connect(p)
+    except OSError:
+        return                        # stale: nobody listens there
+    finally:
+        probe.close()
+    raise SocketBusyError(f"{p}: another server is already listening there; is another cairn daemon running "
+                          "(`cairn status` asks it)? Stop it, or serve on another path "
+                          "with --socket PATH (CAIRN_SOCKET)")

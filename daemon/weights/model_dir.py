@@ -419,6 +419,9 @@ def open_model_dir(path: str | Path, *, digest_cache: str | Path | None = None, 
     if gguf is not None:
         return open_gguf(gguf, digest_cache=digest_cache, log=log)
     if not path.is_dir():
+        if path.exists():        # a file, but not a .gguf one
+            raise ModelDirError(f"{path}: not a model directory or GGUF file (--model takes a directory with "
+                                "config.json, or a .gguf file; docs/model-format.md)")
         raise ModelDirError(f"{path}: model directory does not exist")
     cfg_file = path / "config.json"
     cfg = resolve_config(_read_json(cfg_file, f"{cfg_file}: missing (a model directory needs config.json)"),

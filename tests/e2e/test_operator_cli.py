@@ -235,8 +235,9 @@ def test_unreachable_daemon_is_one_clear_line(tmp_path):
     for args in (["status"], ["chat", "hi"], ["checkpoints", "ls"], ["checkpoints", "rm", "x"]):
         r = cli(path, *args)
         assert r.returncode == 1
-        assert r.stderr.strip().endswith(f"cannot reach cairn at {path}: is the daemon running? "
-                                         "(systemctl status cairn / cairn serve)"), r.stderr
+        assert r.stderr.strip().endswith(f"cannot reach cairn at {path}: is the daemon running? Start it "
+                                         "with `make serve` in the cairn checkout, or `cairn serve --model "
+                                         "DIR_OR_GGUF`; as a service: `systemctl status cairn`"), r.stderr
         assert "Traceback" not in r.stderr
 
 
