@@ -80,14 +80,17 @@ def _free_port() -> int:
 
 
 def server_command(exe: Path, gguf: Path, threads: int, chunk: int, n_ctx: int, port: int,
-                   slots: int = 1) -> list[str]:
+                   slots: int = 1, extend: bool = False) -> list[str]:
     """llama-server doing the kernel's work: `slots` slots (-np; n_ctx is split between them), `threads`
     threads for prompt and decode, ubatch = the kernel's chunk, f32 KV cache like the kernel's fp32
     state, and no prompt cache (-cram 0) or context checkpoints (-ctxcp 0): each prompt is computed
-    from scratch, with no state copies the kernel run does not make."""
+    from scratch, with no state copies the kernel run does not make. extend (bench/depth.py): keep its
+    default context checkpoints, so a prompt that extends the last one resumes from a checkpoint near
+    that prompt's end (the kernel's restore of its snapshot) instead of recomputing it."""
+    keep = [] if extend else ["-ctxcp", "0", "-cram", "0"]
     return [str(exe), "-m", str(gguf), "-t", str(threads), "-tb", str(threads), "-c", str(n_ctx), "-np", str(slots),
             "-b", str(max(chunk, 2048)), "-ub", str(chunk), "-ctk", "f32", "-ctv", "f32",
-            "-ctxcp", "0", "-cram", "0", "--host", "127.0.0.1", "--port", str(port)]
+            *keep, "--host", "127.0.0.1", "--port", str(port)]
 
 
 def check_timings(t: dict, n_prompt: int, n_predict: int) -> dict:
@@ -122,10 +125,11 @@ def sse_event_times(s: socket.socket, path: str, host: str, body: dict, is_token
 class LlamaServer:
     """llama-server on `slots` slots (default one), context n_ctx, ubatch = chunk, f32 KV, no prompt cache or checkpoints."""
 
-    def __init__(self, src: Path, gguf: Path, threads: int, chunk: int, n_ctx: int, log: str, slots: int = 1):
+    def __init__(self, src: Path, gguf: Path, threads: int, chunk: int, n_ctx: int, log: str, slots: int = 1,
+                 extend: bool = False):
         self.port = _free_port()
         self.cmd = server_command(src / "build" / "bin" / "llama-server", gguf, threads, chunk, n_ctx, self.port,
-                                  slots)
+                                  slots, extend)
         self.log = open(log, "w")
         self.proc = subprocess.Popen(self.cmd, stdout=self.log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 300

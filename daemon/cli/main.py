@@ -34,7 +34,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="tiny (tests), small (benchmarks, demo), tiny-fp4 / tiny-fp8 (the official quantized format), "
                          "flash-slice (V4-Flash's dimensions and format, with --layers N), flash-shape (V4-Flash-0731's "
                          "structure at toy width: 43 layers, 256 experts, 48 shards with the drafter, ~70k tensors, "
-                         "~40 MB: loader tests), experts-fp4 (FP4, routed experts "
+                         "~40 MB: loader tests), flash-attn (V4-Flash's attention widths in fp32, small experts "
+                         "and vocabulary: bench/depth.py), experts-fp4 (FP4, routed experts "
                          "~95 %% of the weights: paged-expert tests)")
     mk.add_argument("--names", choices=["official", "hf"], default=None,
                     help="tensor spelling: official DeepSeek (scales W.scale) or HF's (model.…, W.weight_scale_inv); "

@@ -244,6 +244,14 @@ PRESETS["gguf-quant"] = Preset(
     sliding_window=16, csa_rate=4, hca_rate=128, index_n_heads=16, index_head_dim=64, index_topk=8,
     n_routed_experts=2, num_experts_per_tok=1, moe_intermediate_size=256,
 )
+# For decode at depth (issue 41, bench/depth.py): V4-Flash's attention, compressor and indexer widths
+# in fp32, as V4-Flash's layers 2-3 (CSA then HCA, hash-routed first), with 16 small experts and a
+# 1,024-token vocabulary (~0.3 B parameters, 1.3 GB): the work that grows with the context is V4-Flash's
+# per layer, and a 128k state builds in about 15 min on 2 cores (~6e13 multiply-adds). Inside
+# llama.cpp's loader limits, so the same directory converts to an F32 GGUF for the side-by-side runs.
+PRESETS["flash-attn"] = replace(
+    PRESETS["flash-slice"], vocab_size=1024, layer_types=(C, H), mlp_layer_types=("hash_moe", "moe"),
+    n_routed_experts=16, num_experts_per_tok=6, moe_intermediate_size=128, quant=None)
 DIRECT_CODES = ("flash-slice", "experts-fp4", "flash-shape")   # written by flash_slice.write_flash_slice
 
 

@@ -279,3 +279,24 @@ def test_flash_width_slice_from_layer_2_passes_the_loader(tmp_path, monkeypatch)
     assert index["metadata"]["total_size"] == sum(t.end - t.start for t in md.tensors.values())
     # ~9.3 GB (docs/model-format.md: 2.1 GB + 3.57 GB per layer), as the real generation writes
     assert 9.0e9 < sum((d / s).stat().st_size for s in shards) < 9.6e9
+
+
+def test_flash_attn_preset_has_flash_attention_widths_small_experts_and_llama_cpp_limits():
+    """bench/depth.py's model: every attention, compressor and indexer tensor of V4-Flash's layers 2-3
+    at its real shape, in fp32; small experts and vocabulary (so a 128k state builds in minutes); inside
+    llama.cpp's DeepSeek-V4 loader limits (rates 4 and 128, hc_mult 4, indexer head dim >= 64), so it
+    converts to a GGUF for the side-by-side runs. (Writing it takes ~20 s and 1.2 GB: not done here.)"""
+    from cairn.daemon.modelgen.flash_slice import flash_slice_preset
+
+    p = PRESETS["flash-attn"]
+    cfg = resolve_config(hf_config(p))
+    mine = expected_shapes(cfg)
+    flash = expected_shapes(resolve_config(hf_config(flash_slice_preset(FLASH, 2, first_layer=2))))
+    attn = sorted(k for k in flash if ".attn." in k or ".hc_attn_" in k)
+    assert len(attn) > 20 and {k: mine.get(k) for k in attn} == {k: flash[k] for k in attn}
+    assert p.layer_types == FLASH.layer_types[2:4] and p.mlp_layer_types == FLASH.mlp_layer_types[2:4]
+    assert p.quant is None and cfg["max_position_embeddings"] >= 1 << 20
+    assert (cfg["csa_rate"], cfg["hca_rate"], cfg["hc_mult"]) == (4, 128, 4)
+    assert cfg["index_head_dim"] >= 64
+    params = sum(int(np.prod(s)) for s in mine.values())
+    assert params * 4 < 1.4e9, f"{params * 4 / 1e9:.2f} GB of fp32 weights"
