@@ -41,12 +41,14 @@ import trio
 from .engine import Engine
 from .expert_io import ExpertTally
 from .kernel_gate import DECODE
+from .kernel_thread import clocked
 from .lifecycle import ClientGone, attached, end_cancelled, end_failed
 from .messages import Done, Finished, Prefilled, Started, TokenOut, Usage
 from .outcome import log_request
 from .penalties import Shaper
 from .prefill import _capture
 from .sequence import Sequence
+from .spans import now_ns
 from .replies import finish, reply
 from .sampling import choose, log_softmax, make_rng, top_logprobs
 from .speculation import DEFAULT_DRAFT_COST, Speculation, draft_cost_of
@@ -87,6 +89,10 @@ class _Step:
     draft: tuple = ()          # draft tokens fed after `token` in the same call (verify)
     rewind: int = 0            # tokens of the state's last verify to take back first
     ran: bool = False          # taken into a step (the kernel saw it)
+    kernel_s: float = 0.0      # the step's kernel call, its own time (the kernel thread's clock)
+    spans: Any = None          # the request's spans.Spans (None: not measured)
+    submitted_ns: int = 0      # with spans: when it was handed in, when its step ended
+    done_ns: int = 0
     draft_cost: float = DEFAULT_DRAFT_COST   # a draft token's cost in plain steps, when the step ran
 
 
@@ -123,7 +129,8 @@ class DecodeSteps:
         # figure, shared; each request's acceptance is its own: speculation.py)
         self.draft_cost = DEFAULT_DRAFT_COST
 
-    def submit(self, seq: Sequence, token: int, tally: Any = None, draft: tuple = (), rewind: int = 0) -> _Step:
+    def submit(self, seq: Sequence, token: int, tally: Any = None, draft: tuple = (), rewind: int = 0,
+               spans: Any = None) -> _Step:
         """Hand `token` in for `seq`'s next step (it does not wait), with a draft to verify after it and
         the tokens of its last verify to take back first. `tally` gets the whole step's expert-cache
         work: the experts a step reads serve every sequence in it (shared). The memory plan's check
@@ -136,7 +143,8 @@ class DecodeSteps:
         if draft and not self._engine.try_room_for(seq, plain + len(draft)):
             draft = ()                          # no room for the draft: this step decodes plainly
             self.drafts_dropped += 1
-        entry = _Step(seq, int(token), tally=tally, draft=tuple(int(t) for t in draft), rewind=int(rewind))
+        entry = _Step(seq, int(token), tally=tally, draft=tuple(int(t) for t in draft), rewind=int(rewind),
+                      spans=spans, submitted_ns=now_ns() if spans is not None else 0)
         self._pending.append(entry)
         self._arrived.set()
         return entry
@@ -214,21 +222,32 @@ class DecodeSteps:
         try:
             step_io = ExpertTally()
             speculative = any(e.draft or e.rewind for e in batch)
+            spent: list[float] = []             # the call's own seconds (the kernel thread's clock)
+            measured = [e for e in batch if e.spans is not None]
+            start_ns = now_ns() if measured else 0
             for e in batch:
                 e.ran = True
+                if e.spans is not None:
+                    e.spans.add("to_step", start_ns - e.submitted_ns)
             t0 = trio.current_time()
             if speculative:
                 feeds = [np.array((e.token, *e.draft), dtype=np.int32) for e in batch]
-                out = await engine.runner.run(_speculative_step, kernel, [e.seq.state for e in batch],
+                out = await engine.runner.run(clocked(_speculative_step, spent), kernel, [e.seq.state for e in batch],
                                               [e.rewind for e in batch], feeds, tally=step_io)
             elif len(batch) == 1:               # one sequence: the kernel's single-state step, the same bits
                 e = batch[0]
-                out = [await engine.runner.run(kernel.decode, e.seq.state, e.token, tally=step_io)]
+                out = [await engine.runner.run(clocked(kernel.decode, spent), e.seq.state, e.token, tally=step_io)]
             else:
-                out = await engine.runner.run(kernel.decode_batch, [e.seq.state for e in batch],
+                out = await engine.runner.run(clocked(kernel.decode_batch, spent), [e.seq.state for e in batch],
                                               [e.token for e in batch], tally=step_io)
             self._timed(len(batch), sum(len(e.draft) for e in batch), trio.current_time() - t0)
+            kernel_s = spent[0] if spent else 0.0
+            if measured:
+                hop = now_ns() - start_ns - int(kernel_s * 1e9)
+                for e in measured:
+                    e.spans.add("hop", hop)
             for e in batch:
+                e.kernel_s = kernel_s
                 e.draft_cost = self.draft_cost
                 if e.tally is not None:
                     e.tally.add(step_io.io)
@@ -244,6 +263,10 @@ class DecodeSteps:
                     engine.metrics.spec_batched_verify_steps.inc()
             for i, e in enumerate(batch):
                 e.logits = out[i]
+            if measured:
+                after_ns = now_ns()
+                for e in measured:
+                    e.spans.add("after", after_ns - start_ns - hop - int(kernel_s * 1e9))
         except Exception as exc:                # every sequence of the step fails (its state may be torn)
             for e in batch:
                 e.error = exc
@@ -252,6 +275,8 @@ class DecodeSteps:
             for e in batch:
                 if e.logits is None and e.error is None:
                     e.error = RuntimeError("the engine stopped before this decode step finished")
+                if e.spans is not None:
+                    e.done_ns = now_ns()
                 e.done.set()
 
 
@@ -265,9 +290,9 @@ class Feed:
     speculative: bool = False                  # the kernel verifies drafts (verify, rewind)
 
 
-def feed_of(steps: DecodeSteps, seq: Sequence) -> Feed:
-    return Feed(lambda tok, tally, draft=(), rewind=0: steps.submit(seq, tok, tally, draft, rewind), steps.wait,
-                steps.let_go, lambda k: steps.rewind(seq, k), speculative=steps.speculate)
+def feed_of(steps: DecodeSteps, seq: Sequence, spans: Any = None) -> Feed:
+    return Feed(lambda tok, tally, draft=(), rewind=0: steps.submit(seq, tok, tally, draft, rewind, spans),
+                steps.wait, steps.let_go, lambda k: steps.rewind(seq, k), speculative=steps.speculate)
 
 
 def _grammar_prefix(constraint, draft: list[int]) -> list[int]:
@@ -304,6 +329,7 @@ async def run_decode(engine: Engine, pre: Prefilled, stream_decoder, stats: dict
     generated: list[int] = []     # every picked token (Done.ids, when the request keeps them)
     verified: tuple[int, float] | None = None   # (drafted, draft_cost) of the open draft
     accepted = 0
+    sp = sub.trace.spans                        # spans.Spans, or None (not measured)
 
     def close_draft() -> None:
         nonlocal verified, accepted
@@ -317,6 +343,8 @@ async def run_decode(engine: Engine, pre: Prefilled, stream_decoder, stats: dict
         verified, accepted = None, 0
 
     try:
+        if sp is not None:
+            sp.lap()
         while n < budget:
             allowed = None
             if s.constraint is not None:  # the grammar mask, off the event loop (llguidance drops the GIL)
@@ -325,6 +353,8 @@ async def run_decode(engine: Engine, pre: Prefilled, stream_decoder, stats: dict
                 tok, lp, top = await trio.to_thread.run_sync(_pick, logits, shaper, allowed, s, rng)
             else:
                 tok, lp, top = _pick(logits, shaper, allowed, s, rng)
+            if sp is not None:
+                sp.lap("pick")
             shaper.accept(tok)
             generated.append(tok)
             n += 1
@@ -349,6 +379,8 @@ async def run_decode(engine: Engine, pre: Prefilled, stream_decoder, stats: dict
                 owed += kept             # the last token is never fed (below): a drafted one is taken back
                 break
             text, stopped = stops.push(stream_decoder.push(tok), stream_decoder.hidden_text(tok))
+            if sp is not None:
+                sp.lap("text")
             if stopped or n == budget:   # the last token is never fed: nothing needs its logits
                 owed += kept
                 await _send(sub, TokenOut(tok, text, lp, top))
@@ -357,6 +389,8 @@ async def run_decode(engine: Engine, pre: Prefilled, stream_decoder, stats: dict
                 break
             if kept:
                 await _send(sub, TokenOut(tok, text, lp, top))
+                if sp is not None:
+                    sp.lap("reply")
                 logits = after
                 continue
             draft = _grammar_prefix(s.constraint, spec.draft(budget - n - 1)) if spec is not None else []
@@ -369,14 +403,22 @@ async def run_decode(engine: Engine, pre: Prefilled, stream_decoder, stats: dict
                     draft = list(fed.draft)
             else:
                 fed = feed.submit(tok, sub.trace.decode_experts)
+            if sp is not None:
+                sp.lap("submit")
             try:
                 await _send(sub, TokenOut(tok, text, lp, top))
+                if sp is not None:
+                    sp.lap("reply")
                 out = await feed.wait(fed)
             except BaseException:                   # client gone, cancelled, or the step failed: it ends first
                 if await feed.let_go(fed):
                     owed = len(draft)               # what was owed went with the step; its draft is owed now
                 raise
             owed = 0
+            sub.trace.decode_kernel_s += getattr(fed, "kernel_s", 0.0)
+            if sp is not None:
+                sp.add("wake", now_ns() - fed.done_ns)
+                sp.lap()
             if spec is not None:
                 spec.stats["calls"] += 1
             if draft:
@@ -429,7 +471,7 @@ async def decode_turn(pre: Prefilled, seq: Sequence, to_admission, *, engine: En
     stats: dict = {"completion_tokens": 0, "first_token_at": None}
 
     async def work() -> Done:
-        done = await run_decode(engine, pre, new_stream_decoder(), stats, feed_of(steps, seq))
+        done = await run_decode(engine, pre, new_stream_decoder(), stats, feed_of(steps, seq, sub.trace.spans))
         if sub.keep_reply:
             await capture_reply_end(engine, seq, sub, done)
         return done

@@ -14,6 +14,10 @@ call's states are still its own (no other call runs, and their requests wait for
 engine publishes their figures for the readers that must not touch a state a call may hold
 (actors/sequence.py).
 
+`clocked(fn, spent)` is `fn` that appends its own time in the kernel thread to `spent` (perf_counter,
+around the call alone: not the thread hop, not the publish); the decode worker sums it into the
+request's `decode_kernel_ms` (actors/trace.py).
+
 With paged experts (`meter`, actors/expert_io.py) the thread samples the expert cache's counters
 before and after each call: the delta is that call's disk work (calls never overlap). It goes to
 the engine-wide totals and, when the caller passes a `tally`, to the caller's sum.
@@ -21,8 +25,10 @@ the engine-wide totals and, when the caller passes a `tally`, to the caller's su
 
 from __future__ import annotations
 
-from functools import partial
+from functools import partial, wraps
 from typing import Any, Callable
+
+import time
 
 import trio
 
@@ -38,6 +44,17 @@ def _metered(meter, fn: Callable[..., Any]) -> Callable[[], tuple[Any, Any]]:
             delta = meter.sample() - before   # an aborted or failed call read bytes too
             meter.record(delta)
         return result, delta
+    return call
+
+
+def clocked(fn: Callable[..., Any], spent: list) -> Callable[..., Any]:
+    @wraps(fn)
+    def call(*a: Any, **kw: Any) -> Any:
+        t0 = time.perf_counter()
+        try:
+            return fn(*a, **kw)
+        finally:
+            spent.append(time.perf_counter() - t0)
     return call
 
 

@@ -15,9 +15,9 @@ from .expert_io import ExpertTally
 class RequestTrace:
     __slots__ = ("received_at", "submitted_at", "prefill_at", "planned_at", "prefilled_at",
                  "kernel_s", "kernel_calls", "snapshot_s", "snapshots", "prefill_experts", "decode_experts",
-                 "reuse")
+                 "reuse", "decode_kernel_s", "spans")
 
-    def __init__(self, received_at: float | None = None) -> None:
+    def __init__(self, received_at: float | None = None, spans=None) -> None:
         self.received_at = received_at      # the HTTP handler started (before the body is read)
         self.submitted_at: float | None = None   # parsed, validated, tokenized: sent to admission
         self.prefill_at: float | None = None     # the prefill worker took it
@@ -34,6 +34,10 @@ class RequestTrace:
         # where the prompt's reused tokens came from, set by the prefill worker once planned (the edge's
         # cache diagnostics read it): {"from": "live_state" | "checkpoint" | "none", ...}
         self.reuse: dict | None = None
+        # decode: the request's kernel calls' own time, as the kernel thread measured it (a batched
+        # step counts whole for each request in it); the log line's `decode_kernel_ms`
+        self.decode_kernel_s = 0.0
+        self.spans = spans                       # actors/spans.Spans when CAIRN_DECODE_SPANS=1, else None
 
     def experts(self) -> dict | None:
         """The request's expert-cache work for its log line; None when no expert was paged."""

@@ -21,6 +21,7 @@ from cairn.actors.errors import single
 from cairn.actors.messages import (Cancel, CancelAck, Done, Failed, Progress, Rejected, RequestControl, Sampling,
                                    Started, Submit, TokenOut)
 from cairn.actors.replies import STALL_S
+from cairn.actors import spans as decode_spans
 from cairn.actors.trace import RequestTrace
 from cairn.actors.turns import turn_boundaries
 
@@ -71,6 +72,7 @@ class API:
             from cairn.daemon.service.memory_plan import DIAGNOSTIC_IDS_BYTES
             fingerprints = FingerprintTable(DIAGNOSTIC_IDS_BYTES)
         self.fingerprints = fingerprints
+        self.spans = decode_spans.enabled()    # per-token spans in the request log line (bench only)
         if status is None:
             from .status import StatusBoard
             status = StatusBoard(fingerprint=fingerprint, context_length=context_length, fingerprints=fingerprints)
@@ -561,7 +563,8 @@ class API:
         opener = self._reply_opener(ids, turn_end) if chat else None
         submit = Submit(rid, tuple(ids), turns.system_end if hint is None else hint, sampling,
                         prompt_logprobs, reply_send, control, turn_end_tokens=turn_end,
-                        turn_tokens=turns.last_user, trace=RequestTrace(received), keep_reply=opener is not None)
+                        turn_tokens=turns.last_user, keep_reply=opener is not None,
+                        trace=RequestTrace(received, decode_spans.Spans() if self.spans else None))
         terminal = None
         self.status.submitted(rid, len(ids), sampling.max_tokens, control)
         try:
@@ -575,7 +578,10 @@ class API:
                         if isinstance(msg, Progress):
                             await out.progress(send, msg)
                         elif isinstance(msg, TokenOut):
+                            t0 = decode_spans.now_ns() if self.spans else 0
                             await out.token(send, msg)
+                            if self.spans:
+                                submit.trace.spans.add("http", decode_spans.now_ns() - t0)
                         elif isinstance(msg, Started):
                             if prep is not None:
                                 self._cache_started(rid, prep, msg.reused_tokens, submit.trace.reuse)
