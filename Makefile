@@ -8,7 +8,10 @@ PIP    := $(PY) -m pip
 MODEL  ?= models/cairn-code
 # Benchmarks and the demo measure speed at V4-like proportions: a generated random-weight model.
 BENCH_MODEL ?= models/small
+# What `make test` needs (every kernel level, the test, oracle and gateway extras), and what `make serve`
+# needs (the serving set, this CPU's kernel level): a venv that has the first has the second.
 STAMP  := $(VENV)/.cairn-installed
+SERVING := $(VENV)/.cairn-serving
 # The agent clients the suite runs as they ship (pyproject.toml extra `clients`; aider in a venv of its own)
 CLIENTS := $(VENV)/.cairn-clients
 AIDER_VERSION := 0.86.2
@@ -22,12 +25,22 @@ $(PY):
 
 # Build requirements go into the venv first so the extension builds without isolation and
 # keeps its CMake build directory (build/) between installs: a rebuild after an edit is incremental.
+# scripts/install.py runs pip and prints what it builds while it builds (build/install.log: all of it).
 $(STAMP): $(PY) pyproject.toml $(NATIVE)
 	$(PIP) install -q scikit-build-core pybind11 cmake ninja
-	$(PIP) install -q --no-build-isolation -e '.[test,oracle,gateway]'
+	$(PY) scripts/install.py --extras test,oracle,gateway
 	touch $(STAMP)
 
 install: $(STAMP)
+
+# The serving set only (no torch, transformers or smg) and the kernel for this CPU's level only: a
+# fresh `make serve` answers in minutes. A venv `make test` set up and still current is left whole;
+# otherwise the install replaces it, so $(STAMP) goes and `make test` installs the rest again.
+$(SERVING): $(PY) pyproject.toml $(NATIVE)
+	@if $(MAKE) -q $(STAMP) 2>/dev/null; then echo "cairn: .venv is up to date (make test's install)"; else \
+	  rm -f $(STAMP) && $(PIP) install -q scikit-build-core pybind11 cmake ninja && \
+	  $(PY) scripts/install.py --host-level; fi
+	touch $(SERVING)
 
 $(CLIENTS): $(STAMP)
 	@echo "installing the agent clients the tests run (Claude Code, Codex CLI, aider $(AIDER_VERSION)): ~1.5 GB, once"
@@ -47,9 +60,11 @@ model: $(BENCH_MODEL)/generation_config.json
 
 # Foreground daemon on the default Unix socket; prints the socket path and a curl example.
 # Extra flags: make serve ARGS="--tcp 127.0.0.1:8000 --log-level debug"; another model: MODEL=path
-serve: install
-	@test -f $(MODEL)/config.json || { echo "no model directory at $(MODEL) (MODEL=path to serve another)"; exit 1; }
-	$(VENV)/bin/cairn serve --model $(MODEL) $(ARGS)
+# (a model directory or a .gguf file: `cairn serve --model` checks it and says what is wrong).
+serve:
+	@test -e '$(MODEL)' || { echo "MODEL=$(MODEL): no such file or directory (a model directory or a .gguf file)"; exit 1; }
+	@$(MAKE) --no-print-directory $(SERVING)
+	$(VENV)/bin/cairn serve --model '$(MODEL)' $(ARGS)
 
 # An agent session through the real socket: checkpoints off / in memory / from disk after a restart;
 # prints TTFT per turn. Smaller run: make demo DEMO_ARGS="--system-tokens 2000 --turns 3"
