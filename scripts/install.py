@@ -77,12 +77,12 @@ class Progress:
         if line.startswith("Collecting ") and self.phase == "":
             self.phase = "fetch"
             self.say("fetching the Python packages")
-        elif "Building editable for cairn" in line or "Building wheel for cairn" in line:
+        elif self.phase != "build" and ("Building editable for cairn" in line or "Building wheel for cairn" in line):
             self.phase = "build"
             self.say("compiling the kernel (native/)")
         elif line.startswith("Successfully installed"):
             self.say("installed: " + line.removeprefix("Successfully installed ").strip()[:200])
-        m = COMPILE.match(line)
+        m = COMPILE.match(line.strip())     # pip indents its build backend's output
         if m:
             done, total, target = int(m.group(1)), int(m.group(2)), m.group(3)
             now = self.clock()
@@ -116,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"cairn: pip's full output goes to {LOG.relative_to(ROOT)}", flush=True)
     LOG.parent.mkdir(exist_ok=True)
     tail: list[str] = []
-    with open(LOG, "w") as log, subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    with open(LOG, "w", buffering=1) as log, subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                                    text=True, bufsize=1) as proc:
         for line in proc.stdout:
             log.write(line)

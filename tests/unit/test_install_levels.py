@@ -33,10 +33,11 @@ def test_the_probe_before_install_picks_the_level_the_installed_kernel_picks():
 
 def test_progress_says_the_phase_the_level_and_how_far(capsys):
     p = _install_script().Progress(clock=lambda: 7.0)     # no time passes: lines by tenths only
-    for line in ["Collecting numpy>=1.26", "Collecting trio", "Building editable for cairn (pyproject.toml): started"]:
+    for line in ["Collecting numpy>=1.26", "Collecting trio", "Building editable for cairn (pyproject.toml): started",
+                 "  Running command Building editable for cairn (pyproject.toml)"]:
         p.feed(line)
     for i in range(1, 41):
-        p.feed(f"[{i}/40] Building CXX object CMakeFiles/_kernel_v3.dir/src/forward.cpp.o")
+        p.feed(f"  [{i}/40] Building CXX object CMakeFiles/_kernel_v3.dir/src/forward.cpp.o")   # as pip -v shows it
     out = capsys.readouterr().out.splitlines()
     assert sum("fetching the Python packages" in ln for ln in out) == 1
     assert sum("compiling the kernel" in ln for ln in out) == 1
