@@ -42,7 +42,8 @@ def choose(flags: frozenset[str], built: list[str], forced: str | None = None) -
         if forced not in LEVELS:
             raise ImportError(f"CAIRN_ISA={forced!r}: not a kernel level; the levels are {', '.join(LEVELS)}")
         if forced not in built:
-            raise ImportError(f"CAIRN_ISA={forced!r}: this build has no such kernel (built: {', '.join(built)})")
+            raise ImportError(f"CAIRN_ISA={forced!r}: this build has no such kernel (built: {', '.join(built)}; "
+                              "`make serve` builds only this CPU's level, `make install` or `pip install .` every one)")
         if forced not in runnable(flags):
             raise ImportError(f"CAIRN_ISA={forced!r}: this CPU (or its OS) lacks "
                               f"{', '.join(sorted(LEVELS[forced] - flags))}")
