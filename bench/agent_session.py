@@ -13,8 +13,8 @@ a daemon restart. Prints a table of TTFT per turn and the ratio to a full re-pre
 daemons at once — checkpoints over shared pages (`checkpoint_share_pages=true`) and full copies
 (`false`, the behaviour before pages) — at the default checkpoint budget scaled to the model's
 state size. Every switch back (each request after a conversation's first): where its prefix came
-from (the `checkpoint_hit` tier, or miss / live) and its TTFT. See docs/benchmarks.md "Agent
-session: switch backs, pages vs full copies".
+from (the `checkpoint_hit` tier, or miss / live) and its TTFT. See docs/benchmarks/checkpoints.md
+"Agent session: switch backs, pages vs full copies".
 
     python bench/agent_session.py --sub-agents --model /work/bench-small [--quick] [--json out.json]
 """

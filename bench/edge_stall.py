@@ -5,8 +5,8 @@ request with N tools is refused (a forced tool choice on a prompt that cannot fi
 
 A daemon (the fake kernel: no model compute, only the edge) on a Unix socket; for each request the
 wall time and the longest /health round trip while it ran. The edge renders and tokenizes in a worker
-thread; what stalls the loop is work that holds the GIL there (docs/benchmarks.md, "The edge under
-a heavy request").
+thread; what stalls the loop is work that holds the GIL there (docs/benchmarks/2026-12-04.md,
+"The edge under a heavy request").
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ Each run is a fresh process (bench/paged_worker.py) that loads the model from th
 Hit rate against budget: the route trace of a resident run that feeds the stream one token per
 kernel call (as decode does) is replayed through the kernel's own policy code
 (`_kernel.replay_expert_policy`) for LRU, LRFU, hotpin and the kernel's default, cycle, at 10..100 %
-of the experts. Paged runs use the kernel's default policy (cycle; the results in docs/benchmarks.md
+of the experts. Paged runs use the kernel's default policy (cycle; the results in docs/benchmarks/
 dated before 2026-12-02 ran hotpin).
 """
 

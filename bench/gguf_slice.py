@@ -18,7 +18,7 @@ time at its start and end:
              its avg tok/s, its model_size, the process's maximum RSS (mapped file pages included).
 The table printed at the end: the best round of each engine (max tok/s), with every round in the JSON lines.
 
-The issue 23 run (docs/benchmarks.md, "GGUF as stored: the flash slice (layers 2-3) in Q4_K and the q2 mix"):
+The issue 23 run (docs/benchmarks/2026-12-01.md, "GGUF as stored: the flash slice (layers 2-3) in Q4_K and the q2 mix"):
     bench/gguf_quantize_slice.sh /work/gguf23        # the slice, its MXFP4 GGUF, the imatrix, Q4_K and the q2 mix
     .venv/bin/python bench/gguf_slice.py --llama-bin $LLAMA_SRC/build/bin --rounds 2 \
         /work/gguf23/flash23-q4k.gguf /work/gguf23/flash23-q2mix.gguf      (twice)

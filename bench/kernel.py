@@ -26,7 +26,7 @@ the router, the k routed experts + shared expert of every layer, the hyper-head 
 embedding row is left out) divided into the probe's bandwidth. KV / compressed-state reads are not
 weights and are not counted. The kernel's own M=1 product is reported beside it, for reference only.
 
-Prints a markdown table (paste into docs/benchmarks.md) and optionally writes JSON (--json).
+Prints a markdown table (paste into the day's docs/benchmarks/<date>.md) and optionally writes JSON (--json).
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ README): `build.sh` builds llama.cpp from the llama-cpp-python sdist, `convert_h
 GGUF of our model directory. This module only calls them, then runs `llama-server` on that GGUF and
 times prompts of given token ids through `/completion` with the server's own timings.
 
-Fairness (docs/benchmarks.md): same token ids, same threads, ubatch = the kernel's chunk, f32 KV cache,
+Fairness (docs/benchmarks/2026-12-01.md, "equal work"): same token ids, same threads, ubatch = the kernel's chunk, f32 KV cache,
 prompt cache and context checkpoints off, greedy decode of exactly `n_decode` steps.
 """
 

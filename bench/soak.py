@@ -41,7 +41,7 @@ The checks (exit status 1 if any is not zero; one JSON summary on stdout):
                   leak grows round after round, a plateau does not
 Also counted (and failing): `unexpected`, an answer no client should get (a 5xx other than 507, a
 bad body not refused with a 4xx error naming what was wrong, a status poll that failed).
-Results: docs/benchmarks.md ("Soak (issue 40)").
+Results: docs/benchmarks/soak.md (the summary in docs/benchmarks.md).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 three conversation clients: no crash, no wedge, no answer changed against the quiet reference run, no
 OOM kill, nothing unexpected. The fifth zero of the full soak (RSS back to its post-warm-up baseline
 ± 5 %) is printed, not asserted here: after 45 s the baseline has not settled (a plateau of 3–6 MB of
-Python pools and bounded tables still filling; docs/benchmarks.md "Soak"), so it is judged by
+Python pools and bounded tables still filling; docs/benchmarks/soak.md), so it is judged by
 `bench/soak.py` runs of minutes.
 
 The daemon runs in a memory cgroup near the plan's limit where the host has one (tests/memory_cap.py);
