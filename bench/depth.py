@@ -46,8 +46,9 @@ Without llama.cpp's binaries it prints how to build them and runs cairn only.
   fixed     = 43 x (hc + qkv + compress + out + router + experts per layer) + head, from --slice-json's
               shallowest decode (V4-Flash's own layers and format: FP8 projections, FP4 experts, the
               129,280-token head), or from this run's per-layer figures without it (fp32: slower);
-  indexer_C = i0 + i1 x (nI x Di x keys scored at n): i1 fitted (least squares) on this run's depths
-              with keys scored; i0 the slice's indexer per CSA layer when it scored nothing, else the fit's;
+  indexer_C = i0 + i1 x (nI x Di x keys scored at n), per CSA layer: both fitted (least squares) on this
+              run's depths; i0 then replaced by the slice's indexer per CSA layer at a depth where it
+              scored nothing (its projections in V4-Flash's format);
   attn(n)   = a0 x 43 + a1 x keys(n), keys(n) = 43 x min(n, 128) + 21 x min(n / 4, 512) + 20 x n / 128
               (V4-Flash: 21 CSA, 20 HCA, 2 sliding layers), a0 and a1 fitted on this run's depths;
   tok/s = 1 / t(n). 1M is an extrapolation (both fits are linear in the keys, as the code's work is).
@@ -59,7 +60,6 @@ import argparse
 import json
 import os
 import platform
-import socket
 import sys
 import time
 import urllib.request
@@ -225,9 +225,7 @@ def peer_segment(server, ids: list[int], n_decode: int) -> dict:
 # ---- projection -----------------------------------------------------------------------------------
 
 def _fit(xs, ys) -> tuple[float, float]:
-    """Least-squares (intercept, slope); one point: slope through the origin."""
-    if len(xs) == 1:
-        return 0.0, ys[0] / xs[0]
+    """Least-squares (intercept, slope)."""
     b, a = np.polyfit(np.asarray(xs, float), np.asarray(ys, float), 1)
     return float(a), float(b)
 
@@ -240,11 +238,15 @@ def project(shape: Shape, depths: list[dict], slice_res: dict | None) -> dict:
     # attention: attn(n) = a0 x layers + a1 x keys(n)
     X = np.array([[L, shape.keys(n)] for n, _ in sec], float)
     y = np.array([s["attn"] for _, s in sec])
-    a0, a1 = np.linalg.lstsq(X, y, rcond=None)[0] if len(sec) > 1 else (0.0, y[0] / X[0, 1])
-    # indexer per CSA layer: i0 + i1 x scoring multiply-adds
-    sc = [(shape.nI * shape.Di * shape.scored(n), s["indexer"] / nC) for n, s in sec]
-    pts = [(m, v) for m, v in sc if m > 0]
-    i0, i1 = _fit([m for m, _ in pts], [v for _, v in pts]) if pts else (sc[0][1], 0.0)
+    a0, a1 = (float(v) for v in (np.linalg.lstsq(X, y, rcond=None)[0] if len(sec) > 1 else (0.0, y[0] / X[0, 1])))
+    # indexer per CSA layer: i0 + i1 x scoring multiply-adds, over every depth (those that score
+    # nothing pin the intercept)
+    xs = [shape.nI * shape.Di * shape.scored(n) for n, _ in sec]
+    ys = [s["indexer"] / nC for _, s in sec]
+    if len(set(xs)) > 1:
+        i0, i1 = _fit(xs, ys)
+    else:
+        i0, i1 = (ys[0], 0.0) if xs[0] == 0 else (0.0, ys[0] / xs[0])
     src = "this run (its own weights' format)"
     fixed_layer = {k: sec[0][1].get(k, 0) / L for k in FIXED}
     head = sec[0][1].get("head", 0.0)
@@ -259,13 +261,16 @@ def project(shape: Shape, depths: list[dict], slice_res: dict | None) -> dict:
         src = f"{slice_res['model']} at {s0['depth']}"
     fixed = sum(fixed_layer.values()) * sum(fl.values()) + head
     out = {"fixed_from": src, "fixed_s": fixed, "fixed_per_layer_s": fixed_layer, "head_s": head,
-           "attn_fit": {"a0_s_per_layer": float(a0), "a1_s_per_key": float(a1)},
+           "attn_fit": {"a0_s_per_layer": a0, "a1_s_per_key": a1},
            "indexer_fit": {"i0_s_per_csa_layer": i0, "i1_s_per_mac": i1}, "at": {}}
     for n in PROJECT_AT:
         ind = fl[C_] * (i0 + i1 * shape.nI * shape.Di * shape.scored(n))
         att = a0 * sum(fl.values()) + a1 * shape.keys(n, fl)
         t = fixed + ind + att
         out["at"][n] = {"tok_s": 1 / t, "s": t, "indexer_s": ind, "attn_s": att}
+    if i1 < 0 or a1 < 0:
+        out["warning"] = ("a fitted cost per multiply-add or key is negative: the depths' timings are noise "
+                          "(a loaded machine?); rerun on a quiet one")
     base = out["at"][PROJECT_AT[0]]["tok_s"]
     for n in PROJECT_AT:
         out["at"][n]["of_1k"] = out["at"][n]["tok_s"] / base
@@ -320,6 +325,8 @@ def print_report(res: dict) -> None:
         p = res["projection"]
         print(f"\nV4-Flash resident decode, projected (fixed sections from {p['fixed_from']}: "
               f"{_ms(p['fixed_s'])} ms a token)\n")
+        if "warning" in p:
+            print(f"**{p['warning']}**\n")
         print("| depth | tok/s | of 1k | indexer ms | attn ms |")
         print("|---|---|---|---|---|")
         for n, v in p["at"].items():
