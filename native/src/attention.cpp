@@ -28,41 +28,46 @@
 
 namespace cairn {
 
+IndexerStats g_indexer_stats;
+
 // score(t, s) = sum over heads h ascending of fma(relu(d_h) * ss, w_h * ws, acc), where
 // d_h = fma chain over the Di channels ascending (the packed micro-kernel's order). The
 // per-query reference path below and the packed path compute exactly these operations.
+// keys[s]'s column c is keys[s][c * kst] (kst 16 for keys kept as panels, 1 for rows).
 static void index_scores_ref(const float* q /*[nI,Di]*/, const float* wts /*[nI]*/, const float* const* keys,
-                             int64_t T, int nI, int Di, float ss, float ws, float* sc /*[T]*/) {
+                             int kst, int64_t T, int nI, int Di, float ss, float ws, float* sc /*[T]*/) {
   for (int64_t s = 0; s < T; ++s) {
     const float* k = keys[s];
     float acc = 0.f;
     for (int h = 0; h < nI; ++h) {
       float d = 0.f;
-      for (int c = 0; c < Di; ++c) d = fmadd(q[(size_t)h * Di + c], k[c], d);
+      for (int c = 0; c < Di; ++c) d = fmadd(q[(size_t)h * Di + c], k[(size_t)c * kst], d);
       acc = fmadd(std::max(d, 0.f) * ss, wts[h] * ws, acc);
     }
     sc[s] = acc;
   }
 }
 
-// Same scores from key panels kp ([ceil(T/16)][Di][16], packed per chunk): heads are the
-// micro-kernel's input rows, keys its panel columns.
-static void index_scores_packed(const float* q, const float* wts, const float* kp, int64_t T, int nI, int Di,
-                                float ss, float ws, float* sc /*[>= ceil(T/16)*16]*/) {
-  const int npan = (int)((T + kPanel - 1) / kPanel);
-  const Linear keys{nullptr, kp, (int)T, Di};
-  const float* qh[64];
-  float cw[64];
-  for (int h = 0; h < nI; ++h) { qh[h] = q + (size_t)h * Di; cw[h] = wts[h] * ws; }
-  float r[64 * kPackN * kPanel];  // [nI][np*16] head dots of one panel group
-  for (int p0 = 0; p0 < npan; p0 += kPackN) {
-    const int np = std::min(kPackN, npan - p0), nc = np * kPanel;
-    float* out = sc + (size_t)p0 * kPanel;
-    std::fill(out, out + nc, 0.f);
-    packed_panels(qh, nI, keys, p0, np, r);
-    for (int h = 0; h < nI; ++h)
-      for (int j = 0; j < nc; ++j) out[j] = fmadd(std::max(r[h * nc + j], 0.f) * ss, cw[h], out[j]);
-  }
+// A unit of scoring work: np <= kPackN key panels ([np][Di][16]) holding keys k0 .. k0 + 16 np.
+// Units are independent (each writes its own scores), so they split over threads freely.
+struct KeyUnit {
+  const float* p;  // the panels (null on the reference path, which reads rows)
+  int64_t k0;
+  int np;
+};
+
+// Scores of unit u's keys below Ti into sc[u.k0 ..] (whole panels: up to 15 past Ti): heads are
+// the micro-kernel's input rows, keys its panel columns.
+static void index_scores_packed(const float* const* qh /*[nI] -> [Di]*/, const float* cw /*[nI]*/, const KeyUnit& u,
+                                int64_t Ti, int nI, int Di, float ss, float* sc) {
+  const int np = (int)std::min<int64_t>(u.np, (Ti - u.k0 + kPanel - 1) / kPanel), nc = np * kPanel;
+  const Linear keys{nullptr, u.p, nc, Di};
+  float r[64 * kPackN * kPanel];  // [nI][np*16] head dots of the unit
+  float* out = sc + u.k0;
+  std::fill(out, out + nc, 0.f);
+  packed_panels(qh, nI, keys, 0, np, r);
+  for (int h = 0; h < nI; ++h)
+    for (int j = 0; j < nc; ++j) out[j] = fmadd(std::max(r[h * nc + j], 0.f) * ss, cw[h], out[j]);
 }
 
 // The K best of row[0..n) (ties to the lowest index), ascending: the K-th largest value by
@@ -81,7 +86,10 @@ static void top_k(const float* row, int64_t n, int K, std::vector<float>& tmp, s
     if (row[s] > v || (row[s] == v && ties-- > 0)) out.push_back((int)s);
 }
 
-// For each query i, fills sel[i] with the selected entry indices (ascending).
+// For each query i, fills sel[i] with the selected entry indices (ascending). The keys' panels
+// are read in place from their page groups where the layout keeps them as panels (pages.h), else
+// packed once per call. A chunk's queries split over threads; a single query (decode) splits its
+// key units instead. Either way each score is the same operations, so the bits do not change.
 static void indexer_select(const Model& m, const State& st, const LayerState& ls, const float* qI /*[S,nI*Di]*/,
                            const float* wI /*[S,nI]*/, int S, int64_t pos0,
                            std::vector<std::vector<int>>& sel) {
@@ -91,17 +99,68 @@ static void indexer_select(const Model& m, const State& st, const LayerState& ls
   const float ss = 1.f / std::sqrt((float)Di), ws = 1.f / std::sqrt((float)nI);
   sel.assign(S, {});
   const int64_t Tlast = std::min<int64_t>(T, (pos0 + S) / R);  // the most any query of the chunk sees
-  std::vector<float> kp;
-  std::vector<const float*> rows(Tlast);  // the keys, from their pages
-  for (int64_t s = 0; s < Tlast; ++s) rows[s] = st.entry(ls.icomp, s);
-  if (m.batched_indexer && Tlast > K) {
-    kp.resize(packed_floats((int)Tlast, Di));
-    pack_panels(rows, Di, kp.data());
+  if (Tlast <= K) {  // every query takes all its keys
+    for (int i = 0; i < S; ++i) {
+      sel[i].resize(std::min<int64_t>(T, (pos0 + i + 1) / R));
+      std::iota(sel[i].begin(), sel[i].end(), 0);
+    }
+    return;
   }
+  const PageLayout::Array& arr = st.pages.layout->arrays[ls.icomp.arr];
+  const bool in_place = m.batched_indexer && arr.panels;
+  std::vector<const float*> rows;  // the keys, from their pages (reference path, or to pack)
+  std::vector<float> kp;           // [ceil(Tlast/16)][Di][16] when packed here
+  std::vector<KeyUnit> units;      // covering keys [0, Tlast) in order
+  auto add_units = [&](const float* p, int64_t k0, int64_t nkeys) {
+    const int npan = (int)((nkeys + kPanel - 1) / kPanel);
+    for (int p0 = 0; p0 < npan; p0 += kPackN)
+      units.push_back({p ? p + (size_t)p0 * Di * kPanel : nullptr, k0 + (int64_t)p0 * kPanel, std::min(kPackN, npan - p0)});
+  };
+  if (in_place) {
+    for (int64_t k0 = 0; k0 < Tlast; k0 += arr.rows)
+      add_units(st.pages.group_rows(ls.icomp.arr, k0 / arr.rows), k0, std::min<int64_t>(arr.rows, Tlast - k0));
+  } else {
+    rows.resize(Tlast);
+    for (int64_t s = 0; s < Tlast; ++s) rows[s] = st.entry(ls.icomp, s);
+    if (m.batched_indexer) {
+      kp.resize(packed_floats((int)Tlast, Di));
+      pack_panels(rows, Di, kp.data());
+      g_indexer_stats.packed_floats.fetch_add(Tlast * Di, std::memory_order_relaxed);
+    }
+    add_units(m.batched_indexer ? kp.data() : nullptr, 0, Tlast);
+  }
+  const int kst = arr.stride();
+  // Unit u's scores for query i (its keys below Ti) into sc; qh, cw: the query's heads [nI].
+  auto score = [&](int i, const float* const* qh, const float* cw, const KeyUnit& u, int64_t Ti, float* sc) {
+    if (u.k0 >= Ti) return;
+    if (m.batched_indexer) return index_scores_packed(qh, cw, u, Ti, nI, Di, ss, sc);
+    const int64_t n = std::min<int64_t>(Ti - u.k0, (int64_t)u.np * kPanel);
+    index_scores_ref(qI + (size_t)i * nI * Di, wI + (size_t)i * nI, rows.data() + u.k0, kst, n, nI, Di, ss, ws, sc + u.k0);
+  };
+  auto heads = [&](int i, const float** qh, float* cw) {
+    for (int h = 0; h < nI; ++h) { qh[h] = qI + ((size_t)i * nI + h) * Di; cw[h] = wI[(size_t)i * nI + h] * ws; }
+  };
   const int64_t work = (int64_t)S * Tlast * nI * Di;
-#pragma omp parallel num_threads(m.threads) if (S > 1 && work > kParMinWork)
+  if (S == 1) {  // decode: the key units split over threads, the top-k after them
+    const float* qh[64];
+    float cw[64];
+    heads(0, qh, cw);
+    std::vector<float> sc((size_t)(Tlast + kPanel * kPackN)), tmp;
+#pragma omp parallel num_threads(m.threads) if (m.threads > 1 && work > kParMinWork)
+    {
+      if (omp_get_thread_num() == 0 && omp_get_num_threads() > 1)
+        g_indexer_stats.parallel_decode.fetch_add(1, std::memory_order_relaxed);
+#pragma omp for schedule(static)
+      for (size_t u = 0; u < units.size(); ++u) score(0, qh, cw, units[u], Tlast, sc.data());
+    }
+    top_k(sc.data(), Tlast, K, tmp, sel[0]);
+    return;
+  }
+#pragma omp parallel num_threads(m.threads) if (work > kParMinWork)
   {
     std::vector<float> sc, tmp;
+    const float* qh[64];
+    float cw[64];
 #pragma omp for schedule(dynamic, 4)
     for (int i = 0; i < S; ++i) {
       const int64_t Ti = std::min<int64_t>(T, (pos0 + i + 1) / R);
@@ -111,14 +170,277 @@ static void indexer_select(const Model& m, const State& st, const LayerState& ls
         std::iota(out.begin(), out.end(), 0);
         continue;
       }
+      heads(i, qh, cw);
       sc.resize((size_t)(Ti + kPanel * kPackN));
-      if (m.batched_indexer)
-        index_scores_packed(qI + (size_t)i * nI * Di, wI + (size_t)i * nI, kp.data(), Ti, nI, Di, ss, ws, sc.data());
-      else
-        index_scores_ref(qI + (size_t)i * nI * Di, wI + (size_t)i * nI, rows.data(), Ti, nI, Di, ss, ws, sc.data());
+      for (const KeyUnit& u : units) score(i, qh, cw, u, Ti, sc.data());
       top_k(sc.data(), Ti, K, tmp, out);
     }
   }
+}
+
+AttnStats g_attn_stats;
+
+#if defined(__AVX2__) || defined(__AVX512F__)
+constexpr int kPvH = 6;  // heads a pass holds: 6 x 16 accumulators (12 ymm / 6 zmm)
+#else
+constexpr int kPvH = 2;
+#endif
+
+// o[h][d] = sum over keys k ascending of p[h][k] * rows[k][d], one fma chain from 0 per output:
+// the chain the packed product runs over pack_panels_kn(rows) (packed.cpp: acc = fma(x[k], w[k],
+// acc), k ascending), whose panel column k is 16 consecutive floats of rows[k] -- so the rows are
+// read where they are instead. MH heads of p [.., ldp] from h0 into o [.., Dh].
+template <int MH>
+static void pv_heads(const float* p, int ldp, int h0, const float* const* rows, int nk, int Dh, float* o) {
+  int d0 = 0;
+  for (; d0 + kPanel <= Dh; d0 += kPanel) {
+    lanes::f32x16 acc[MH] = {};
+    for (int k = 0; k < nk; ++k) {
+      const lanes::f32x16 u = lanes::load_f32(rows[k] + d0);
+      for (int a = 0; a < MH; ++a) acc[a] = lanes::fmadd_lanes(p[(size_t)(h0 + a) * ldp + k], u, acc[a]);
+    }
+    for (int a = 0; a < MH; ++a) lanes::store(o + (size_t)(h0 + a) * Dh + d0, acc[a]);
+  }
+  for (; d0 < Dh; ++d0)  // a last part-panel: the micro-kernel's lanes round as fmadd does (kernels.h)
+    for (int a = 0; a < MH; ++a) {
+      float acc = 0.f;
+      for (int k = 0; k < nk; ++k) acc = fmadd(p[(size_t)(h0 + a) * ldp + k], rows[k][d0], acc);
+      o[(size_t)(h0 + a) * Dh + d0] = acc;
+    }
+}
+
+// Heads [h0, h1) of o = P U (pv_heads), kPvH at a time.
+static void pv_rows(const float* p, int ldp, int h0, int h1, const float* const* rows, int nk, int Dh, float* o) {
+  using Fn = void (*)(const float*, int, int, const float* const*, int, int, float*);
+  static constexpr Fn kFns[] = {&pv_heads<1>, &pv_heads<2>, &pv_heads<3>, &pv_heads<4>, &pv_heads<5>, &pv_heads<6>};
+  for (int h = h0; h < h1; h += kPvH) {
+    const int mh = std::min(kPvH, h1 - h);
+    kFns[mh - 1](p, ldp, h, rows, nk, Dh, o);
+  }
+}
+
+// One (query, head)'s softmax with its sink, in place: row [nu] (a block's key union: the window
+// [lo, hi] and HCA [nwin, nwin + vh) visible, every other key set to an exact 0) and srw [nsel]
+// (its CSA top-k). Both attention paths call this, so their weights are the same bits.
+static void softmax_head(float* row, int nu, int lo, int hi, int nwin, int vh, float* srw, int nsel, float sink,
+                         float scale) {
+  float mx = sink;
+  for (int j = 0; j < nu; ++j) row[j] *= scale;
+  for (int e = 0; e < nsel; ++e) srw[e] *= scale;
+  for (int j = lo; j <= hi; ++j) mx = std::max(mx, row[j]);
+  for (int j = nwin; j < nwin + vh; ++j) mx = std::max(mx, row[j]);
+  for (int e = 0; e < nsel; ++e) mx = std::max(mx, srw[e]);
+  for (int j = 0; j < nu; ++j) row[j] -= mx;
+  for (int e = 0; e < nsel; ++e) srw[e] -= mx;
+  vexp(row, row, nu);
+  if (nsel) vexp(srw, srw, nsel);
+  std::fill(row, row + lo, 0.f);  // masked keys weigh exactly 0
+  std::fill(row + hi + 1, row + nwin, 0.f);
+  std::fill(row + nwin + vh, row + nu, 0.f);
+  float sum = 0.f;
+  for (int j = lo; j <= hi; ++j) sum += row[j];
+  for (int j = nwin; j < nwin + vh; ++j) sum += row[j];
+  for (int e = 0; e < nsel; ++e) sum += srw[e];
+  sum += fexp(sink - mx);
+  const float inv = 1.f / sum;
+  for (int j = 0; j < nu; ++j) row[j] *= inv;
+  for (int e = 0; e < nsel; ++e) srw[e] *= inv;
+}
+
+// A block of one query (decode; a chunk's last block of one), its keys read where they are:
+// nothing is packed but its own H heads. keys = [window rows | HCA rows] (the first nu, all
+// visible) then its CSA top-k rows. Scores: the packed product with the roles swapped -- the
+// query's heads packed as the weights, the key rows its input rows; fma(u[c], q[c], acc) over Dh
+// ascending is the same chain as today's fma(q[c], u[c], acc) -- and o = P U by pv_rows, so every
+// number is the block path's. Key rows split over threads for the scores, heads for the rest.
+// o [H, Dh].
+static void attend_one(const float* q /*[H,Dh]*/, const std::vector<const float*>& keys, int nu, int H, int Dh,
+                       float scale, const float* sink /*[H]*/, int nt, float* o) {
+  const int nk = (int)keys.size(), nsel = nk - nu;
+  std::vector<const float*> qh(H);
+  for (int h = 0; h < H; ++h) qh[h] = q + (size_t)h * Dh;
+  std::vector<float> qp(packed_floats(H, Dh));  // [ceil(H/16)][Dh][16]
+  pack_panels(qh, Dh, qp.data());
+  const Linear heads{nullptr, qp.data(), H, Dh};
+  std::vector<float> sk((size_t)nk * H);  // [nk, H] scores as the product gives them
+  std::vector<float> sc((size_t)H * nk);  // [H, nk] the same per head, then its weights
+  std::vector<float> osel((size_t)(nsel ? H : 0) * Dh);  // [H, Dh] the top-k keys' part
+  constexpr int kRows = 48;  // key rows per scoring task: whole row tiles on every target
+  const int ntask = (nk + kRows - 1) / kRows;
+  const bool par = nt > 1 && 2 * (int64_t)nk * H * Dh > kParMinWork && !omp_in_parallel();
+  g_attn_stats.one_query.fetch_add(1, std::memory_order_relaxed);
+  if (par) g_attn_stats.one_query_parallel.fetch_add(1, std::memory_order_relaxed);
+#pragma omp parallel num_threads(nt) if (par)
+  {
+#pragma omp for schedule(static)
+    for (int t = 0; t < ntask; ++t) {
+      const int k0 = t * kRows;
+      linear_rows(keys.data() + k0, std::min(kRows, nk - k0), heads, &sk[(size_t)k0 * H], H);
+    }
+#pragma omp for schedule(static)
+    for (int h = 0; h < H; ++h) {
+      float* row = &sc[(size_t)h * nk];
+      for (int j = 0; j < nk; ++j) row[j] = sk[(size_t)j * H + h];
+      softmax_head(row, nu, 0, nu - 1, nu, 0, row + nu, nsel, sink[h], scale);
+    }
+#pragma omp for schedule(static)
+    for (int h = 0; h < H; h += kPvH) {
+      const int h1 = std::min(H, h + kPvH);
+      pv_rows(sc.data(), nk, h, h1, keys.data(), nu, Dh, o);
+      if (nsel) pv_rows(sc.data() + nu, nk, h, h1, keys.data() + nu, nsel, Dh, osel.data());
+      if (nsel)
+        for (size_t d = (size_t)h * Dh; d < (size_t)h1 * Dh; ++d) o[d] = o[d] + osel[d];
+    }
+  }
+}
+
+// The call's projected rows, shared by its segments: segment g reads rows r0 .. r0 + S of each.
+struct AttnRows {
+  const float *q /*[Stot,H,Dh]*/, *kv /*[Stot,Dh]*/, *cs, *sn /*[Stot,r/2]*/;
+  const float *ckv, *cg /*[Stot,cw]*/, *ikv, *ig /*[Stot,icw]*/, *qI /*[Stot,nI*Di]*/, *wI /*[Stot,nI]*/;
+  float* o;  // [Stot, H, Dh]
+};
+
+// One segment's own work: its window ring, compressors, indexer and attention, on its own state
+// and its own rows of o. nt: threads it may use inside; prof: its section timers.
+static void attend_segment(const Model& m, int layer, const AttnSeg& seg, const AttnRows& R, int nt, double* prof) {
+  const Config& c = m.cfg;
+  const LayerW& L = m.layers[layer];
+  const AttnType type = c.layer_types[layer];
+  const int H = c.H, Dh = c.Dh, r = c.r, W = c.W, half = r / 2;
+  double t0 = omp_get_wtime();
+  auto lap = [&](Section s) {
+    const double t = omp_get_wtime();
+    prof[s] += t - t0;
+    t0 = t;
+  };
+  State& st = *seg.st;
+  LayerState& ls = *seg.ls;
+  const int S = seg.S, R0 = seg.r0;
+  const int64_t pos0 = seg.pos0;
+  const float* q = R.q + (size_t)R0 * H * Dh;
+  const float* csg = R.cs + (size_t)R0 * half;
+  const float* sng = R.sn + (size_t)R0 * half;
+
+  // The window's key rows where they are: position p < pos0 in the ring (its slot is rewritten
+  // only after attention, below), the chunk's own in kvnew [S, Dh].
+  const int ring = W - 1;
+  const float* kvnew = R.kv + (size_t)R0 * Dh;
+  auto key_row = [&](int64_t p) {
+    return p < pos0 ? &ls.win[(size_t)(p % ring) * Dh] : kvnew + (size_t)(p - pos0) * Dh;
+  };
+
+  // compressors + indexer
+  std::vector<std::vector<int>> sel;  // CSA: selected entries per query
+  if (type != AttnType::Sliding) {
+    const int cw = ls.comp.cw;
+    compressor_feed(m, L.comp, st, ls.comp, type == AttnType::CSA, R.ckv + (size_t)R0 * cw, R.cg + (size_t)R0 * cw,
+                    S, pos0);
+    lap(P_COMPRESS);
+    if (type == AttnType::CSA) {
+      const int icw = ls.icomp.cw, nI = c.nI, Di = c.Di;
+      compressor_feed(m, L.icomp, st, ls.icomp, true, R.ikv + (size_t)R0 * icw, R.ig + (size_t)R0 * icw, S, pos0);
+      indexer_select(m, st, ls, &R.qI[(size_t)R0 * nI * Di], &R.wI[(size_t)R0 * nI], S, pos0, sel);
+      lap(P_INDEXER);
+    }
+  }
+  // attention: o [S, H, Dh]. K == V and all heads share one KV head, so a block of kQB
+  // queries runs as GEMMs over the union of its keys, U = [window rows t0-W+1 .. t1 | HCA
+  // entries visible to the block's last query]: scores [nq*H, |U|] = Q U^T, then per (query,
+  // head) a masked softmax (with sink) and o = P U. A masked key's weight is an exact 0, so a
+  // query's sums see the same nonzero terms in the same order whichever block it falls in.
+  // CSA queries add their own top-k entries as a second, per-query pair of GEMMs. A block of one
+  // query (decode) does the same sums without packing its keys (attend_one).
+  float* o = R.o + (size_t)R0 * H * Dh;
+  const float scale = 1.f / std::sqrt((float)Dh);
+  const int rate = type == AttnType::HCA ? c.hca_rate : c.csa_rate;
+  const int64_t nent = ls.comp.n_entries();
+  constexpr int kQB = 16;
+  const int nblk = (S + kQB - 1) / kQB;
+  const int64_t extra_keys = type == AttnType::HCA ? nent : type == AttnType::CSA ? std::min<int64_t>(nent, c.topk) : 0;
+  const int64_t attn_work = (int64_t)S * H * Dh * (std::min<int64_t>(W, pos0 + S) + extra_keys);
+#pragma omp parallel num_threads(nt) if (nt > 1 && nblk > 1 && attn_work > kParMinWork)
+  {
+    std::vector<float> uq, uv, sc, sq, sv, ssc, osel;
+    std::vector<const float*> urow, qrow, prow, srow;
+#pragma omp for schedule(dynamic, 1)
+    for (int b = 0; b < nblk; ++b) {
+      const int i0 = b * kQB, nq = std::min(kQB, S - i0);
+      const int64_t tf = pos0 + i0, tl = tf + nq - 1;
+      const int64_t u0 = std::max<int64_t>(0, tf - W + 1);
+      const int nwin = (int)(tl - u0 + 1);
+      const int nhca = type == AttnType::HCA ? (int)std::min<int64_t>(nent, (tl + 1) / rate) : 0;
+      const int nu = nwin + nhca;
+      urow.resize(nu);
+      for (int j = 0; j < nwin; ++j) urow[j] = key_row(u0 + j);
+      for (int e = 0; e < nhca; ++e) urow[nwin + e] = st.entry(ls.comp, e);
+      if (nq == 1) {
+        if (type == AttnType::CSA)
+          for (int e : sel[i0]) urow.push_back(st.entry(ls.comp, e));
+        attend_one(q + (size_t)i0 * H * Dh, urow, nu, H, Dh, scale, L.sink, nt, o + (size_t)i0 * H * Dh);
+        for (int h = 0; h < H; ++h)
+          rope_apply(o + ((size_t)i0 * H + h) * Dh, Dh, r, &csg[(size_t)i0 * half], &sng[(size_t)i0 * half], -1.f);
+        continue;
+      }
+      uq.resize(packed_floats(nu, Dh));
+      uv.resize(packed_floats(Dh, nu));
+      pack_panels(urow, Dh, uq.data());
+      pack_panels_kn(urow.data(), nu, Dh, uv.data());
+      g_attn_stats.keys_packed.fetch_add(2 * (int64_t)nu * Dh, std::memory_order_relaxed);
+      qrow.resize((size_t)nq * H);
+      for (int a = 0; a < nq * H; ++a) qrow[a] = &q[((size_t)i0 * H + a) * Dh];
+      sc.resize((size_t)nq * H * nu);
+      linear_rows(qrow.data(), nq * H, Linear{nullptr, uq.data(), nu, Dh}, sc.data(), nu);
+      for (int a = 0; a < nq; ++a) {
+        const int i = i0 + a;
+        const int64_t t = pos0 + i;
+        const int lo = (int)(std::max<int64_t>(0, t - W + 1) - u0), hi = (int)(t - u0);  // window [lo, hi]
+        const int vh = type == AttnType::HCA ? (int)std::min<int64_t>(nent, (t + 1) / rate) : 0;
+        const int nsel = type == AttnType::CSA ? (int)sel[i].size() : 0;
+        if (nsel) {  // this query's top-k entries: scores [H, nsel]
+          srow.resize(nsel);
+          for (int e = 0; e < nsel; ++e) srow[e] = st.entry(ls.comp, sel[i][e]);
+          sq.resize(packed_floats(nsel, Dh));
+          pack_panels(srow, Dh, sq.data());
+          ssc.resize((size_t)H * nsel);
+          linear_rows(&qrow[(size_t)a * H], H, Linear{nullptr, sq.data(), nsel, Dh}, ssc.data(), nsel);
+        }
+        for (int h = 0; h < H; ++h)
+          softmax_head(&sc[((size_t)a * H + h) * nu], nu, lo, hi, nwin, vh, nsel ? &ssc[(size_t)h * nsel] : nullptr,
+                       nsel, L.sink[h], scale);
+        if (nsel) {  // o_sel [H, Dh] = P_sel S, added to the window/HCA part below
+          sv.resize(packed_floats(Dh, nsel));
+          pack_panels_kn(srow.data(), nsel, Dh, sv.data());
+          g_attn_stats.keys_packed.fetch_add(2 * (int64_t)nsel * Dh, std::memory_order_relaxed);
+          prow.resize(H);
+          for (int h = 0; h < H; ++h) prow[h] = &ssc[(size_t)h * nsel];
+          osel.resize((size_t)nq * H * Dh);
+          linear_rows(prow.data(), H, Linear{nullptr, sv.data(), Dh, nsel}, &osel[(size_t)a * H * Dh], Dh);
+        }
+      }
+      // o rows of the block [nq*H, Dh] = P U, one product for the whole block
+      prow.resize((size_t)nq * H);
+      for (int a = 0; a < nq * H; ++a) prow[a] = &sc[(size_t)a * nu];
+      float* ob = o + (size_t)i0 * H * Dh;
+      linear_rows(prow.data(), nq * H, Linear{nullptr, uv.data(), Dh, nu}, ob, Dh);
+      for (int a = 0; a < nq; ++a) {
+        const int i = i0 + a;
+        float* oi = ob + (size_t)a * H * Dh;
+        if (type == AttnType::CSA && !sel[i].empty())
+          for (int d = 0; d < H * Dh; ++d) oi[d] = oi[d] + osel[(size_t)a * H * Dh + d];
+        for (int h = 0; h < H; ++h)
+          rope_apply(oi + (size_t)h * Dh, Dh, r, &csg[(size_t)i * half], &sng[(size_t)i * half], -1.f);
+      }
+    }
+  }
+  // The chunk's rows into the ring, now that nothing reads the slots they take. Rows a later row
+  // of the chunk overwrites are skipped, except in a journaled call: rewinding into the chunk must
+  // find each position's own write to undo to.
+  for (int64_t p = st.journal.j ? pos0 : std::max<int64_t>(pos0, pos0 + S - ring); p < pos0 + S; ++p) {
+    st.will_write(&ls.win[(size_t)(p % ring) * Dh], Dh, p);
+    std::memcpy(&ls.win[(size_t)(p % ring) * Dh], &kvnew[(size_t)(p - pos0) * Dh], sizeof(float) * Dh);
+  }
+  lap(P_ATTN);
 }
 
 // The projections (q, kv, compressor and indexer inputs, output) are per-row products over all

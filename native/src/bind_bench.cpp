@@ -123,4 +123,13 @@ void register_bench(py::module_& m) {
       for (double& v : cairn::g_prof) v = 0;
     return d;
   }, py::arg("reset") = true, "Seconds spent per forward section since the last reset (process-wide).");
+  m.def("_indexer_stats", [](bool reset) {
+    auto& g = cairn::g_indexer_stats;
+    py::dict d;
+    d["packed_floats"] = reset ? g.packed_floats.exchange(0) : g.packed_floats.load();
+    d["parallel_decode"] = reset ? g.parallel_decode.exchange(0) : g.parallel_decode.load();
+    return d;
+  }, py::arg("reset") = true,
+        "What the CSA indexer did since the last reset (process-wide): key floats packed into panels, "
+        "decode scorings split over threads.");
 }

@@ -7,9 +7,12 @@
 #include <stdexcept>
 #include <string>
 
+#include "cairn/kernels.h"
 #include "cairn/model.h"
 
 namespace cairn {
+
+static_assert(kPanel == 16, "PageLayout::Array's panel layout is the packed micro-kernel's");
 
 namespace {
 std::atomic<int64_t> g_groups{0}, g_bytes{0};
@@ -51,6 +54,7 @@ std::shared_ptr<const PageLayout> make_page_layout(const Config& c, int64_t page
       a.off = off;
       a.dim = dim;
       a.rows = (int)(P / rate);
+      a.panels = k == 1 && a.rows % kPanel == 0;  // the indexer's keys, scored in place
       off += (int64_t)a.rows * dim;
     };
     if (c.layer_types[l] == AttnType::HCA) put(0, c.hca_rate, c.Dh);
@@ -73,19 +77,20 @@ int64_t PageLayout::used_floats(int64_t group, int64_t n) const {
   return f;
 }
 
-// A private copy of g: only the rows written, so untouched memory stays untouched.
+// A private copy of g: only the rows written (in the panel layout, the whole panels that hold
+// them, zero lanes included), so untouched memory stays untouched.
 static std::shared_ptr<PageGroup> copy_group(const PageLayout& L, const PageGroup& g) {
   auto c = std::make_shared<PageGroup>(L.group_floats, L.arrays.size());
   for (size_t a = 0; a < L.arrays.size(); ++a) {
     const PageLayout::Array& ar = L.arrays[a];
     if (!g.fill[a]) continue;
-    std::memcpy(c->data.get() + ar.off, g.data.get() + ar.off, sizeof(float) * (size_t)g.fill[a] * ar.dim);
+    std::memcpy(c->data.get() + ar.off, g.data.get() + ar.off, sizeof(float) * (size_t)ar.span(g.fill[a]));
     c->fill[a] = g.fill[a];
   }
   return c;
 }
 
-float* PageTable::write_row(int arr, int64_t i) {
+void PageTable::write_row(int arr, int64_t i, const float* src) {
   const PageLayout::Array& a = layout->arrays[arr];
   const size_t g = (size_t)(i / a.rows);
   if (g > groups.size()) throw std::logic_error("page table: rows must be appended in order");
@@ -96,7 +101,14 @@ float* PageTable::write_row(int arr, int64_t i) {
   if (grp.use_count() > 1) grp = copy_group(*layout, *grp);
   const int r = (int)(i % a.rows);
   grp->fill[arr] = std::max(grp->fill[arr], r + 1);
-  return grp->data.get() + a.off + (int64_t)r * a.dim;
+  float* base = grp->data.get() + a.off;
+  if (!a.panels) {
+    std::memcpy(base + (int64_t)r * a.dim, src, sizeof(float) * a.dim);
+    return;
+  }
+  float* panel = base + a.at(r - r % kPanel);  // [dim][16]
+  if (r % kPanel == 0) std::fill(panel, panel + (size_t)a.dim * kPanel, 0.f);  // lanes past the fill: zero
+  for (int c = 0; c < a.dim; ++c) panel[(size_t)c * kPanel + r % kPanel] = src[c];
 }
 
 void PageTable::drop_last_row(int arr, int64_t i) {
@@ -106,7 +118,10 @@ void PageTable::drop_last_row(int arr, int64_t i) {
     throw std::logic_error("page table: only the last row of an array can be dropped");
   std::shared_ptr<PageGroup>& grp = groups[g];
   if (grp.use_count() > 1) grp = copy_group(*layout, *grp);
-  grp->fill[arr] = (int)(i % a.rows);
+  const int r = (int)(i % a.rows);
+  grp->fill[arr] = r;
+  if (a.panels)  // the lane goes back to zero, as if never written (a group's bytes are its rows')
+    for (int c = 0; c < a.dim; ++c) grp->data[(size_t)(a.off + a.at(r) + (int64_t)c * kPanel)] = 0.f;
   while (!groups.empty() && std::all_of(groups.back()->fill.begin(), groups.back()->fill.end(), [](int f) { return f == 0; }))
     groups.pop_back();
 }

@@ -1,6 +1,6 @@
 // cairn kernel: State construction and the snapshot tail blob.
 //
-// Tail layout (little-endian, version SNAPSHOT_VERSION = 3, cairn/state.h):
+// Tail layout (little-endian, version SNAPSHOT_VERSION = 4, cairn/state.h):
 //   magic "CAIRNSNP" (8) | u32 version | u32 fingerprint length | fingerprint bytes
 //   | 8 x u32 shape guard (vocab, D, n_layers, W, Dh, Di, csa_rate, hca_rate) | u64 page_tokens
 //   | i64 n | i32 tokens[n] | u8 has_logits | f32 logits[V] if has_logits
@@ -8,10 +8,12 @@
 //       window rows min(n, W-1) x Dh, oldest first
 //       CSA/HCA: buf_kv and buf_gate (n%rate) x cw, CSA and n >= rate: overlap kv, gate rate x Dh
 //       CSA indexer: the same at Di
-//   | the partial page group's rows (group n/P): each array's used rows, in layout order
+//   | the partial page group's rows (group n/P): each array's used rows, in layout order, as
+//     [used, dim] rows whatever the array's layout in the group (no padding lanes)
 //   | u64 blob_checksum of everything before it
 // The full groups 0 .. n/P-1 are not in the tail: they travel as page references (in memory) or
-// as their own bytes (on disk, each group_bytes long). Every size is derived from (config, n), so
+// as their own bytes (on disk, each group_bytes long, in the group's layout: the indexer's keys
+// as panels where pages.h says so; version 4, 3 had them row-major). Every size is derived from (config, n), so
 // restore checks the exact total length before reading, then the checksum, then the contents:
 // random, truncated or foreign blobs are rejected with std::invalid_argument and never touch
 // memory out of bounds.
@@ -119,7 +121,7 @@ State State::live(const Model& m) const {
 }
 
 void State::append_entry(CompState& cs, const float* row) {
-  std::memcpy(pages.write_row(cs.arr, cs.rows), row, sizeof(float) * cs.dim);
+  pages.write_row(cs.arr, cs.rows, row);
   cs.rows += 1;
 }
 
@@ -326,8 +328,15 @@ void tail_into(const State& s, uint8_t* out) {
     write_comp(w, ls.icomp, s.n);
   }
   const int64_t g = s.full_groups();
+  std::vector<float> row;
   each_partial_span(L, s.n, [&](const PageLayout::Array& ar, int64_t used) {
-    w.floats(s.pages.groups[(size_t)g]->data.get() + ar.off, used * ar.dim);
+    const float* base = s.pages.groups[(size_t)g]->data.get() + ar.off;
+    if (!ar.panels) return w.floats(base, used * ar.dim);
+    row.resize(ar.dim);
+    for (int r = 0; r < (int)used; ++r) {  // gathered from its panel lane
+      for (int c = 0; c < ar.dim; ++c) row[c] = base[ar.at(r) + (int64_t)c * ar.stride()];
+      w.floats(row.data(), ar.dim);
+    }
   });
   uint64_t h = blob_checksum(out, w.off);
   w.put<uint64_t>(h);
@@ -345,8 +354,10 @@ int64_t read_header(const Model& m, Reader& r) {
   if (ver != SNAPSHOT_VERSION)
     throw std::invalid_argument("unsupported snapshot version " + std::to_string(ver) + " (this build reads " +
                                 std::to_string(SNAPSHOT_VERSION) +
-                                (ver < SNAPSHOT_VERSION ? "; it was written before paged state and must be recomputed)"
-                                                        : ")"));
+                                (ver < 3   ? "; it was written before paged state and must be recomputed)"
+                                 : ver < 4 ? "; it was written before the indexer's keys were kept as panels and must "
+                                             "be recomputed)"
+                                           : ")"));
   uint32_t flen = r.get<uint32_t>();
   if (flen > 4096 || flen > r.n - r.off) throw std::invalid_argument("snapshot is truncated or corrupt (fingerprint)");
   std::string fp(flen, '\0');
@@ -421,16 +432,17 @@ State restore(const Model& m, const uint8_t* data, size_t size, const uint8_t* c
     for (size_t a = 0; a < L.arrays.size(); ++a) g->fill[a] = L.arrays[a].rows;
     s.pages.groups.push_back(std::move(g));
   }
-  bool partial = false;
-  each_partial_span(L, n, [&](const PageLayout::Array&, int64_t) { partial = true; });
-  if (partial) {
-    auto g = std::make_shared<PageGroup>(L.group_floats, L.arrays.size());
-    each_partial_span(L, n, [&](const PageLayout::Array& ar, int64_t used) {
-      r.floats(g->data.get() + ar.off, used * ar.dim);
-      g->fill[(size_t)(&ar - L.arrays.data())] = (int)used;
-    });
-    s.pages.groups.push_back(std::move(g));
-  }
+  // The partial group: its rows appended as the compressors did (the first allocates the group),
+  // so each array lands in its own layout.
+  std::vector<float> row;
+  each_partial_span(L, n, [&](const PageLayout::Array& ar, int64_t used) {
+    const int arr = (int)(&ar - L.arrays.data());
+    row.resize(ar.dim);
+    for (int64_t k = 0; k < used; ++k) {
+      r.floats(row.data(), ar.dim);
+      s.pages.write_row(arr, full * ar.rows + k, row.data());
+    }
+  });
   return s;
 }
 

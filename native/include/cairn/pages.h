@@ -13,6 +13,12 @@
 //    state or snapshot sees, and a group in use cannot be freed while a reference exists.
 //  * Every live group is counted in one process-wide pool (page_pool_stats), which is what the
 //    daemon's memory plan reads: live states and checkpoints share one pool.
+//  * The CSA indexer's keys (arrays 2*layer + 1) are kept in the panel layout the packed
+//    micro-kernel reads, [rows/16][dim][16], when a group holds a multiple of 16 of them (V4's
+//    defaults: 64), so the indexer scores them in place and nothing is re-packed per token. A
+//    panel is final once its 16 rows are written; the lanes of the last, partial one past the fill
+//    are zero (zeroed when the panel is started, and again when a row is dropped), so the bytes of
+//    a group depend only on the rows written. Every other array is row-major [rows][dim].
 #pragma once
 #include <atomic>
 #include <cstdint>
@@ -32,6 +38,12 @@ struct PageLayout {
     int64_t off = 0;  // floats from the group's start
     int dim = 0;      // floats per row
     int rows = 0;     // rows per group = P / rate
+    bool panels = false;  // [rows/16][dim][16] (kPanel-row panels, k-major) instead of [rows][dim]
+    // Offset of row r's column 0 inside the array, and the step between its columns.
+    int64_t at(int r) const { return panels ? (int64_t)(r / 16) * dim * 16 + r % 16 : (int64_t)r * dim; }
+    int stride() const { return panels ? 16 : 1; }
+    // Floats from the array's start that hold rows [0, used): whole panels in the panel layout.
+    int64_t span(int used) const { return panels ? (int64_t)(used + 15) / 16 * 16 * dim : (int64_t)used * dim; }
   };
   std::vector<Array> arrays;  // [2 * n_layers]
   int64_t group_floats = 0;
@@ -71,13 +83,16 @@ struct PageTable {
   std::shared_ptr<const PageLayout> layout;
   std::vector<std::shared_ptr<PageGroup>> groups;
 
+  // Array arr's row i: its column c is at row(arr, i)[c * layout->arrays[arr].stride()].
   const float* row(int arr, int64_t i) const {
     const PageLayout::Array& a = layout->arrays[arr];
-    return groups[i / a.rows]->data.get() + a.off + (i % a.rows) * a.dim;
+    return groups[i / a.rows]->data.get() + a.off + a.at((int)(i % a.rows));
   }
-  // The row to write for array arr's row i: allocates the group when it is new, copies it first
+  // Array arr's rows in group g (its layout's start: [rows][dim], or panels).
+  const float* group_rows(int arr, int64_t g) const { return groups[g]->data.get() + layout->arrays[arr].off; }
+  // Writes array arr's row i (dim floats): allocates the group when it is new, copies it first
   // when another table or snapshot holds it.
-  float* write_row(int arr, int64_t i);
+  void write_row(int arr, int64_t i, const float* src);
   // Forget array arr's row i, its last (a rewound speculative token's): the group's fill drops to
   // i (a shared group is copied first, so no other holder sees it), and a trailing group left with
   // no rows is released, as if the row had never been written.

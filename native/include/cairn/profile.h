@@ -2,6 +2,9 @@
 #pragma once
 #include <omp.h>
 
+#include <atomic>
+#include <cstdint>
+
 namespace cairn {
 // The shared expert runs in the same parallel phases as the routed ones, so its time is in P_EXPERTS
 // (a separate bucket could only ever read ~0).
@@ -19,4 +22,12 @@ inline void prof_lap(Section s, double& t0) {
   g_prof[s] += t - t0;
   t0 = t;
 }
+
+// What the CSA indexer did (process-wide; _kernel._indexer_stats reads and resets it), so tests can
+// assert which path ran: key floats packed into panels per call (0 where the page groups keep them
+// as panels), and decode (S = 1) scorings that ran on more than one thread.
+struct IndexerStats {
+  std::atomic<int64_t> packed_floats{0}, parallel_decode{0};
+};
+extern IndexerStats g_indexer_stats;
 }  // namespace cairn

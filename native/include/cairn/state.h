@@ -130,7 +130,8 @@ struct State {
 
 // Serialized snapshot: a tail blob (everything a state holds but its full page groups) plus the
 // full groups' bytes, each exactly group_bytes, in order. See state.cpp for the tail's layout.
-constexpr uint32_t SNAPSHOT_VERSION = 3;  // 3: paged (2: one whole blob, word-wise checksum)
+// 4: the CSA indexer's keys as panels in their groups (3: paged, rows row-major; 2: one whole blob)
+constexpr uint32_t SNAPSHOT_VERSION = 4;
 size_t tail_size(const State& s);
 void tail_into(const State& s, uint8_t* out);  // out has tail_size(s) bytes
 // Throws std::invalid_argument with a clear message on any malformed input. pages[k] has
