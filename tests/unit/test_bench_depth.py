@@ -1,0 +1,76 @@
+"""bench/depth.py's arithmetic: the indexer's multiply-adds, the keys attention reads, and the V4-Flash
+projection recover a known linear cost model (without running the kernel)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from cairn.daemon.modelgen.make_model import PRESETS, hf_config
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+
+import depth  # noqa: E402
+
+
+@pytest.fixture
+def shape(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps(hf_config(PRESETS["flash-attn"])))
+    return depth.Shape(str(tmp_path))
+
+
+def test_indexer_scores_only_past_top_k_and_prefill_sums_the_positions(shape):
+    proj = shape.indexer_proj_macs()
+    assert proj == 64 * 128 * 1024 + 64 * 4096 + 2 * 2 * 128 * 4096
+    assert shape.indexer_macs(2048) == proj                     # 512 entries: all taken unscored
+    assert shape.indexer_macs(131072) == 64 * 128 * 32768 + proj  # one CSA layer
+    p, d = 1000, 3000
+    assert shape.prefill_indexer_macs(p, d) == sum(shape.indexer_macs(t + 1) for t in range(p, d))
+    # one window each, CSA's top-k, HCA's entries
+    assert shape.keys(131072) == 2 * 128 + 512 + 1024
+    assert shape.keys(64) == 2 * 64 + 16
+
+
+def test_projection_recovers_a_linear_cost_model(shape):
+    fixed = {"hc": 1e-4, "qkv": 2e-3, "compress": 5e-4, "out": 3e-3, "router": 1e-5, "experts": 4e-3}
+    head, i0, i1, a0, a1 = 2e-2, 1e-3, 1.0 / 40e9, 2e-4, 3e-8
+
+    def sections(n):
+        s = {k: v * shape.layers for k, v in fixed.items()}
+        s["head"] = head
+        s["indexer"] = shape.kinds[depth.C_] * (i0 + i1 * shape.nI * shape.Di * shape.scored(n))
+        s["attn"] = a0 * shape.layers + a1 * shape.keys(n)
+        return s
+
+    runs = [{"depth": n, "cairn": {"decode": {"sections_s_per_token": sections(n)}}} for n in (1024, 8192, 32768)]
+    p = depth.project(shape, runs, None)
+    fl = depth.FLASH_LAYERS
+    for n in depth.PROJECT_AT:
+        want = (sum(fixed.values()) * 43 + head + 21 * (i0 + i1 * 64 * 128 * shape.scored(n))
+                + a0 * 43 + a1 * shape.keys(n, fl))
+        assert p["at"][n]["s"] == pytest.approx(want, rel=1e-6)
+    tok = [p["at"][n]["tok_s"] for n in depth.PROJECT_AT]
+    assert tok == sorted(tok, reverse=True) and "warning" not in p
+    # the slice's sections replace the fixed ones and the indexer's intercept (it scored nothing)
+    sl = {"model": "slice", "shape": {"layers": 2, "csa_layers": 1, "scored_at_shallowest": 0},
+          "depths": [{"depth": 1024, "cairn": {"decode": {"sections_s_per_token": {
+              **{k: 2 * v for k, v in fixed.items()}, "head": 0.2, "indexer": 5e-4, "attn": 0.0}}}}]}
+    q = depth.project(shape, runs, sl)
+    assert q["head_s"] == 0.2 and q["indexer_fit"]["i0_s_per_csa_layer"] == 5e-4
+    assert q["at"][1024]["s"] == pytest.approx(p["at"][1024]["s"] + 0.2 - head - 21 * (i0 - 5e-4), rel=1e-6)
+
+
+def test_rates_are_multiply_adds_over_the_sections_seconds(shape):
+    n, gflops = 65536, 100.0
+    macs = shape.indexer_macs(n)
+    sec = {"indexer": macs / 25e9, "attn": 1e-2}   # 25 G multiply-adds/s = 50 % of 100 GFLOP/s
+    r = depth.rates(shape, n, {"sections_s_per_token": sec}, None, {"gemm_gflops": gflops, "read_gbs": 20.0})
+    assert r["indexer_of_gemm"] == pytest.approx(0.5)
+    ent = n // 128
+    assert r["hca_s_per_token"] == pytest.approx(1e-2 * ent / shape.keys(n))
+    assert r["hca_read_gbs"] == pytest.approx(ent * 512 * 4 / r["hca_s_per_token"] / 1e9)
+    assert np.isfinite(r["hca_of_gemm"])
