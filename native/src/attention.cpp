@@ -25,6 +25,7 @@
 #include "cairn/forward.h"
 #include "cairn/kernels.h"
 #include "cairn/profile.h"
+#include "formats/lanes.h"
 
 namespace cairn {
 
@@ -178,11 +179,278 @@ static void indexer_select(const Model& m, const State& st, const LayerState& ls
   }
 }
 
+AttnStats g_attn_stats;
+
+#if defined(__AVX2__) || defined(__AVX512F__)
+constexpr int kPvH = 6;  // heads a pass holds: 6 x 16 accumulators (12 ymm / 6 zmm)
+#else
+constexpr int kPvH = 2;
+#endif
+
+// o[h][d] = sum over keys k ascending of p[h][k] * rows[k][d], one fma chain from 0 per output:
+// the chain the packed product runs over pack_panels_kn(rows) (packed.cpp: acc = fma(x[k], w[k],
+// acc), k ascending), whose panel column k is 16 consecutive floats of rows[k] -- so the rows are
+// read where they are instead. MH heads of p [.., ldp] from h0 into o [.., Dh].
+template <int MH>
+static void pv_heads(const float* p, int ldp, int h0, const float* const* rows, int nk, int Dh, float* o) {
+  int d0 = 0;
+  for (; d0 + kPanel <= Dh; d0 += kPanel) {
+    lanes::f32x16 acc[MH] = {};
+    for (int k = 0; k < nk; ++k) {
+      const lanes::f32x16 u = lanes::load_f32(rows[k] + d0);
+      for (int a = 0; a < MH; ++a) acc[a] = lanes::fmadd_lanes(p[(size_t)(h0 + a) * ldp + k], u, acc[a]);
+    }
+    for (int a = 0; a < MH; ++a) lanes::store(o + (size_t)(h0 + a) * Dh + d0, acc[a]);
+  }
+  for (; d0 < Dh; ++d0)  // a last part-panel: the micro-kernel's lanes round as fmadd does (kernels.h)
+    for (int a = 0; a < MH; ++a) {
+      float acc = 0.f;
+      for (int k = 0; k < nk; ++k) acc = fmadd(p[(size_t)(h0 + a) * ldp + k], rows[k][d0], acc);
+      o[(size_t)(h0 + a) * Dh + d0] = acc;
+    }
+}
+
+// Heads [h0, h1) of o = P U (pv_heads), kPvH at a time.
+static void pv_rows(const float* p, int ldp, int h0, int h1, const float* const* rows, int nk, int Dh, float* o) {
+  using Fn = void (*)(const float*, int, int, const float* const*, int, int, float*);
+  static constexpr Fn kFns[] = {&pv_heads<1>, &pv_heads<2>, &pv_heads<3>, &pv_heads<4>, &pv_heads<5>, &pv_heads<6>};
+  for (int h = h0; h < h1; h += kPvH) {
+    const int mh = std::min(kPvH, h1 - h);
+    kFns[mh - 1](p, ldp, h, rows, nk, Dh, o);
+  }
+}
+
+// One (query, head)'s softmax with its sink, in place: row [nu] (a block's key union: the window
+// [lo, hi] and HCA [nwin, nwin + vh) visible, every other key set to an exact 0) and srw [nsel]
+// (its CSA top-k). Both attention paths call this, so their weights are the same bits.
+static void softmax_head(float* row, int nu, int lo, int hi, int nwin, int vh, float* srw, int nsel, float sink,
+                         float scale) {
+  float mx = sink;
+  for (int j = 0; j < nu; ++j) row[j] *= scale;
+  for (int e = 0; e < nsel; ++e) srw[e] *= scale;
+  for (int j = lo; j <= hi; ++j) mx = std::max(mx, row[j]);
+  for (int j = nwin; j < nwin + vh; ++j) mx = std::max(mx, row[j]);
+  for (int e = 0; e < nsel; ++e) mx = std::max(mx, srw[e]);
+  for (int j = 0; j < nu; ++j) row[j] -= mx;
+  for (int e = 0; e < nsel; ++e) srw[e] -= mx;
+  vexp(row, row, nu);
+  if (nsel) vexp(srw, srw, nsel);
+  std::fill(row, row + lo, 0.f);  // masked keys weigh exactly 0
+  std::fill(row + hi + 1, row + nwin, 0.f);
+  std::fill(row + nwin + vh, row + nu, 0.f);
+  float sum = 0.f;
+  for (int j = lo; j <= hi; ++j) sum += row[j];
+  for (int j = nwin; j < nwin + vh; ++j) sum += row[j];
+  for (int e = 0; e < nsel; ++e) sum += srw[e];
+  sum += fexp(sink - mx);
+  const float inv = 1.f / sum;
+  for (int j = 0; j < nu; ++j) row[j] *= inv;
+  for (int e = 0; e < nsel; ++e) srw[e] *= inv;
+}
+
+// A block of one query (decode; a chunk's last block of one), its keys read where they are:
+// nothing is packed but its own H heads. keys = [window rows | HCA rows] (the first nu, all
+// visible) then its CSA top-k rows. Scores: the packed product with the roles swapped -- the
+// query's heads packed as the weights, the key rows its input rows; fma(u[c], q[c], acc) over Dh
+// ascending is the same chain as today's fma(q[c], u[c], acc) -- and o = P U by pv_rows, so every
+// number is the block path's. Key rows split over threads for the scores, heads for the rest.
+// o [H, Dh].
+static void attend_one(const float* q /*[H,Dh]*/, const std::vector<const float*>& keys, int nu, int H, int Dh,
+                       float scale, const float* sink /*[H]*/, int nt, float* o) {
+  const int nk = (int)keys.size(), nsel = nk - nu;
+  std::vector<const float*> qh(H);
+  for (int h = 0; h < H; ++h) qh[h] = q + (size_t)h * Dh;
+  std::vector<float> qp(packed_floats(H, Dh));  // [ceil(H/16)][Dh][16]
+  pack_panels(qh, Dh, qp.data());
+  const Linear heads{nullptr, qp.data(), H, Dh};
+  std::vector<float> sk((size_t)nk * H);  // [nk, H] scores as the product gives them
+  std::vector<float> sc((size_t)H * nk);  // [H, nk] the same per head, then its weights
+  std::vector<float> osel((size_t)(nsel ? H : 0) * Dh);  // [H, Dh] the top-k keys' part
+  constexpr int kRows = 48;  // key rows per scoring task: whole row tiles on every target
+  const int ntask = (nk + kRows - 1) / kRows;
+  const bool par = nt > 1 && 2 * (int64_t)nk * H * Dh > kParMinWork && !omp_in_parallel();
+  g_attn_stats.one_query.fetch_add(1, std::memory_order_relaxed);
+  if (par) g_attn_stats.one_query_parallel.fetch_add(1, std::memory_order_relaxed);
+#pragma omp parallel num_threads(nt) if (par)
+  {
+#pragma omp for schedule(static)
+    for (int t = 0; t < ntask; ++t) {
+      const int k0 = t * kRows;
+      linear_rows(keys.data() + k0, std::min(kRows, nk - k0), heads, &sk[(size_t)k0 * H], H);
+    }
+#pragma omp for schedule(static)
+    for (int h = 0; h < H; ++h) {
+      float* row = &sc[(size_t)h * nk];
+      for (int j = 0; j < nk; ++j) row[j] = sk[(size_t)j * H + h];
+      softmax_head(row, nu, 0, nu - 1, nu, 0, row + nu, nsel, sink[h], scale);
+    }
+#pragma omp for schedule(static)
+    for (int h = 0; h < H; h += kPvH) {
+      const int h1 = std::min(H, h + kPvH);
+      pv_rows(sc.data(), nk, h, h1, keys.data(), nu, Dh, o);
+      if (nsel) pv_rows(sc.data() + nu, nk, h, h1, keys.data() + nu, nsel, Dh, osel.data());
+      if (nsel)
+        for (size_t d = (size_t)h * Dh; d < (size_t)h1 * Dh; ++d) o[d] = o[d] + osel[d];
+    }
+  }
+}
+
+// The call's projected rows, shared by its segments: segment g reads rows r0 .. r0 + S of each.
+struct AttnRows {
+  const float *q /*[Stot,H,Dh]*/, *kv /*[Stot,Dh]*/, *cs, *sn /*[Stot,r/2]*/;
+  const float *ckv, *cg /*[Stot,cw]*/, *ikv, *ig /*[Stot,icw]*/, *qI /*[Stot,nI*Di]*/, *wI /*[Stot,nI]*/;
+  float* o;  // [Stot, H, Dh]
+};
+
+// One segment's own work: its window ring, compressors, indexer and attention, on its own state
+// and its own rows of o. nt: threads it may use inside; prof: its section timers.
+static void attend_segment(const Model& m, int layer, const AttnSeg& seg, const AttnRows& R, int nt, double* prof) {
+  const Config& c = m.cfg;
+  const LayerW& L = m.layers[layer];
+  const AttnType type = c.layer_types[layer];
+  const int H = c.H, Dh = c.Dh, r = c.r, W = c.W, half = r / 2;
+  double t0 = omp_get_wtime();
+  auto lap = [&](Section s) {
+    const double t = omp_get_wtime();
+    prof[s] += t - t0;
+    t0 = t;
+  };
+  State& st = *seg.st;
+  LayerState& ls = *seg.ls;
+  const int S = seg.S, R0 = seg.r0;
+  const int64_t pos0 = seg.pos0;
+  const float* q = R.q + (size_t)R0 * H * Dh;
+  const float* csg = R.cs + (size_t)R0 * half;
+  const float* sng = R.sn + (size_t)R0 * half;
+
+  // The window's key rows where they are: position p < pos0 in the ring (its slot is rewritten
+  // only after attention, below), the chunk's own in kvnew [S, Dh].
+  const int ring = W - 1;
+  const float* kvnew = R.kv + (size_t)R0 * Dh;
+  auto key_row = [&](int64_t p) {
+    return p < pos0 ? &ls.win[(size_t)(p % ring) * Dh] : kvnew + (size_t)(p - pos0) * Dh;
+  };
+
+  // compressors + indexer
+  std::vector<std::vector<int>> sel;  // CSA: selected entries per query
+  if (type != AttnType::Sliding) {
+    const int cw = ls.comp.cw;
+    compressor_feed(m, L.comp, st, ls.comp, type == AttnType::CSA, R.ckv + (size_t)R0 * cw, R.cg + (size_t)R0 * cw,
+                    S, pos0);
+    lap(P_COMPRESS);
+    if (type == AttnType::CSA) {
+      const int icw = ls.icomp.cw, nI = c.nI, Di = c.Di;
+      compressor_feed(m, L.icomp, st, ls.icomp, true, R.ikv + (size_t)R0 * icw, R.ig + (size_t)R0 * icw, S, pos0);
+      indexer_select(m, st, ls, &R.qI[(size_t)R0 * nI * Di], &R.wI[(size_t)R0 * nI], S, pos0, sel);
+      lap(P_INDEXER);
+    }
+  }
+  // attention: o [S, H, Dh]. K == V and all heads share one KV head, so a block of kQB
+  // queries runs as GEMMs over the union of its keys, U = [window rows t0-W+1 .. t1 | HCA
+  // entries visible to the block's last query]: scores [nq*H, |U|] = Q U^T, then per (query,
+  // head) a masked softmax (with sink) and o = P U. A masked key's weight is an exact 0, so a
+  // query's sums see the same nonzero terms in the same order whichever block it falls in.
+  // CSA queries add their own top-k entries as a second, per-query pair of GEMMs. A block of one
+  // query (decode) does the same sums without packing its keys (attend_one).
+  float* o = R.o + (size_t)R0 * H * Dh;
+  const float scale = 1.f / std::sqrt((float)Dh);
+  const int rate = type == AttnType::HCA ? c.hca_rate : c.csa_rate;
+  const int64_t nent = ls.comp.n_entries();
+  constexpr int kQB = 16;
+  const int nblk = (S + kQB - 1) / kQB;
+  const int64_t extra_keys = type == AttnType::HCA ? nent : type == AttnType::CSA ? std::min<int64_t>(nent, c.topk) : 0;
+  const int64_t attn_work = (int64_t)S * H * Dh * (std::min<int64_t>(W, pos0 + S) + extra_keys);
+#pragma omp parallel num_threads(nt) if (nt > 1 && nblk > 1 && attn_work > kParMinWork)
+  {
+    std::vector<float> uq, uv, sc, sq, sv, ssc, osel;
+    std::vector<const float*> urow, qrow, prow, srow;
+#pragma omp for schedule(dynamic, 1)
+    for (int b = 0; b < nblk; ++b) {
+      const int i0 = b * kQB, nq = std::min(kQB, S - i0);
+      const int64_t tf = pos0 + i0, tl = tf + nq - 1;
+      const int64_t u0 = std::max<int64_t>(0, tf - W + 1);
+      const int nwin = (int)(tl - u0 + 1);
+      const int nhca = type == AttnType::HCA ? (int)std::min<int64_t>(nent, (tl + 1) / rate) : 0;
+      const int nu = nwin + nhca;
+      urow.resize(nu);
+      for (int j = 0; j < nwin; ++j) urow[j] = key_row(u0 + j);
+      for (int e = 0; e < nhca; ++e) urow[nwin + e] = st.entry(ls.comp, e);
+      if (nq == 1) {
+        if (type == AttnType::CSA)
+          for (int e : sel[i0]) urow.push_back(st.entry(ls.comp, e));
+        attend_one(q + (size_t)i0 * H * Dh, urow, nu, H, Dh, scale, L.sink, nt, o + (size_t)i0 * H * Dh);
+        for (int h = 0; h < H; ++h)
+          rope_apply(o + ((size_t)i0 * H + h) * Dh, Dh, r, &csg[(size_t)i0 * half], &sng[(size_t)i0 * half], -1.f);
+        continue;
+      }
+      uq.resize(packed_floats(nu, Dh));
+      uv.resize(packed_floats(Dh, nu));
+      pack_panels(urow, Dh, uq.data());
+      pack_panels_kn(urow.data(), nu, Dh, uv.data());
+      g_attn_stats.keys_packed.fetch_add(2 * (int64_t)nu * Dh, std::memory_order_relaxed);
+      qrow.resize((size_t)nq * H);
+      for (int a = 0; a < nq * H; ++a) qrow[a] = &q[((size_t)i0 * H + a) * Dh];
+      sc.resize((size_t)nq * H * nu);
+      linear_rows(qrow.data(), nq * H, Linear{nullptr, uq.data(), nu, Dh}, sc.data(), nu);
+      for (int a = 0; a < nq; ++a) {
+        const int i = i0 + a;
+        const int64_t t = pos0 + i;
+        const int lo = (int)(std::max<int64_t>(0, t - W + 1) - u0), hi = (int)(t - u0);  // window [lo, hi]
+        const int vh = type == AttnType::HCA ? (int)std::min<int64_t>(nent, (t + 1) / rate) : 0;
+        const int nsel = type == AttnType::CSA ? (int)sel[i].size() : 0;
+        if (nsel) {  // this query's top-k entries: scores [H, nsel]
+          srow.resize(nsel);
+          for (int e = 0; e < nsel; ++e) srow[e] = st.entry(ls.comp, sel[i][e]);
+          sq.resize(packed_floats(nsel, Dh));
+          pack_panels(srow, Dh, sq.data());
+          ssc.resize((size_t)H * nsel);
+          linear_rows(&qrow[(size_t)a * H], H, Linear{nullptr, sq.data(), nsel, Dh}, ssc.data(), nsel);
+        }
+        for (int h = 0; h < H; ++h)
+          softmax_head(&sc[((size_t)a * H + h) * nu], nu, lo, hi, nwin, vh, nsel ? &ssc[(size_t)h * nsel] : nullptr,
+                       nsel, L.sink[h], scale);
+        if (nsel) {  // o_sel [H, Dh] = P_sel S, added to the window/HCA part below
+          sv.resize(packed_floats(Dh, nsel));
+          pack_panels_kn(srow.data(), nsel, Dh, sv.data());
+          g_attn_stats.keys_packed.fetch_add(2 * (int64_t)nsel * Dh, std::memory_order_relaxed);
+          prow.resize(H);
+          for (int h = 0; h < H; ++h) prow[h] = &ssc[(size_t)h * nsel];
+          osel.resize((size_t)nq * H * Dh);
+          linear_rows(prow.data(), H, Linear{nullptr, sv.data(), Dh, nsel}, &osel[(size_t)a * H * Dh], Dh);
+        }
+      }
+      // o rows of the block [nq*H, Dh] = P U, one product for the whole block
+      prow.resize((size_t)nq * H);
+      for (int a = 0; a < nq * H; ++a) prow[a] = &sc[(size_t)a * nu];
+      float* ob = o + (size_t)i0 * H * Dh;
+      linear_rows(prow.data(), nq * H, Linear{nullptr, uv.data(), Dh, nu}, ob, Dh);
+      for (int a = 0; a < nq; ++a) {
+        const int i = i0 + a;
+        float* oi = ob + (size_t)a * H * Dh;
+        if (type == AttnType::CSA && !sel[i].empty())
+          for (int d = 0; d < H * Dh; ++d) oi[d] = oi[d] + osel[(size_t)a * H * Dh + d];
+        for (int h = 0; h < H; ++h)
+          rope_apply(oi + (size_t)h * Dh, Dh, r, &csg[(size_t)i * half], &sng[(size_t)i * half], -1.f);
+      }
+    }
+  }
+  // The chunk's rows into the ring, now that nothing reads the slots they take. Rows a later row
+  // of the chunk overwrites are skipped, except in a journaled call: rewinding into the chunk must
+  // find each position's own write to undo to.
+  for (int64_t p = st.journal.j ? pos0 : std::max<int64_t>(pos0, pos0 + S - ring); p < pos0 + S; ++p) {
+    st.will_write(&ls.win[(size_t)(p % ring) * Dh], Dh, p);
+    std::memcpy(&ls.win[(size_t)(p % ring) * Dh], &kvnew[(size_t)(p - pos0) * Dh], sizeof(float) * Dh);
+  }
+  lap(P_ATTN);
+}
+
 // The projections (q, kv, compressor and indexer inputs, output) are per-row products over all
 // Stot rows at once, so each weight is read once for every sequence of a batched decode; the
-// window ring, compressors, indexer and attention itself run per segment on its own state.
-// Every row's numbers are the same whichever rows share the call (the packed micro-kernel's
-// sums depend only on the row), which is what makes a batched decode bit-identical to single ones.
+// window ring, compressors, indexer and attention itself run per segment on its own state --
+// several segments (a batched decode's states) side by side on the threads, each writing only its
+// own state and its own rows. Every row's numbers are the same whichever rows share the call (the
+// packed micro-kernel's sums depend only on the row), which is what makes a batched decode
+// bit-identical to single ones.
 void attention_rows(const Model& m, int layer, const AttnSeg* segs, int nseg, const float* x, int Stot,
                     float* y) {
   const Config& c = m.cfg;
@@ -248,149 +516,37 @@ void attention_rows(const Model& m, int layer, const AttnSeg* segs, int nseg, co
     }
   }
   std::vector<float> oall((size_t)Stot * H * Dh);  // [Stot, H, Dh]
+  const AttnRows R{qall.data(), kvall.data(), cs.data(), sn.data(), ckv.data(), cg.data(),
+                   ikv.data(),  ig.data(),    qIall.data(), wIall.data(), oall.data()};
 
+  // Segments side by side when there are several and their attention is worth a parallel region;
+  // inside, each runs on its one thread (nested regions stay inactive).
+  int64_t seg_work = 0;
   for (int g = 0; g < nseg; ++g) {
-  State& st = *segs[g].st;
-  LayerState& ls = *segs[g].ls;
-  const int S = segs[g].S, R0 = segs[g].r0;
-  const int64_t pos0 = segs[g].pos0;
-  const float* q = &qall[(size_t)R0 * H * Dh];
-  const float* csg = &cs[(size_t)R0 * half];
-  const float* sng = &sn[(size_t)R0 * half];
-
-  // key/value rows for the window: [nprev + S, Dh]
-  const int ring = W - 1;
-  const int nprev = (int)std::min<int64_t>(pos0, ring);
-  const int64_t kbase = pos0 - nprev;  // absolute position of keys row 0
-  std::vector<float> keys((size_t)(nprev + S) * Dh);
-  for (int a = 0; a < nprev; ++a)
-    std::memcpy(&keys[(size_t)a * Dh], &ls.win[(size_t)((kbase + a) % ring) * Dh], sizeof(float) * Dh);
-  float* kvnew = &keys[(size_t)nprev * Dh];
-  std::memcpy(kvnew, &kvall[(size_t)R0 * Dh], sizeof(float) * (size_t)S * Dh);
-  // Rows a later row of the chunk overwrites are skipped, except in a journaled call: rewinding
-  // into the chunk must find each position's own write to undo to.
-  for (int64_t p = st.journal.j ? pos0 : std::max<int64_t>(pos0, pos0 + S - ring); p < pos0 + S; ++p) {
-    st.will_write(&ls.win[(size_t)(p % ring) * Dh], Dh, p);
-    std::memcpy(&ls.win[(size_t)(p % ring) * Dh], &kvnew[(size_t)(p - pos0) * Dh], sizeof(float) * Dh);
+    const int64_t nent = type == AttnType::Sliding ? 0 : segs[g].ls->comp.n_entries();
+    const int64_t extra = type == AttnType::HCA ? nent : std::min<int64_t>(nent, c.topk);
+    seg_work += (int64_t)segs[g].S * H * Dh * (std::min<int64_t>(W, segs[g].pos0 + segs[g].S) + extra);
   }
-
-  // compressors + indexer
-  std::vector<std::vector<int>> sel;  // CSA: selected entries per query
-  if (type != AttnType::Sliding) {
-    const int cw = ls.comp.cw;
-    compressor_feed(m, L.comp, st, ls.comp, type == AttnType::CSA, &ckv[(size_t)R0 * cw], &cg[(size_t)R0 * cw], S,
-                    pos0);
-    prof_lap(P_COMPRESS, t0);
-    if (type == AttnType::CSA) {
-      const int icw = ls.icomp.cw, nI = c.nI, Di = c.Di;
-      compressor_feed(m, L.icomp, st, ls.icomp, true, &ikv[(size_t)R0 * icw], &ig[(size_t)R0 * icw], S, pos0);
-      indexer_select(m, st, ls, &qIall[(size_t)R0 * nI * Di], &wIall[(size_t)R0 * nI], S, pos0, sel);
-      prof_lap(P_INDEXER, t0);
-    }
-  }
-  // attention: o [S, H, Dh]. K == V and all heads share one KV head, so a block of kQB
-  // queries runs as GEMMs over the union of its keys, U = [window rows t0-W+1 .. t1 | HCA
-  // entries visible to the block's last query]: scores [nq*H, |U|] = Q U^T, then per (query,
-  // head) a masked softmax (with sink) and o = P U. A masked key's weight is an exact 0, so a
-  // query's sums see the same nonzero terms in the same order whichever block it falls in.
-  // CSA queries add their own top-k entries as a second, per-query pair of GEMMs.
-  float* o = &oall[(size_t)R0 * H * Dh];
-  const float scale = 1.f / std::sqrt((float)Dh);
-  const int rate = type == AttnType::HCA ? c.hca_rate : c.csa_rate;
-  const int64_t nent = ls.comp.n_entries();
-  constexpr int kQB = 16;
-  const int nblk = (S + kQB - 1) / kQB;
-  const int64_t extra_keys = type == AttnType::HCA ? nent : type == AttnType::CSA ? std::min<int64_t>(nent, c.topk) : 0;
-  const int64_t attn_work = (int64_t)S * H * Dh * (std::min<int64_t>(W, pos0 + S) + extra_keys);
-#pragma omp parallel num_threads(nt) if (nblk > 1 && attn_work > kParMinWork)
-  {
-    std::vector<float> uq, uv, sc, sq, sv, ssc, osel;
-    std::vector<const float*> urow, qrow, prow, srow;
+  if (nseg > 1 && nt > 1 && seg_work > kParMinWork) {
+    g_attn_stats.segment_parallel.fetch_add(1, std::memory_order_relaxed);
+    // Section timers: each thread adds up its own; the region's wall time is then shared out in
+    // their proportions, so the sections still add up to the call's time.
+    double sum[P_N] = {};
+    const double w0 = omp_get_wtime();
+#pragma omp parallel num_threads(std::min(nt, nseg))
+    {
+      double mine[P_N] = {};
 #pragma omp for schedule(dynamic, 1)
-    for (int b = 0; b < nblk; ++b) {
-      const int i0 = b * kQB, nq = std::min(kQB, S - i0);
-      const int64_t tf = pos0 + i0, tl = tf + nq - 1;
-      const int64_t u0 = std::max<int64_t>(0, tf - W + 1);
-      const int nwin = (int)(tl - u0 + 1);
-      const int nhca = type == AttnType::HCA ? (int)std::min<int64_t>(nent, (tl + 1) / rate) : 0;
-      const int nu = nwin + nhca;
-      urow.resize(nu);
-      for (int j = 0; j < nwin; ++j) urow[j] = &keys[(size_t)(u0 - kbase + j) * Dh];
-      for (int e = 0; e < nhca; ++e) urow[nwin + e] = st.entry(ls.comp, e);
-      uq.resize(packed_floats(nu, Dh));
-      uv.resize(packed_floats(Dh, nu));
-      pack_panels(urow, Dh, uq.data());
-      pack_panels_kn(urow.data(), nu, Dh, uv.data());
-      qrow.resize((size_t)nq * H);
-      for (int a = 0; a < nq * H; ++a) qrow[a] = &q[((size_t)i0 * H + a) * Dh];
-      sc.resize((size_t)nq * H * nu);
-      linear_rows(qrow.data(), nq * H, Linear{nullptr, uq.data(), nu, Dh}, sc.data(), nu);
-      for (int a = 0; a < nq; ++a) {
-        const int i = i0 + a;
-        const int64_t t = pos0 + i;
-        const int lo = (int)(std::max<int64_t>(0, t - W + 1) - u0), hi = (int)(t - u0);  // window [lo, hi]
-        const int vh = type == AttnType::HCA ? (int)std::min<int64_t>(nent, (t + 1) / rate) : 0;
-        const int nsel = type == AttnType::CSA ? (int)sel[i].size() : 0;
-        if (nsel) {  // this query's top-k entries: scores [H, nsel]
-          srow.resize(nsel);
-          for (int e = 0; e < nsel; ++e) srow[e] = st.entry(ls.comp, sel[i][e]);
-          sq.resize(packed_floats(nsel, Dh));
-          pack_panels(srow, Dh, sq.data());
-          ssc.resize((size_t)H * nsel);
-          linear_rows(&qrow[(size_t)a * H], H, Linear{nullptr, sq.data(), nsel, Dh}, ssc.data(), nsel);
-        }
-        for (int h = 0; h < H; ++h) {
-          float* row = &sc[((size_t)a * H + h) * nu];
-          float* srw = nsel ? &ssc[(size_t)h * nsel] : nullptr;
-          const float sink = L.sink[h];
-          float mx = sink;
-          for (int j = 0; j < nu; ++j) row[j] *= scale;
-          for (int e = 0; e < nsel; ++e) srw[e] *= scale;
-          for (int j = lo; j <= hi; ++j) mx = std::max(mx, row[j]);
-          for (int j = nwin; j < nwin + vh; ++j) mx = std::max(mx, row[j]);
-          for (int e = 0; e < nsel; ++e) mx = std::max(mx, srw[e]);
-          for (int j = 0; j < nu; ++j) row[j] -= mx;
-          for (int e = 0; e < nsel; ++e) srw[e] -= mx;
-          vexp(row, row, nu);
-          if (nsel) vexp(srw, srw, nsel);
-          std::fill(row, row + lo, 0.f);  // masked keys weigh exactly 0
-          std::fill(row + hi + 1, row + nwin, 0.f);
-          std::fill(row + nwin + vh, row + nu, 0.f);
-          float sum = 0.f;
-          for (int j = lo; j <= hi; ++j) sum += row[j];
-          for (int j = nwin; j < nwin + vh; ++j) sum += row[j];
-          for (int e = 0; e < nsel; ++e) sum += srw[e];
-          sum += fexp(sink - mx);
-          const float inv = 1.f / sum;
-          for (int j = 0; j < nu; ++j) row[j] *= inv;
-          for (int e = 0; e < nsel; ++e) srw[e] *= inv;
-        }
-        if (nsel) {  // o_sel [H, Dh] = P_sel S, added to the window/HCA part below
-          sv.resize(packed_floats(Dh, nsel));
-          pack_panels_kn(srow.data(), nsel, Dh, sv.data());
-          prow.resize(H);
-          for (int h = 0; h < H; ++h) prow[h] = &ssc[(size_t)h * nsel];
-          osel.resize((size_t)nq * H * Dh);
-          linear_rows(prow.data(), H, Linear{nullptr, sv.data(), Dh, nsel}, &osel[(size_t)a * H * Dh], Dh);
-        }
-      }
-      // o rows of the block [nq*H, Dh] = P U, one product for the whole block
-      prow.resize((size_t)nq * H);
-      for (int a = 0; a < nq * H; ++a) prow[a] = &sc[(size_t)a * nu];
-      float* ob = o + (size_t)i0 * H * Dh;
-      linear_rows(prow.data(), nq * H, Linear{nullptr, uv.data(), Dh, nu}, ob, Dh);
-      for (int a = 0; a < nq; ++a) {
-        const int i = i0 + a;
-        float* oi = ob + (size_t)a * H * Dh;
-        if (type == AttnType::CSA && !sel[i].empty())
-          for (int d = 0; d < H * Dh; ++d) oi[d] = oi[d] + osel[(size_t)a * H * Dh + d];
-        for (int h = 0; h < H; ++h)
-          rope_apply(oi + (size_t)h * Dh, Dh, r, &csg[(size_t)i * half], &sng[(size_t)i * half], -1.f);
-      }
+      for (int g = 0; g < nseg; ++g) attend_segment(m, layer, segs[g], R, 1, mine);
+#pragma omp critical(cairn_attn_prof)
+      for (int s = 0; s < P_N; ++s) sum[s] += mine[s];
     }
+    const double wall = omp_get_wtime() - w0, tot = std::accumulate(sum, sum + P_N, 0.0);
+    for (int s = 0; s < P_N && tot > 0; ++s) g_prof[s] += wall * sum[s] / tot;
+  } else {
+    for (int g = 0; g < nseg; ++g) attend_segment(m, layer, segs[g], R, nt, g_prof);
   }
-  prof_lap(P_ATTN, t0);
-  }  // segments
+  t0 = omp_get_wtime();
 
   // grouped low-rank output: z [Stot, G*Ro]; y = wo_b z
   const int G = c.G, Ro = c.Ro, gin = H * Dh / G;

@@ -132,4 +132,14 @@ void register_bench(py::module_& m) {
   }, py::arg("reset") = true,
         "What the CSA indexer did since the last reset (process-wide): key floats packed into panels, "
         "decode scorings split over threads.");
+  m.def("_attn_stats", [](bool reset) {
+    auto& g = cairn::g_attn_stats;
+    py::dict d;
+    for (auto [name, v] : {std::pair{"keys_packed", &g.keys_packed}, {"one_query", &g.one_query},
+                           {"one_query_parallel", &g.one_query_parallel}, {"segment_parallel", &g.segment_parallel}})
+      d[name] = reset ? v->exchange(0) : v->load();
+    return d;
+  }, py::arg("reset") = true,
+        "What attention did since the last reset (process-wide): key floats packed into panels, blocks of one "
+        "query (keys read in place) and those split over threads, calls that ran their segments side by side.");
 }

@@ -30,4 +30,12 @@ struct IndexerStats {
   std::atomic<int64_t> packed_floats{0}, parallel_decode{0};
 };
 extern IndexerStats g_indexer_stats;
+
+// What attention did (process-wide; _kernel._attn_stats reads and resets it): key floats packed
+// into panels (none for a block of one query, which reads its keys in place), blocks of one query
+// and those split over threads, and calls whose segments (a batched decode's states) ran side by side.
+struct AttnStats {
+  std::atomic<int64_t> keys_packed{0}, one_query{0}, one_query_parallel{0}, segment_parallel{0};
+};
+extern AttnStats g_attn_stats;
 }  // namespace cairn
