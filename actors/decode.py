@@ -71,7 +71,16 @@ def _pick(logits, shaper: Shaper, allowed, s, rng) -> tuple[int, float, tuple]:
 
 
 async def _send(sub, msg) -> None:
-    """Waits for room in the reply buffer; `ClientGone` when the handler left or stopped reading."""
+    """Waits for room in the reply buffer; `ClientGone` when the handler left or stopped reading.
+    With room it returns without a yield: a step handed in just before reaches the kernel before the
+    HTTP handler runs (it writes the token while the kernel computes the next one)."""
+    try:
+        sub.reply.send_nowait(msg)
+        return
+    except trio.WouldBlock:
+        pass
+    except (trio.BrokenResourceError, trio.ClosedResourceError):
+        raise ClientGone() from None
     if not await reply(sub, msg):
         # The handler still holds its end: it is alive but has not read for replies.STALL_S.
         raise ClientGone(stalled=sub.reply.statistics().open_receive_channels > 0)
@@ -120,6 +129,7 @@ class DecodeSteps:
         self._pending: list[_Step] = []
         self._arrived = trio.Event()
         self.steps = 0                          # kernel steps made (metrics, tests)
+        self.inline_steps = 0                   # ... of them run in the request's own task (alone)
         self.rows = 0                           # sequence-steps they advanced
         self.verify_steps = 0                   # steps that verified a draft (tests)
         self.batched_verify_steps = 0           # ... of two or more sequences in one call
@@ -162,7 +172,13 @@ class DecodeSteps:
     async def wait(self, entry: _Step):
         """The logits [V] of the step `entry` was in."""
         try:
-            await entry.done.wait()
+            if self._alone(entry):
+                await self._run_here(entry)
+                # no yield here: the request picks its next token and starts the next step before the
+                # other tasks (its HTTP handler) run; a cancel that came during the call is raised now
+                await trio.lowlevel.checkpoint_if_cancelled()
+            else:
+                await entry.done.wait()
         except trio.Cancelled:
             await self.let_go(entry)
             raise
@@ -185,6 +201,26 @@ class DecodeSteps:
     async def step(self, seq: Sequence, token: int, tally: Any = None):
         """Feed `token` to `seq`'s state in the next step; its logits [V]."""
         return await self.wait(self.submit(seq, token, tally))
+
+    def _alone(self, entry: _Step) -> bool:
+        """`entry` is the only token handed in, its sequence the only one decoding, and the gate is free:
+        the step `run` would make is exactly [entry], at once (no gather wait, no gate wait)."""
+        return (len(self._pending) == 1 and self._pending[0] is entry and self._engine.decoding() == 1
+                and self._engine.gate.free)
+
+    async def _run_here(self, entry: _Step) -> None:
+        """`run`'s step for a lone sequence, in its own task: the kernel starts without waking the
+        stepping task first, and the request's task resumes from the call itself (no event). A cancel
+        before the gate is taken withdraws the step (nothing ran); after, the step runs to its end."""
+        self._pending.remove(entry)
+        try:
+            async with self._engine.gate.hold(DECODE):
+                await self._run_step([entry])
+        finally:
+            if not entry.done.is_set():         # cancelled before the kernel saw it
+                entry.error = RuntimeError("this decode step was withdrawn: its request ended")
+                entry.done.set()
+        self.inline_steps += 1
 
     async def _wait_arrival(self) -> None:
         self._arrived = trio.Event()

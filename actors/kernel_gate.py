@@ -39,13 +39,18 @@ class KernelGate:
     def waiting(self) -> int:
         return len(self._waiters)
 
+    @property
+    def free(self) -> bool:
+        """Nobody holds the gate or waits for it: `hold` takes it without waiting."""
+        return not self._busy and not self._waiters
+
     @asynccontextmanager
     async def hold(self, priority: tuple[int, int]) -> AsyncIterator[None]:
         await self._acquire(priority)
         try:
             yield
         finally:
-            self._release()
+            self._release(now=priority == DECODE)
 
     async def _acquire(self, priority: tuple[int, int]) -> None:
         if not self._busy and not self._waiters:
@@ -64,9 +69,15 @@ class KernelGate:
                 heapq.heapify(self._waiters)
             raise
 
-    def _release(self) -> None:
+    def _release(self, now: bool = False) -> None:
         if not self._waiters:
             self._busy = False
+            return
+        if now:
+            # A decode step hands over at once: its sequences ask again only once their tokens are
+            # sampled, and a lone sequence does that in the releasing task, without a yield (decode.py);
+            # a deferred choice would see that request, the highest priority, and starve the prefill.
+            self._grant()
             return
         # Choose after the releasing task has run on: a prefill asks again for its next chunk
         # without waiting for anything, and must compete with its own priority -- handing the

@@ -1,8 +1,8 @@
 """Run one kernel call in a worker thread, mapping the caller's cancel scope onto an AbortFlag.
 
-Design notes. The thread owns the model state, so it is never abandoned: `trio.to_thread.run_sync`
-keeps its default `abandon_on_cancel=False` and one `CapacityLimiter(1)` serialises every kernel
-call. A watcher task sleeps beside the call; when the surrounding scope is cancelled its `finally`
+Design notes. The thread owns the model state, so it is never abandoned: the one kernel thread
+(call_thread.py: a call goes to it without a yield to the scheduler first, one wake-up each way)
+never gives up on a call, and one `CapacityLimiter(1)` serialises every kernel call. A watcher task sleeps beside the call; when the surrounding scope is cancelled its `finally`
 sets the abort flag, the kernel returns at its next chunk boundary, the thread call completes and
 only then does `Cancelled` propagate. So when this function raises `Cancelled`, the kernel has
 stopped and the state is consistent (it holds every completed chunk). The watcher's nursery never
@@ -32,6 +32,7 @@ import time
 
 import trio
 
+from .call_thread import CallThread
 from .errors import single
 
 
@@ -61,6 +62,7 @@ def clocked(fn: Callable[..., Any], spent: list) -> Callable[..., Any]:
 class KernelRunner:
     def __init__(self, abort_flag_factory: Callable[[], Any], meter: Any = None) -> None:
         self._limiter = trio.CapacityLimiter(1)
+        self.thread = CallThread()
         self._new_flag = abort_flag_factory
         self.meter = meter            # actors/expert_io.ExpertMeter, or None (no expert cache)
         self.publish: Callable[[tuple], None] | None = None   # (the call's args), kernel thread, after each call
@@ -99,8 +101,7 @@ class KernelRunner:
 
     async def _run(self, fn: Callable[..., Any], args: tuple, kwargs: dict, abortable: bool) -> Any:
         if not abortable:
-            return await trio.to_thread.run_sync(self._then_publish(partial(fn, *args, **kwargs), args),
-                                                 limiter=self._limiter)
+            return await self._in_thread(self._then_publish(partial(fn, *args, **kwargs), args))
         flag = self._new_flag()
 
         async def watch() -> None:
@@ -116,8 +117,7 @@ class KernelRunner:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(watch)
                 try:
-                    result = await trio.to_thread.run_sync(
-                        self._then_publish(partial(fn, *args, abort=flag, **kwargs), args), limiter=self._limiter)
+                    result = await self._in_thread(self._then_publish(partial(fn, *args, abort=flag, **kwargs), args))
                 except Exception as e:       # held until the watcher is gone (it is cancelled below)
                     error = e
                 nursery.cancel_scope.cancel()
@@ -128,4 +128,16 @@ class KernelRunner:
         if error is not None:
             raise error
         return result
+
+    async def _in_thread(self, call: Callable[[], Any]) -> Any:
+        # The lock without a yield when free (the usual case: the kernel gate already serialises the
+        # callers), so the call reaches the thread before any other task runs.
+        try:
+            self._limiter.acquire_nowait()
+        except trio.WouldBlock:
+            await self._limiter.acquire()
+        try:
+            return await self.thread.run_sync(call)
+        finally:
+            self._limiter.release()
 
