@@ -125,13 +125,15 @@ async def test_disk_eviction_deletes_a_page_file_with_its_last_checkpoint(tiny_m
     assert a_pages <= names        # the evicted checkpoint's pages live on: 176 still references them
 
 
-async def test_checkpoints_of_the_format_before_pages_are_reported_never_read(tiny_model_dir, tmp_path):
+@pytest.mark.parametrize("old_version", [2, 3])   # 2: before pages; 3: indexer keys row-major in them
+async def test_checkpoints_of_the_format_before_pages_are_reported_never_read(tiny_model_dir, tmp_path, old_version):
     loaded = real_loaded(tiny_model_dir, checkpoint_page_tokens=P)
     fp = checkpoint_fingerprint(loaded)
-    assert f";snapshot-v3;pages-{P};numeric-" in fp
+    assert loaded.kernel.SNAPSHOT_VERSION == 4 and f";snapshot-v4;pages-{P};numeric-" in fp
     from cairn.actors import disk_io
-    old = disk_io.ensure_dir(disk_io.model_subdir(disk_io.ensure_dir(tmp_path / "ck"), fp.split(";snapshot-")[0] + ";snapshot-v2"))
-    (old / disk_io.FINGERPRINT_NAME).write_text(fp.split(";snapshot-")[0] + ";snapshot-v2")
+    old_fp = fp.split(";snapshot-")[0] + f";snapshot-v{old_version}"
+    old = disk_io.ensure_dir(disk_io.model_subdir(disk_io.ensure_dir(tmp_path / "ck"), old_fp))
+    (old / disk_io.FINGERPRINT_NAME).write_text(old_fp)
     (old / "0123456789abcdef.ckpt").write_bytes(b"x" * 1000)
     with capture_logs() as evs:
         ck = await disk_ck(loaded, tmp_path)
