@@ -60,9 +60,10 @@ def choose(logits: np.ndarray, s: Sampling, rng: np.random.Generator) -> int:
     into. Only sums over the whole vocabulary are taken in id order rather than sorted order (a
     difference in the last bits, tests/unit/test_sampling_partial.py).
     """
-    x = np.asarray(logits, dtype=np.float64)
     if s.temperature <= 0.0 or s.top_k == 1:
-        return int(np.argmax(x))
+        # float32 -> float64 is exact, so the row's own argmax is the same id, without a [V] copy
+        return int(np.argmax(logits))
+    x = np.asarray(logits, dtype=np.float64)
     x = x / s.temperature
     v = x.shape[0]
     if not np.isfinite(x.max()):
