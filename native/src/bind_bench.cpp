@@ -12,6 +12,7 @@
 #include "cairn/profile.h"
 #include "codecs/codec.h"
 #include "formats/formats.h"
+#include "formats/pow2_chain.h"
 
 namespace py = pybind11;
 
@@ -83,6 +84,49 @@ void register_bench(py::module_& m) {
   }, py::arg("x"), py::arg("blocks"), py::arg("type"), py::arg("threads") = 1, py::arg("reps") = 1,
      "(y, seconds per call) for y = x @ W.T, W a GGUF block matrix (rows of `type` blocks as stored), through "
      "the block panels the model uses (packed once, untimed).");
+  m.def("_qfmt_matmul", [](py::array_t<float, py::array::c_style | py::array::forcecast> x,
+                           py::array_t<uint8_t, py::array::c_style> codes, py::array_t<uint8_t, py::array::c_style> scales,
+                           const std::string& fmt, int threads, int reps) {
+    const bool fp4 = fmt == "FP4";
+    if (!fp4 && fmt != "FP8") throw py::value_error("_qfmt_matmul: fmt must be FP4 or FP8, got " + fmt);
+    const int G = fp4 ? cairn::kFp4Group : cairn::kFp8Block;
+    if (x.ndim() != 2 || codes.ndim() != 2 || scales.ndim() != 2)
+      throw py::value_error("_qfmt_matmul: want x [M, K], codes [N, K or K / 2], scales 2-d");
+    const int N = (int)codes.shape(0), K = (int)x.shape(1);
+    const int so = fp4 ? N : (N + G - 1) / G, si = (K + G - 1) / G;
+    if ((fp4 && K % G) || codes.shape(1) != (fp4 ? K / 2 : K) || scales.shape(0) != so || scales.shape(1) != si)
+      throw py::value_error("_qfmt_matmul: want codes [N, K] (FP8) or [N, K / 2] (FP4, K a multiple of 32) and "
+                            "scales [ceil(N / 128), ceil(K / 128)] (FP8) or [N, K / 32] (FP4)");
+    const uint8_t *cp = codes.data(), *sp = scales.data();
+    return timed_linear(x, N, threads, reps, "_qfmt_matmul", [&](int N, int K, std::vector<uint8_t>& keep) {
+      const cairn::QFmt f = fp4 ? cairn::QFmt::E2M1 : cairn::QFmt::E4M3;
+      const cairn::PanelCodec& C = cairn::panel_codec(f);
+      cairn::Linear L{};
+      L.out = N, L.in = K, L.qf = f, L.q = cp, L.qs = sp;
+      std::vector<cairn::QRow> rows(N);
+      for (int i = 0; i < N; ++i) rows[i] = {&L, i};
+      const size_t cb = C.code_bytes(nullptr, N, K), sb = C.scale_bytes(N, K);
+      uint8_t* P = aligned(keep, (cb + 63) / 64 * 64 + sb);
+      C.pack(rows, K, P, P + (cb + 63) / 64 * 64);
+      L.q = L.qs = nullptr, L.pq = P, L.pqs = P + (cb + 63) / 64 * 64;
+      return L;
+    });
+  }, py::arg("x"), py::arg("codes"), py::arg("scales"), py::arg("fmt"), py::arg("threads") = 1, py::arg("reps") = 1,
+     "(y, seconds per call) for y = x @ W.T, W an official FP4 (codes [N, K / 2], scales [N, K / 32]) or FP8 "
+     "(codes [N, K], scales [ceil(N / 128), ceil(K / 128)]) matrix, ue8m0 scale bytes, through its panels.");
+  m.def("_pow2_chain", [](py::object enabled, bool reset, py::object unguarded) {
+    auto& g = cairn::g_pow2;
+    if (!enabled.is_none()) g.enabled.store(enabled.cast<bool>());
+    if (!unguarded.is_none()) g.unguarded.store(unguarded.cast<bool>());
+    py::dict d;
+    d["enabled"] = g.enabled.load();
+    d["scaled"] = reset ? g.scaled.exchange(0) : g.scaled.load();
+    d["kept"] = reset ? g.kept.exchange(0) : g.kept.load();
+    return d;
+  }, py::arg("enabled") = py::none(), py::arg("reset") = true, py::arg("unguarded") = py::none(),
+     "The power-of-two scale on the accumulator (formats/pow2_chain.h) for MXFP4, FP4 and FP8 decode: spans "
+     "computed on it and kept on the weights-scaled path since the last reset (process-wide); enabled "
+     "(True / False) turns it on or off first; unguarded=True (tests only) takes it without its exactness check.");
   m.def("_fma_peak", [](int threads, double seconds) {
     // The compute ceiling the products are measured against: fp32 FMAs on independent registers
     // (12 chains hide the FMA latency), every thread for about `seconds`.

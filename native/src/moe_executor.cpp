@@ -63,6 +63,8 @@ void run_round(const Model& m, const std::vector<MoeJob*>& round, const std::vec
   if (!all)
     for (MoeJob* j : round) j->out.resize((size_t)j->M * D);
   const int nt1 = (int)t1.size();
+  for (MoeJob* j : round)
+    if (pow2_format(j->w13)) j->xb13.init(j->xs.data(), j->M, j->w13.in);
 #pragma omp parallel num_threads(m.threads) if (work > kParMinWork)
   {
     std::vector<float> buf;  // [M, kPackN*16] one task's tile results
@@ -72,9 +74,12 @@ void run_round(const Model& m, const std::vector<MoeJob*>& round, const std::vec
       const int p0 = t1[t].second, np = std::min(kPackN, j.w13.out / kPanel - p0), ld = np * kPanel;
       const int Ip = j.w13.out / 2;
       buf.resize((size_t)j.M * ld);
-      packed_panels(j.xs.data(), j.M, j.w13, p0, np, buf.data());
+      packed_panels(j.xs.data(), j.M, j.w13, p0, np, buf.data(), &j.xb13);
       swiglu_tile(buf.data(), j.M, ld, np, p0, lim, j.act.data(), Ip);
     }
+#pragma omp for schedule(static)
+    for (size_t r = 0; r < round.size(); ++r)
+      if (pow2_format(round[r]->w2)) round[r]->xb2.init(round[r]->as.data(), round[r]->M, round[r]->w2.in);
 #pragma omp for schedule(dynamic, 1)
     for (int t = 0; t < nt2; ++t) {
       const int p0 = t * kPackN, np = std::min(kPackN, npan2 - p0), ld = np * kPanel;
@@ -82,7 +87,7 @@ void run_round(const Model& m, const std::vector<MoeJob*>& round, const std::vec
       if (!all) {
         for (MoeJob* j : round) {
           buf.resize((size_t)j->M * ld);
-          packed_panels(j->as.data(), j->M, j->w2, p0, np, buf.data());
+          packed_panels(j->as.data(), j->M, j->w2, p0, np, buf.data(), &j->xb2);
           for (int i = 0; i < j->M; ++i)
             std::memcpy(&j->out[(size_t)i * D + c0], &buf[(size_t)i * ld], sizeof(float) * nc);
         }
@@ -95,7 +100,7 @@ void run_round(const Model& m, const std::vector<MoeJob*>& round, const std::vec
           continue;
         }
         buf.resize((size_t)j->M * ld);
-        packed_panels(j->as.data(), j->M, j->w2, p0, np, buf.data());
+        packed_panels(j->as.data(), j->M, j->w2, p0, np, buf.data(), &j->xb2);
         accumulate(*j, buf.data(), (size_t)ld, D, c0, nc, y);
       }
     }

@@ -25,6 +25,7 @@
 
 #include "cairn/expert_cache.h"
 #include "cairn/model.h"
+#include "formats/pow2_rows.h"
 
 namespace cairn {
 
@@ -38,6 +39,7 @@ struct MoeJob {
   std::vector<const float*> xs;  // [M] input rows
   std::vector<float> act;        // [M, Ip] (Ip = I rounded up to panels; padding stays 0)
   std::vector<const float*> as;  // [M] act rows
+  Pow2Rows xb13, xb2;            // bounds of xs / as for the products' scaled chain (formats/pow2_rows.h)
   std::vector<float> out;        // [M, D] w2 product, kept when computed before the last round
   bool computed = false;
   int slot = -1;  // paged: the slot holding the expert (its read's ticket is the slot's)

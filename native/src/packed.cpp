@@ -27,12 +27,20 @@
 #include "cairn/kernels.h"
 #include "formats/formats.h"
 #include "formats/ggml_widen.h"
+#include "formats/pow2_chain.h"
 #include "formats/widen.h"
 #ifdef __AVX2__
 #include <immintrin.h>
 #endif
 
 namespace cairn {
+
+Pow2Stats g_pow2;
+
+bool pow2_format(const Linear& L) {
+  return !L.p && !L.p16 &&
+         (L.qf == QFmt::E4M3 || L.qf == QFmt::E2M1 || (L.qf == QFmt::Ggml && L.codec && L.codec->ggml_type == 39));
+}
 
 size_t packed_floats(int N, int K) { return (size_t)((N + kPanel - 1) / kPanel) * K * kPanel; }
 
@@ -116,19 +124,41 @@ __attribute__((always_inline)) inline void group_parts(const G* g, int k, int le
   (group_part<NP, P>(g, k + P * len, len, f), ...);
 }
 template <int NP, class W, class F>
-__attribute__((always_inline)) inline void columns(const W& w, int kc, F&& f) {
+__attribute__((always_inline)) inline void columns_in(const W& w, int kb, int ke, F& f) {
   if constexpr (has_groups<W>::value) {
-    for (int k = 0; k < kc; k += W::kGroup) {
+    for (int k = kb; k < ke; k += W::kGroup) {
       typename W::Group g[NP];
       for (int j = 0; j < NP; ++j) g[j] = w.group(j, k);
       group_parts<NP>(g, k, W::kGroup / W::kParts, f, std::make_integer_sequence<int, W::kParts>{});
     }
   } else {
-    for (int k = 0; k < kc; ++k) {
+    for (int k = kb; k < ke; ++k) {
       lanes::f32x16 b[NP];
       for (int j = 0; j < NP; ++j) b[j] = w(j, k);
       f(k, b);
     }
+  }
+}
+// A W with kScaleCols gives codes whose weights are code * 2^s per lane and block of kScaleCols
+// columns (formats/pow2_chain.h): before each block rescale(m) multiplies the accumulators by
+// m[j] = w.rescale(j, k) (2^(s_prev - s)), and after the span by w.unscale(j) (2^s_last).
+template <class W, class = void>
+struct has_pow2 : std::false_type {};
+template <class W>
+struct has_pow2<W, std::void_t<decltype(W::kScaleCols)>> : std::true_type {};
+template <int NP, class W, class F, class R>
+__attribute__((always_inline)) inline void columns(const W& w, int kc, F&& f, R&& rescale) {
+  if constexpr (has_pow2<W>::value) {
+    lanes::f32x16 m[NP];
+    for (int k = 0; k < kc; k += W::kScaleCols) {
+      for (int j = 0; j < NP; ++j) m[j] = w.rescale(j, k);
+      rescale(m);
+      columns_in<NP>(w, k, std::min(kc, k + W::kScaleCols), f);
+    }
+    for (int j = 0; j < NP; ++j) m[j] = w.unscale(j);
+    rescale(m);
+  } else {
+    columns_in<NP>(w, 0, kc, f);
   }
 }
 
@@ -151,6 +181,9 @@ static void ptile(const float* const* x, int k0, int kc, const W& w, float* r, b
       const __m512 a = _mm512_set1_ps(xr[i][k]);
       for (int j = 0; j < NP; ++j) acc[i][j] = _mm512_fmadd_ps(a, (__m512)b[j], acc[i][j]);
     }
+  }, [&](const lanes::f32x16* m) __attribute__((always_inline)) {
+    for (int i = 0; i < MR; ++i)
+      for (int j = 0; j < NP; ++j) acc[i][j] = _mm512_mul_ps(acc[i][j], (__m512)m[j]);
   });
   for (int i = 0; i < MR; ++i)
     for (int j = 0; j < NP; ++j) _mm512_storeu_ps(r + (i * NP + j) * kPanel, acc[i][j]);
@@ -189,6 +222,12 @@ static void ptile(const float* const* x, int k0, int kc, const W& w, float* r, b
         b[2 * j + 1] = __builtin_shufflevector(v[j], v[j], 8, 9, 10, 11, 12, 13, 14, 15);
       }
       fma_rows(k, b);
+    }, [&](const lanes::f32x16* m) __attribute__((always_inline)) {
+      for (int i = 0; i < MR; ++i)
+        for (int j = 0; j < NP; ++j) {
+          acc[i][2 * j] = _mm256_mul_ps(acc[i][2 * j], (__m256)lanes::half<0>(m[j]));
+          acc[i][2 * j + 1] = _mm256_mul_ps(acc[i][2 * j + 1], (__m256)lanes::half<1>(m[j]));
+        }
     });
   }
   for (int i = 0; i < MR; ++i)
@@ -206,6 +245,9 @@ static void ptile(const float* const* x, int k0, int kc, const W& w, float* r, b
       const float a = x[i][k0 + k];
       for (int j = 0; j < NP; ++j) acc[i][j] = lanes::fmadd_lanes(a, b[j], acc[i][j]);
     }
+  }, [&](const f32x16* m) __attribute__((always_inline)) {
+    for (int i = 0; i < MR; ++i)
+      for (int j = 0; j < NP; ++j) acc[i][j] = acc[i][j] * m[j];
   });
   for (int i = 0; i < MR; ++i)
     for (int j = 0; j < NP; ++j) lanes::store(r + (i * NP + j) * kPanel, acc[i][j]);
@@ -241,12 +283,35 @@ static constexpr int kKC = kSpanCols;
 // A codec that widens in registers (formats/widen.h, formats/ggml_widen.h) does so inside the
 // micro-kernel for one row tile (decode); for more rows a span is widened once into the thread's
 // fp32 tile (packed_tiled) and every row tile runs over that.
-template <class W>
-static void packed_widened(const float* const* x, int M, const Linear& L, int p0, int np, float* out) {
+// P (not void): W's format on the scaled chain (formats/pow2_chain.h), taken per span where
+// P::exact() shows it gives W's bits.
+template <class W, class P = void>
+static void packed_widened(const float* const* x, int M, const Linear& L, int p0, int np, float* out,
+                           [[maybe_unused]] const Pow2Rows* xb = nullptr) {
   const int ld = np * kPanel;
+  [[maybe_unused]] int64_t scaled = 0, kept = 0;
+  [[maybe_unused]] const bool pow2 = !std::is_void_v<P> && g_pow2.enabled.load(std::memory_order_relaxed);
   for (int k0 = 0; k0 < L.in; k0 += kKC) {
     const int kc = std::min(kKC, L.in - k0);
+    if constexpr (!std::is_void_v<P>) {
+      MagRange xr;
+      if (xb) {
+        xr = xb->span[k0 / kKC];
+      } else if (pow2) {
+        for (int i = 0; i < M; ++i) xr.add(x[i] + k0, kc);
+      }
+      if (pow2 && (P::exact(xr, M, L, p0, np, k0, kc, out, ld) || g_pow2.unguarded.load(std::memory_order_relaxed))) {
+        row_tiles(x, M, k0, kc, P(L, p0, k0, kc, np), out, ld);
+        ++scaled;
+        continue;
+      }
+      ++kept;
+    }
     row_tiles(x, M, k0, kc, W(L, p0, k0, kc, np), out, ld);
+  }
+  if constexpr (!std::is_void_v<P>) {
+    g_pow2.scaled.fetch_add(scaled, std::memory_order_relaxed);
+    g_pow2.kept.fetch_add(kept, std::memory_order_relaxed);
   }
 }
 
@@ -264,15 +329,15 @@ static void packed_tiled(const float* const* x, int M, const Linear& L, int p0, 
   }
 }
 
-void packed_panels(const float* const* x, int M, const Linear& L, int p0, int np, float* out) {
+void packed_panels(const float* const* x, int M, const Linear& L, int p0, int np, float* out, const Pow2Rows* xb) {
   if (L.p) return packed_widened<F32Panels>(x, M, L, p0, np, out);
   if (M <= kPackM) {
     if (L.p16) return packed_widened<Bf16Widen>(x, M, L, p0, np, out);
-    if (L.qf == QFmt::E4M3) return packed_widened<Fp8Widen>(x, M, L, p0, np, out);
-    if (L.qf == QFmt::E2M1) return packed_widened<Fp4Widen>(x, M, L, p0, np, out);
+    if (L.qf == QFmt::E4M3) return packed_widened<Fp8Widen, Fp8Pow2>(x, M, L, p0, np, out, xb);
+    if (L.qf == QFmt::E2M1) return packed_widened<Fp4Widen, Fp4Pow2>(x, M, L, p0, np, out, xb);
     if (L.qf == QFmt::Ggml) switch (L.codec->ggml_type) {  // ggml_widen.h
         case 8: return packed_widened<GgmlWiden<kq::Q80>>(x, M, L, p0, np, out);
-        case 39: return packed_widened<GgmlWiden<kq::MXFP4>>(x, M, L, p0, np, out);
+        case 39: return packed_widened<GgmlWiden<kq::MXFP4>, Mxfp4Pow2>(x, M, L, p0, np, out, xb);
         case 10: return packed_widened<GgmlWiden<kq::Q2K>>(x, M, L, p0, np, out);
         case 11: return packed_widened<GgmlWiden<kq::Q3K>>(x, M, L, p0, np, out);
         case 12: return packed_widened<GgmlWiden<kq::Q4K>>(x, M, L, p0, np, out);
@@ -299,12 +364,12 @@ void packed_panels(const float* const* x, int M, const Linear& L, int p0, int np
 
 // Rows [a0, a1) x panels [p0, p1) of Y = X W^T.
 static void packed_block(const float* const* x, int a0, int a1, const Linear& L, int p0, int p1, float* Y,
-                         int ldy, std::vector<float>& buf) {
+                         int ldy, std::vector<float>& buf, const Pow2Rows* xb) {
   buf.resize((size_t)(a1 - a0) * kPackN * kPanel);
   for (int p = p0; p < p1; p += kPackN) {
     const int np = std::min(kPackN, p1 - p);
     const int c0 = p * kPanel, nc = std::min(L.out, (p + np) * kPanel) - c0;
-    packed_panels(x + a0, a1 - a0, L, p, np, buf.data());
+    packed_panels(x + a0, a1 - a0, L, p, np, buf.data(), xb);
     for (int i = a0; i < a1; ++i)
       std::memcpy(Y + (size_t)i * ldy + c0, &buf[(size_t)(i - a0) * np * kPanel], sizeof(float) * nc);
   }
@@ -312,7 +377,9 @@ static void packed_block(const float* const* x, int a0, int a1, const Linear& L,
 
 void linear_rows(const float* const* x, int M, const Linear& L, float* Y, int ldy) {
   thread_local std::vector<float> buf;  // called per query / token block: no allocation per call
-  packed_block(x, 0, M, L, 0, (L.out + kPanel - 1) / kPanel, Y, ldy, buf);
+  Pow2Rows xb;
+  if (pow2_format(L)) xb.init(x, M, L.in);
+  packed_block(x, 0, M, L, 0, (L.out + kPanel - 1) / kPanel, Y, ldy, buf, pow2_format(L) ? &xb : nullptr);
 }
 
 void linear(const float* X, int M, int ldx, const Linear& L, float* Y, int ldy, int threads) {
@@ -327,13 +394,15 @@ void linear(const float* X, int M, int ldx, const Linear& L, float* Y, int ldy, 
   const int nrb = std::min((M + kPackM - 1) / kPackM, std::max(1, (4 * T + ncg - 1) / ncg));
   const int rb = ((M + nrb - 1) / nrb + kPackM - 1) / kPackM * kPackM;  // rows per task
   const int64_t work = (int64_t)M * L.out * L.in;
+  Pow2Rows xb;  // the rows' bounds for every column group's scaled-chain check (formats/pow2_chain.h)
+  if (pow2_format(L)) xb.init(x.data(), M, L.in);
 #pragma omp parallel for num_threads(T) schedule(dynamic, 1) if (T > 1 && work > kParMinWork)
   for (int t = 0; t < ncg * nrb; ++t) {
     const int g = t % ncg, b = t / ncg;
     if (b * rb >= M) continue;
     thread_local std::vector<float> buf;
     packed_block(x.data(), b * rb, std::min(M, (b + 1) * rb), L, g * kPackN, std::min(npan, (g + 1) * kPackN),
-                 Y, ldy, buf);
+                 Y, ldy, buf, pow2_format(L) ? &xb : nullptr);
   }
 }
 

@@ -130,6 +130,19 @@ def test_quantized_panels_give_the_bits_of_fp32_on_dequantized_weights(case):
     np.testing.assert_array_equal(np.concatenate(rows), ref)
 
 
+def test_decode_takes_the_scaled_chain_with_the_fp32_bits(case):
+    """Decode's products over FP8 / FP4 panels run on the accumulator-scaled chain
+    (native/src/formats/pow2_chain.h; tests/native/test_pow2_chain.py) and still give the fp32 bits."""
+    toks = case.prompt[:40]
+    ref = K.prefill(K.State(case.fp32_model()), toks, chunk=512, all_logits=True)[1]
+    st = K.State(case.model())
+    K.prefill(st, toks[:30], chunk=30)
+    K._pow2_chain(True, reset=True)
+    rows = [K.decode(st, int(t))[None] for t in toks[30:]]
+    assert K._pow2_chain()["scaled"] > 0
+    np.testing.assert_array_equal(np.concatenate(rows), ref[30:])
+
+
 def test_quantized_snapshot_restore_continues_with_fp32_bits(case):
     m, f = case.model(), case.fp32_model()
     st = K.State(m)

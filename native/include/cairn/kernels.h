@@ -47,8 +47,11 @@ int qscale_max(QFmt f);
 // rows: K rows of N floats (a [K, N] matrix) -> the panels of its transpose (W[N, K] = rows^T)
 void pack_panels_kn(const float* const* rows, int K, int N, float* P);
 // out[M][np*16] = rows x[0..M) times L's panels [p0, p0 + np) (np <= kPackN), of any format;
-// K in blocks (the same sums as one pass).
-void packed_panels(const float* const* x, int M, const Linear& L, int p0, int np, float* out);
+// K in blocks (the same sums as one pass). xb: bounds of rows including these, made once for many
+// calls (formats/pow2_chain.h); without them a call makes its own.
+struct Pow2Rows;
+void packed_panels(const float* const* x, int M, const Linear& L, int p0, int np, float* out,
+                   const Pow2Rows* xb = nullptr);
 // Y[M, out] (ldy) = X[M, in] (ldx) W^T through L's packed panels, tasks split over threads.
 void linear(const float* X, int M, int ldx, const Linear& L, float* Y, int ldy, int threads);
 // Y[M, out] (ldy) = rows x[0..M) times W^T, on the calling thread (for use inside parallel regions).
