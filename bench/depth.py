@@ -194,7 +194,10 @@ def start_peer(args, n_ctx: int):
         if args.llama_cpp:
             src = lp.llama_cpp_dir(tools, args.llama_cpp)
         else:
-            src = Path(os.path.expanduser("~/.cache/llama-peer/llama_cpp_python-0.3.36/vendor/llama.cpp"))
+            # build.sh's default folder; checked here so that a missing build is reported, not started
+            cache = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
+            version = os.environ.get("LLAMA_CPP_PYTHON_VERSION", "0.3.36")
+            src = Path(cache) / "llama-peer" / f"llama_cpp_python-{version}" / "vendor" / "llama.cpp"
             if not os.access(src / "build" / "bin" / "llama-server", os.X_OK):
                 return None, (f"llama.cpp is not built ({src}/build/bin/llama-server missing): build it with "
                               f"`nice -n 10 bash {tools}/build.sh` (~20 min on 2 cores) or pass --llama-cpp SRC")
