@@ -258,7 +258,7 @@ class DecodeSteps:
         try:
             step_io = ExpertTally()
             speculative = any(e.draft or e.rewind for e in batch)
-            spent: list[float] = []             # the call's own seconds (the kernel thread's clock)
+            spent: list[tuple[int, int]] = []   # the call's (start, end) ns in the kernel thread
             measured = [e for e in batch if e.spans is not None]
             start_ns = now_ns() if measured else 0
             for e in batch:
@@ -277,11 +277,14 @@ class DecodeSteps:
                 out = await engine.runner.run(clocked(kernel.decode_batch, spent), [e.seq.state for e in batch],
                                               [e.token for e in batch], tally=step_io)
             self._timed(len(batch), sum(len(e.draft) for e in batch), trio.current_time() - t0)
-            kernel_s = spent[0] if spent else 0.0
+            kernel_s = (spent[0][1] - spent[0][0]) / 1e9 if spent else 0.0
             if measured:
-                hop = now_ns() - start_ns - int(kernel_s * 1e9)
+                back_ns = now_ns()
+                hop = back_ns - start_ns - int(kernel_s * 1e9)
                 for e in measured:
-                    e.spans.add("hop", hop)
+                    if spent:                   # to the thread (the call starting), and back (resumed)
+                        e.spans.add("hop_in", spent[0][0] - start_ns)
+                        e.spans.add("hop_out", back_ns - spent[0][1])
             for e in batch:
                 e.kernel_s = kernel_s
                 e.draft_cost = self.draft_cost

@@ -13,7 +13,8 @@ what the kernel thread measures itself (KernelRunner's `spent`). The names:
   reply     putting TokenOut into the request's reply channel
   to_step   from handing the token in to the step's kernel call starting (the stepping task waking,
             the kernel gate)
-  hop       the step's thread round trip: the kernel call's wall on the Trio side less its own time
+  hop_in    from asking for the step's kernel call to its start in the kernel thread
+  hop_out   from its end there to the Trio task resuming (the thread's publish, the wake-up, the GIL)
   after     the step's bookkeeping once the call returned (timing, tallies, metrics)
   wake      from the step's end to the request's task running again
   http      the HTTP handler's work per message: status, the responder (parse, JSON), the ASGI send

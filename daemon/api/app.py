@@ -34,7 +34,7 @@ from cairn.daemon.protocol.chat import ChatTemplateError, continues_final
 from cairn.daemon.protocol.encoding_dsv4 import DSML
 from cairn.daemon.protocol.reply_end import reply_end
 from cairn.daemon.protocol.reply_ids import keepable, parsed_key, replay, reply_marks
-from .asgi import BodyBytes, declared_length, read_body, send_error, send_json, too_large
+from .asgi import BodyBytes, Coalesced, declared_length, read_body, send_error, send_json, too_large
 from .responders import ChatJSON, ChatStream, CompletionOut
 from .responses import as_responses_error, parse_responses
 from .responses_reply import ResponsesJSON, ResponsesStream
@@ -573,13 +573,27 @@ class API:
                     nursery.start_soon(_watch_disconnect, receive, nursery.cancel_scope)
                     submit.trace.submitted_at = trio.current_time()
                     await self.inbox.send(submit)
-                    async for msg in reply_recv:
+                    held = None             # a message taken while gathering tokens, handled next
+                    while True:
+                        if held is not None:
+                            msg, held = held, None
+                        else:
+                            try:
+                                msg = await reply_recv.receive()
+                            except trio.EndOfChannel:
+                                msg = None
+                        if msg is None:
+                            # The engine closed the channel (replies.finish): its terminal reply found the
+                            # buffer full (a stalled client), so it waits on the control.
+                            terminal = control.final or Failed("internal error: the engine ended the request "
+                                                               "without a final reply")
+                            break
                         self.status.seen(rid, msg)
                         if isinstance(msg, Progress):
                             await out.progress(send, msg)
                         elif isinstance(msg, TokenOut):
                             t0 = decode_spans.now_ns() if self.spans else 0
-                            await out.token(send, msg)
+                            held = await self._tokens(rid, out, send, msg, reply_recv)
                             if self.spans:
                                 submit.trace.spans.add("http", decode_spans.now_ns() - t0)
                         elif isinstance(msg, Started):
@@ -589,11 +603,6 @@ class API:
                         else:
                             terminal = msg
                             break
-                    else:
-                        # The engine closed the channel (replies.finish): its terminal reply found the
-                        # buffer full (a stalled client), so it waits on the control.
-                        terminal = control.final or Failed("internal error: the engine ended the request "
-                                                           "without a final reply")
                     nursery.cancel_scope.cancel()
             # Complete before the final send: the watcher is gone, so a disconnect racing the last
             # bytes (or the server's own close) cannot cancel this send half-way.
@@ -624,6 +633,27 @@ class API:
                         await self.inbox.send(Cancel(rid))
                     except (trio.BrokenResourceError, trio.ClosedResourceError):
                         pass  # the engine is gone (shutdown): nothing left to cancel
+
+
+    async def _tokens(self, rid, out, send, first: TokenOut, reply_recv):
+        """`first` and every token already waiting behind it, written in one send (asgi.Coalesced):
+        tokens queue up only when the kernel runs ahead of this handler, and then one write instead of
+        one a token is what lets it catch up. Returns the first other message taken (None: none)."""
+        batch = Coalesced(send)
+        await out.token(batch, first)
+        held = None
+        while True:
+            try:
+                msg = reply_recv.receive_nowait()
+            except (trio.WouldBlock, trio.EndOfChannel):
+                break
+            if not isinstance(msg, TokenOut):
+                held = msg
+                break
+            self.status.seen(rid, msg)
+            await out.token(batch, msg)
+        await batch.flush()
+        return held
 
 
 def _cancelled_error(ack: CancelAck) -> APIError:

@@ -116,5 +116,28 @@ async def send_comment(send, text: str) -> None:
     await send({"type": "http.response.body", "body": b": " + text.encode() + b"\n\n", "more_body": True})
 
 
+class Coalesced:
+    """An ASGI `send` that holds streamed body pieces (`more_body`) until `flush`, which sends them as
+    one message: the bytes on the socket are the same, in one write instead of one per piece. Any
+    other message flushes first and goes through. For tokens that queued up while the handler wrote
+    (daemon/api/app.py): one write for all of them."""
+
+    def __init__(self, send) -> None:
+        self._send = send
+        self._parts: list[bytes] = []
+
+    async def __call__(self, message) -> None:
+        if message["type"] == "http.response.body" and message.get("more_body"):
+            self._parts.append(message["body"])
+            return
+        await self.flush()
+        await self._send(message)
+
+    async def flush(self) -> None:
+        if self._parts:
+            body, self._parts = b"".join(self._parts), []
+            await self._send({"type": "http.response.body", "body": body, "more_body": True})
+
+
 async def end_sse(send) -> None:
     await send({"type": "http.response.body", "body": b"data: [DONE]\n\n", "more_body": False})
