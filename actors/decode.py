@@ -99,6 +99,7 @@ class _Step:
     rewind: int = 0            # tokens of the state's last verify to take back first
     ran: bool = False          # taken into a step (the kernel saw it)
     kernel_s: float = 0.0      # the step's kernel call, its own time (the kernel thread's clock)
+    kernel_cpu_s: float = 0.0  # ... and the CPU the kernel thread used for it (OpenMP workers not counted)
     spans: Any = None          # the request's spans.Spans (None: not measured)
     submitted_ns: int = 0      # with spans: when it was handed in, when its step ended
     done_ns: int = 0
@@ -258,7 +259,7 @@ class DecodeSteps:
         try:
             step_io = ExpertTally()
             speculative = any(e.draft or e.rewind for e in batch)
-            spent: list[tuple[int, int]] = []   # the call's (start, end) ns in the kernel thread
+            spent: list[tuple[int, int, int]] = []   # the call's (start, end, CPU) ns in the kernel thread
             measured = [e for e in batch if e.spans is not None]
             start_ns = now_ns() if measured else 0
             for e in batch:
@@ -278,6 +279,7 @@ class DecodeSteps:
                                               [e.token for e in batch], tally=step_io)
             self._timed(len(batch), sum(len(e.draft) for e in batch), trio.current_time() - t0)
             kernel_s = (spent[0][1] - spent[0][0]) / 1e9 if spent else 0.0
+            kernel_cpu_s = spent[0][2] / 1e9 if spent else 0.0
             if measured:
                 back_ns = now_ns()
                 hop = back_ns - start_ns - int(kernel_s * 1e9)
@@ -286,7 +288,7 @@ class DecodeSteps:
                         e.spans.add("hop_in", spent[0][0] - start_ns)
                         e.spans.add("hop_out", back_ns - spent[0][1])
             for e in batch:
-                e.kernel_s = kernel_s
+                e.kernel_s, e.kernel_cpu_s = kernel_s, kernel_cpu_s
                 e.draft_cost = self.draft_cost
                 if e.tally is not None:
                     e.tally.add(step_io.io)
@@ -455,6 +457,7 @@ async def run_decode(engine: Engine, pre: Prefilled, stream_decoder, stats: dict
                 raise
             owed = 0
             sub.trace.decode_kernel_s += getattr(fed, "kernel_s", 0.0)
+            sub.trace.decode_kernel_cpu_s += getattr(fed, "kernel_cpu_s", 0.0)
             if sp is not None:
                 sp.add("wake", now_ns() - fed.done_ns)
                 sp.lap()

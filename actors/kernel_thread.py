@@ -14,9 +14,10 @@ call's states are still its own (no other call runs, and their requests wait for
 engine publishes their figures for the readers that must not touch a state a call may hold
 (actors/sequence.py).
 
-`clocked(fn, spent)` is `fn` that appends when it started and ended in the kernel thread to `spent`
-(perf_counter_ns, around the call alone: not the thread hop, not the publish); the decode worker sums
-it into the request's `decode_kernel_ms` (actors/trace.py) and splits the hop around it (spans.py).
+`clocked(fn, spent)` is `fn` that appends (start, end, CPU) of its run in the kernel thread to `spent`
+(perf_counter_ns and this thread's CPU ns, around the call alone: not the thread hop, not the
+publish); the decode worker sums them into the request's `decode_kernel_ms` / `decode_kernel_cpu_ms`
+(actors/trace.py) and splits the hop around them (spans.py).
 
 With paged experts (`meter`, actors/expert_io.py) the thread samples the expert cache's counters
 before and after each call: the delta is that call's disk work (calls never overlap). It goes to
@@ -51,11 +52,11 @@ def _metered(meter, fn: Callable[..., Any]) -> Callable[[], tuple[Any, Any]]:
 def clocked(fn: Callable[..., Any], spent: list) -> Callable[..., Any]:
     @wraps(fn)
     def call(*a: Any, **kw: Any) -> Any:
-        t0 = time.perf_counter_ns()
+        t0, c0 = time.perf_counter_ns(), time.thread_time_ns()
         try:
             return fn(*a, **kw)
         finally:
-            spent.append((t0, time.perf_counter_ns()))
+            spent.append((t0, time.perf_counter_ns(), time.thread_time_ns() - c0))
     return call
 
 

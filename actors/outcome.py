@@ -35,6 +35,7 @@ def log_request(log, submit, *, outcome: str, arrived_at: float, reused: int,
         **({"slot": slot} if slot is not None else {}),   # which sequence slot's live state served it
         **({"speculation": speculation} if speculation else {}),   # drafts, drafted, accepted, calls, off, no_room
         **({"experts": experts} if (experts := submit.trace.experts()) is not None else {}),
-        **({"decode_kernel_ms": round(submit.trace.decode_kernel_s * 1000, 2)} if completion_tokens > 1 else {}),
+        **({"decode_kernel_ms": round(submit.trace.decode_kernel_s * 1000, 2),
+            "decode_kernel_cpu_ms": round(submit.trace.decode_kernel_cpu_s * 1000, 2)} if completion_tokens > 1 else {}),
         **({"spans_us": submit.trace.spans.us()} if submit.trace.spans is not None else {}),
     )

@@ -15,7 +15,7 @@ from .expert_io import ExpertTally
 class RequestTrace:
     __slots__ = ("received_at", "submitted_at", "prefill_at", "planned_at", "prefilled_at",
                  "kernel_s", "kernel_calls", "snapshot_s", "snapshots", "prefill_experts", "decode_experts",
-                 "reuse", "decode_kernel_s", "spans")
+                 "reuse", "decode_kernel_s", "decode_kernel_cpu_s", "spans")
 
     def __init__(self, received_at: float | None = None, spans=None) -> None:
         self.received_at = received_at      # the HTTP handler started (before the body is read)
@@ -37,6 +37,7 @@ class RequestTrace:
         # decode: the request's kernel calls' own time, as the kernel thread measured it (a batched
         # step counts whole for each request in it); the log line's `decode_kernel_ms`
         self.decode_kernel_s = 0.0
+        self.decode_kernel_cpu_s = 0.0           # ... and the CPU the kernel thread used for them
         self.spans = spans                       # actors/spans.Spans when CAIRN_DECODE_SPANS=1, else None
 
     def experts(self) -> dict | None:

@@ -29,7 +29,12 @@ Per-token wall = (end of the response - the first event) / completion tokens (no
 client's total less the daemon's `trace_ms.total`, received -> first token). Two overheads a token:
   vs alone   wall - the kernel-alone run's time per token (what a user sees against the bare kernel);
   own        wall - the daemon's own decode kernel calls (`decode_kernel_ms` in its request log line),
-           the daemon's path alone, whatever the kernel's speed in that process.
+           the daemon's path alone, whatever the kernel's speed in that process;
+  own CPU    the CPU the daemon process used over the request (all threads, /proc schedstat) less
+           what its kernel thread used inside the decode calls (`decode_kernel_cpu_ms`), a token: what
+           the path costs in work, which a loaded machine does not inflate as it does wall time (an
+           upper bound: the prompt's parse and prefill count in it; with --threads > 1 OpenMP's
+           workers' share of the kernel counts too, so read it with --threads 1).
 The daemon runs with CAIRN_DECODE_SPANS=1, so its request lines carry `spans_us` (actors/spans.py):
 per-token spans of the path, summed per request; the table prints their medians per token.
 """
@@ -95,6 +100,19 @@ def wait_socket(path: str, proc: subprocess.Popen, timeout: float = 300) -> None
             pass
         time.sleep(0.2)
     raise RuntimeError("daemon did not start")
+
+
+def process_cpu_s(pid: int) -> float:
+    """CPU time all of a process's threads have run (Linux schedstat, ns): its threads persist across
+    a request (the event loop, the kernel thread; OpenMP's workers), so a difference is the request's."""
+    total = 0
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                total += int(f.read().split()[0])
+        except OSError:          # a thread that just ended
+            pass
+    return total / 1e9
 
 
 def thread_cpu_s(pid: int, tid: int) -> float:
@@ -244,8 +262,10 @@ def decode_main(args, model, K, prompt) -> int:
 
         def daemon_req(api: str, ids: np.ndarray) -> dict:
             body = decode_body(api, model_id, [int(t) for t in ids], text_prompt(), n, stream)
+            cpu0 = process_cpu_s(proc.pid)
             first, total, tokens = post_decode(sock, API_PATHS[api], body)
-            return {"api": api, "first_s": first, "total_s": total, "tokens": tokens}
+            return {"api": api, "first_s": first, "total_s": total, "tokens": tokens,
+                    "cpu_s": process_cpu_s(proc.pid) - cpu0}
 
         kernel_thread.submit(kernel_call, prompt(args.prompt)).result()     # warm-up, not counted
         for api in apis:
@@ -280,19 +300,23 @@ def decode_main(args, model, K, prompt) -> int:
         kern = ev.get("decode_kernel_ms")
         row["daemon_kernel_ms"] = None if kern is None else kern / row["tokens"]
         row["own_ms"] = None if kern is None else row["wall_ms"] - row["daemon_kernel_ms"]
+        kcpu = ev.get("decode_kernel_cpu_ms")
+        row["own_cpu_ms"] = None if kcpu is None else (row["cpu_s"] * 1e3 - kcpu) / row["tokens"]
         row["spans_us"] = {k: v / row["tokens"] for k, v in (ev.get("spans_us") or {}).items()}
         row["speculation"] = ev.get("speculation")
     med = statistics.median
     print(f"\ndecode {n} tokens after a {args.prompt}-token prompt, {args.rounds} rounds, {args.threads} threads, "
           f"speculation {args.speculate}, {'streamed' if stream else 'not streamed'}; load {os.getloadavg()[0]:.2f}")
-    print("per token, medians (ms): api | wall | kernel alone | daemon's kernel | overhead vs alone | own overhead")
+    print("per token, medians (ms): api | wall | kernel alone | daemon's kernel | overhead vs alone | own overhead "
+          "| own CPU")
     for api in apis:
         rs = [r for r in rows if r["api"] == api]
         own = [r["own_ms"] for r in rs if r["own_ms"] is not None]
         dk = [r["daemon_kernel_ms"] for r in rs if r["daemon_kernel_ms"] is not None]
         print(f"  {api:11s} | {med(r['wall_ms'] for r in rs):.3f} | {med(r['kernel_alone_s'] for r in rs) * 1e3:.3f} | "
               f"{med(dk) if dk else float('nan'):.3f} | {med(r['alone_ms'] for r in rs):+.3f} | "
-              f"{med(own) if own else float('nan'):+.3f}")
+              f"{med(own) if own else float('nan'):+.3f} | "
+              f"{med(r['own_cpu_ms'] for r in rs if r['own_cpu_ms'] is not None):.3f}")
         spans: dict[str, list[float]] = {}
         for r in rs:
             for k, v in r["spans_us"].items():
