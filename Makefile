@@ -63,7 +63,7 @@ model: $(BENCH_MODEL)/generation_config.json
 # (a model directory or a .gguf file: `cairn serve --model` checks it and says what is wrong).
 serve:
 	@test -e '$(MODEL)' || { echo "MODEL=$(MODEL): no such file or directory (a model directory or a .gguf file)"; exit 1; }
-	@$(MAKE) --no-print-directory $(SERVING)
+	@$(MAKE) --no-print-directory -s $(SERVING)
 	$(VENV)/bin/cairn serve --model '$(MODEL)' $(ARGS)
 
 # An agent session through the real socket: checkpoints off / in memory / from disk after a restart;
