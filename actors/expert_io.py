@@ -73,7 +73,8 @@ class ExpertTally:
         self.io = ZERO
 
     def add(self, io: ExpertIO) -> None:
-        self.io = self.io + io
+        if io is not ZERO:         # no expert paged (every decode step of a resident model): nothing to add
+            self.io = self.io + io
 
 
 class ExpertMeter:

@@ -41,6 +41,7 @@ memory error when even that is not enough — never the OOM killer.
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from dataclasses import dataclass, field
@@ -162,6 +163,12 @@ def _comp_floats(rate: int, dim: int, overlap: bool, n: int) -> int:
     return f
 
 
+@functools.lru_cache(maxsize=16)
+def _kind_counts(layer_types: tuple[str, ...]) -> tuple[int, int, int]:
+    return (len(layer_types), layer_types.count("compressed_sparse_attention"),
+            layer_types.count("heavily_compressed_attention"))
+
+
 @dataclass(frozen=True, slots=True)
 class StateCost:
     """How a kernel State's bytes grow with its tokens (docs: ../shared/docs/v4-architecture.md §3):
@@ -187,19 +194,21 @@ class StateCost:
 
     page_tokens: int = 0     # tokens per page group of compressed rows (0: rows not rounded to groups)
 
+    def _kinds(self) -> tuple[int, int, int]:
+        """(layers, CSA layers, HCA layers): every per-layer sum below is a count times one layer's
+        term (the same integers as a loop over the layers, without one: the decode path asks per token)."""
+        return _kind_counts(self.layer_types)
+
     def bytes_at(self, n_tokens: int) -> int:
         """Bytes of a snapshot of a State holding n_tokens: the buffers' used prefixes (window rows,
         compressor slots; the kernel copies only those), its compressed rows, token ids and last
         logits — what Snapshot.nbytes reports, give or take its bookkeeping."""
         n = max(0, int(n_tokens))
-        floats = 0
-        for kind in self.layer_types:
-            floats += min(n, self.window - 1) * self.head_dim
-            if kind == "compressed_sparse_attention":
-                floats += (_comp_floats(self.csa_rate, self.head_dim, True, n)
+        layers, csa, hca = self._kinds()
+        floats = (layers * min(n, self.window - 1) * self.head_dim
+                  + csa * (_comp_floats(self.csa_rate, self.head_dim, True, n)
                            + _comp_floats(self.csa_rate, self.index_head_dim, True, n))
-            elif kind == "heavily_compressed_attention":
-                floats += _comp_floats(self.hca_rate, self.head_dim, False, n)
+                  + hca * _comp_floats(self.hca_rate, self.head_dim, False, n))
         return 4 * floats + 4 * n + 4 * self.vocab
 
     def snapshot_bytes_at(self, n_tokens: int) -> int:
@@ -212,26 +221,18 @@ class StateCost:
         (W-1 rows) and each compressor's raw buffers (and CSA overlap) at full size."""
         def comp(rate: int, dim: int, overlap: bool) -> int:
             return 2 * rate * (2 * dim if overlap else dim) + (2 * rate * dim if overlap else 0)
-        f = 0
-        for kind in self.layer_types:
-            f += max(0, self.window - 1) * self.head_dim
-            if kind == "compressed_sparse_attention":
-                f += comp(self.csa_rate, self.head_dim, True) + comp(self.csa_rate, self.index_head_dim, True)
-            elif kind == "heavily_compressed_attention":
-                f += comp(self.hca_rate, self.head_dim, False)
-        return f
+        layers, csa, hca = self._kinds()
+        return (layers * max(0, self.window - 1) * self.head_dim
+                + csa * (comp(self.csa_rate, self.head_dim, True) + comp(self.csa_rate, self.index_head_dim, True))
+                + hca * comp(self.hca_rate, self.head_dim, False))
 
     def group_bytes(self) -> int:
         """Bytes of one page group (0 when rows are not rounded to groups)."""
         if self.page_tokens <= 0:
             return 0
-        rows = 0
-        for kind in self.layer_types:
-            if kind == "compressed_sparse_attention":
-                rows += (self.page_tokens // self.csa_rate) * (self.head_dim + self.index_head_dim)
-            elif kind == "heavily_compressed_attention":
-                rows += (self.page_tokens // self.hca_rate) * self.head_dim
-        return 4 * rows
+        _, csa, hca = self._kinds()
+        return 4 * (csa * (self.page_tokens // self.csa_rate) * (self.head_dim + self.index_head_dim)
+                    + hca * (self.page_tokens // self.hca_rate) * self.head_dim)
 
     def resident_at(self, n_tokens: int) -> int:
         """What a live state may hold in memory at n tokens: its bytes and the vectors' spare capacity,
@@ -244,16 +245,12 @@ class StateCost:
 
     def _buffer_floats(self, n: int) -> int:
         """Floats of the used prefixes of the windows and compressor buffers at n tokens."""
-        f = 0
-        for kind in self.layer_types:
-            f += min(n, self.window - 1) * self.head_dim
-            if kind == "compressed_sparse_attention":
-                f += (_comp_floats(self.csa_rate, self.head_dim, True, n) - (n // self.csa_rate) * self.head_dim
-                      + _comp_floats(self.csa_rate, self.index_head_dim, True, n)
-                      - (n // self.csa_rate) * self.index_head_dim)
-            elif kind == "heavily_compressed_attention":
-                f += _comp_floats(self.hca_rate, self.head_dim, False, n) - (n // self.hca_rate) * self.head_dim
-        return f
+        layers, csa, hca = self._kinds()
+        return (layers * min(n, self.window - 1) * self.head_dim
+                + csa * (_comp_floats(self.csa_rate, self.head_dim, True, n) - (n // self.csa_rate) * self.head_dim
+                         + _comp_floats(self.csa_rate, self.index_head_dim, True, n)
+                         - (n // self.csa_rate) * self.index_head_dim)
+                + hca * (_comp_floats(self.hca_rate, self.head_dim, False, n) - (n // self.hca_rate) * self.head_dim))
 
     def journal_bytes(self, n_tokens: int) -> int:
         """Bytes of the undo record a verify of n_tokens keeps in its state until the state's next call
