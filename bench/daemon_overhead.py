@@ -34,7 +34,8 @@ client's total less the daemon's `trace_ms.total`, received -> first token). Two
            what its kernel thread used inside the decode calls (`decode_kernel_cpu_ms`), a token: what
            the path costs in work, which a loaded machine does not inflate as it does wall time (an
            upper bound: the prompt's parse and prefill count in it; with --threads > 1 OpenMP's
-           workers' share of the kernel counts too, so read it with --threads 1).
+           workers' share of the kernel counts too, so read it with --threads 1);
+  event loop's CPU  the Trio thread's own CPU over the request, a token (never the kernel's).
 The daemon runs with CAIRN_DECODE_SPANS=1, so its request lines carry `spans_us` (actors/spans.py):
 per-token spans of the path, summed per request; the table prints their medians per token.
 """
@@ -262,10 +263,10 @@ def decode_main(args, model, K, prompt) -> int:
 
         def daemon_req(api: str, ids: np.ndarray) -> dict:
             body = decode_body(api, model_id, [int(t) for t in ids], text_prompt(), n, stream)
-            cpu0 = process_cpu_s(proc.pid)
+            cpu0, loop0 = process_cpu_s(proc.pid), thread_cpu_s(proc.pid, proc.pid)
             first, total, tokens = post_decode(sock, API_PATHS[api], body)
             return {"api": api, "first_s": first, "total_s": total, "tokens": tokens,
-                    "cpu_s": process_cpu_s(proc.pid) - cpu0}
+                    "cpu_s": process_cpu_s(proc.pid) - cpu0, "loop_cpu_s": thread_cpu_s(proc.pid, proc.pid) - loop0}
 
         kernel_thread.submit(kernel_call, prompt(args.prompt)).result()     # warm-up, not counted
         for api in apis:
@@ -302,13 +303,14 @@ def decode_main(args, model, K, prompt) -> int:
         row["own_ms"] = None if kern is None else row["wall_ms"] - row["daemon_kernel_ms"]
         kcpu = ev.get("decode_kernel_cpu_ms")
         row["own_cpu_ms"] = None if kcpu is None else (row["cpu_s"] * 1e3 - kcpu) / row["tokens"]
+        row["loop_cpu_ms"] = row["loop_cpu_s"] * 1e3 / row["tokens"]
         row["spans_us"] = {k: v / row["tokens"] for k, v in (ev.get("spans_us") or {}).items()}
         row["speculation"] = ev.get("speculation")
     med = statistics.median
     print(f"\ndecode {n} tokens after a {args.prompt}-token prompt, {args.rounds} rounds, {args.threads} threads, "
           f"speculation {args.speculate}, {'streamed' if stream else 'not streamed'}; load {os.getloadavg()[0]:.2f}")
     print("per token, medians (ms): api | wall | kernel alone | daemon's kernel | overhead vs alone | own overhead "
-          "| own CPU")
+          "| own CPU | event loop's CPU")
     for api in apis:
         rs = [r for r in rows if r["api"] == api]
         own = [r["own_ms"] for r in rs if r["own_ms"] is not None]
@@ -316,7 +318,8 @@ def decode_main(args, model, K, prompt) -> int:
         print(f"  {api:11s} | {med(r['wall_ms'] for r in rs):.3f} | {med(r['kernel_alone_s'] for r in rs) * 1e3:.3f} | "
               f"{med(dk) if dk else float('nan'):.3f} | {med(r['alone_ms'] for r in rs):+.3f} | "
               f"{med(own) if own else float('nan'):+.3f} | "
-              f"{med(r['own_cpu_ms'] for r in rs if r['own_cpu_ms'] is not None):.3f}")
+              f"{med(r['own_cpu_ms'] for r in rs if r['own_cpu_ms'] is not None):.3f} | "
+              f"{med(r['loop_cpu_ms'] for r in rs):.3f}")
         spans: dict[str, list[float]] = {}
         for r in rs:
             for k, v in r["spans_us"].items():
