@@ -157,7 +157,8 @@ class DecodeSteps:
         entry = _Step(seq, int(token), tally=tally, draft=tuple(int(t) for t in draft), rewind=int(rewind),
                       spans=spans, submitted_ns=now_ns() if spans is not None else 0)
         self._pending.append(entry)
-        self._arrived.set()
+        if not self._maybe_alone():             # a lone one is run by its own `wait`, or `wait` wakes `run`
+            self._arrived.set()
         return entry
 
     async def rewind(self, seq: Sequence, k: int) -> None:
@@ -179,6 +180,8 @@ class DecodeSteps:
                 # other tasks (its HTTP handler) run; a cancel that came during the call is raised now
                 await trio.lowlevel.checkpoint_if_cancelled()
             else:
+                if entry in self._pending:
+                    self._arrived.set()         # `submit` left it to us when it could have been alone
                 await entry.done.wait()
         except trio.Cancelled:
             await self.let_go(entry)
@@ -202,6 +205,9 @@ class DecodeSteps:
     async def step(self, seq: Sequence, token: int, tally: Any = None):
         """Feed `token` to `seq`'s state in the next step; its logits [V]."""
         return await self.wait(self.submit(seq, token, tally))
+
+    def _maybe_alone(self) -> bool:
+        return len(self._pending) == 1 and self._engine.decoding() == 1
 
     def _alone(self, entry: _Step) -> bool:
         """`entry` is the only token handed in, its sequence the only one decoding, and the gate is free:
