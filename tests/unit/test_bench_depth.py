@@ -1,5 +1,6 @@
-"""bench/depth.py's arithmetic: the indexer's multiply-adds, the keys attention reads, and the V4-Flash
-projection recover a known linear cost model (without running the kernel)."""
+"""bench/depth.py's arithmetic (the indexer's multiply-adds, the keys attention reads), its V4-Flash
+projection on a known linear cost model, and its llama.cpp requests on a stub server (no kernel, no
+llama.cpp)."""
 
 from __future__ import annotations
 
@@ -74,3 +75,43 @@ def test_rates_are_multiply_adds_over_the_sections_seconds(shape):
     assert r["hca_s_per_token"] == pytest.approx(1e-2 * ent / shape.keys(n))
     assert r["hca_read_gbs"] == pytest.approx(ent * 512 * 4 / r["hca_s_per_token"] / 1e9)
     assert np.isfinite(r["hca_of_gemm"])
+
+
+def test_peer_segment_extends_the_cached_prompt_and_times_the_decode_steps():
+    """llama.cpp's side, on a stub server: the whole prompt to the depth with cache_prompt (its checkpoint
+    holds the rest), n + 1 tokens (the first is the prompt's), prefill = the tokens it computed."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, HTTPServer
+
+    import llama_peer
+
+    bodies: list[dict] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self):
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            bodies.append(body)
+            t = {"prompt_n": 100, "cache_n": len(body["prompt"]) - 100, "prompt_ms": 50.0,
+                 "predicted_n": body["n_predict"], "predicted_ms": 400.0}
+            out = json.dumps({"timings": t}).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(out)))
+            self.end_headers()
+            self.wfile.write(out)
+
+        def log_message(self, *a):
+            pass
+
+    httpd = HTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        server = type("S", (), {"port": httpd.server_address[1]})()
+        r = depth.peer_segment(server, list(range(16, 1040)), 32)
+    finally:
+        httpd.shutdown()
+    assert bodies[0]["cache_prompt"] is True and bodies[0]["n_predict"] == 33 and len(bodies[0]["prompt"]) == 1024
+    assert r["prefill"] == {"tokens": 100, "cached": 924, "s": 0.05, "tok_s": 2000.0}
+    assert r["decode"]["tok_s"] == pytest.approx(80.0)
+    # the server keeps its checkpoints in this mode, and only in it
+    cmd = llama_peer.server_command(Path("llama-server"), Path("m.gguf"), 2, 512, 4096, 8080, extend=True)
+    assert "-ctxcp" not in cmd and "-cram" not in cmd
