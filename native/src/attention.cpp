@@ -26,6 +26,9 @@
 #include "cairn/kernels.h"
 #include "cairn/profile.h"
 #include "formats/lanes.h"
+#ifdef __AVX2__
+#include <immintrin.h>
+#endif
 
 namespace cairn {
 
@@ -193,19 +196,46 @@ constexpr int kPvH = 2;
 // read where they are instead. MH heads of p [.., ldp] from h0 into o [.., Dh].
 template <int MH>
 static void pv_heads(const float* p, int ldp, int h0, const float* const* rows, int nk, int Dh, float* o) {
+  const float* ph[MH];
+  for (int a = 0; a < MH; ++a) ph[a] = p + (size_t)(h0 + a) * ldp;
   int d0 = 0;
   for (; d0 + kPanel <= Dh; d0 += kPanel) {
+#if defined(__AVX512F__)
+    __m512 acc[MH];
+    for (int a = 0; a < MH; ++a) acc[a] = _mm512_setzero_ps();
+    for (int k = 0; k < nk; ++k) {
+      const __m512 u = _mm512_loadu_ps(rows[k] + d0);
+      for (int a = 0; a < MH; ++a) acc[a] = _mm512_fmadd_ps(_mm512_set1_ps(ph[a][k]), u, acc[a]);
+    }
+    for (int a = 0; a < MH; ++a) _mm512_storeu_ps(o + (size_t)(h0 + a) * Dh + d0, acc[a]);
+#elif defined(__AVX2__) && defined(__FMA__)
+    __m256 acc[MH][2];
+    for (int a = 0; a < MH; ++a) acc[a][0] = acc[a][1] = _mm256_setzero_ps();
+    for (int k = 0; k < nk; ++k) {
+      const __m256 u0 = _mm256_loadu_ps(rows[k] + d0), u1 = _mm256_loadu_ps(rows[k] + d0 + 8);
+      for (int a = 0; a < MH; ++a) {
+        const __m256 w = _mm256_set1_ps(ph[a][k]);
+        acc[a][0] = _mm256_fmadd_ps(w, u0, acc[a][0]);
+        acc[a][1] = _mm256_fmadd_ps(w, u1, acc[a][1]);
+      }
+    }
+    for (int a = 0; a < MH; ++a) {
+      _mm256_storeu_ps(o + (size_t)(h0 + a) * Dh + d0, acc[a][0]);
+      _mm256_storeu_ps(o + (size_t)(h0 + a) * Dh + d0 + 8, acc[a][1]);
+    }
+#else
     lanes::f32x16 acc[MH] = {};
     for (int k = 0; k < nk; ++k) {
       const lanes::f32x16 u = lanes::load_f32(rows[k] + d0);
-      for (int a = 0; a < MH; ++a) acc[a] = lanes::fmadd_lanes(p[(size_t)(h0 + a) * ldp + k], u, acc[a]);
+      for (int a = 0; a < MH; ++a) acc[a] = lanes::fmadd_lanes(ph[a][k], u, acc[a]);
     }
     for (int a = 0; a < MH; ++a) lanes::store(o + (size_t)(h0 + a) * Dh + d0, acc[a]);
+#endif
   }
   for (; d0 < Dh; ++d0)  // a last part-panel: the micro-kernel's lanes round as fmadd does (kernels.h)
     for (int a = 0; a < MH; ++a) {
       float acc = 0.f;
-      for (int k = 0; k < nk; ++k) acc = fmadd(p[(size_t)(h0 + a) * ldp + k], rows[k][d0], acc);
+      for (int k = 0; k < nk; ++k) acc = fmadd(ph[a][k], rows[k][d0], acc);
       o[(size_t)(h0 + a) * Dh + d0] = acc;
     }
 }
@@ -253,8 +283,9 @@ static void softmax_head(float* row, int nu, int lo, int hi, int nwin, int vh, f
 // visible) then its CSA top-k rows. Scores: the packed product with the roles swapped -- the
 // query's heads packed as the weights, the key rows its input rows; fma(u[c], q[c], acc) over Dh
 // ascending is the same chain as today's fma(q[c], u[c], acc) -- and o = P U by pv_rows, so every
-// number is the block path's. Key rows split over threads for the scores, heads for the rest.
-// o [H, Dh].
+// number is the block path's. Key rows split over threads for the scores, heads for the rest
+// (one barrier between). The window/HCA keys' softmax runs over [0, nu) as one visible run: the
+// block path's window-then-HCA order, nothing masked. o [H, Dh].
 static void attend_one(const float* q /*[H,Dh]*/, const std::vector<const float*>& keys, int nu, int H, int Dh,
                        float scale, const float* sink /*[H]*/, int nt, float* o) {
   const int nk = (int)keys.size(), nsel = nk - nu;
@@ -278,19 +309,18 @@ static void attend_one(const float* q /*[H,Dh]*/, const std::vector<const float*
       const int k0 = t * kRows;
       linear_rows(keys.data() + k0, std::min(kRows, nk - k0), heads, &sk[(size_t)k0 * H], H);
     }
-#pragma omp for schedule(static)
-    for (int h = 0; h < H; ++h) {
+    // then each thread its own heads, start to end (the weights of a head are its thread's own)
+    const int T = omp_get_num_threads(), me = omp_get_thread_num();
+    const int h0 = H * me / T, h1 = H * (me + 1) / T;
+    for (int h = h0; h < h1; ++h) {
       float* row = &sc[(size_t)h * nk];
       for (int j = 0; j < nk; ++j) row[j] = sk[(size_t)j * H + h];
       softmax_head(row, nu, 0, nu - 1, nu, 0, row + nu, nsel, sink[h], scale);
     }
-#pragma omp for schedule(static)
-    for (int h = 0; h < H; h += kPvH) {
-      const int h1 = std::min(H, h + kPvH);
-      pv_rows(sc.data(), nk, h, h1, keys.data(), nu, Dh, o);
-      if (nsel) pv_rows(sc.data() + nu, nk, h, h1, keys.data() + nu, nsel, Dh, osel.data());
-      if (nsel)
-        for (size_t d = (size_t)h * Dh; d < (size_t)h1 * Dh; ++d) o[d] = o[d] + osel[d];
+    pv_rows(sc.data(), nk, h0, h1, keys.data(), nu, Dh, o);
+    if (nsel) {
+      pv_rows(sc.data() + nu, nk, h0, h1, keys.data() + nu, nsel, Dh, osel.data());
+      for (size_t d = (size_t)h0 * Dh; d < (size_t)h1 * Dh; ++d) o[d] = o[d] + osel[d];
     }
   }
 }
