@@ -45,14 +45,14 @@ from .kernel_thread import clocked
 from .lifecycle import ClientGone, attached, end_cancelled, end_failed
 from .messages import Done, Finished, Prefilled, Started, TokenOut, Usage
 from .outcome import log_request
-from .penalties import Shaper
+from .decoding.penalties import Shaper
 from .prefill import _capture
 from .sequence import Sequence
 from .spans import now_ns
 from .replies import finish, reply
-from .sampling import choose, log_softmax, make_rng, top_logprobs
-from .speculation import DEFAULT_DRAFT_COST, Speculation, draft_cost_of
-from .stops import StopMatcher
+from .decoding.sampling import choose, log_softmax, make_rng, top_logprobs
+from .decoding.speculation import DEFAULT_DRAFT_COST, Speculation, draft_cost_of
+from .decoding.stops import StopMatcher
 
 
 # Sampling and log-probabilities are O(V) numpy work per token (a few ms at V = 129k, more on a busy
@@ -137,7 +137,7 @@ class DecodeSteps:
         self.drafts_dropped = 0                 # drafts not sent: no room in the memory plan
         self.plain_s: dict[int, float] = {}     # batch size -> moving average of a plain step's time
         # what one draft token adds to a step, in plain steps of its batch size (the hardware's
-        # figure, shared; each request's acceptance is its own: speculation.py)
+        # figure, shared; each request's acceptance is its own: decoding/speculation.py)
         self.draft_cost = DEFAULT_DRAFT_COST
 
     def submit(self, seq: Sequence, token: int, tally: Any = None, draft: tuple = (), rewind: int = 0,
@@ -364,7 +364,7 @@ async def run_decode(engine: Engine, pre: Prefilled, stream_decoder, stats: dict
     off_loop = int(engine.model.vocab_size) >= OFF_LOOP_VOCAB
     shaper = Shaper(s, len(logits))
     metrics = getattr(engine, "metrics", None)
-    # Speculation (actors/speculation.py): `ahead` holds the draft tokens the last verify fed that are
+    # Speculation (actors/decoding/speculation.py): `ahead` holds the draft tokens the last verify fed that are
     # not picked yet, each with the logits after it; `owed` counts fed tokens the reply did not keep,
     # taken back with the next kernel call or when the turn ends.
     spec = None

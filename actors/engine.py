@@ -37,7 +37,7 @@ class Engine:
     slots: list = field(default_factory=lambda: [Sequence(0)])   # the sequences (wiring.start_engine sets N)
     gate: KernelGate = field(default_factory=KernelGate)
     memory: Any = None                # memory_guard.MemoryGuard (None: no memory plan, nothing checked)
-    speculate: bool = False           # verify prompt-lookup drafts in decode (actors/speculation.py)
+    speculate: bool = False           # verify prompt-lookup drafts in decode (actors/decoding/speculation.py)
     # One-line service status for the supervisor (systemd STATUS=); a no-op unless the daemon sets it.
     announce: Callable[[str], Any] = lambda text: None
 

@@ -58,7 +58,7 @@ class Sampling:
     logprobs: bool = False
     top_logprobs: int = 0              # 0..20
     ignore_eos: bool = False
-    presence_penalty: float = 0.0      # OpenAI's: over the tokens generated so far (actors/penalties.py)
+    presence_penalty: float = 0.0      # OpenAI's: over the tokens generated so far (actors/decoding/penalties.py)
     frequency_penalty: float = 0.0
     logit_bias: tuple[tuple[int, float], ...] = ()
     banned: tuple[int, ...] = ()       # token ids never chosen, whatever the bias (tool_choice "none")

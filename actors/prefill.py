@@ -32,7 +32,7 @@ from .lifecycle import attached, end_cancelled, end_failed
 from .messages import Admitted, Prefilled, PromptLogprobs
 from .outcome import log_request
 from .progress import ProgressReporter
-from .sampling import log_softmax, top_logprobs
+from .decoding.sampling import log_softmax, top_logprobs
 from .plan import pieces
 from .sequence import Sequence
 

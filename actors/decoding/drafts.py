@@ -3,7 +3,7 @@
 Agents' replies repeat what they were shown (a file rewritten with a few changes, a diff, a
 command echoed back). The draft is what followed the latest earlier occurrence of the longest
 suffix of the text so far (an n-gram of MAX_NGRAM down to MIN_NGRAM tokens), searched over the
-prompt and the reply. No second model; the kernel verifies the draft (actors/speculation.py).
+prompt and the reply. No second model; the kernel verifies the draft (actors/decoding/speculation.py).
 
 Design notes. The history is one int32 array (capacity doubling: at most 8 bytes a token, where
 dicts of n-gram tuples took ~416: 53 MB at 128k tokens; the memory plan counts

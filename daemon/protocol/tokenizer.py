@@ -263,7 +263,7 @@ class StreamDecoder:
         return self._utf8.decode(self._tok.token_bytes(token_id))
 
     def hidden_text(self, token_id: int) -> str | None:
-        """A dropped control token's text (a stop string may name it: actors/stops.py), else None."""
+        """A dropped control token's text (a stop string may name it: actors/decoding/stops.py), else None."""
         return self._tok.token_bytes(token_id).decode("utf-8", "replace") if token_id in self._hidden else None
 
     def flush(self) -> str:

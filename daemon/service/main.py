@@ -97,8 +97,8 @@ def plan_for(settings: Settings, md, limit=None, *, probe: bool = True):
     measured now, before the load (`limit`: a memory_plan.LimitSource, for tests; with `probe` False
     and no limit: unknown)."""
     from cairn.actors.prefill import ALL_LOGITS_BUDGET
-    from cairn.actors.drafts import LOOKUP_BYTES_PER_TOKEN
-    from cairn.actors.speculation import MAX_DRAFT
+    from cairn.actors.decoding.drafts import LOOKUP_BYTES_PER_TOKEN
+    from cairn.actors.decoding.speculation import MAX_DRAFT
 
     from .memory_plan import (DIAGNOSTIC_IDS_BYTES, REPLY_IDS_BYTES, StateCost, parse_expert_cache, plan_memory,
                               split_weight_bytes)

@@ -11,8 +11,8 @@ numbers in; nothing here touches the system. The plan has these parts, in bytes:
     margin      kernel scratch, Python, the rest of the system: MARGIN_FRACTION of the room, >= MARGIN_MIN
     requests    per slot: the prompt's ids, a few logits rows and, with speculation, one verify's undo
                 journal (StateCost.journal_bytes of 1 + the longest draft: ~1 MB a token at V4-Flash width,
-                kept in the state until its next call) and its prompt-lookup table (drafts.py, 8 bytes a
-                token); plus one all-logits block (prompt
+                kept in the state until its next call) and its prompt-lookup table (actors/decoding/drafts.py,
+                8 bytes a token); plus one all-logits block (prompt
                 log-probabilities; kernel calls run one at a time, so one block at most)
     bodies      request bodies being read and parsed at once: the HTTP edge admits `body_bytes` of them
                 at a time (daemon/api/app.py), counted BODY_PARSE_FACTOR times (the raw bytes and what
@@ -416,7 +416,7 @@ def plan_memory(*, limit: LimitSource | None, weights: ModelBytes, state: StateC
     the kernel's least expert budget (an explicit smaller size is passed on; its error names it);
     `reply_bytes`: the reply table's bound; `diagnostic_bytes`: the cache diagnostics' bound;
     `journal_bytes`: one verify's undo journal, per slot (0: speculation off); `lookup_bytes_per_token`:
-    the prompt-lookup table's bytes a token (actors/drafts.py; 0: speculation off)."""
+    the prompt-lookup table's bytes a token (actors/decoding/drafts.py; 0: speculation off)."""
     share_tokens = plan_state_tokens(context_length)
     share = state.resident_at(share_tokens) if state is not None else 0
     per_token = state.per_token if state is not None else 0

@@ -250,7 +250,7 @@ class Metrics:
         self.decode_step_rows = r.counter("cairn_decode_step_rows_total",
                                           "Sequence tokens advanced by batched decode steps (rows / steps: "
                                           "the mean batch).")
-        # exact speculative decoding (actors/speculation.py): tokens per kernel call =
+        # exact speculative decoding (actors/decoding/speculation.py): tokens per kernel call =
         # (decode tokens) / decode_steps; acceptance = accepted / draft tokens
         self.decode_tokens = r.counter("cairn_decode_tokens_total", "Tokens decode picked (all requests).")
         self.spec_drafts = r.counter("cairn_spec_drafts_total", "Drafts verified (one verify call each, per sequence).")

@@ -17,14 +17,14 @@ import trio.testing
 import fake_kernel
 from gated_kernel import Gate, GatedKernel
 from cairn.actors import decode
-from cairn.actors.drafts import longest_match
+from cairn.actors.decoding.drafts import longest_match
 from cairn.actors.engine import Engine
 from cairn.actors.kernel_gate import DECODE, prefill_priority
 from cairn.actors.lifecycle import ClientGone
 from cairn.actors.memory_guard import MemoryGuard
 from cairn.actors.messages import Prefilled, RequestControl, Sampling, Submit, TokenOut
 from cairn.actors.sequence import Sequence
-from cairn.actors.speculation import WARMUP_CALLS
+from cairn.actors.decoding.speculation import WARMUP_CALLS
 from cairn.daemon.service.memory_plan import LimitSource, ModelBytes, StateCost, plan_memory
 
 V = 12

@@ -210,7 +210,7 @@ async def test_openai_client_over_unix_socket(loaded, tmp_path):
 
 
 def _log_softmax64(rows: np.ndarray) -> np.ndarray:
-    """Independent of cairn.actors.sampling: float64, max-shifted."""
+    """Independent of cairn.actors.decoding.sampling: float64, max-shifted."""
     x = rows.astype(np.float64)
     m = x.max(axis=-1, keepdims=True)
     return x - m - np.log(np.exp(x - m).sum(axis=-1, keepdims=True))

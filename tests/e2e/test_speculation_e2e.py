@@ -22,7 +22,7 @@ from daemon_harness import daemon, real_loaded, request
 MODEL = Path(__file__).resolve().parents[2] / "models" / "cairn-code"
 # A prompt whose continuation repeats what it holds (the tiny model loops on it): drafts hit often,
 # and miss sometimes.
-# (a fixed excerpt of an older actors/drafts.py: read from the live source, the prompt changed with it)
+# (a fixed excerpt of an older actors/decoding/drafts.py: read from the live source, the prompt changed with it)
 CODE = Path(__file__).resolve().parents[1].joinpath("fixtures", "speculation_prompt.txt").read_text()
 PROMPT = CODE + "\n\n# The same code again:\n" + CODE[:160]
 

@@ -1,4 +1,5 @@
-"""Request fields coding agents send (daemon/api/schemas.py) and the sampler's penalties (actors/penalties.py)."""
+"""Request fields coding agents send (daemon/api/schemas.py) and the sampler's penalties
+(actors/decoding/penalties.py)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import numpy as np
 import pytest
 
 from cairn.actors.messages import Sampling
-from cairn.actors.penalties import Penalties, Shaper
+from cairn.actors.decoding.penalties import Penalties, Shaper
 from cairn.daemon.api.schemas import APIError, parse_chat, parse_completion
 
 BASE = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import trio
 
-from cairn.actors.stops import StopMatcher
+from cairn.actors.decoding.stops import StopMatcher
 from cairn.actors.turns import turn_boundaries
 from cairn.daemon.api.app import API
 from cairn.daemon.api.schemas import parse_chat

@@ -2,8 +2,8 @@ import numpy as np
 
 from cairn.actors.admission_queue import AdmissionQueue
 from cairn.actors.messages import Sampling
-from cairn.actors.sampling import choose, log_softmax, make_rng, top_logprobs
-from cairn.actors.stops import StopMatcher
+from cairn.actors.decoding.sampling import choose, log_softmax, make_rng, top_logprobs
+from cairn.actors.decoding.stops import StopMatcher
 
 
 def test_admission_queue_fifo_bounded_and_held_until_release():

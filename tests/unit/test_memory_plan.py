@@ -383,7 +383,7 @@ def test_a_prompt_lookup_table_holds_no_more_than_the_plan_counts_for_it():
     slot at its share of tokens when speculation is on."""
     import tracemalloc
 
-    from cairn.actors.drafts import LOOKUP_BYTES_PER_TOKEN, PromptLookup
+    from cairn.actors.decoding.drafts import LOOKUP_BYTES_PER_TOKEN, PromptLookup
 
     rng = np.random.default_rng(3)
     prompt = tuple(int(t) for t in rng.integers(0, 129_000, 20_000))

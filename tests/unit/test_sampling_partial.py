@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from cairn.actors import sampling
+from cairn.actors.decoding import sampling
 from cairn.actors.messages import Sampling
-from cairn.actors.sampling import choose
+from cairn.actors.decoding.sampling import choose
 
 
 def choose_by_full_sort(logits, s: Sampling, rng) -> int:
@@ -58,7 +58,7 @@ def test_partial_selection_samples_the_same_tokens_as_a_full_sort(v):
 
 
 def test_top_order_is_the_stable_sort_prefix_with_ties():
-    from cairn.actors.sampling import top_order
+    from cairn.actors.decoding.sampling import top_order
 
     x = np.array([1.0, 3.0, 3.0, 2.0, 3.0, 2.0, 0.0])
     for k in range(1, 9):

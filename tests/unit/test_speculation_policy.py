@@ -1,10 +1,11 @@
-"""Prompt-lookup drafts (actors/drafts.py) and the per-request drafting policy (actors/speculation.py)."""
+"""Prompt-lookup drafts (actors/decoding/drafts.py) and the per-request drafting policy
+(actors/decoding/speculation.py)."""
 
 import numpy as np
 import pytest
 
-from cairn.actors.drafts import PromptLookup, longest_match
-from cairn.actors.speculation import (DEFAULT_DRAFT_COST, FIRST_DRAFT, FIRST_PAUSE, MAX_DRAFT, MIN_DRAFT_COST,
+from cairn.actors.decoding.drafts import PromptLookup, longest_match
+from cairn.actors.decoding.speculation import (DEFAULT_DRAFT_COST, FIRST_DRAFT, FIRST_PAUSE, MAX_DRAFT, MIN_DRAFT_COST,
                                       WARMUP_CALLS, Speculation, draft_cost_of)
 
 
