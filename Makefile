@@ -20,6 +20,7 @@ NATIVE := $(shell find native -type f \( -name '*.cpp' -o -name '*.h' -o -name '
 .PHONY: install clients serve test demo bench model clean sanitize
 
 $(PY):
+	@echo "cairn: creating $(VENV) and its build tools (pip, scikit-build-core, pybind11, cmake, ninja)"
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 
