@@ -62,7 +62,7 @@ int SlotPolicy::cycle_victim(int64_t acquiring, int cur, bool take_reserved) con
   // the call's held experts (all below `acquiring`): give one of those up instead? From the first
   // held one on: the next read then waits for that expert's compute (a window of one read), the
   // price of the hits; from the k-th on, a decode step's k reads would overlap as under hotpin,
-  // with fewer hits (docs/benchmarks.md, "Expert cache against the offline optimum").
+  // with fewer hits (docs/benchmarks/expert-cache.md).
   for (int s : busy_list_)
     if (best < 0 || cycle_score(key_[s], cur, acquiring) > bs) return -1;
   return best;
