@@ -37,8 +37,8 @@ def main() -> int:
     args = ap.parse_args()
 
     from cairn import _kernel as K
-    from cairn.actors import disk_format, disk_io
-    from cairn.actors.plan import pieces
+    from cairn.actors.checkpoints import disk_format, disk_io
+    from cairn.actors.checkpoints.plan import pieces
     from cairn.daemon.weights.model_dir import load_model, open_model_dir
 
     model = load_model(open_model_dir(args.model), args.threads)

@@ -36,7 +36,7 @@ client's total less the daemon's `trace_ms.total`, received -> first token). Two
            upper bound: the prompt's parse and prefill count in it; with --threads > 1 OpenMP's
            workers' share of the kernel counts too, so read it with --threads 1);
   event loop's CPU  the Trio thread's own CPU over the request, a token (never the kernel's).
-The daemon runs with CAIRN_DECODE_SPANS=1, so its request lines carry `spans_us` (actors/spans.py):
+The daemon runs with CAIRN_DECODE_SPANS=1, so its request lines carry `spans_us` (actors/engine/spans.py):
 per-token spans of the path, summed per request; the table prints their medians per token.
 """
 

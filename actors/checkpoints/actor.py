@@ -44,7 +44,7 @@ import trio
 from . import disk_io, page_format, shared_dir
 from .disk_format import (KINDS as DISK_KINDS, SUFFIX, CheckpointFileError, Header, check_page_keys, file_name,
                           header_size, prefix_hash, read_header)
-from .messages import FlushRecency, WriteCheckpoint
+from ..engine.messages import FlushRecency, WriteCheckpoint
 from .plan import PrefillPlan, common_prefix_len, plan_prefill
 from .store import CheckpointStore, Entry, Eviction, Footprint, footprint
 from .write_backoff import WriteBackoff

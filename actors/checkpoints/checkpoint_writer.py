@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import trio
 
-from .messages import FlushRecency, WriteCheckpoint
+from ..engine.messages import FlushRecency, WriteCheckpoint
 
 
 async def checkpoint_writer(inbox: trio.MemoryReceiveChannel, *, checkpoints, log,

@@ -1,6 +1,6 @@
 """Which files an eviction pass of the shared checkpoint tier deletes. Pure: no I/O.
 
-The shared tier (actors/shared_dir.py) has one byte budget for every daemon using the directory.
+The shared tier (actors/checkpoints/shared_dir.py) has one byte budget for every daemon using the directory.
 A pass sees the whole directory (every daemon's files) and deletes least recently used first: a
 file's mtime is its last use by any daemon (each daemon saves its uses as mtimes), ties broken by
 name so every daemon would choose the same victims from the same listing. Passes run one at a time

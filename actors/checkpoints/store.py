@@ -54,7 +54,7 @@ import numpy as np
 
 from .disk_format import KINDS as DISK_KINDS, as_tokens, prefix_hash
 
-# reply_end: the state after a reply (actors/decode.py), memory only: the prompt it serves holds the
+# reply_end: the state after a reply (actors/engine/decode.py), memory only: the prompt it serves holds the
 # reply's generated ids, which only this process's reply table brings back (daemon/protocol/reply_ids.py)
 KINDS = DISK_KINDS + ("reply_end",)
 TURN_ENDS = ("prompt_end", "reply_end")     # evicted first

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..messages import Sampling
+from ..engine.messages import Sampling
 
 
 def active(s: Sampling) -> bool:

@@ -54,4 +54,4 @@ async def admission(inbox: trio.MemoryReceiveChannel, to_prefill: trio.MemorySen
                 to_prefill.send_nowait(Admitted(sub, arrived))
             if metrics is not None:
                 metrics.queue_depth.set(len(queue))
-            note_busy(bool(running) or len(queue) > 0)   # idle: actors/trim.py gives freed heap back
+            note_busy(bool(running) or len(queue) > 0)   # idle: actors/engine/trim.py gives freed heap back

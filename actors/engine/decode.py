@@ -45,14 +45,14 @@ from .kernel_thread import clocked
 from .lifecycle import ClientGone, attached, end_cancelled, end_failed
 from .messages import Done, Finished, Prefilled, Started, TokenOut, Usage
 from .outcome import log_request
-from .decoding.penalties import Shaper
+from ..decoding.penalties import Shaper
 from .prefill import _capture
 from .sequence import Sequence
 from .spans import now_ns
 from .replies import finish, reply
-from .decoding.sampling import choose, log_softmax, make_rng, top_logprobs
-from .decoding.speculation import DEFAULT_DRAFT_COST, Speculation, draft_cost_of
-from .decoding.stops import StopMatcher
+from ..decoding.sampling import choose, log_softmax, make_rng, top_logprobs
+from ..decoding.speculation import DEFAULT_DRAFT_COST, Speculation, draft_cost_of
+from ..decoding.stops import StopMatcher
 
 
 # Sampling and log-probabilities are O(V) numpy work per token (a few ms at V = 129k, more on a busy

@@ -30,9 +30,9 @@ class Engine:
     context_length: int
     segment: int = 4096
     chunk: int = 128
-    progress_interval_s: float = 0.25  # least time between two Progress replies of a request (actors/progress.py)
+    progress_interval_s: float = 0.25  # least time between two Progress replies of a request (actors/engine/progress.py)
     runner: KernelRunner = field(init=False)
-    checkpoints: Any = None           # actors.checkpoints.Checkpoints (None: built off in __post_init__)
+    checkpoints: Any = None           # actors.checkpoints.actor.Checkpoints (None: built off in __post_init__)
     metrics: Any = None               # cairn.daemon.service.metrics.Metrics, or None (actor tests)
     slots: list = field(default_factory=lambda: [Sequence(0)])   # the sequences (wiring.start_engine sets N)
     gate: KernelGate = field(default_factory=KernelGate)
@@ -47,7 +47,7 @@ class Engine:
         self.runner = KernelRunner(self.kernel.AbortFlag, ExpertMeter(self.model, self.metrics))
         self.runner.publish = self.publish_figures
         if self.checkpoints is None:
-            from .checkpoints import Checkpoints
+            from ..checkpoints.actor import Checkpoints
 
             self.checkpoints = Checkpoints(enabled=False)
 

@@ -12,14 +12,14 @@ lets a group out: callers see the kernel's own exception (`ValueError`, `Runtime
 After every call, still in the kernel thread, `publish(args)` (when set; the engine's) runs: the
 call's states are still its own (no other call runs, and their requests wait for this one), so the
 engine publishes their figures for the readers that must not touch a state a call may hold
-(actors/sequence.py).
+(actors/engine/sequence.py).
 
 `clocked(fn, spent)` is `fn` that appends (start, end, CPU) of its run in the kernel thread to `spent`
 (perf_counter_ns and this thread's CPU ns, around the call alone: not the thread hop, not the
 publish); the decode worker sums them into the request's `decode_kernel_ms` / `decode_kernel_cpu_ms`
-(actors/trace.py) and splits the hop around them (spans.py).
+(actors/engine/trace.py) and splits the hop around them (spans.py).
 
-With paged experts (`meter`, actors/expert_io.py) the thread samples the expert cache's counters
+With paged experts (`meter`, actors/engine/expert_io.py) the thread samples the expert cache's counters
 before and after each call: the delta is that call's disk work (calls never overlap). It goes to
 the engine-wide totals and, when the caller passes a `tally`, to the caller's sum.
 """
@@ -65,7 +65,7 @@ class KernelRunner:
         self._limiter = trio.CapacityLimiter(1)
         self.thread = CallThread()
         self._new_flag = abort_flag_factory
-        self.meter = meter            # actors/expert_io.ExpertMeter, or None (no expert cache)
+        self.meter = meter            # actors/engine/expert_io.ExpertMeter, or None (no expert cache)
         self.publish: Callable[[tuple], None] | None = None   # (the call's args), kernel thread, after each call
 
     def _then_publish(self, call: Callable[[], Any], args: tuple) -> Callable[[], Any]:

@@ -44,7 +44,7 @@ def _mib(n: int) -> str:
 class MemoryGuard:
     def __init__(self, plan, engine, *, log=None, metrics=None) -> None:
         self.plan = plan
-        self.engine = engine              # actors.engine.Engine: its live state(s) and checkpoint store
+        self.engine = engine              # actors.engine.engine.Engine: its live state(s) and checkpoint store
         self.log = log
         self.metrics = metrics
         self.refused = 0                  # requests ended for memory

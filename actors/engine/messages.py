@@ -20,7 +20,7 @@ class RequestControl:
     """Cancel a request wherever it is, and learn how it ended. Plain Trio-thread object; no locking.
 
     `final` is the request's terminal reply (Rejected / Done / Failed / CancelAck), set by the actor
-    that ends the request (actors/replies.finish) before it closes the reply channel: a stalled
+    that ends the request (actors/engine/replies.finish) before it closes the reply channel: a stalled
     client's full reply buffer cannot lose it, and /v1/status can tell an ended request from a
     running one even while its handler is still blocked writing to the client.
     """
@@ -77,10 +77,10 @@ class Submit:
     reply: trio.MemorySendChannel = field(compare=False)   # of Reply
     control: RequestControl = field(compare=False)
     turn_end_tokens: int | None = None  # where the next turn's prompt diverges, if before the end (capture there)
-    turn_tokens: int | None = None     # where the last user message starts, in tokens (actors/turns.py)
+    turn_tokens: int | None = None     # where the last user message starts, in tokens (actors/checkpoints/turns.py)
     trace: RequestTrace = field(default_factory=RequestTrace, compare=False)   # stage times (trace.py)
     # a chat reply the next turn may replay (daemon/protocol/reply_ids.py): `Done.ids` carries the generated
-    # ids, and a reply that ends with EOS is captured there (kind "reply_end", actors/decode.py)
+    # ids, and a reply that ends with EOS is captured there (kind "reply_end", actors/engine/decode.py)
     keep_reply: bool = False
 
 

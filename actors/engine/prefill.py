@@ -32,8 +32,8 @@ from .lifecycle import attached, end_cancelled, end_failed
 from .messages import Admitted, Prefilled, PromptLogprobs
 from .outcome import log_request
 from .progress import ProgressReporter
-from .decoding.sampling import log_softmax, top_logprobs
-from .plan import pieces
+from ..decoding.sampling import log_softmax, top_logprobs
+from ..checkpoints.plan import pieces
 from .sequence import Sequence
 
 ALL_LOGITS_BUDGET = 1 << 26   # floats of [n, V] logits one segment may return (256 MiB) with all_logits
@@ -211,7 +211,7 @@ async def run_prefill(engine: Engine, seq: Sequence, submit, log, progress: dict
     logits = None
     cut_kind = {c.position: c.kind for c in plan.captures}
     t_begin = trio.current_time()
-    # Client-visible progress (SSE `: progress` comments, /v1/status; actors/progress.py): keep begin()
+    # Client-visible progress (SSE `: progress` comments, /v1/status; actors/engine/progress.py): keep begin()
     # before the first kernel call and segment_done() after each call, whatever the plan's start.
     reporter = ProgressReporter(submit, n, reused, min_interval_s=engine.progress_interval_s)
     if reused < n:
@@ -222,7 +222,7 @@ async def run_prefill(engine: Engine, seq: Sequence, submit, log, progress: dict
     for a, b in pieces(plan.start, n, seg_len, cut_kind):  # one kernel call each
         seg = ids[a:b]
         t0 = trio.current_time()
-        seg_io = ExpertTally()     # this segment's expert-cache work (paged experts; actors/expert_io.py)
+        seg_io = ExpertTally()     # this segment's expert-cache work (paged experts; actors/engine/expert_io.py)
         engine.room_for(seq, len(seg))   # memory: room for len(seg) more tokens, or a 507 (memory_guard.py)
         priority = prefill_priority(n - a)   # shortest remaining first (kernel_gate.py)
         try:

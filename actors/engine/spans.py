@@ -1,7 +1,7 @@
 """Where a decode token's time goes in the daemon: named spans summed per request, off unless asked.
 
 Design notes. bench/daemon_overhead.py --decode starts the daemon with CAIRN_DECODE_SPANS=1; then
-every request's `RequestTrace.spans` is a `Spans` and the decode path (actors/decode.py) and the HTTP
+every request's `RequestTrace.spans` is a `Spans` and the decode path (actors/engine/decode.py) and the HTTP
 edge (daemon/api/app.py) add perf_counter_ns spans to it; the request's log line carries them as
 `spans_us` (total microseconds per span over the request; the bench divides by its tokens). Off (the
 default) `spans` is None and each site costs one `is not None` test. All on the Trio thread, except

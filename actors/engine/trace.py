@@ -27,7 +27,7 @@ class RequestTrace:
         self.kernel_calls = 0
         self.snapshot_s = 0.0                    # snapshots + storing them
         self.snapshots = 0
-        # Paged experts (actors/expert_io.py): the expert-cache work of this request's kernel calls;
+        # Paged experts (actors/engine/expert_io.py): the expert-cache work of this request's kernel calls;
         # decode steps batched with other requests (several slots) count the whole step for each of them.
         self.prefill_experts = ExpertTally()
         self.decode_experts = ExpertTally()
@@ -38,7 +38,7 @@ class RequestTrace:
         # step counts whole for each request in it); the log line's `decode_kernel_ms`
         self.decode_kernel_s = 0.0
         self.decode_kernel_cpu_s = 0.0           # ... and the CPU the kernel thread used for them
-        self.spans = spans                       # actors/spans.Spans when CAIRN_DECODE_SPANS=1, else None
+        self.spans = spans                       # actors/engine/spans.Spans when CAIRN_DECODE_SPANS=1, else None
 
     def experts(self) -> dict | None:
         """The request's expert-cache work for its log line; None when no expert was paged."""

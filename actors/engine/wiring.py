@@ -1,7 +1,7 @@
 """Start the engine's actors in one nursery and wire their channels. Returns the edge's inbox.
 
 One engine for any number of slots: admission, the prefill worker, the decode worker and the
-checkpoint writer, with `slots` sequences (actors/sequence.py) in the engine; `slots` = 1 runs the
+checkpoint writer, with `slots` sequences (actors/engine/sequence.py) in the engine; `slots` = 1 runs the
 same code with one.
 
 Buffer sizes, and why they are not 0:
@@ -21,7 +21,7 @@ from functools import partial
 import trio
 
 from .admission import admission
-from .checkpoint_writer import checkpoint_writer
+from ..checkpoints.checkpoint_writer import checkpoint_writer
 from .decode import decode_worker
 from .engine import Engine
 from .prefill import prefill_worker

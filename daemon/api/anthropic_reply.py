@@ -28,7 +28,7 @@ import hashlib
 import json
 import secrets
 
-from cairn.actors.messages import Done, Started, TokenOut, Usage
+from cairn.actors.engine.messages import Done, Started, TokenOut, Usage
 from cairn.daemon.protocol.reply_end import ReplyEnd, end_reply
 from cairn.daemon.protocol.v4_output import Event, OutputParser
 

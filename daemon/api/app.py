@@ -17,13 +17,13 @@ import time
 
 import trio
 
-from cairn.actors.errors import single
-from cairn.actors.messages import (Cancel, CancelAck, Done, Failed, Progress, Rejected, RequestControl, Sampling,
+from cairn.actors.engine.errors import single
+from cairn.actors.engine.messages import (Cancel, CancelAck, Done, Failed, Progress, Rejected, RequestControl, Sampling,
                                    Started, Submit, TokenOut)
-from cairn.actors.replies import STALL_S
-from cairn.actors import spans as decode_spans
-from cairn.actors.trace import RequestTrace
-from cairn.actors.turns import turn_boundaries
+from cairn.actors.engine.replies import STALL_S
+from cairn.actors.engine import spans as decode_spans
+from cairn.actors.engine.trace import RequestTrace
+from cairn.actors.checkpoints.turns import turn_boundaries
 
 from . import anthropic, worker_info
 from .access import api_key_matches, loopback_host, operator_endpoint, x_api_key_matches
@@ -61,7 +61,7 @@ class API:
         self.log = log
         self.api_key = api_key
         self.metrics = metrics
-        self.checkpoints = checkpoints   # actors.checkpoints.Checkpoints: GET / DELETE /v1/checkpoints
+        self.checkpoints = checkpoints   # actors.checkpoints.actor.Checkpoints: GET / DELETE /v1/checkpoints
         self.markers = tokenizer.template_markers()   # message starts in ids: capture candidates (turns.py)
         # replies reused exactly (daemon/protocol/reply_ids.py): the table, and the ids it reads; off
         # without a table or with a template other than V4's own encoding
@@ -617,7 +617,7 @@ class API:
                 self._log_rejected(err, request_id=rid)
                 await out.failed(send, err)
             elif isinstance(terminal, Failed) and terminal.kind == "memory":
-                # the memory plan had no room for this conversation's state (actors/memory_guard.py)
+                # the memory plan had no room for this conversation's state (actors/engine/memory_guard.py)
                 await out.failed(send, APIError(507, terminal.message, code="insufficient_memory",
                                                 type="insufficient_memory"))
             elif isinstance(terminal, Failed):

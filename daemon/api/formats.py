@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import codecs
 
-from cairn.actors.messages import Usage
+from cairn.actors.engine.messages import Usage
 
 
 def usage_dict(u: Usage) -> dict:

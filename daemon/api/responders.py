@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import time
 
-from cairn.actors.messages import Done, Progress, Started, TokenOut
+from cairn.actors.engine.messages import Done, Progress, Started, TokenOut
 
 from . import formats
 from .asgi import end_sse, send_comment, send_error, send_event, send_json, start_sse

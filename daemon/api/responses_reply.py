@@ -21,7 +21,7 @@ import json
 import secrets
 import time
 
-from cairn.actors.messages import Done, Started, TokenOut, Usage
+from cairn.actors.engine.messages import Done, Started, TokenOut, Usage
 
 from .asgi import send_error, send_json
 from .responders import StreamProgress, _warn, reply_parser

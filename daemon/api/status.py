@@ -15,7 +15,7 @@ import resource
 import time
 from dataclasses import dataclass, field
 
-from cairn.actors.messages import Progress, Started, TokenOut
+from cairn.actors.engine.messages import Progress, Started, TokenOut
 
 TIERS = ("memory", "disk")
 
@@ -44,7 +44,7 @@ def process_memory() -> dict:
 def checkpoint_tiers(engine) -> dict:
     """THE hook for checkpoint numbers: {"memory": {"count", "bytes", …}, "disk": {"count", "bytes", …}}.
 
-    Asks the engine's checkpoint manager (`engine.checkpoints`, actors/checkpoints.py) for
+    Asks the engine's checkpoint manager (`engine.checkpoints`, actors/checkpoints/) for
     `checkpoint_stats()`, a plain dict with a sub-dict per tier ("entries"/"count", "bytes", budgets);
     the tier sub-dicts are passed through with "entries" spelled "count". Without a manager, or
     when it fails, every tier reads zero.
@@ -72,7 +72,7 @@ def checkpoint_tiers(engine) -> dict:
 def expert_cache(engine, reason: str = "") -> dict:
     """The routed-expert cache: budget and layout (the kernel's `expert_cache_info()`, read once
     at start: it does not change) and the work since start (the runner's totals of per-call deltas,
-    actors/expert_io.py — never a kernel call from here, which may be running one)."""
+    actors/engine/expert_io.py — never a kernel call from here, which may be running one)."""
     runner = getattr(engine, "runner", None)
     meter = getattr(runner, "meter", None)
     out: dict = {"paged": bool(getattr(meter, "paged", False)), "reason": reason}
@@ -89,7 +89,7 @@ def expert_cache(engine, reason: str = "") -> dict:
 
 def memory(engine, plan) -> dict:
     """RSS now and at peak, the memory plan (its parts, the limit and where it came from) and what
-    the guard counts in use now (actors/memory_guard.py)."""
+    the guard counts in use now (actors/engine/memory_guard.py)."""
     out = process_memory()
     if plan is not None:
         out["plan"] = plan.as_status()
@@ -124,7 +124,7 @@ class Tracked:
 
 @dataclass
 class StatusBoard:
-    engine: object = None            # cairn.actors.engine.Engine (metrics, model, checkpoint store)
+    engine: object = None            # cairn.actors.engine.engine.Engine (metrics, model, checkpoint store)
     queue_size: int | None = None
     fingerprint: str = ""
     context_length: int | None = None

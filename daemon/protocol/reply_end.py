@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Literal
 from .v4_output import Event, OutputParser, Parsed, ToolCall
 
 if TYPE_CHECKING:
-    from cairn.actors.messages import Done
+    from cairn.actors.engine.messages import Done
 
 Finish = Literal["stop", "stop_sequence", "tool_calls", "length"]
 Dropped = Literal["length", "stop_sequence", "stop", "malformed"]

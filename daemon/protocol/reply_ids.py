@@ -15,7 +15,7 @@ Here, instead:
   ids in place of their tokenized text, when the turn is rendered where and as the reply was
   generated (the same opener right before it, the exact text of that message between opener and
   EOS). The prompt then starts with the state after turn 1 (prompt + reply), which the live state
-  or the reply-end checkpoint holds (actors/decode.py).
+  or the reply-end checkpoint holds (actors/engine/decode.py).
 
 The key: sha256 of the message's content text (text parts joined as the encoder joins them),
 reasoning text, and per tool call its id, name and arguments as the encoder reads them

@@ -35,7 +35,7 @@ from itertools import accumulate
 
 import numpy as np
 
-from cairn.actors.turns import TemplateMarkers, markers_from_vocab
+from cairn.actors.checkpoints.turns import TemplateMarkers, markers_from_vocab
 from cairn.daemon.protocol.encoding_dsv4 import DSML, END_THINK, THINK
 
 from cairn.daemon.service.logs import get_logger
@@ -219,7 +219,7 @@ class TextTokenizer:
         return self._tok.token_to_id(text)
 
     def template_markers(self) -> TemplateMarkers | None:
-        """The chat template's message-start tokens, for capture points read from ids (actors/turns.py)."""
+        """The chat template's message-start tokens, for capture points read from ids (actors/checkpoints/turns.py)."""
         return markers_from_vocab(self._tok.token_to_id)
 
     def boundary_for_byte_offset(self, text: str, byte_offset: int) -> int:

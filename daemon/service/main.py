@@ -19,8 +19,8 @@ from typing import Any
 
 import trio
 
-from cairn.actors.engine import Engine
-from cairn.actors.wiring import start_engine
+from cairn.actors.engine.engine import Engine
+from cairn.actors.engine.wiring import start_engine
 from cairn.isa import numeric_class
 
 from . import systemd
@@ -96,7 +96,7 @@ def plan_for(settings: Settings, md, limit=None, *, probe: bool = True):
     """The memory plan for this model on this machine (daemon/service/memory_plan.py), from the limit
     measured now, before the load (`limit`: a memory_plan.LimitSource, for tests; with `probe` False
     and no limit: unknown)."""
-    from cairn.actors.prefill import ALL_LOGITS_BUDGET
+    from cairn.actors.engine.prefill import ALL_LOGITS_BUDGET
     from cairn.actors.decoding.drafts import LOOKUP_BYTES_PER_TOKEN
     from cairn.actors.decoding.speculation import MAX_DRAFT
 
@@ -122,7 +122,7 @@ def plan_for(settings: Settings, md, limit=None, *, probe: bool = True):
     except (KeyError, TypeError, ValueError):
         min_budget = 0
     vocab = int(cfg.get("vocab_size", 0) or 0)
-    # one prefill call's every-position logits (prompt log-probabilities; actors/prefill.segment_length)
+    # one prefill call's every-position logits (prompt log-probabilities; actors/engine/prefill.segment_length)
     block = 4 * vocab * min(settings.segment, ALL_LOGITS_BUDGET // max(vocab, 1)) if vocab else 0
     return plan_memory(limit=limit, weights=weights, state=cost,
                        context_length=int(cfg.get("max_position_embeddings", 0) or 1),
@@ -173,7 +173,7 @@ def checkpoint_fingerprint(loaded: Loaded) -> str:
 
 
 def make_checkpoints(settings: Settings, loaded: Loaded, log, metrics):
-    from cairn.actors.checkpoints import Checkpoints
+    from cairn.actors.checkpoints.actor import Checkpoints
 
     # A shared directory (several daemons of the model, docs/operations.md "Scale-out") wins over the
     # per-daemon disk tier; checkpoint_dir still holds the weight-digest cache.
@@ -216,7 +216,7 @@ async def run_daemon(settings: Settings, loaded: Loaded, *, handle_signals: bool
                     progress_interval_s=settings.progress_interval_ms / 1000, speculate=settings.speculate == "on",
                     checkpoints=make_checkpoints(settings, loaded, log, metrics))
     if loaded.memory_plan is not None:
-        from cairn.actors.memory_guard import MemoryGuard
+        from cairn.actors.engine.memory_guard import MemoryGuard
 
         engine.memory = MemoryGuard(loaded.memory_plan, engine, log=log, metrics=metrics)
     model_id = settings.served_model_name or loaded.name

@@ -18,7 +18,7 @@ numbers in; nothing here touches the system. The plan has these parts, in bytes:
                 at a time (daemon/api/app.py), counted BODY_PARSE_FACTOR times (the raw bytes and what
                 JSON parsing makes of them); BODY_SHARE of what the weights and margin leave
     transients  a capture copies the state into a blob before the store takes it: one blob, at most the
-                checkpoint budget (a larger capture is never taken, actors/memory_guard.py)
+                checkpoint budget (a larger capture is never taken, actors/engine/memory_guard.py)
     checkpoints the checkpoint memory budget (--checkpoint-memory-mb), blobs queued for the disk writer
                 included; cut to CHECKPOINT_SHARE of what the weights and the margin leave
     replies     the reply table: finished replies' generated ids, replayed when a later prompt holds
@@ -34,7 +34,7 @@ numbers in; nothing here touches the system. The plan has these parts, in bytes:
 
 A state grows with its tokens (StateCost.bytes_at: sliding windows, compressed rows, indexer keys, as
 the kernel's State stores them). The plan is a budget, not a reservation: at each kernel call that grows
-a state, the guard (actors/memory_guard.py) checks live states + checkpoint memory against `pool`
+a state, the guard (actors/engine/memory_guard.py) checks live states + checkpoint memory against `pool`
 (checkpoints + states), evicts checkpoints when a state needs their room and ends the request with a
 memory error when even that is not enough — never the OOM killer.
 """

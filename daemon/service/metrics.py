@@ -260,14 +260,14 @@ class Metrics:
         self.spec_batched_verify_steps = r.counter(
             "cairn_spec_batched_verify_steps_total",
             "Decode steps that verified drafts for two or more sequences in one kernel call.")
-        # the memory plan (daemon/service/memory_plan.py) and its guard (actors/memory_guard.py)
+        # the memory plan (daemon/service/memory_plan.py) and its guard (actors/engine/memory_guard.py)
         self.memory_refused = r.counter("cairn_memory_refused_total",
                                         "Requests ended because their state could not grow within the memory plan.")
         self.checkpoint_captures_skipped = r.counter(
             "cairn_checkpoint_captures_skipped_total", "Captures not taken because their snapshot could not be "
             "kept (budget: larger than the checkpoint budget; transient_room: no room for the copy).", ["reason"],
             allowed={"reason": ("budget", "transient_room")})
-        # paged routed experts (--expert-cache; actors/expert_io.py): the kernel's counters, summed over calls
+        # paged routed experts (--expert-cache; actors/engine/expert_io.py): the kernel's counters, summed over calls
         self.expert_budget = r.gauge("cairn_expert_cache_budget_bytes",
                                      "Memory for routed experts (0: every expert resident, nothing paged).")
         self.expert_hits = r.counter("cairn_expert_cache_hits_total", "Routed-expert lookups served from memory.")

@@ -17,8 +17,8 @@ import sys
 
 import numpy as np
 
-from cairn.actors import disk_io, shared_dir
-from cairn.actors.disk_format import CheckpointFileError, file_name, read_header, read_payload
+from cairn.actors.checkpoints import disk_io, shared_dir
+from cairn.actors.checkpoints.disk_format import CheckpointFileError, file_name, read_header, read_payload
 
 UNIVERSE = 24
 

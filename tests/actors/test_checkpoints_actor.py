@@ -1,4 +1,4 @@
-"""actors/checkpoints.py and the checkpoint writer on their own (opaque blobs, a temp directory):
+"""Checkpoints (actors/checkpoints/) and the checkpoint writer on their own (opaque blobs, a temp directory):
 the dropped write when the writer's queue is full, a delete racing a queued write, the disk budget
 deleting files, the stats dict for /v1/status."""
 
@@ -12,10 +12,10 @@ import numpy as np
 import trio
 from structlog.testing import capture_logs
 
-from cairn.actors import disk_format, disk_io
-from cairn.actors.checkpoint_writer import checkpoint_writer
-from cairn.actors.checkpoints import Checkpoints
-from cairn.actors.disk_format import file_name, prefix_hash
+from cairn.actors.checkpoints import disk_format, disk_io
+from cairn.actors.checkpoints.checkpoint_writer import checkpoint_writer
+from cairn.actors.checkpoints.actor import Checkpoints
+from cairn.actors.checkpoints.disk_format import file_name, prefix_hash
 from cairn.daemon.service.logs import get_logger
 from cairn.daemon.service.metrics import Metrics
 

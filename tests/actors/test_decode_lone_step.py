@@ -2,7 +2,7 @@
 
 `DecodeSteps.wait` runs the step itself when the token is the only one handed in, its sequence the
 only one decoding and the kernel gate free: the kernel starts without waking the stepping task, on
-the one kernel thread (actors/call_thread.py), and the token went into the reply buffer first without
+the one kernel thread (actors/engine/call_thread.py), and the token went into the reply buffer first without
 a yield. These tests check that the path runs (counters), that it gives the tokens and state a plain
 greedy decode gives, and that it keeps the gate's policy: a prefill that asks for the kernel during a
 step gets it next, before the stream's following step (the decode step hands the gate over at once).
@@ -18,11 +18,11 @@ import trio.testing
 
 import fake_kernel
 from gated_kernel import Gate, GatedKernel
-from cairn.actors import decode
-from cairn.actors.engine import Engine
-from cairn.actors.kernel_gate import DECODE, prefill_priority
-from cairn.actors.messages import Prefilled, RequestControl, Sampling, Submit, TokenOut
-from cairn.actors.sequence import Sequence
+from cairn.actors.engine import decode
+from cairn.actors.engine.engine import Engine
+from cairn.actors.engine.kernel_gate import DECODE, prefill_priority
+from cairn.actors.engine.messages import Prefilled, RequestControl, Sampling, Submit, TokenOut
+from cairn.actors.engine.sequence import Sequence
 
 V = 64
 PROMPT = [3, 1, 4, 1, 5, 9, 2, 6]

@@ -8,8 +8,8 @@ import types
 import numpy as np
 import trio
 
-from cairn.actors import decode
-from cairn.actors.messages import Prefilled, RequestControl, Sampling, Submit
+from cairn.actors.engine import decode
+from cairn.actors.engine.messages import Prefilled, RequestControl, Sampling, Submit
 
 
 class _InlineRunner:

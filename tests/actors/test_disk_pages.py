@@ -10,9 +10,9 @@ import pytest
 import trio
 from structlog.testing import capture_logs
 
-from cairn.actors.checkpoints import Checkpoints
-from cairn.actors.disk_format import file_name, prefix_hash
-from cairn.actors.messages import WriteCheckpoint
+from cairn.actors.checkpoints.actor import Checkpoints
+from cairn.actors.checkpoints.disk_format import file_name, prefix_hash
+from cairn.actors.engine.messages import WriteCheckpoint
 from cairn.daemon.service.logs import get_logger
 from cairn.daemon.service.main import checkpoint_fingerprint
 
@@ -80,7 +80,7 @@ async def test_a_damaged_or_missing_page_is_a_miss_and_the_shorter_checkpoint_st
     await write(ck, loaded, ids[:120])                        # pages 0 .. 6
     await write(ck, loaded, ids[:180])                        # pages 0 .. 10
     pdir = ck.disk_dir / "pages"
-    from cairn.actors.disk_format import page_key
+    from cairn.actors.checkpoints.disk_format import page_key
     damaged = pdir / f"{page_key(ids, 4, P)}.page"            # only the two longer ones need page 4
     raw = bytearray(damaged.read_bytes())
     raw[len(raw) // 2] ^= 0x10
@@ -130,7 +130,7 @@ async def test_checkpoints_of_the_format_before_pages_are_reported_never_read(ti
     loaded = real_loaded(tiny_model_dir, checkpoint_page_tokens=P)
     fp = checkpoint_fingerprint(loaded)
     assert loaded.kernel.SNAPSHOT_VERSION == 4 and f";snapshot-v4;pages-{P};numeric-" in fp
-    from cairn.actors import disk_io
+    from cairn.actors.checkpoints import disk_io
     old_fp = fp.split(";snapshot-")[0] + f";snapshot-v{old_version}"
     old = disk_io.ensure_dir(disk_io.model_subdir(disk_io.ensure_dir(tmp_path / "ck"), old_fp))
     (old / disk_io.FINGERPRINT_NAME).write_text(old_fp)
@@ -143,7 +143,7 @@ async def test_checkpoints_of_the_format_before_pages_are_reported_never_read(ti
 
 
 def test_shared_eviction_counts_pages_once_and_frees_them_with_their_last_checkpoint():
-    from cairn.actors.shared_evict import FileStat, choose_victims
+    from cairn.actors.checkpoints.shared_evict import FileStat, choose_victims
 
     pages = (("p0.page", 100), ("p1.page", 100))
     files = [FileStat("old.ckpt", 50, 1.0, pages), FileStat("new.ckpt", 50, 2.0, pages + (("p2.page", 100),))]
@@ -153,7 +153,7 @@ def test_shared_eviction_counts_pages_once_and_frees_them_with_their_last_checkp
 
 
 async def test_two_daemons_on_a_shared_directory_share_page_files(tiny_model_dir, tmp_path):
-    from cairn.actors import shared_dir
+    from cairn.actors.checkpoints import shared_dir
 
     loaded = real_loaded(tiny_model_dir, checkpoint_page_tokens=P)
     ids = prompt(200)
@@ -191,8 +191,8 @@ async def test_a_planted_file_listing_another_prompts_pages_is_never_restored_an
     """A's header, name and tail (its state's own tokens are A's, so the check after a restore
     passes) with B's page list and CRCs (valid page files, of B's prefixes): only the page keys,
     recomputed from A's token ids, tell. The request prefills and answers as a cold run does."""
-    from cairn.actors import disk_io
-    from cairn.actors.disk_format import encode_header
+    from cairn.actors.checkpoints import disk_io
+    from cairn.actors.checkpoints.disk_format import encode_header
     from daemon_harness import daemon, reference_greedy, reply_text, request
 
     loaded = real_loaded(tiny_model_dir, checkpoint_page_tokens=P)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import trio
 from structlog.testing import capture_logs
 
-from cairn.actors.engine import Engine
+from cairn.actors.engine.engine import Engine
 from daemon_harness import daemon, fake_loaded, request
 
 

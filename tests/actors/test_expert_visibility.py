@@ -8,7 +8,7 @@ from __future__ import annotations
 import trio
 from structlog.testing import capture_logs
 
-from cairn.actors.expert_io import ExpertIO
+from cairn.actors.engine.expert_io import ExpertIO
 from cairn.daemon.cli.client import format_status
 from daemon_harness import daemon, fake_loaded, request
 

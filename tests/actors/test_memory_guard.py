@@ -1,4 +1,4 @@
-"""The memory guard (actors/memory_guard.py) with the fake kernel: a growing state gets room by evicting
+"""The memory guard (actors/engine/memory_guard.py) with the fake kernel: a growing state gets room by evicting
 checkpoints first; when even that is not enough its request ends with HTTP 507 `insufficient_memory`
 and the next request is served; a capture whose snapshot could not be kept is never taken."""
 
@@ -11,9 +11,9 @@ import trio
 from structlog.testing import capture_logs
 
 import fake_kernel
-from cairn.actors.checkpoints import Checkpoints
-from cairn.actors.engine import Engine
-from cairn.actors.memory_guard import MemoryExceeded, MemoryGuard
+from cairn.actors.checkpoints.actor import Checkpoints
+from cairn.actors.engine.engine import Engine
+from cairn.actors.engine.memory_guard import MemoryExceeded, MemoryGuard
 from cairn.daemon.service.memory_plan import LimitSource, ModelBytes, StateCost, plan_memory
 from cairn.daemon.service.metrics import Metrics
 from daemon_harness import daemon, fake_loaded, request
@@ -139,7 +139,7 @@ async def test_a_capture_without_transient_room_in_the_plan_is_not_taken(tiny_mo
 
 
 def test_slot_mode_drops_an_idle_slots_state_after_the_checkpoints_and_never_a_busy_one():
-    from cairn.actors.sequence import Sequence
+    from cairn.actors.engine.sequence import Sequence
 
     model = fake_kernel.Model(vocab_size=VOCAB)
     ck = Checkpoints(max_slots=4, max_bytes=1 << 20)
@@ -251,7 +251,7 @@ async def test_a_restore_without_room_in_the_plan_is_skipped_and_the_request_pre
 
     from structlog import get_logger
 
-    from cairn.actors.prefill import _prepare
+    from cairn.actors.engine.prefill import _prepare
 
     ids = np.arange(3, 903, dtype=np.int32)
     submit = SimpleNamespace(request_id="r", hint_tokens=None, turn_tokens=None, prompt_logprobs=False,
@@ -318,9 +318,9 @@ async def test_every_restore_skipped_for_room_the_request_still_prefills_to_the_
 
     from structlog import get_logger
 
-    from cairn.actors.messages import Sampling
-    from cairn.actors.prefill import MAX_RESTORE_ATTEMPTS, run_prefill
-    from cairn.actors.trace import RequestTrace
+    from cairn.actors.engine.messages import Sampling
+    from cairn.actors.engine.prefill import MAX_RESTORE_ATTEMPTS, run_prefill
+    from cairn.actors.engine.trace import RequestTrace
 
     ids = np.arange(3, 903, dtype=np.int32) % VOCAB
     model = fake_kernel.Model(vocab_size=VOCAB)

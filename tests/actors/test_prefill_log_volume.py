@@ -1,5 +1,5 @@
 """Prefill progress in the log (issue 42 §1): one line per segment at info, one per kernel call at
-debug. With several slots every kernel call is one chunk (actors/engine.py piece_tokens), which
+debug. With several slots every kernel call is one chunk (actors/engine/engine.py piece_tokens), which
 used to give an info line per chunk: ~500 for a 64k prompt."""
 
 from __future__ import annotations

@@ -1,11 +1,11 @@
-"""actors/prefill.py: what a prefill keeps alive after a segment (issue 10, item 7)."""
+"""actors/engine/prefill.py: what a prefill keeps alive after a segment (issue 10, item 7)."""
 
 from __future__ import annotations
 
 import numpy as np
 
 import fake_kernel
-from cairn.actors.prefill import _prefill_with_logprobs
+from cairn.actors.engine.prefill import _prefill_with_logprobs
 
 
 def test_prompt_logprobs_segment_keeps_a_copy_of_the_last_logits_row_not_the_whole_block():

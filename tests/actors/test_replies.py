@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import trio
 
-from cairn.actors.replies import STALL_S, reply
+from cairn.actors.engine.replies import STALL_S, reply
 
 
 class _Sub:

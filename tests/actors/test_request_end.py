@@ -19,10 +19,10 @@ from structlog.testing import capture_logs
 import fake_kernel
 from daemon_harness import fake_loaded
 
-from cairn.actors.engine import Engine
-from cairn.actors.messages import CancelAck, Failed, Progress, RequestControl, Sampling, Submit
-from cairn.actors.replies import STALL_S
-from cairn.actors.wiring import start_engine
+from cairn.actors.engine.engine import Engine
+from cairn.actors.engine.messages import CancelAck, Failed, Progress, RequestControl, Sampling, Submit
+from cairn.actors.engine.replies import STALL_S
+from cairn.actors.engine.wiring import start_engine
 from cairn.daemon.api.app import REPLY_BUFFER, API
 from cairn.daemon.service.logs import get_logger
 from cairn.daemon.service.metrics import Metrics

@@ -1,4 +1,4 @@
-"""The shared disk tier (actors/shared_dir.py, shared_evict.py, Checkpoints(shared=True)): several
+"""The shared disk tier (actors/checkpoints/shared_dir.py, shared_evict.py, Checkpoints(shared=True)): several
 daemons of one model writing, discovering, reading and evicting in one directory."""
 
 from __future__ import annotations
@@ -16,12 +16,12 @@ import pytest
 import trio
 from structlog.testing import capture_logs
 
-from cairn.actors import checkpoints as checkpoints_mod
-from cairn.actors import disk_io, shared_dir
-from cairn.actors.checkpoints import Checkpoints
-from cairn.actors.disk_format import file_name, prefix_hash
-from cairn.actors.messages import WriteCheckpoint
-from cairn.actors.shared_evict import FileStat, abandoned_temps, choose_victims
+from cairn.actors.checkpoints import actor as checkpoints_mod
+from cairn.actors.checkpoints import disk_io, shared_dir
+from cairn.actors.checkpoints.actor import Checkpoints
+from cairn.actors.checkpoints.disk_format import file_name, prefix_hash
+from cairn.actors.engine.messages import WriteCheckpoint
+from cairn.actors.checkpoints.shared_evict import FileStat, abandoned_temps, choose_victims
 from cairn.daemon.service.logs import get_logger
 from cairn.daemon.service.metrics import Metrics
 from daemon_harness import daemon, fake_loaded, reference_greedy, reply_text, request
@@ -74,7 +74,7 @@ def test_a_file_opened_before_another_daemon_evicts_it_is_read_whole_and_verifie
     with open(path, "rb") as f:                      # the reader has opened it ...
         res = shared_dir.evict_pass(d, max_bytes=0)  # ... when the other daemon's pass deletes it
         assert res.removed == [path.name] and not path.exists()
-        from cairn.actors.disk_format import read_header, read_payload
+        from cairn.actors.checkpoints.disk_format import read_header, read_payload
         header = read_header(f, "fp")
         assert read_payload(f, header) == blob       # the open file is intact: CRC verified
     assert not list(d.glob("*.ckpt"))

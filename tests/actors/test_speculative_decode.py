@@ -1,4 +1,4 @@
-"""The decode loop with drafts (actors/decode.py run_decode), against a toy model with the kernel's
+"""The decode loop with drafts (actors/engine/decode.py run_decode), against a toy model with the kernel's
 verify / rewind semantics: whatever way a reply ends (length, EOS, a stop string, a client that
 goes, inside a draft or not), the reply is the one plain decoding gives and the state holds the
 prompt and every reply token but the last — nothing a rejected or unused draft fed is left in it.
@@ -16,14 +16,14 @@ import trio.testing
 
 import fake_kernel
 from gated_kernel import Gate, GatedKernel
-from cairn.actors import decode
+from cairn.actors.engine import decode
 from cairn.actors.decoding.drafts import longest_match
-from cairn.actors.engine import Engine
-from cairn.actors.kernel_gate import DECODE, prefill_priority
-from cairn.actors.lifecycle import ClientGone
-from cairn.actors.memory_guard import MemoryGuard
-from cairn.actors.messages import Prefilled, RequestControl, Sampling, Submit, TokenOut
-from cairn.actors.sequence import Sequence
+from cairn.actors.engine.engine import Engine
+from cairn.actors.engine.kernel_gate import DECODE, prefill_priority
+from cairn.actors.engine.lifecycle import ClientGone
+from cairn.actors.engine.memory_guard import MemoryGuard
+from cairn.actors.engine.messages import Prefilled, RequestControl, Sampling, Submit, TokenOut
+from cairn.actors.engine.sequence import Sequence
 from cairn.actors.decoding.speculation import WARMUP_CALLS
 from cairn.daemon.service.memory_plan import LimitSource, ModelBytes, StateCost, plan_memory
 

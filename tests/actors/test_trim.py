@@ -1,4 +1,4 @@
-"""actors/trim.py: freed heap goes back to the OS once per idle period, after the quiet time, never
+"""actors/engine/trim.py: freed heap goes back to the OS once per idle period, after the quiet time, never
 while a request is in flight; and glibc's malloc_trim really returns pages a fragmented heap holds."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import sys
 import trio
 import trio.testing
 
-from cairn.actors import trim as trim_mod
-from cairn.actors.trim import IdleTrim, malloc_trim
+from cairn.actors.engine import trim as trim_mod
+from cairn.actors.engine.trim import IdleTrim, malloc_trim
 from skip_policy import host_cannot
 
 
@@ -54,8 +54,8 @@ async def test_one_trim_per_idle_period_after_the_quiet_time_and_none_while_busy
 
 
 async def test_admission_reports_busy_while_a_request_runs_and_idle_after_it_finished():
-    from cairn.actors.admission import admission
-    from cairn.actors.messages import Finished, RequestControl, Sampling, Submit
+    from cairn.actors.engine.admission import admission
+    from cairn.actors.engine.messages import Finished, RequestControl, Sampling, Submit
 
     seen: list[bool] = []
     inbox_send, inbox = trio.open_memory_channel(8)

@@ -16,11 +16,11 @@ import trio.testing
 
 import fake_kernel
 from gated_kernel import Gate, GatedKernel
-from cairn.actors import decode
-from cairn.actors.engine import Engine
-from cairn.actors.kernel_gate import DECODE, prefill_priority
-from cairn.actors.messages import Prefilled, RequestControl, Sampling, Submit, TokenOut
-from cairn.actors.sequence import Sequence
+from cairn.actors.engine import decode
+from cairn.actors.engine.engine import Engine
+from cairn.actors.engine.kernel_gate import DECODE, prefill_priority
+from cairn.actors.engine.messages import Prefilled, RequestControl, Sampling, Submit, TokenOut
+from cairn.actors.engine.sequence import Sequence
 
 V = 64
 PROMPT = [3, 1, 4, 1, 5, 9, 2, 6]

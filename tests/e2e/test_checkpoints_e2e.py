@@ -24,7 +24,7 @@ import pytest
 import trio
 from structlog.testing import capture_logs
 
-from cairn.actors import disk_format, disk_io
+from cairn.actors.checkpoints import disk_format, disk_io
 from daemon_harness import daemon, real_loaded, request
 
 RNG = np.random.default_rng(11)
@@ -509,7 +509,7 @@ async def test_full_disk_rlimit_fsize_one_warning_requests_succeed(loaded, tiny_
 
 SLOW_WRITER = """
 import sys, time
-from cairn.actors import disk_io
+from cairn.actors.checkpoints import disk_io
 data = open(sys.argv[2], "rb").read()
 sub, lock = disk_io.lock_model_dir(sys.argv[1], sys.argv[4])   # as a daemon's writer does
 def parts():

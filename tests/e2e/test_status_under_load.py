@@ -1,5 +1,5 @@
 """`GET /v1/status` polled without pause while four slots prefill and decode on the real kernel (tiny
-model): the daemon never reads a state a kernel call holds (issue 40 §1; actors/sequence.py), so every
+model): the daemon never reads a state a kernel call holds (issue 40 §1; actors/engine/sequence.py), so every
 poll answers, every request gets exactly its greedy answer, and the daemon stays up. The kernel refuses
 a busy state's getters, so a status, memory-guard or slot reader that touched a live state would fail
 here (a 500 or a crash) instead of racing the call's writes."""

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from cairn.actors.messages import Sampling
+from cairn.actors.engine.messages import Sampling
 from cairn.actors.decoding.penalties import Penalties, Shaper
 from cairn.daemon.api.schemas import APIError, parse_chat, parse_completion
 

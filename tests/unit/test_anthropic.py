@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from cairn.actors.messages import Done, Started, TokenOut, Usage
+from cairn.actors.engine.messages import Done, Started, TokenOut, Usage
 from cairn.actors.decoding.stops import StopMatcher
 from cairn.daemon.api.anthropic import check_context, error_body, parse_count_tokens, parse_messages
 from cairn.daemon.api.anthropic_reply import MessagesJSON, MessagesStream

@@ -7,7 +7,7 @@ import json
 
 from structlog.testing import capture_logs
 
-from cairn.actors.messages import Done, Started, TokenOut, Usage
+from cairn.actors.engine.messages import Done, Started, TokenOut, Usage
 from cairn.daemon.service.logs import get_logger
 from cairn.daemon.api.responders import ChatJSON, ChatStream
 from cairn.daemon.api.schemas import parse_chat

@@ -12,7 +12,7 @@ import pytest
 import trio
 
 from cairn.actors.decoding.stops import StopMatcher
-from cairn.actors.turns import turn_boundaries
+from cairn.actors.checkpoints.turns import turn_boundaries
 from cairn.daemon.api.app import API
 from cairn.daemon.api.schemas import parse_chat
 from cairn.daemon.protocol.chat import ChatRenderer

@@ -17,12 +17,12 @@ import zlib
 import numpy as np
 import pytest
 
-from cairn.actors import disk_io
-from cairn.actors.disk_format import (
+from cairn.actors.checkpoints import disk_io
+from cairn.actors.checkpoints.disk_format import (
     MAGIC, CheckpointFileError, check_page_keys, encode, encode_header, file_name, page_keys, prefix_hash,
     read_header, read_payload,
 )
-from cairn.actors.store import CheckpointStore
+from cairn.actors.checkpoints.store import CheckpointStore
 
 FP = "model=abc123;tok=def456;snapshot=1"
 TOKENS = list(range(100, 700))
@@ -193,8 +193,8 @@ def test_scan_skips_removes_and_reports_bad_files(tmp_path):
 def test_temp_file_of_a_writer_killed_mid_write_is_never_loaded(tmp_path):
     script = textwrap.dedent(f"""
         import sys, time
-        from cairn.actors import disk_io
-        from cairn.actors.disk_format import encode_header
+        from cairn.actors.checkpoints import disk_io
+        from cairn.actors.checkpoints.disk_format import encode_header
         payload = b"p" * 100_000
         def parts():
             yield encode_header({FP!r}, "system", list(range(600)), payload)
@@ -253,7 +253,7 @@ def test_read_only_directory_raises_oserror_and_leaves_nothing(tmp_path):
 def test_full_disk_raises_and_leaves_no_partial_file(tmp_path):
     script = textwrap.dedent("""
         import resource, signal, sys
-        from cairn.actors import disk_io
+        from cairn.actors.checkpoints import disk_io
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # get EFBIG instead of being killed
         resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))
         try:

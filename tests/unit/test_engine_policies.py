@@ -1,7 +1,7 @@
 import numpy as np
 
-from cairn.actors.admission_queue import AdmissionQueue
-from cairn.actors.messages import Sampling
+from cairn.actors.engine.admission_queue import AdmissionQueue
+from cairn.actors.engine.messages import Sampling
 from cairn.actors.decoding.sampling import choose, log_softmax, make_rng, top_logprobs
 from cairn.actors.decoding.stops import StopMatcher
 
@@ -58,7 +58,7 @@ def test_logprobs_and_top():
 
 
 def test_all_logits_segments_stay_within_budget():
-    from cairn.actors.prefill import ALL_LOGITS_BUDGET, segment_length
+    from cairn.actors.engine.prefill import ALL_LOGITS_BUDGET, segment_length
 
     assert segment_length(4096, 128, 129280, all_logits=False) == 4096
     n = segment_length(4096, 128, 129280, all_logits=True)

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from cairn.actors import disk_io
+from cairn.actors.checkpoints import disk_io
 from cairn.daemon.service.main import checkpoint_fingerprint
 from cairn.daemon.weights import weight_digest
 from cairn.daemon.weights.model_dir import open_model_dir

@@ -8,8 +8,8 @@ import pytest
 import trio
 import trio.testing
 
-from cairn.actors.messages import Progress, RequestControl, Sampling, Started, Submit, TokenOut
-from cairn.actors.progress import ProgressReporter
+from cairn.actors.engine.messages import Progress, RequestControl, Sampling, Started, Submit, TokenOut
+from cairn.actors.engine.progress import ProgressReporter
 from cairn.daemon.cli.client import (ClientError, ProgressDisplay, format_checkpoints, format_status, iter_sse,
                                  progress_line)
 from cairn.daemon.api.status import StatusBoard, checkpoint_tiers

@@ -2,9 +2,9 @@
 
 import pytest
 
-from cairn.actors.disk_format import prefix_hash
-from cairn.actors.plan import CapturePoint, common_prefix_len, pieces, plan_prefill
-from cairn.actors.store import CheckpointStore
+from cairn.actors.checkpoints.disk_format import prefix_hash
+from cairn.actors.checkpoints.plan import CapturePoint, common_prefix_len, pieces, plan_prefill
+from cairn.actors.checkpoints.store import CheckpointStore
 
 SYSTEM = list(range(1000, 1800))  # 800 tokens
 TURN1 = SYSTEM + list(range(3000, 3400))

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from cairn.actors.messages import Done, Usage
+from cairn.actors.engine.messages import Done, Usage
 from cairn.daemon.protocol.reply_end import ReplyEnd, end_reply, reply_end
 from cairn.daemon.protocol.v4_output import OutputParser
 

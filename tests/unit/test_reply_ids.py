@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from cairn.actors.messages import Done, Started, TokenOut, Usage
+from cairn.actors.engine.messages import Done, Started, TokenOut, Usage
 from cairn.daemon.api.anthropic import parse_messages
 from cairn.daemon.api.anthropic_reply import MessagesJSON, MessagesStream
 from cairn.daemon.api.responders import ChatJSON, ChatStream

@@ -10,7 +10,7 @@ from pydantic import TypeAdapter
 
 from openai.types.responses import Response, ResponseStreamEvent
 
-from cairn.actors.messages import Done, Started, TokenOut, Usage
+from cairn.actors.engine.messages import Done, Started, TokenOut, Usage
 from cairn.daemon.api.responses import ENCRYPTED_PREFIX, as_responses_error, parse_responses
 from cairn.daemon.api.responses_reply import ResponsesJSON, ResponsesStream
 from cairn.daemon.api.schemas import APIError

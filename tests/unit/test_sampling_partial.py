@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from cairn.actors.decoding import sampling
-from cairn.actors.messages import Sampling
+from cairn.actors.engine.messages import Sampling
 from cairn.actors.decoding.sampling import choose
 
 

@@ -4,8 +4,8 @@ import numpy as np
 import trio
 import trio.testing
 
-from cairn.actors.kernel_gate import DECODE, KernelGate, prefill_priority
-from cairn.actors.slot_policy import SlotView, choose_slot, shared_prefix
+from cairn.actors.engine.kernel_gate import DECODE, KernelGate, prefill_priority
+from cairn.actors.engine.slot_policy import SlotView, choose_slot, shared_prefix
 
 
 def _v(i, tokens, busy=False, used=0.0):

@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from cairn.actors.disk_format import prefix_hash
-from cairn.actors.store import CheckpointStore
+from cairn.actors.checkpoints.disk_format import prefix_hash
+from cairn.actors.checkpoints.store import CheckpointStore
 
 SYSTEM = list(range(1000, 1800))  # an 800-token system prefix
 
@@ -293,7 +293,7 @@ def test_would_keep_predicts_whether_put_keeps_the_new_entry():
     """Issue 40 §3: a capture the store would drop at once (no room beside the protected entry and the
     queued snapshots) is refused before it is taken: `would_keep` says exactly what `put` then does
     (random stores: kinds, sizes, shared pages, queued snapshots, slot limits)."""
-    from cairn.actors.store import footprint
+    from cairn.actors.checkpoints.store import footprint
 
     rng = np.random.default_rng(40)
     kinds = ("system", "common", "prompt_end", "reply_end")

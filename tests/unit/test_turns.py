@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from cairn.actors.turns import NO_BOUNDARIES, TemplateMarkers, TurnBoundaries, markers_from_vocab, turn_boundaries
+from cairn.actors.checkpoints.turns import NO_BOUNDARIES, TemplateMarkers, TurnBoundaries, markers_from_vocab, turn_boundaries
 
 BOS, EOS, USER, ASSISTANT, OUTPUTS = 0, 1, 2, 3, 9
 M = TemplateMarkers(message_starts=(USER, ASSISTANT, OUTPUTS), user=USER)

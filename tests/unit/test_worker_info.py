@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 
-from cairn.actors.messages import Progress, Started
+from cairn.actors.engine.messages import Progress, Started
 from cairn.daemon.api import worker_info
 from cairn.daemon.api.status import StatusBoard
 

@@ -1,6 +1,6 @@
-"""actors/write_backoff.py: when the disk tier tries a write again after a failure."""
+"""actors/checkpoints/write_backoff.py: when the disk tier tries a write again after a failure."""
 
-from cairn.actors.write_backoff import WriteBackoff
+from cairn.actors.checkpoints.write_backoff import WriteBackoff
 
 
 def test_the_pause_doubles_from_one_second_to_five_minutes_and_a_success_ends_it():
