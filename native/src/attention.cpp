@@ -390,12 +390,13 @@ static void attend_segment(const Model& m, int layer, const AttnSeg& seg, const 
   const int nblk = (S + kQB - 1) / kQB;
   const int64_t extra_keys = type == AttnType::HCA ? nent : type == AttnType::CSA ? std::min<int64_t>(nent, c.topk) : 0;
   const int64_t attn_work = (int64_t)S * H * Dh * (std::min<int64_t>(W, pos0 + S) + extra_keys);
-#pragma omp parallel num_threads(nt) if (nt > 1 && nblk > 1 && attn_work > kParMinWork)
-  {
+  struct Scratch {
     std::vector<float> uq, uv, sc, sq, sv, ssc, osel;
     std::vector<const float*> urow, qrow, prow, srow;
-#pragma omp for schedule(dynamic, 1)
-    for (int b = 0; b < nblk; ++b) {
+  };
+  auto block = [&](int b, Scratch& scr) {
+    {
+      auto& [uq, uv, sc, sq, sv, ssc, osel, urow, qrow, prow, srow] = scr;
       const int i0 = b * kQB, nq = std::min(kQB, S - i0);
       const int64_t tf = pos0 + i0, tl = tf + nq - 1;
       const int64_t u0 = std::max<int64_t>(0, tf - W + 1);
@@ -411,7 +412,7 @@ static void attend_segment(const Model& m, int layer, const AttnSeg& seg, const 
         attend_one(q + (size_t)i0 * H * Dh, urow, nu, H, Dh, scale, L.sink, nt, o + (size_t)i0 * H * Dh);
         for (int h = 0; h < H; ++h)
           rope_apply(o + ((size_t)i0 * H + h) * Dh, Dh, r, &csg[(size_t)i0 * half], &sng[(size_t)i0 * half], -1.f);
-        continue;
+        return;
       }
       uq.resize(packed_floats(nu, Dh));
       uv.resize(packed_floats(Dh, nu));
@@ -463,6 +464,19 @@ static void attend_segment(const Model& m, int layer, const AttnSeg& seg, const 
           rope_apply(oi + (size_t)h * Dh, Dh, r, &csg[(size_t)i * half], &sng[(size_t)i * half], -1.f);
       }
     }
+  };
+  // Blocks over threads only when there are several: a region around one block (decode) would make
+  // attend_one's own region a nested one, which libgomp serves with new threads each time.
+  if (nt > 1 && nblk > 1 && attn_work > kParMinWork) {
+#pragma omp parallel num_threads(nt)
+    {
+      Scratch scr;
+#pragma omp for schedule(dynamic, 1)
+      for (int b = 0; b < nblk; ++b) block(b, scr);
+    }
+  } else {
+    Scratch scr;
+    for (int b = 0; b < nblk; ++b) block(b, scr);
   }
   // The chunk's rows into the ring, now that nothing reads the slots they take. Rows a later row
   // of the chunk overwrites are skipped, except in a journaled call: rewinding into the chunk must
