@@ -3,7 +3,7 @@ live state, restore a checkpoint, or start fresh), then the prompt's pieces in t
 snapshotting at the plan's capture points; then `Prefilled` to the decode worker.
 
 Design notes. The plan (plan.py) and the checkpoint index (store.py) are pure; their effects live in
-checkpoints.py. The prompt runs as kernel calls (plan.pieces) of at most `Engine.piece_tokens`
+actors/checkpoints/ (Checkpoints). The prompt runs as kernel calls (plan.pieces) of at most `Engine.piece_tokens`
 tokens that end at every capture point, so a capture never recomputes anything; the kernel chunks
 each call itself, and its results do not depend on where calls or chunks start. With one slot a
 call is a segment (one log line each); with several it is one chunk, and every prefilling

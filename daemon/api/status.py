@@ -44,7 +44,7 @@ def process_memory() -> dict:
 def checkpoint_tiers(engine) -> dict:
     """THE hook for checkpoint numbers: {"memory": {"count", "bytes", …}, "disk": {"count", "bytes", …}}.
 
-    Asks the engine's checkpoint manager (`engine.checkpoints`, actors/checkpoints/) for
+    Asks the engine's checkpoint manager (`engine.checkpoints`, actors/checkpoints/views.py) for
     `checkpoint_stats()`, a plain dict with a sub-dict per tier ("entries"/"count", "bytes", budgets);
     the tier sub-dicts are passed through with "entries" spelled "count". Without a manager, or
     when it fails, every tier reads zero.

@@ -1,4 +1,4 @@
-"""Checkpoints (actors/checkpoints/) and the checkpoint writer on their own (opaque blobs, a temp directory):
+"""Checkpoints (actors/checkpoints/actor.py) and the checkpoint writer on their own (opaque blobs, a temp directory):
 the dropped write when the writer's queue is full, a delete racing a queued write, the disk budget
 deleting files, the stats dict for /v1/status."""
 
