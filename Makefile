@@ -16,6 +16,9 @@ SERVING := $(VENV)/.cairn-serving
 CLIENTS := $(VENV)/.cairn-clients
 AIDER_VERSION := 0.86.2
 NATIVE := $(shell find native -type f \( -name '*.cpp' -o -name '*.h' -o -name 'CMakeLists.txt' \) 2>/dev/null)
+# The package's folders: the editable install lists its modules by name, so a module added, moved or
+# removed (a folder's entries change, and with them its mtime) needs the install redone.
+PKG_DIRS := $(shell find actors daemon native/cairn -type d -not -name __pycache__ 2>/dev/null)
 
 .PHONY: install clients serve test demo bench model clean sanitize
 
@@ -27,7 +30,7 @@ $(PY):
 # Build requirements go into the venv first so the extension builds without isolation and
 # keeps its CMake build directory (build/) between installs: a rebuild after an edit is incremental.
 # scripts/install.py runs pip and prints what it builds while it builds (build/install.log: all of it).
-$(STAMP): $(PY) pyproject.toml $(NATIVE)
+$(STAMP): $(PY) pyproject.toml $(NATIVE) $(PKG_DIRS)
 	$(PIP) install -q scikit-build-core pybind11 cmake ninja
 	$(PY) scripts/install.py --extras test,oracle,gateway
 	touch $(STAMP)
@@ -37,7 +40,7 @@ install: $(STAMP)
 # The serving set only (no torch, transformers or smg) and the kernel for this CPU's level only: a
 # fresh `make serve` answers in minutes. A venv `make test` set up and still current is left whole;
 # otherwise the install replaces it, so $(STAMP) goes and `make test` installs the rest again.
-$(SERVING): $(PY) pyproject.toml $(NATIVE)
+$(SERVING): $(PY) pyproject.toml $(NATIVE) $(PKG_DIRS)
 	@if $(MAKE) -q $(STAMP) 2>/dev/null; then echo "cairn: .venv is up to date (make test's install)"; else \
 	  rm -f $(STAMP) && $(PIP) install -q scikit-build-core pybind11 cmake ninja && \
 	  $(PY) scripts/install.py --host-level; fi
