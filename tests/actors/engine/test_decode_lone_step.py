@@ -17,38 +17,17 @@ import trio
 import trio.testing
 
 import fake_kernel
+from decode_doubles import TagText as _Text, sent_tokens as _sent
 from gated_kernel import Gate, GatedKernel
 from cairn.actors.engine import decode
 from cairn.actors.engine.engine import Engine
 from cairn.actors.engine.kernel_gate import DECODE, prefill_priority
-from cairn.actors.engine.messages import Prefilled, RequestControl, Sampling, Submit, TokenOut
+from cairn.actors.engine.messages import Prefilled, RequestControl, Sampling, Submit
 from cairn.actors.engine.sequence import Sequence
 
 V = 64
 PROMPT = [3, 1, 4, 1, 5, 9, 2, 6]
 GREEDY = Sampling(max_tokens=24, temperature=0, ignore_eos=True)
-
-
-class _Text:
-    def push(self, tok):
-        return f"<{tok}>"
-
-    def hidden_text(self, tok):
-        return None
-
-    def flush(self):
-        return ""
-
-
-def _sent(recv) -> list[int]:
-    out = []
-    while True:
-        try:
-            msg = recv.receive_nowait()
-        except (trio.WouldBlock, trio.EndOfChannel):
-            return out
-        if isinstance(msg, TokenOut):
-            out.append(msg.token_id)
 
 
 def _greedy_alone(model, n: int) -> tuple[list[int], list[int]]:

@@ -15,6 +15,7 @@ import trio
 import trio.testing
 
 import fake_kernel
+from decode_doubles import sent_tokens as _sent
 from gated_kernel import Gate, GatedKernel
 from cairn.actors.engine import decode
 from cairn.actors.decoding.drafts import longest_match
@@ -202,17 +203,6 @@ async def _prefilled(engine: Engine, index: int, prompt, sampling) -> tuple:
     send, recv = trio.open_memory_channel(1000)
     sub = Submit(f"r{index}", tuple(prompt), None, sampling, False, send, RequestControl())
     return Prefilled(sub, logits, 0, None, 0.0, index), recv
-
-
-def _sent(recv) -> list[int]:
-    out = []
-    while True:
-        try:
-            msg = recv.receive_nowait()
-        except (trio.WouldBlock, trio.EndOfChannel):
-            return out
-        if isinstance(msg, TokenOut):
-            out.append(msg.token_id)
 
 
 async def _decode_steps(model, prompt, sampling, *, speculate=True, memory=None):
