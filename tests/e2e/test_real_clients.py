@@ -77,9 +77,10 @@ async def serving(loaded, tmp_path, **settings):
 
 class ToolChoiceProxy:
     """A loopback proxy in front of the daemon that sets `tool_choice` on the first request of one
-    path, and records every request body it forwards. Replies are forwarded whole."""
+    path, and `also` (fields) on every request of it, and records every request body it forwards.
+    Replies are forwarded whole."""
 
-    def __init__(self, upstream: int, path: str, tool_choice: dict) -> None:
+    def __init__(self, upstream: int, path: str, tool_choice: dict, also: dict | None = None) -> None:
         self.bodies: list[dict] = []
         proxy = self
 
@@ -90,7 +91,7 @@ class ToolChoiceProxy:
                 n = int(self.headers.get("content-length") or 0)
                 raw = self.rfile.read(n) if n else b""
                 if raw and self.path.split("?")[0] == path:
-                    body = json.loads(raw)
+                    body = {**json.loads(raw), **(also or {})}
                     if not proxy.bodies or all(b.get("_forced") is None for b in proxy.bodies):
                         body["tool_choice"] = tool_choice
                         proxy.bodies.append({**body, "_forced": True})
@@ -213,7 +214,12 @@ async def test_claude_code_runs_a_tool_and_sends_its_result_back(loaded, tmp_pat
     async with serving(loaded, tmp_path) as (port, logs):
         # ListAgents: a tool Claude Code runs itself whose every argument is bounded (maxLength 256), so
         # a random-ish model's forced call closes (an unbounded string argument could run to max_tokens)
-        proxy = ToolChoiceProxy(port, "/v1/messages", {"type": "tool", "name": "ListAgents"})
+        # Thinking off on every request, as Anthropic's API requires with a forced tool: under thinking
+        # the reasoning before the forced call is free text, unbounded for this model (it once ran
+        # 26,886 tokens and pushed the next request past the context); every request, so that all
+        # turns share one mode and turn 2 can read turn 1 from cache
+        proxy = ToolChoiceProxy(port, "/v1/messages", {"type": "tool", "name": "ListAgents"},
+                                also={"thinking": {"type": "disabled"}})
         try:
             await run(claude_cmd("Which agents are there?"), cwd=work,
                       env=claude_env(home, proxy.port))
