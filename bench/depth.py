@@ -4,6 +4,7 @@
     .venv/bin/python bench/depth.py --depths 1024 8192 32768 --json depth.json
     .venv/bin/python bench/depth.py --model models/flash-slice-l2-3 --depths 1024 8192 32768 --json slice.json
     .venv/bin/python bench/depth.py --peer --project --slice-json slice.json --json depth.json
+    .venv/bin/python bench/depth.py --project --slice-json slice.json --results a.json b.json   # no run
 
 The model (default: `cairn make-model --preset flash-attn`, generated once into models/flash-attn):
 V4-Flash's attention, compressor and indexer widths with small experts and vocabulary, so the work
@@ -336,6 +337,24 @@ def print_report(res: dict) -> None:
             print(f"| {n} | {v['tok_s']:.2f} | {100 * v['of_1k']:.0f} % | {_ms(v['indexer_s'])} | {_ms(v['attn_s'])} |")
 
 
+def report_results(args) -> int:
+    """--results: earlier runs merged by depth, reported and projected as one run (long depths are runs
+    of their own: a 128k state is most of an hour with llama.cpp beside it)."""
+    runs = [json.loads(Path(f).read_text()) for f in args.results]
+    models = {r["model"] for r in runs}
+    if len(models) != 1:
+        sys.exit(f"--results: the files are of different models ({', '.join(sorted(models))}); merge one model's")
+    by_depth = {e["depth"]: e for r in runs for e in r["depths"]}
+    res = {**runs[0], "depths": [by_depth[d] for d in sorted(by_depth)], "merged_from": list(args.results)}
+    if args.project:
+        slice_res = json.loads(Path(args.slice_json).read_text()) if args.slice_json else None
+        res["projection"] = project(Shape(res["model"]), res["depths"], slice_res)
+    print_report(res)
+    if args.json:
+        Path(args.json).write_text(json.dumps(res, indent=2, default=str))
+    return 0
+
+
 def ensure_model(args) -> str:
     if args.model:
         return args.model
@@ -365,7 +384,12 @@ def main(argv=None) -> int:
     ap.add_argument("--project", action="store_true", help="project V4-Flash's resident decode (see above)")
     ap.add_argument("--slice-json", help="--project: a depth.py JSON of the flash slice, for the fixed sections")
     ap.add_argument("--json", help="write results here")
+    ap.add_argument("--results", nargs="+", metavar="JSON",
+                    help="run nothing: report (and --project) the depths of these earlier runs' --json files of "
+                         "one model, merged (a later file's depth replaces an earlier one's)")
     args = ap.parse_args(argv)
+    if args.results:
+        return report_results(args)
     depths = sorted(set(args.depths))
     if depths[0] < 1:
         ap.error(f"--depths must be positive, got {depths[0]}")
