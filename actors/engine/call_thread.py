@@ -13,6 +13,18 @@ caller's next checkpoint, after the call returned; a cancel before the call was 
 `Cancelled` and nothing runs. Calls run one at a time in the order queued; callers serialise them
 anyway (KernelRunner's lock). The thread is started on the first call and exits after IDLE_S
 without one (as trio's cached threads do), so an engine that is dropped leaves no thread behind.
+
+Decode steps without the GIL (`worker`, the kernel's `StepWorker`, native/src/step_worker.h). Even
+this hop cost a token about 0.14 ms each way on the tiny model: the thread needs the GIL to leave
+its queue and enter the kernel, and again to publish the result, while the Trio thread holds it
+running the HTTP handler's work for the previous token -- so the step started only once the loop
+went idle. With a worker the thread waits inside `worker.serve` with the GIL released; `run_step`
+posts a decode step there (inputs copied, output allocated on the Trio thread), the step runs
+without ever taking the GIL and signals an eventfd the task awaits with `wait_readable`, and the
+result is collected on the Trio thread. Python calls still come through the queue: `post_python`
+makes `serve` return to run them. The same rules hold: a step is never abandoned (the wait is
+shielded; a cancel is delivered at the caller's next checkpoint), nothing runs if the cancel came
+first, one call at a time on one thread (so OpenMP keeps one pool of workers).
 """
 
 from __future__ import annotations
@@ -28,12 +40,27 @@ IDLE_S = 10.0
 
 
 class CallThread:
-    def __init__(self, name: str = "cairn-kernel") -> None:
+    def __init__(self, name: str = "cairn-kernel", worker: Any = None) -> None:
         self._name = name
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
         self._lock = threading.Lock()      # "is there a thread" and "it is leaving" change together
         self._thread: threading.Thread | None = None
+        self.worker = worker               # the kernel's StepWorker, or None (every call through the queue)
         self.calls = 0                     # calls run (tests)
+        self.steps = 0                     # decode steps run through the worker (tests)
+
+    async def run_step(self, state: Any, token: int) -> tuple:
+        """`decode(state, token)` in the thread, without the GIL (needs `worker`): (logits [V], start ns,
+        end ns, CPU ns) of the kernel's own run (perf_counter_ns; the thread's CPU). Never abandoned."""
+        await trio.lowlevel.checkpoint_if_cancelled()
+        worker = self.worker
+        with self._lock:
+            worker.decode(state, token)    # validates, claims the state, posts; raises before posting
+            self._ensure_thread()
+        with trio.CancelScope(shield=True):        # the step runs to its end; a cancel is delivered after
+            await trio.lowlevel.wait_readable(worker.fileno())
+        self.steps += 1
+        return worker.collect()
 
     async def run_sync(self, fn: Callable[[], Any]) -> Any:
         """`fn()` in the thread; its result or its exception. Never abandoned (see the notes)."""
@@ -54,20 +81,35 @@ class CallThread:
     def _put(self, job) -> None:
         with self._lock:
             self._jobs.put(job)
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._loop, name=self._name, daemon=True)
-                self._thread.start()
+            if self.worker is not None:
+                self.worker.post_python()
+            self._ensure_thread()
+
+    def _ensure_thread(self) -> None:
+        if self._thread is None:           # with self._lock held
+            self._thread = threading.Thread(target=self._loop, name=self._name, daemon=True)
+            self._thread.start()
+
+    def _next(self):
+        """The next Python job; None after IDLE_S without any work."""
+        if self.worker is None:
+            try:
+                return self._jobs.get(timeout=IDLE_S)
+            except queue.Empty:
+                return None
+        # runs the steps posted meanwhile without the GIL; True: a Python job was posted (it is queued)
+        return self._jobs.get_nowait() if self.worker.serve(IDLE_S) else None
 
     def _loop(self) -> None:
         while True:
-            try:
-                fn, deliver = self._jobs.get(timeout=IDLE_S)
-            except queue.Empty:
-                with self._lock:
-                    if self._jobs.empty():
+            job = self._next()
+            if job is None:
+                with self._lock:           # posting takes the lock too: nothing is posted to a leaving thread
+                    if self._jobs.empty() and (self.worker is None or self.worker.idle):
                         self._thread = None
                         return
                 continue
+            fn, deliver = job
             self.calls += 1
             deliver(outcome.capture(fn))
-            del fn, deliver
+            del fn, deliver, job

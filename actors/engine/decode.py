@@ -279,7 +279,7 @@ class DecodeSteps:
                                               [e.rewind for e in batch], feeds, tally=step_io)
             elif len(batch) == 1:               # one sequence: the kernel's single-state step, the same bits
                 e = batch[0]
-                out = [await engine.runner.run(clocked(kernel.decode, spent), e.seq.state, e.token, tally=step_io)]
+                out = [await engine.runner.decode(kernel, e.seq.state, e.token, spent, tally=step_io)]
             else:
                 out = await engine.runner.run(clocked(kernel.decode_batch, spent), [e.seq.state for e in batch],
                                               [e.token for e in batch], tally=step_io)

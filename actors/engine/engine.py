@@ -44,7 +44,9 @@ class Engine:
     def __post_init__(self) -> None:
         from .expert_io import ExpertMeter
 
-        self.runner = KernelRunner(self.kernel.AbortFlag, ExpertMeter(self.model, self.metrics))
+        worker = getattr(self.kernel, "StepWorker", None)     # decode steps without the GIL (call_thread.py)
+        self.runner = KernelRunner(self.kernel.AbortFlag, ExpertMeter(self.model, self.metrics),
+                                   step_worker=worker() if worker is not None else None)
         self.runner.publish = self.publish_figures
         if self.checkpoints is None:
             from ..checkpoints.actor import Checkpoints

@@ -19,6 +19,12 @@ engine publishes their figures for the readers that must not touch a state a cal
 publish); the decode worker sums them into the request's `decode_kernel_ms` / `decode_kernel_cpu_ms`
 (actors/engine/trace.py) and splits the hop around them (spans.py).
 
+`decode(kernel, state, token, spent)` is a single-state decode step: through the thread's GIL-free
+hand-off when the kernel has one (`StepWorker`, call_thread.py) and experts are not paged (the meter
+samples in the thread, with the GIL), otherwise `run(clocked(kernel.decode, spent), ...)`. The same
+bits, the same `spent` entry; the publish runs on the Trio thread once the step is collected, with
+the lock still held (the state is no call's then, and no other call can start).
+
 With paged experts (`meter`, actors/engine/expert_io.py) the thread samples the expert cache's counters
 before and after each call: the delta is that call's disk work (calls never overlap). It goes to
 the engine-wide totals and, when the caller passes a `tally`, to the caller's sum.
@@ -61,9 +67,9 @@ def clocked(fn: Callable[..., Any], spent: list) -> Callable[..., Any]:
 
 
 class KernelRunner:
-    def __init__(self, abort_flag_factory: Callable[[], Any], meter: Any = None) -> None:
+    def __init__(self, abort_flag_factory: Callable[[], Any], meter: Any = None, step_worker: Any = None) -> None:
         self._limiter = trio.CapacityLimiter(1)
-        self.thread = CallThread()
+        self.thread = CallThread(worker=step_worker)   # step_worker: the kernel's StepWorker(), or None
         self._new_flag = abort_flag_factory
         self.meter = meter            # actors/engine/expert_io.ExpertMeter, or None (no expert cache)
         self.publish: Callable[[tuple], None] | None = None   # (the call's args), kernel thread, after each call
@@ -99,6 +105,27 @@ class KernelRunner:
         finally:
             if tally is not None and out:      # on the Trio thread, once the kernel has let go
                 tally.add(out[0])
+
+    async def decode(self, kernel: Any, state: Any, token: int, spent: list, tally: Any = None) -> Any:
+        """`kernel.decode(state, token)` in the kernel thread, appending (start, end, CPU) ns to `spent`
+        as `clocked` does; without the GIL when it can (the notes)."""
+        if self.thread.worker is None or (self.meter is not None and self.meter.paged):
+            return await self.run(clocked(kernel.decode, spent), state, token, tally=tally)
+        try:
+            self._limiter.acquire_nowait()
+        except trio.WouldBlock:
+            await self._limiter.acquire()
+        try:
+            ran = self.thread.steps
+            try:
+                logits, t0, t1, cpu = await self.thread.run_step(state, token)
+            finally:       # a step that ran (or failed) and was collected: no call holds the state now
+                if self.publish is not None and self.thread.steps != ran:
+                    self.publish((state, token))
+            spent.append((t0, t1, cpu))
+            return logits
+        finally:
+            self._limiter.release()
 
     async def _run(self, fn: Callable[..., Any], args: tuple, kwargs: dict, abortable: bool) -> Any:
         if not abortable:

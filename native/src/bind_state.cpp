@@ -18,6 +18,8 @@
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 
+#include <time.h>
+
 #include <atomic>
 #include <cstring>
 #include <stdexcept>
@@ -25,6 +27,7 @@
 
 #include "bind.h"
 #include "cairn/forward.h"
+#include "step_worker.h"
 
 namespace py = pybind11;
 using namespace cairn;
@@ -210,6 +213,30 @@ std::vector<int32_t> check_draft(const PyState& s, const py::handle& obj, const 
                       std::to_string(MAX_CHUNK));
   return t;
 }
+
+int64_t clock_ns(clockid_t c) {
+  timespec ts;
+  clock_gettime(c, &ts);
+  return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+// StepWorker bound to Python: the decode step in flight. Its Python objects (the state, the logits
+// array) are touched only by the thread that posts and collects, with the GIL; the job itself sees
+// only C++ memory: the State (pinned by `state`), one token and the array's buffer.
+struct PyStepWorker {
+  StepWorker w;
+  py::object state = py::none();   // the state of the step in flight (None: none)
+  py::array_t<float> out;      // its logits [V], written by the job
+  std::exception_ptr error;    // what the job threw, rethrown by collect
+  int64_t t0 = 0, t1 = 0, cpu = 0;   // the job's start, end (CLOCK_MONOTONIC = perf_counter_ns), thread CPU ns
+
+  ~PyStepWorker() {
+    if (!state.is_none()) {    // never collected: the job may still run on the state and buffer it holds
+      py::gil_scoped_release rel;
+      w.wait_done();
+    }
+  }
+};
 
 }  // namespace
 
@@ -440,6 +467,75 @@ void register_state(py::module_& m) {
     }
     return out;
   }, py::arg("state"), py::arg("token"), "Feed one token; returns float32 logits [V].");
+
+  py::class_<PyStepWorker>(m, "StepWorker",
+                           "A GIL-free hand-off of decode steps to the kernel thread (native/src/step_worker.h): "
+                           "that thread waits in serve(); decode() posts a step and returns at once; fileno() "
+                           "becomes readable when it has finished; collect() returns its result.")
+      .def(py::init<>())
+      .def("fileno", [](PyStepWorker& p) { return p.w.fd(); })
+      .def("serve", [](PyStepWorker& p, double idle_s) {
+        if (!(idle_s > 0)) throw KernelError("idle_s must be > 0 seconds, got " + std::to_string(idle_s));
+        py::gil_scoped_release rel;
+        return p.w.serve(idle_s);
+      }, py::arg("idle_s"),
+         "In the kernel thread: run posted steps (without the GIL) until a Python call is posted (True) or "
+         "idle_s seconds pass with nothing to do (False).")
+      .def("post_python", [](PyStepWorker& p) { p.w.post_python(); },
+           "A Python call waits in the caller's queue: serve() returns True once for it.")
+      .def_property_readonly("idle", [](PyStepWorker& p) { return p.w.idle(); },
+                             "Nothing posted, nothing running.")
+      .def_property_readonly("in_flight", [](PyStepWorker& p) { return !p.state.is_none(); },
+                             "A step was posted and not collected.")
+      .def("decode", [](PyStepWorker& p, py::object state_obj, int64_t token) {
+        if (!p.state.is_none()) throw KernelError("a step is already in flight: collect() it first");
+        PyState& s = state_obj.cast<PyState&>();
+        const int V = s.model->cfg.vocab;
+        if (token < 0 || token >= V)
+          throw KernelError("token id " + std::to_string(token) + " is out of range [0, " + std::to_string(V) + ")");
+        if (s.busy.exchange(true)) throw StateBusy("State is already in use by another call");
+        py::array_t<float> out(V);
+        PyState* sp = &s;
+        float* o = out.mutable_data();
+        const int32_t t = (int32_t)token;
+        p.state = state_obj;
+        p.out = out;
+        p.error = nullptr;
+        try {
+          p.w.post_job([&p, sp, o, t] {   // in the kernel thread, no GIL
+            p.t0 = clock_ns(CLOCK_MONOTONIC);
+            const int64_t c0 = clock_ns(CLOCK_THREAD_CPUTIME_ID);
+            try {
+              forward_chunk(sp->st, &t, 1, o, false);
+            } catch (...) {
+              p.error = std::current_exception();
+            }
+            p.cpu = clock_ns(CLOCK_THREAD_CPUTIME_ID) - c0;
+            p.t1 = clock_ns(CLOCK_MONOTONIC);
+            sp->busy.store(false);
+          });
+        } catch (...) {
+          s.busy.store(false);
+          p.state = py::none();
+          p.out = py::array_t<float>();
+          throw;
+        }
+      }, py::arg("state"), py::arg("token"),
+         "Post one decode step (decode(state, token)'s work) to the thread in serve(); returns at once.")
+      .def("collect", [](PyStepWorker& p) {
+        if (p.state.is_none()) throw KernelError("no step is in flight");
+        if (!p.w.take_done()) throw KernelError("the step has not finished: wait until fileno() is readable");
+        py::array_t<float> out = std::move(p.out);
+        p.out = py::array_t<float>();
+        p.state = py::none();
+        if (p.error) {
+          std::exception_ptr e = p.error;
+          p.error = nullptr;
+          std::rethrow_exception(e);
+        }
+        return py::make_tuple(out, p.t0, p.t1, p.cpu);
+      }, "The finished step: (logits [V], start ns, end ns, CPU ns) -- perf_counter_ns times and the kernel "
+         "thread's CPU; raises what the step raised (the same errors as decode).");
 
   m.def("decode_batch", [](py::sequence states, py::sequence tokens, std::shared_ptr<AbortFlag> abort) {
     std::vector<PyState*> ps = distinct_states(states, tokens);

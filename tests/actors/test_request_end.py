@@ -20,6 +20,7 @@ import fake_kernel
 from daemon_harness import fake_loaded
 
 from cairn.actors.engine.engine import Engine
+from cairn.actors.engine.kernel_thread import clocked
 from cairn.actors.engine.messages import CancelAck, Failed, Progress, RequestControl, Sampling, Submit
 from cairn.actors.engine.replies import STALL_S
 from cairn.actors.engine.wiring import start_engine
@@ -38,6 +39,9 @@ class InlineRunner:
         if abortable:
             kwargs["abort"] = fake_kernel.AbortFlag()
         return fn(*args, **kwargs)
+
+    async def decode(self, kernel, state, token, spent, tally=None):
+        return await self.run(clocked(kernel.decode, spent), state, token)
 
 
 class StalledClient:

@@ -17,6 +17,9 @@ class _InlineRunner:
         await trio.lowlevel.checkpoint()
         return fn(*args, **kwargs)
 
+    async def decode(self, kernel, state, token, spent, tally=None):
+        return await self.run(kernel.decode, state, token)
+
 
 class _Text:
     def push(self, tok):
