@@ -39,7 +39,7 @@ Pow2Stats g_pow2;
 
 bool pow2_format(const Linear& L) {
   return !L.p && !L.p16 &&
-         (L.qf == QFmt::E4M3 || L.qf == QFmt::E2M1 || (L.qf == QFmt::Ggml && L.codec && L.codec->ggml_type == 39));
+         (L.qf == QFmt::E4M3 || L.qf == QFmt::E2M1 || (L.qf == QFmt::Ggml && L.codec && L.codec->ggml_type == kq::MXFP4::kType));
 }
 
 size_t packed_floats(int N, int K) { return (size_t)((N + kPanel - 1) / kPanel) * K * kPanel; }
@@ -78,21 +78,11 @@ template <class W, class = void>
 struct has_groups : std::false_type {};
 template <class W>
 struct has_groups<W, std::void_t<typename W::Group>> : std::true_type {};
-template <class G, class = void>
-struct has_parts : std::false_type {};
-template <class G>
-struct has_parts<G, std::void_t<decltype(std::declval<G>().template part<0>())>> : std::true_type {};
-template <int P, class G>
-__attribute__((always_inline)) inline auto part_of(const G& g) {
-  if constexpr (has_parts<G>::value) return g.template part<P>();
-  else return g;
-}
-// A part whose codes are words (codecs/codec.h, lane_byte) gives its columns in fours, at<P, S>(l)
-// for column l + S of a word's four, so S's shift is a constant and the word one load.
-template <class Q, class = void>
-struct has_words : std::false_type {};
-template <class Q>
-struct has_words<Q, std::void_t<decltype(Q::kWordCols)>> : std::true_type {};
+// The part interface (codecs/format.h): kq::part_of<P>(g) is the object whose at<P> gives part P's
+// columns; a part whose codes are words (codecs/codec.h, lane_byte) gives its columns in fours,
+// at<P, S>(l) for column l + S of a word's four, so S's shift is a constant and the word one load.
+using kq::has_words;
+using kq::part_of;
 template <int NP, int P, int S, class Q, class F>
 __attribute__((always_inline)) inline void word_column(const Q* q, int k, int l, F& f) {
   lanes::f32x16 b[NP];
@@ -329,35 +319,23 @@ static void packed_tiled(const float* const* x, int M, const Linear& L, int p0, 
   }
 }
 
+// Decode on a GGUF format's panels: its definition (codecs/all.h) widened in registers (ggml_widen.h),
+// on the scaled chain where the format has one; false: no format of that type.
+template <class... Q>
+static bool packed_ggml(kq::Formats<Q...>, const float* const* x, int M, const Linear& L, int p0, int np, float* out,
+                        const Pow2Rows* xb) {
+  return ((L.codec->ggml_type == Q::kType &&
+           (packed_widened<GgmlWiden<Q>, typename GgmlPow2<Q>::type>(x, M, L, p0, np, out, xb), true)) ||
+          ...);
+}
+
 void packed_panels(const float* const* x, int M, const Linear& L, int p0, int np, float* out, const Pow2Rows* xb) {
   if (L.p) return packed_widened<F32Panels>(x, M, L, p0, np, out);
   if (M <= kPackM) {
     if (L.p16) return packed_widened<Bf16Widen>(x, M, L, p0, np, out);
     if (L.qf == QFmt::E4M3) return packed_widened<Fp8Widen, Fp8Pow2>(x, M, L, p0, np, out, xb);
     if (L.qf == QFmt::E2M1) return packed_widened<Fp4Widen, Fp4Pow2>(x, M, L, p0, np, out, xb);
-    if (L.qf == QFmt::Ggml) switch (L.codec->ggml_type) {  // ggml_widen.h
-        case 8: return packed_widened<GgmlWiden<kq::Q80>>(x, M, L, p0, np, out);
-        case 39: return packed_widened<GgmlWiden<kq::MXFP4>, Mxfp4Pow2>(x, M, L, p0, np, out, xb);
-        case 10: return packed_widened<GgmlWiden<kq::Q2K>>(x, M, L, p0, np, out);
-        case 11: return packed_widened<GgmlWiden<kq::Q3K>>(x, M, L, p0, np, out);
-        case 12: return packed_widened<GgmlWiden<kq::Q4K>>(x, M, L, p0, np, out);
-        case 13: return packed_widened<GgmlWiden<kq::Q5K>>(x, M, L, p0, np, out);
-        case 14: return packed_widened<GgmlWiden<kq::Q6K>>(x, M, L, p0, np, out);
-        case 16: return packed_widened<GgmlWiden<kq::IQ2XXS>>(x, M, L, p0, np, out);
-        case 2: return packed_widened<GgmlWiden<kq::Q40>>(x, M, L, p0, np, out);
-        case 3: return packed_widened<GgmlWiden<kq::Q41>>(x, M, L, p0, np, out);
-        case 6: return packed_widened<GgmlWiden<kq::Q50>>(x, M, L, p0, np, out);
-        case 7: return packed_widened<GgmlWiden<kq::Q51>>(x, M, L, p0, np, out);
-        case 20: return packed_widened<GgmlWiden<kq::IQ4NL>>(x, M, L, p0, np, out);
-        case 23: return packed_widened<GgmlWiden<kq::IQ4XS>>(x, M, L, p0, np, out);
-        case 17: return packed_widened<GgmlWiden<kq::IQ2XS>>(x, M, L, p0, np, out);
-        case 18: return packed_widened<GgmlWiden<kq::IQ3XXS>>(x, M, L, p0, np, out);
-        case 19: return packed_widened<GgmlWiden<kq::IQ1S>>(x, M, L, p0, np, out);
-        case 21: return packed_widened<GgmlWiden<kq::IQ3S>>(x, M, L, p0, np, out);
-        case 22: return packed_widened<GgmlWiden<kq::IQ2S>>(x, M, L, p0, np, out);
-        case 29: return packed_widened<GgmlWiden<kq::IQ1M>>(x, M, L, p0, np, out);
-        default: break;
-      }
+    if (L.qf == QFmt::Ggml && packed_ggml(kq::AllFormats{}, x, M, L, p0, np, out, xb)) return;
   }
   packed_tiled(x, M, L, p0, np, out);
 }

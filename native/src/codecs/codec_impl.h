@@ -1,4 +1,4 @@
-// Shared by the per-format decoders (codecs/*.cpp) and the registry; not part of the codec interface.
+// Shared by the format definitions (codecs/<format>.h) and the registry; not part of the codec interface.
 //
 // Every decoder mirrors gguf.quants' dequantize_blocks operation by operation in float32: each
 // numpy product or difference is one rounding here. These files are compiled with
@@ -37,15 +37,5 @@ template <void (*Decode)(const uint8_t*, float*), int Block, int Bytes>
 void decode_each(const uint8_t* blk, int n, float* out) {
   for (int b = 0; b < n; ++b) Decode(blk + (size_t)b * Bytes, out + (size_t)b * Block);
 }
-
-// A codec's table entry from its block decoder and lane decoder (no word range): decode_blocks is the
-// block decoder in a loop.
-template <void (*Decode)(const uint8_t*, float*), void (*Lanes)(const uint8_t*, float*), int Block, int Bytes>
-constexpr BlockCodec block_codec(const char* name, int ggml_type) {
-  return {name, ggml_type, Block, Bytes, Decode, decode_each<Decode, Block, Bytes>, Lanes};
-}
-
-extern const BlockCodec Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ2_XXS,
-    IQ4_NL, IQ4_XS, MXFP4, IQ3_XXS, IQ3_S, IQ2_XS, IQ2_S, IQ1_S, IQ1_M;
 
 }  // namespace cairn::codecs

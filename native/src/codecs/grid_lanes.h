@@ -1,6 +1,6 @@
-// The grid types' 8 columns of 16 rows (IQ1_S, IQ1_M, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S), as both their lane
-// decoders (codecs/iq*.cpp) and the in-register widening (formats/ggml_widen.h) take them: each lane's
-// grid point gathered as two words of 4 byte values (lanes::gather_words), then per column one value.
+// The grid types' 8 columns of 16 rows (IQ1_S, IQ1_M, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S), the part objects
+// of their definitions (codecs/iq1.h, iq2_s.h, iq3.h): each lane's grid point gathered as two words of
+// 4 byte values (lanes::gather_words), then per column one value.
 #pragma once
 #include "../formats/lanes.h"
 #include "tables.h"
@@ -9,7 +9,7 @@ namespace cairn::codecs {
 
 // Grid magnitudes with signs: w = fl(fl(db * magnitude) * (+-1)), gguf.quants' order. words: the two
 // words of 4 magnitudes (one 8-value point, or two 4-value points); neg: bit m set where column m is
-// negative. at<P> takes the part index ggml_widen's part interface passes and ignores it.
+// negative. at<P> takes the part index the part interface (format.h) passes and ignores it.
 struct GridOctet {
   lanes::u32x16 w0, w1, neg;
   lanes::f32x16 db;
@@ -57,12 +57,6 @@ inline lanes::f32x16 iq2_db(lanes::f32x16 d, const uint8_t* scales16, int s) {
 inline lanes::f32x16 iq1m_d(const lanes::u32x16* sc) {
   return lanes::half_to_f32(((sc[0] & 0xF000u) >> 12) | ((sc[1] & 0xF000u) >> 8) | ((sc[2] & 0xF000u) >> 4) |
                             (sc[3] & 0xF000u));
-}
-
-// The 8 columns of an octet into a lane decoder's output (out[16 m + l]).
-template <class Octet>
-inline void store_octet(const Octet& o, float* out) {
-  for (int m = 0; m < 8; ++m) lanes::store(out + 16 * m, o.at(m));
 }
 
 }  // namespace cairn::codecs

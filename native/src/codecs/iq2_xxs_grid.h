@@ -1,5 +1,5 @@
-// IQ2_XXS's grid and signs in the forms the lane decoder (iq2_xxs.cpp) and the in-register widening
-// (formats/ggml_widen.h) share.
+// IQ2_XXS's grid and signs in the forms its lane arithmetic (iq2_xxs.h) uses; the signs also serve
+// IQ2_XS and IQ3_XXS.
 #pragma once
 #include <cstdint>
 

@@ -1,5 +1,5 @@
-// MXFP4's numbers, shared by its block decoder (mxfp4.cpp) and the in-register widening of its
-// panels (formats/ggml_widen.h): the e8m0 scale and the e2m1 code values, scalar and 16 lanes.
+// MXFP4's numbers, shared by its definition (mxfp4.h) and the FP4 experts' widening (formats/widen.h):
+// the e8m0 scale and the e2m1 code values, scalar and 16 lanes.
 // The scale is half of 2^(e - 127), as ggml_e8m0_to_fp32_half builds it (subnormal for e < 2), and
 // the code values are doubled: w = fl(scale * kvalue).
 #pragma once

@@ -1,23 +1,43 @@
-// The codec table: every GGUF block-quantized format the kernel can compute on, by GGML type and
-// name. GGUF's F32/F16/BF16 tensors are not here: the loader passes them as the float types they
-// are (daemon/weights/gguf_dir.py), so no Linear ever holds them as blocks. Every codec has a lane
-// decoder (formats/ggml_blocks.cpp calls it unconditionally) and an in-register form for decode
-// (packed.cpp, packed_panels).
+// The codec table: every GGUF block-quantized format the kernel can compute on (codecs/all.h), by
+// GGML type and name. GGUF's F32/F16/BF16 tensors are not here: the loader passes them as the float
+// types they are (daemon/weights/gguf_dir.py), so no Linear ever holds them as blocks. Each entry is
+// made from its format's one definition (codecs/format.h): the scalar decoder, and the lane decoder
+// walked from the same lane arithmetic decode's in-register widening inlines (packed.cpp). This file
+// is compiled with -ffp-contract=off (native/CMakeLists.txt): the decoders round like numpy.
 #include <cstring>
 
+#include "all.h"
 #include "codec_impl.h"
 
 namespace cairn {
+namespace {
 
-const std::vector<const BlockCodec*>& all_codecs() {
-  // GGML type order; the codec objects are constant-initialised, so no static-order hazard.
-  static const std::vector<const BlockCodec*> table = {
-      &codecs::Q4_0,    &codecs::Q4_1,   &codecs::Q5_0,    &codecs::Q5_1,  &codecs::Q8_0,   &codecs::Q2_K,
-      &codecs::Q3_K,    &codecs::Q4_K,   &codecs::Q5_K,    &codecs::Q6_K,  &codecs::IQ2_XXS, &codecs::IQ2_XS,
-      &codecs::IQ3_XXS, &codecs::IQ1_S,  &codecs::IQ4_NL,  &codecs::IQ3_S, &codecs::IQ2_S,  &codecs::IQ4_XS,
-      &codecs::IQ1_M,   &codecs::MXFP4};
-  return table;
+template <class Q>
+constexpr BlockCodec codec_of() {
+  return {Q::kName,
+          Q::kType,
+          Q::kBlock,
+          Q::kBytes,
+          Q::decode,
+          codecs::decode_each<Q::decode, Q::kBlock, Q::kBytes>,
+          kq::decode_lanes<Q>,
+          kq::word_range<Q>::lo,
+          kq::word_range<Q>::hi};
 }
+template <class... Q>
+const std::vector<const BlockCodec*>& table(kq::Formats<Q...>) {
+  static const BlockCodec codecs[] = {codec_of<Q>()...};
+  static const std::vector<const BlockCodec*> t = [] {
+    std::vector<const BlockCodec*> v;
+    for (const BlockCodec& c : codecs) v.push_back(&c);
+    return v;
+  }();
+  return t;
+}
+
+}  // namespace
+
+const std::vector<const BlockCodec*>& all_codecs() { return table(kq::AllFormats{}); }
 
 const BlockCodec* find_codec(int ggml_type) {
   for (const BlockCodec* c : all_codecs())

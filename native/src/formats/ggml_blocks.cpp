@@ -3,7 +3,7 @@
 // side by side (or, in a codec's word range, 4-byte words side by side: codec.h, lane_byte), a
 // permutation of the stored bytes (resident memory is the stored bytes). A
 // codec's lane decoder then widens 16 rows' block at once into the fp32 tile, one vector per column
-// (every codec has one: codecs/registry.cpp).
+// (every codec has one: codecs/format.h, decode_lanes).
 #include <algorithm>
 #include <cstring>
 

@@ -165,7 +165,7 @@ inline u32x16 gather_u32(const uint32_t* table, u32x16 idx) {
 #if defined(__AVX512BW__)
 // table[p[l]] for the 32 bytes at p and a 256-entry table of 16-bit words (64-byte aligned): lanes
 // 0-15 into a, 16-31 into b, zero-extended. Four 64-entry word permutes chosen by index bits 6 and
-// 7: a 16-lane gather costs more than all of them (IQ2_XXS's grid, formats/ggml_widen.h).
+// 7: a 16-lane gather costs more than all of them (IQ2_XXS's grid, codecs/iq2_xxs.h).
 inline void lookup256_u16(const uint16_t* table, const uint8_t* p, u32x16& a, u32x16& b) {
   const __m512i idx = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i*)p));
   const __m512i* t = (const __m512i*)table;

@@ -118,24 +118,10 @@ inline bool pow2_span_exact(const MagRange& xr, int M, int k0, int kc, const flo
   return pow2_exact(e_lo - bias, e_hi - bias, qk, mk, xr, ar, kc);
 }
 
-namespace kq {
-// MXFP4's codes alone (ggml_widen.h, MXFP4): the doubled e2m1 values, w = kv * 2^(e - 128); the
-// e8m0 bytes go to Mxfp4Pow2's factors.
-struct MXFP4Codes {
-  static constexpr int kBlock = 32, kBytes = 17, kSub = 32, kGroup = 32, kParts = 2;
-  static void scales(const uint8_t*, f32x16*, f32x16*) {}
-  struct Group {
-    const uint8_t* q;
-    static constexpr int kWordCols = 4;
-    template <int P, int S>
-    f32x16 at(int l) const { return codecs::mxfp4::kvalue_words<8 * S + 4 * P>(q + 16 * l); }
-  };
-  static Group group(const uint8_t* b, int, const f32x16*, const f32x16*) { return {b + 16}; }
-};
-}  // namespace kq
 
-// MXFP4 GGUF panels on the scaled chain: GgmlWiden's walk over the codes alone.
-struct Mxfp4Pow2 : GgmlWiden<kq::MXFP4Codes> {
+// MXFP4 GGUF panels on the scaled chain: GgmlWiden's walk over the codes alone (codecs/mxfp4.h,
+// MXFP4::Codes: w = kv * 2^(e - 128)).
+struct Mxfp4Pow2 : GgmlWiden<kq::MXFP4::Codes> {
   static constexpr int kScaleCols = 32, kBias = 128, kQk = 0, kMk = 4;  // kv: integers, |kv| <= 12
   Pow2Factors<32> fac;
   Mxfp4Pow2(const Linear& L, int p0, int k0, int kc, int np) : GgmlWiden(L, p0, k0, kc, np) {
@@ -145,11 +131,21 @@ struct Mxfp4Pow2 : GgmlWiden<kq::MXFP4Codes> {
   lanes::f32x16 unscale(int j) const { return fac.last(j); }
   static bool exact(const MagRange& x, int M, const Linear& L, int p0, int np, int k0, int kc, const float* out,
                     int ld) {
-    const size_t ps = (size_t)(L.in / 32) * 17 * kPanel, step = 17 * kPanel;
+    const size_t step = (size_t)kq::MXFP4::kBytes * kPanel, ps = (size_t)(L.in / kq::MXFP4::kBlock) * step;
     int lo, hi;
     byte_range(L.pq + (size_t)p0 * ps + (size_t)(k0 / 32) * step, ps, step, np, kc / 32, lo, hi);
     return pow2_span_exact(x, M, k0, kc, out, ld, lo, hi, kBias, kQk, kMk);
   }
+};
+
+// The scaled chain of a GGUF format, where it has one (packed.cpp tries it per span): void for none.
+template <class Q>
+struct GgmlPow2 {
+  using type = void;
+};
+template <>
+struct GgmlPow2<kq::MXFP4> {
+  using type = Mxfp4Pow2;
 };
 
 // FP8 / FP4 panels (widen.h): the lane scales of a span as bytes, and the factors.
