@@ -118,7 +118,6 @@ inline bool pow2_span_exact(const MagRange& xr, int M, int k0, int kc, const flo
   return pow2_exact(e_lo - bias, e_hi - bias, qk, mk, xr, ar, kc);
 }
 
-
 // MXFP4 GGUF panels on the scaled chain: GgmlWiden's walk over the codes alone (codecs/mxfp4.h,
 // MXFP4::Codes: w = kv * 2^(e - 128)).
 struct Mxfp4Pow2 : GgmlWiden<kq::MXFP4::Codes> {
