@@ -15,10 +15,10 @@ anyway (KernelRunner's lock). The thread is started on the first call and exits 
 without one (as trio's cached threads do), so an engine that is dropped leaves no thread behind.
 
 Decode steps without the GIL (`worker`, the kernel's `StepWorker`, native/src/step_worker.h). Even
-this hop cost a token about 0.14 ms each way on the tiny model: the thread needs the GIL to leave
-its queue and enter the kernel, and again to publish the result, while the Trio thread holds it
-running the HTTP handler's work for the previous token -- so the step started only once the loop
-went idle. With a worker the thread waits inside `worker.serve` with the GIL released; `run_step`
+this hop cost a token about 0.14 ms each way on the tiny model; the thread needs the GIL to leave
+its queue and enter the kernel, and again to publish the result, while the Trio thread holds it for
+the HTTP handler's work (measured: the way back gets faster without it; the way in is mostly the
+thread's wake-up). With a worker the thread waits inside `worker.serve` with the GIL released; `run_step`
 posts a decode step there (inputs copied, output allocated on the Trio thread), the step runs
 without ever taking the GIL and signals an eventfd the task awaits with `wait_readable`, and the
 result is collected on the Trio thread. Python calls still come through the queue: `post_python`

@@ -14,7 +14,8 @@ what the kernel thread measures itself (KernelRunner's `spent`). The names:
   to_step   from handing the token in to the step's kernel call starting (the stepping task waking,
             the kernel gate)
   hop_in    from asking for the step's kernel call to its start in the kernel thread
-  hop_out   from its end there to the Trio task resuming (the thread's publish, the wake-up, the GIL)
+  hop_out   from its end there to the Trio task resuming (the wake-up; the publish: in the thread, or
+            for a GIL-free step (call_thread.py) on the Trio thread once it is collected)
   after     the step's bookkeeping once the call returned (timing, tallies, metrics)
   wake      from the step's end to the request's task running again
   http      the HTTP handler's work per message: status, the responder (parse, JSON), the ASGI send
