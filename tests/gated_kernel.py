@@ -99,6 +99,10 @@ class GatedKernel:
 
         self.AbortFlag = AbortFlag
 
+    # No GIL-free step hand-off (the engine then steps through `decode` below): a step posted to the
+    # kernel's StepWorker would run the wrapped kernel directly, past the gate
+    StepWorker = None
+
     def __getattr__(self, name):
         return getattr(self._k, name)
 
