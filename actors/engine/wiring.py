@@ -33,7 +33,7 @@ WRITER_QUEUE = 8   # disk writes waiting: more only lengthens the lag behind the
 
 
 async def start_engine(nursery: trio.Nursery, engine: Engine, *, queue_size: int, new_stream_decoder, log,
-                       checkpoint_slots: int = 4, slots: int = 1, idle_trim: bool = True) -> trio.MemorySendChannel:
+                       checkpoint_slots: int = 4, slots: int = 1, trim: IdleTrim | None = None) -> trio.MemorySendChannel:
     if slots < 1:
         raise ValueError(f"slots: must be at least 1, got {slots}")
     adm_send, adm_recv = trio.open_memory_channel(queue_size + 16)
@@ -48,9 +48,8 @@ async def start_engine(nursery: trio.Nursery, engine: Engine, *, queue_size: int
     await nursery.start(partial(decode_worker, dec_recv, adm_send.clone(), engine=engine,
                                 new_stream_decoder=new_stream_decoder, log=log))
     await nursery.start(partial(prefill_worker, pre_recv, dec_send, adm_send.clone(), engine=engine, log=log))
-    trim = IdleTrim(log)
-    if idle_trim:       # off only for tests on an autojump clock: a trim's worker thread lets it leap ahead
-        await nursery.start(trim.run)
+    trim = trim or IdleTrim(log)
+    await nursery.start(trim.run)
     await nursery.start(partial(admission, adm_recv, pre_send, queue_size=queue_size, log=log,
                                 metrics=engine.metrics, slots=slots, note_busy=trim.note))
     return adm_send

@@ -157,6 +157,8 @@ FIELDS: tuple[Field, ...] = (
     Field("speculate", str, "on", "exact speculative decoding: prompt-lookup drafts verified in one kernel call, "
           "the same output as without (auto-off per request while drafts lose): on or off", _one_of("on", "off")),
     Field("threads", int, 0, "kernel threads (0: all cores)", _range(0, 1024)),
+    Field("shutdown_timeout_s", int, 25, "seconds SIGTERM / SIGINT gives running work to stop; then the daemon "
+          "writes its threads' stacks to stderr and exits 1 (under systemd: below TimeoutStopSec)", _range(1, 3600)),
     Field("log_level", str, "info", "log level", _one_of("debug", "info", "warning", "error")),
     # Unset (as vLLM does): an agent that sends no max_tokens is not cut off mid-answer at an arbitrary length.
     Field("max_tokens_default", int, None, "completion length when a request gives no max_tokens; unset: the rest "
@@ -211,6 +213,7 @@ class Settings:
     queue_size: int
     speculate: str
     threads: int
+    shutdown_timeout_s: int
     log_level: str
     max_tokens_default: int | None
     reasoning: str

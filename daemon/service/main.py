@@ -27,6 +27,7 @@ from . import systemd
 from cairn.daemon.api.app import API
 from .config import ConfigError, Settings, add_arguments, load_settings
 from .logs import configure_logging, get_logger
+from .shutdown import ShutdownDeadline
 
 
 @dataclass
@@ -191,11 +192,12 @@ def make_checkpoints(settings: Settings, loaded: Loaded, log, metrics):
                        share_pages=settings.checkpoint_share_pages, log=log, metrics=metrics)
 
 
-async def _on_signal(cancel_scope: trio.CancelScope, log) -> None:
+async def _on_signal(cancel_scope: trio.CancelScope, log, deadline: ShutdownDeadline) -> None:
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         async for signum in signals:
-            log.info("shutting_down", signal=signal.Signals(signum).name)
+            log.info("shutting_down", signal=signal.Signals(signum).name, timeout_s=deadline.seconds)
             systemd.stopping()
+            deadline.start()
             cancel_scope.cancel()
             return
 
@@ -225,10 +227,12 @@ async def run_daemon(settings: Settings, loaded: Loaded, *, handle_signals: bool
     check_inherited(inherited, settings.api_key)
     own_path = None if inherited else settings.socket
     sockets = make_sockets(own_path, settings.socket_mode_int, settings.tcp_host_port, inherited)
+    deadline = ShutdownDeadline(settings.shutdown_timeout_s, log)
     try:
         await _serve_all(settings, loaded, engine, model_id, sockets, log, handle_signals, task_status,
-                         slots)
+                         slots, deadline)
     finally:
+        deadline.cancel()                         # stopped in time (or failed): no stacks, no forced exit
         if own_path is not None:
             with contextlib.suppress(OSError):
                 os.unlink(own_path)
@@ -236,7 +240,7 @@ async def run_daemon(settings: Settings, loaded: Loaded, *, handle_signals: bool
 
 
 async def _serve_all(settings, loaded, engine, model_id, sockets, log, handle_signals, task_status,
-                     slots) -> None:
+                     slots, deadline: ShutdownDeadline) -> None:
     from cairn.daemon.api.cache_diagnostics import FingerprintTable
     from cairn.daemon.api.server import serve_http
     from cairn.daemon.api.status import StatusBoard
@@ -247,7 +251,7 @@ async def _serve_all(settings, loaded, engine, model_id, sockets, log, handle_si
 
     async with trio.open_nursery() as nursery:
         if handle_signals:
-            nursery.start_soon(_on_signal, nursery.cancel_scope, log)
+            nursery.start_soon(_on_signal, nursery.cancel_scope, log, deadline)
         await engine.checkpoints.open_disk()      # rebuild the disk index before the writer starts
         inbox = await start_engine(nursery, engine, queue_size=settings.queue_size, log=log,
                                    new_stream_decoder=lambda: StreamDecoder(loaded.tokenizer),

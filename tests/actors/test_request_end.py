@@ -23,6 +23,7 @@ from cairn.actors.engine.engine import Engine
 from cairn.actors.engine.kernel_thread import clocked
 from cairn.actors.engine.messages import CancelAck, Failed, Progress, RequestControl, Sampling, Submit
 from cairn.actors.engine.replies import STALL_S
+from cairn.actors.engine.trim import IdleTrim
 from cairn.actors.engine.wiring import start_engine
 from cairn.daemon.api.app import REPLY_BUFFER, API
 from cairn.daemon.service.logs import get_logger
@@ -78,6 +79,10 @@ def _scope(path: str, body: bytes = b"", headers=()) -> dict:
             "headers": [(b"content-length", str(len(body)).encode()), *headers]}
 
 
+async def _inline(fn):
+    return fn()
+
+
 async def _start(nursery, loaded, *, inline: bool = True, metrics=None, **engine_kw):
     engine = Engine(loaded.kernel, loaded.model, loaded.tokenizer, loaded.context_length, metrics=metrics,
                     **engine_kw)
@@ -86,8 +91,8 @@ async def _start(nursery, loaded, *, inline: bool = True, metrics=None, **engine
     idle = trio.Event()
     engine.announce = lambda text: idle.set() if text.startswith("idle") else None
     log = get_logger()
-    # no idle trim: on the autojump clock its worker thread would let virtual time leap past the test's bounds
-    inbox = await start_engine(nursery, engine, queue_size=4, log=log, idle_trim=False,
+    # the idle trim runs inline: on the autojump clock a worker thread would let virtual time leap past the test's bounds
+    inbox = await start_engine(nursery, engine, queue_size=4, log=log, trim=IdleTrim(log, in_thread=_inline),
                                new_stream_decoder=lambda: StreamDecoder(loaded.tokenizer))
     status = StatusBoard(engine, queue_size=4, fingerprint="f" * 16, context_length=loaded.context_length)
     api = API(inbox=inbox, tokenizer=loaded.tokenizer, renderer=loaded.renderer, model_id="tiny",

@@ -3,6 +3,7 @@ during a long prefill exits 0 promptly (a real `cairn serve` process)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -168,3 +169,64 @@ def test_sigterm_during_long_prefill_exits_zero_promptly(tiny_model_dir, tmp_pat
     done = [e["tokens_done"] for e in events("prefill_segment")]
     # stopped at a segment or chunk boundary, with nearly all of the 60000-token prompt still to go
     assert done and all(d % chunk == 0 for d in done) and max(done) <= len(prompt) // 4, done
+
+
+STUCK_DAEMON = """
+import sys
+from pathlib import Path
+sys.path.insert(0, {tests!r})
+from daemon_harness import fake_loaded
+from cairn.daemon.service.config import load_settings
+from cairn.daemon.service.logs import configure_logging
+from cairn.daemon.service.main import serve
+configure_logging(json=True)
+settings = load_settings({{"model": {model!r}, "socket": {sock!r}, "slots": 1, "shutdown_timeout_s": 2,
+                          "checkpoints": False, "speculate": "off"}}, {{}})
+# every prefill chunk sleeps an hour, deaf to the abort flag: a kernel call that does not come back
+sys.exit(serve(settings, load_model=lambda s: fake_loaded(Path({model!r}), chunk_delay=3600)))
+"""
+
+
+def test_sigterm_with_a_kernel_call_that_never_returns_exits_1_with_the_stacks(tiny_model_dir, tmp_path):
+    """The shutdown bound (daemon/service/shutdown.py): a stop that cannot finish (here a kernel call
+    that ignores its abort flag) ends the process after shutdown_timeout_s with exit 1, a
+    `shutdown_timeout` log line and every thread's stack, instead of hanging for good."""
+    sock = tmp_path / "c.sock"
+    script = STUCK_DAEMON.format(tests=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                 model=str(tiny_model_dir), sock=str(sock))
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, env={**os.environ, "CAIRN_LOG_LEVEL": "info"})
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)
+    reader.start()
+
+    async def stop_mid_chunk():
+        with trio.fail_after(60):                              # a hang guard, not a speed requirement
+            while not any('"listening"' in ln for ln in list(lines)):
+                assert proc.poll() is None, "".join(lines)
+                await trio.sleep(0.01)
+            s = await open_request(sock, "POST", "/v1/completions", {"model": "tiny", "prompt": [5, 6, 7]})
+            while not any('"prefill_plan"' in ln for ln in list(lines)):   # the hour-long chunk has begun
+                assert proc.poll() is None, "".join(lines)
+                await trio.sleep(0.01)
+            proc.send_signal(signal.SIGTERM)
+            with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+                while await s.receive_some(65536):
+                    pass
+
+    try:
+        trio.run(stop_mid_chunk)
+        rc = proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    reader.join(10)
+    out = "".join(lines)
+    assert rc == 1, out
+    events = [json.loads(ln) for ln in lines if ln.startswith("{")]
+    names = [e.get("event") for e in events]
+    assert "shutting_down" in names and "shutdown_timeout" in names, out
+    assert names.index("shutting_down") < names.index("shutdown_timeout")
+    assert "stopped" not in names                              # it did not stop by itself
+    assert "Thread 0x" in out and "(most recent call first)" in out
+    assert 'File "' in out and "in prefill" in out, out[-3000:]   # the stuck kernel call is named
