@@ -432,3 +432,22 @@ def test_every_path_of_a_forced_call_parses_into_a_valid_call(grammars, tok, see
     args = json.loads(r.tool_calls[0].arguments)
     assert set(args) == {"key", "mode", "n", "on"} and len(args["key"]) <= 5 and "\n</parameter>" not in args["key"]
     assert args["mode"] in ("r", "w") and 0 <= args["n"] <= 9 and isinstance(args["on"], bool)
+
+
+# --- the family object (docs/design/families.md §1, ChatFamily) ---------------------------------
+
+def test_the_family_object_offers_the_chat_pieces(tok):
+    from types import SimpleNamespace
+
+    from cairn.daemon.protocol.qwen35.family import CHAT
+    from cairn.daemon.weights.model_dir import ModelDirError
+
+    md = SimpleNamespace(path="m", chat_template=TEMPLATE, bos_token=None, eos_token=IM_END)
+    choice = CHAT.choose_renderer(md, protect=tok.control_texts)
+    assert isinstance(choice.renderer, Qwen35Renderer) and choice.encoding == "qwen3.5 template"
+    assert choice.renderer.render([{"role": "user", "content": "x"}]).text.endswith("<think>\n")
+    with pytest.raises(ModelDirError, match="no chat template"):
+        CHAT.choose_renderer(SimpleNamespace(path="m", chat_template=None, bos_token=None, eos_token=None))
+    assert CHAT.OutputParser is OutputParser and "<tool_call>" in CHAT.reply_markers
+    assert tok.token_to_id(CHAT.call_opener) is not None
+    assert CHAT.turn_boundaries([1, 2], CHAT.turn_markers(tok)) == turn_boundaries([], None)
