@@ -57,6 +57,8 @@ from pathlib import Path
 
 import numpy as np
 
+from cairn.daemon.cli.child import wait_until_serving
+
 
 def post_ttft(sock_path: str, body: dict, timeout: float = 600) -> tuple[float, float, bytes]:
     """(seconds to the first `data:` event, seconds to the end of the response, the response)."""
@@ -83,24 +85,6 @@ def post_ttft(sock_path: str, body: dict, timeout: float = 600) -> tuple[float, 
     if status != b"200" or first is None:
         raise RuntimeError(f"daemon answered {buf[:300]!r}")
     return first, total, buf
-
-
-def wait_socket(path: str, proc: subprocess.Popen, timeout: float = 300) -> None:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if proc.poll() is not None:
-            raise RuntimeError(f"daemon exited with {proc.returncode}")
-        try:
-            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            s.connect(path)
-            s.sendall(b"GET /health HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
-            if s.recv(100).startswith(b"HTTP/1.1 200"):
-                s.close()
-                return
-        except OSError:
-            pass
-        time.sleep(0.2)
-    raise RuntimeError("daemon did not start")
 
 
 def process_cpu_s(pid: int) -> float:
@@ -258,7 +242,7 @@ def decode_main(args, model, K, prompt) -> int:
 
     rows: list[dict] = []
     try:
-        wait_socket(sock, proc)
+        wait_until_serving(sock, proc, timeout=300)
         model_id = args.model.name
 
         def daemon_req(api: str, ids: np.ndarray) -> dict:
@@ -390,7 +374,7 @@ def main() -> int:
     with open(log_path, "w") as log_file:
         proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, env={**os.environ, "NO_COLOR": "1"})
     try:
-        wait_socket(sock, proc)
+        wait_until_serving(sock, proc, timeout=300)
 
         model_id = args.model.name
 

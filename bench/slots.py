@@ -38,7 +38,8 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
-from daemon_overhead import post_ttft, wait_socket  # noqa: E402
+from daemon_overhead import post_ttft  # noqa: E402
+from cairn.daemon.cli.child import wait_until_serving  # noqa: E402
 
 
 VOCAB = 8192   # set from the model's config.json in main()
@@ -87,7 +88,7 @@ class Daemon:
         cmd = [sys.executable, "-m", "cairn.daemon.cli.main", "serve", "--model", model_dir, "--socket", self.sock,
                "--threads", str(threads), "--chunk", str(chunk), "--slots", str(slots), "--no-checkpoints", *extra]
         self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "NO_COLOR": "1"})
-        wait_socket(self.sock, self.proc)
+        wait_until_serving(self.sock, self.proc, timeout=300)
         self.model = json.loads(self._get("/v1/models"))["data"][0]["id"]
 
     def _get(self, path: str) -> bytes:

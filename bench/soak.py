@@ -63,6 +63,8 @@ from pathlib import Path
 
 import trio
 
+from cairn.daemon.cli.child import wait_until_serving
+
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
 from memory_cap import memory_cap, memory_cap_unavailable_reason  # noqa: E402
@@ -242,12 +244,7 @@ class Daemon:
             # PYTHONFAULTHANDLER: a daemon that ignores SIGTERM gets SIGABRT, and its threads' stacks land in the log
             env = {**os.environ, "CAIRN_LOG_LEVEL": "info", "PYTHONFAULTHANDLER": "1"}
             self.proc = (cap.popen if cap else subprocess.Popen)(argv, stdout=out, stderr=subprocess.STDOUT, env=env)
-        deadline = time.monotonic() + 120
-        while not os.path.exists(self.sock):
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"daemon {name} did not start (exit {self.proc.poll()}): "
-                                   f"{self.log.read_text()[-2000:]}")
-            time.sleep(0.05)
+        wait_until_serving(self.sock, self.proc, timeout=120, log=self.log)
 
     def rss(self) -> int:
         for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():

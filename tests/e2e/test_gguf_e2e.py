@@ -11,7 +11,6 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +23,7 @@ from hf_greedy import hf_answer
 import torch                                     # the oracle: missing is an error, never a skip
 from transformers import DeepseekV4ForCausalLM
 
+from cairn.daemon.cli.child import wait_until_serving
 from cairn.daemon.modelgen.make_model import make_model
 
 FIX = Path(__file__).resolve().parent.parent / "fixtures" / "gguf"
@@ -124,11 +124,7 @@ def test_cairn_serve_takes_a_gguf_file(tmp_path):
                              "--checkpoint-dir", str(tmp_path / "state")],
                             env={**os.environ}, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.monotonic() + 60
-        while not sock.exists():
-            assert proc.poll() is None, proc.stderr.read()
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
+        wait_until_serving(sock, proc, timeout=60)
         raw = unix_get(str(sock), "/v1/models")
         models = json.loads(raw.split(b"\r\n\r\n", 1)[1])
         assert [m["id"] for m in models["data"]] == ["gguf-tiny-f32"]

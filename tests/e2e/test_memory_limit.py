@@ -22,12 +22,14 @@ import os
 import subprocess
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 import pytest
 import trio
 
+from cairn.daemon.cli.child import wait_until_serving
 from daemon_harness import real_loaded, reference_greedy, request, token_strings
 from memory_cap import memory_cap, memory_cap_unavailable_reason
 from skip_policy import host_cannot
@@ -51,10 +53,7 @@ def _body(prompt: list[int]) -> dict:
 
 
 async def _wait_for_socket(sock: Path, proc: subprocess.Popen, log: Path) -> None:
-    with trio.fail_after(60):
-        while not sock.exists():
-            assert proc.poll() is None, f"daemon exited {proc.returncode}: {log.read_text()[-3000:]}"
-            await trio.sleep(0.1)
+    await trio.to_thread.run_sync(partial(wait_until_serving, sock, proc, timeout=60, log=log))
 
 
 async def _serve(cap, argv: list[str], sock: Path, log: Path):

@@ -11,8 +11,8 @@ import resource
 import subprocess
 import sys
 import textwrap
-import time
 
+from cairn.daemon.cli.child import wait_until_serving
 from cairn.daemon.modelgen.make_model import PRESETS
 from cairn.daemon.weights.model_dir import open_model_dir
 from cairn.daemon.weights.safetensors_io import read_header
@@ -117,11 +117,7 @@ def test_daemon_starts_and_answers_under_an_open_file_limit_of_256(flash_shape_d
     with open(tmp_path / "serve.log", "w") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, preexec_fn=_limit_open_files)
     try:
-        deadline = time.monotonic() + 240
-        while not sock.exists():
-            assert proc.poll() is None, (tmp_path / "serve.log").read_text()[-3000:]
-            assert time.monotonic() < deadline, "daemon not ready in 240 s"
-            time.sleep(0.1)
+        wait_until_serving(sock, proc, timeout=240, log=tmp_path / "serve.log")
         assert b'"status":"ok"' in unix_get(str(sock), "/health")
         loads = unix_get(str(sock), "/v1/loads")
         assert loads.startswith(b"HTTP/1.1 200"), loads
