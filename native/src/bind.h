@@ -30,3 +30,4 @@ void register_bench(pybind11::module_& m);
 void register_experts(pybind11::module_& m);  // expert cache: Model methods + policy replay
 void register_packed(pybind11::module_& m);   // packed cache file: layout description and keys
 void register_codecs(pybind11::module_& m);   // GGUF block codecs: test hooks (codec_dequantize, codec_types)
+void register_qwen35(pybind11::module_& m);   // Qwen3.5 family (families/qwen35/): Qwen35Model

@@ -19,4 +19,5 @@ PYBIND11_MODULE(CAIRN_MODULE, m) {
   register_experts(m);
   register_packed(m);
   register_codecs(m);
+  register_qwen35(m);
 }

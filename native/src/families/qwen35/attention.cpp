@@ -1,0 +1,96 @@
+// cairn kernel, Qwen3.5: gated full attention (HF Qwen3_5MoeAttention, docs/design/families.md §2).
+//
+// Design notes
+//  * q_proj gives per head [query | gate] (Dh each). q and k take an RMSNorm over Dh (1+w folded),
+//    then NeoX RoPE (rotate-half pairs (i, i + r/2)) on the first r channels, fp32 angles as HF.
+//  * K and V rows are appended to the cache (K after norm and RoPE), then each query row attends
+//    causally to rows 0..pos of its kv head (GQA: query head h reads kv head h / (H/Hkv)); no sink.
+//  * Scores, softmax and the weighted sum run in a fixed order per (row, head), so a row's bits do
+//    not depend on the call it came in.
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "model.h"
+
+namespace cairn::qwen35 {
+
+namespace {
+// NeoX RoPE on x[0..r): out[i] = x[i] c - x[i+h] s, out[i+h] = x[i+h] c + x[i] s (h = r/2).
+void rope_neox(float* x, int r, const float* c, const float* s) {
+  const int h = r / 2;
+  for (int i = 0; i < h; ++i) {
+    const float x0 = x[i], x1 = x[i + h];
+    x[i] = fmadd(x0, c[i], -(x1 * s[i]));
+    x[i + h] = fmadd(x1, c[i], x0 * s[i]);
+  }
+}
+}  // namespace
+
+void attention_block(const Model& m, int layer, LayerCache& lc, int64_t pos0, const float* x, int S, float* y) {
+  const Config& c = m.cfg;
+  const AttnW& w = m.layers[layer].attn;
+  const int H = c.H, Hkv = c.Hkv, Dh = c.Dh, r = c.r, qd = H * Dh, kvd = Hkv * Dh, grp = H / Hkv;
+  std::vector<float> qg((size_t)S * 2 * qd);  // [S, H, 2*Dh]: query | gate per head
+  linear(x, S, w.q, qg.data(), m.threads);
+  const size_t n0 = lc.k.size() / kvd;  // rows already cached (== pos0)
+  lc.k.resize((n0 + S) * kvd);
+  lc.v.resize((n0 + S) * kvd);
+  float* kn = &lc.k[n0 * kvd];  // [S, kvd] this call's rows
+  linear(x, S, w.k, kn, m.threads);
+  linear(x, S, w.v, &lc.v[n0 * kvd], m.threads);
+  std::vector<float> cs((size_t)S * r);  // [S, r/2 cos | r/2 sin]
+  for (int t = 0; t < S; ++t) rope_cs(pos0 + t, r / 2, m.inv_freq.data(), &cs[(size_t)t * r], &cs[(size_t)t * r + r / 2]);
+  for (int t = 0; t < S; ++t) {
+    const float *ct = &cs[(size_t)t * r], *st = ct + r / 2;
+    for (int h = 0; h < H; ++h) {
+      float* q = &qg[(size_t)t * 2 * qd + (size_t)h * 2 * Dh];
+      rmsnorm(q, w.q_norm.data(), q, Dh, c.rms_eps);
+      rope_neox(q, r, ct, st);
+    }
+    for (int h = 0; h < Hkv; ++h) {
+      float* k = kn + (size_t)t * kvd + (size_t)h * Dh;
+      rmsnorm(k, w.k_norm.data(), k, Dh, c.rms_eps);
+      rope_neox(k, r, ct, st);
+    }
+  }
+
+  const float scale = (float)std::pow((double)Dh, -0.5);  // HF: head_dim ** -0.5, then a fp32 multiply
+  std::vector<float> o((size_t)S * qd);  // [S, H*Dh]
+  const int64_t work = (int64_t)S * H * (n0 + S) * Dh * 2;
+#pragma omp parallel num_threads(m.threads) if (work > kParMinWork)
+  {
+    std::vector<float> p(n0 + S);
+#pragma omp for schedule(dynamic, 1)
+    for (int th = 0; th < S * H; ++th) {
+      const int t = th / H, h = th % H, g = h / grp;
+      const size_t n = n0 + t + 1;  // causal: rows 0..pos
+      const float* q = &qg[(size_t)t * 2 * qd + (size_t)h * 2 * Dh];
+      float mx = -INFINITY;
+      for (size_t j = 0; j < n; ++j) {
+        p[j] = dot(q, &lc.k[j * kvd + (size_t)g * Dh], Dh) * scale;
+        mx = std::max(mx, p[j]);
+      }
+      float sum = 0.f;
+      for (size_t j = 0; j < n; ++j) {
+        p[j] = fexp(p[j] - mx);
+        sum += p[j];
+      }
+      float* ot = &o[(size_t)t * qd + (size_t)h * Dh];
+      std::fill(ot, ot + Dh, 0.f);
+      for (size_t j = 0; j < n; ++j) {
+        const float pj = p[j] / sum;
+        const float* vj = &lc.v[j * kvd + (size_t)g * Dh];
+        for (int d = 0; d < Dh; ++d) ot[d] = fmadd(pj, vj[d], ot[d]);
+      }
+      const float* gate = q + Dh;
+      for (int d = 0; d < Dh; ++d) ot[d] = ot[d] * sigmoid(gate[d]);
+    }
+  }
+  linear(o.data(), S, w.o, y, m.threads);
+}
+
+}  // namespace cairn::qwen35

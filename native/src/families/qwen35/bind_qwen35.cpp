@@ -1,0 +1,209 @@
+// cairn bindings, Qwen3.5: Qwen35Model(config, weights) and its whole-sequence forward.
+//
+// Design notes
+//  * The config dict is HF's (config.json: a `text_config` inside is used when present); every key
+//    is read and checked here with the GIL held, then the model is loaded and packed without it
+//    (the arrays are pinned by the references this call holds).
+//  * Weights: canonical name -> float32 array (or (array, "F32"), the daemon's spelling). Only
+//    embed_tokens is kept after load (row lookups); every matrix is packed into the model's panels.
+//  * forward converts the ids, then runs without the GIL: the model is immutable and the call's
+//    cache is its own.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <sched.h>
+
+#include <cmath>
+#include <cstring>
+#include <stdexcept>
+#include <thread>
+
+#include "../../bind.h"
+#include "model.h"
+
+namespace py = pybind11;
+using namespace cairn::qwen35;
+
+namespace {
+
+py::dict text_part(const py::dict& d) {
+  if (d.contains("text_config") && py::isinstance<py::dict>(d["text_config"])) return d["text_config"].cast<py::dict>();
+  return d;
+}
+
+template <class T> T get(const py::dict& d, const char* k) {
+  if (!d.contains(k) || d[k].is_none()) throw py::value_error(std::string("Qwen3.5 config is missing key '") + k + "'");
+  try {
+    return d[k].cast<T>();
+  } catch (const py::cast_error&) {
+    throw py::value_error(std::string("Qwen3.5 config key '") + k + "' has the wrong type");
+  }
+}
+template <class T> T get_or(const py::dict& d, const char* k, T dflt) {
+  return d.contains(k) && !d[k].is_none() ? get<T>(d, k) : dflt;
+}
+
+Config parse_config(const py::dict& top) {
+  const py::dict d = text_part(top);
+  Config c;
+  c.vocab = get<int>(d, "vocab_size");
+  c.D = get<int>(d, "hidden_size");
+  c.n_layers = get<int>(d, "num_hidden_layers");
+  c.rms_eps = get_or<float>(d, "rms_norm_eps", 1e-6f);
+  c.tied = get_or<bool>(d, "tie_word_embeddings", get_or<bool>(top, "tie_word_embeddings", false));
+  const std::string act = get_or<std::string>(d, "hidden_act", "silu");
+  if (act != "silu") throw py::value_error("Qwen3.5 config: hidden_act '" + act + "' is not supported (silu only)");
+  if (get_or<bool>(d, "attention_bias", false))
+    throw py::value_error("Qwen3.5 config: attention_bias true is not supported (Qwen3.5 releases have none)");
+  if (d.contains("layer_types") && !d["layer_types"].is_none()) {
+    for (auto& s : get<std::vector<std::string>>(d, "layer_types")) {
+      if (s == "linear_attention") c.layer_types.push_back(Mixer::Linear);
+      else if (s == "full_attention") c.layer_types.push_back(Mixer::Full);
+      else throw py::value_error("Qwen3.5 config: unknown layer type '" + s + "' (linear_attention or full_attention)");
+    }
+  } else {  // HF's default: every interval-th layer is full attention
+    const int every = get_or<int>(d, "full_attention_interval", 4);
+    if (every < 1) throw py::value_error("Qwen3.5 config: full_attention_interval must be >= 1");
+    for (int i = 0; i < c.n_layers; ++i) c.layer_types.push_back((i + 1) % every ? Mixer::Linear : Mixer::Full);
+  }
+  bool any_full = false, any_lin = false;
+  for (Mixer t : c.layer_types) (t == Mixer::Full ? any_full : any_lin) = true;
+  if (any_full) {
+    c.H = get<int>(d, "num_attention_heads");
+    c.Hkv = get<int>(d, "num_key_value_heads");
+    c.Dh = get_or<int>(d, "head_dim", c.H > 0 ? c.D / c.H : 0);
+    py::dict rp = d.contains("rope_parameters") && py::isinstance<py::dict>(d["rope_parameters"])
+                      ? d["rope_parameters"].cast<py::dict>() : py::dict();
+    const std::string rt = get_or<std::string>(rp, "rope_type", "default");
+    if (rt != "default") throw py::value_error("Qwen3.5 config: rope_type '" + rt + "' is not supported (default only)");
+    c.rope_theta = get_or<double>(rp, "rope_theta", get_or<double>(d, "rope_theta", 1e7));
+    const double f = get_or<double>(rp, "partial_rotary_factor", get_or<double>(d, "partial_rotary_factor", 0.25));
+    c.r = (int)(c.Dh * f);  // HF: int(head_dim * partial_rotary_factor)
+  }
+  if (any_lin) {
+    c.K = get<int>(d, "linear_conv_kernel_dim");
+    c.dk = get<int>(d, "linear_key_head_dim");
+    c.dv = get<int>(d, "linear_value_head_dim");
+    c.nk = get<int>(d, "linear_num_key_heads");
+    c.nv = get<int>(d, "linear_num_value_heads");
+  }
+  if (d.contains("num_experts") && !d["num_experts"].is_none() && get<int>(d, "num_experts") > 0) {
+    c.E = get<int>(d, "num_experts");
+    c.k = get<int>(d, "num_experts_per_tok");
+    c.I = get<int>(d, "moe_intermediate_size");
+    c.Is = get<int>(d, "shared_expert_intermediate_size");
+  } else {
+    c.I = get<int>(d, "intermediate_size");
+  }
+  try {
+    c.validate();
+  } catch (const std::invalid_argument& e) {
+    throw py::value_error(e.what());
+  }
+  return c;
+}
+
+struct BoundQwen35 {
+  py::object embed_keep;  // embed_tokens: row lookups read it in place
+  std::unique_ptr<Model> m;
+};
+
+std::shared_ptr<BoundQwen35> make(py::dict config, py::dict weights, int threads) {
+  const Config c = parse_config(config);
+  if (threads < 0) throw py::value_error("threads must be >= 0 (0 = every core this process may run on)");
+  if (threads == 0) {
+    cpu_set_t set;
+    threads = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : (int)std::thread::hardware_concurrency();
+  }
+  WeightMap wm;
+  std::vector<py::array> pinned;
+  py::object embed;
+  for (auto item : weights) {
+    const std::string name = py::str(item.first);
+    py::object v = py::reinterpret_borrow<py::object>(item.second);
+    if (py::isinstance<py::tuple>(v)) {
+      py::tuple t = v.cast<py::tuple>();
+      if (py::len(t) != 2 || std::string(py::str(t[1])) != "F32")
+        throw py::value_error("weight '" + name + "' must be a float32 array (or (array, \"F32\"))");
+      v = t[0];
+    }
+    py::array a = py::array::ensure(v);
+    if (!a) throw py::value_error("weight '" + name + "' is not an array");
+    if (!a.dtype().is(py::dtype::of<float>()))
+      throw py::value_error("weight '" + name + "' has dtype " + std::string(py::str(a.dtype())) + "; float32 is required");
+    py::array c_arr = py::array::ensure(a, py::array::c_style);
+    if ((uintptr_t)c_arr.data() % alignof(float)) {  // a view at an odd offset: an aligned copy
+      py::array copy(c_arr.dtype(), std::vector<py::ssize_t>(c_arr.shape(), c_arr.shape() + c_arr.ndim()));
+      std::memcpy(copy.mutable_data(), c_arr.data(), (size_t)c_arr.nbytes());
+      c_arr = copy;
+    }
+    pinned.push_back(c_arr);
+    wm[name] = TensorView{(const float*)c_arr.data(), std::vector<int64_t>(c_arr.shape(), c_arr.shape() + c_arr.ndim())};
+    if (name == "embed_tokens.weight") embed = c_arr;
+  }
+  auto b = std::make_shared<BoundQwen35>();
+  b->embed_keep = embed;
+  try {
+    py::gil_scoped_release rel;
+    b->m = load(c, wm, threads);
+  } catch (const std::invalid_argument& e) {
+    throw py::value_error(e.what());
+  }
+  return b;
+}
+
+py::array_t<float> forward_py(BoundQwen35& b, py::array_t<int32_t, py::array::c_style | py::array::forcecast> ids,
+                              int chunk) {
+  if (ids.ndim() != 1) throw py::value_error("ids must be a 1-D int32 array of token ids");
+  if (chunk < 0) throw py::value_error("chunk must be >= 0 (0 = the whole sequence in one call)");
+  const Model& m = *b.m;
+  const int64_t S = ids.shape(0);
+  const int V = m.cfg.vocab;
+  for (int64_t i = 0; i < S; ++i)
+    if (ids.data()[i] < 0 || ids.data()[i] >= V)
+      throw py::value_error("ids[" + std::to_string(i) + "] = " + std::to_string(ids.data()[i]) +
+                            " is outside the vocabulary [0, " + std::to_string(V) + ")");
+  py::array_t<float> out({S, (int64_t)V});
+  float* o = out.mutable_data();
+  const int32_t* t = ids.data();
+  {
+    py::gil_scoped_release rel;  // safe: ids and out are held by this frame, the model is immutable
+    Cache cache(m);
+    const int64_t step = chunk ? chunk : std::max<int64_t>(S, 1);
+    for (int64_t i = 0; i < S; i += step) {
+      const int n = (int)std::min(step, S - i);
+      forward(m, cache, t + i, n, o + i * V);
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+void register_qwen35(py::module_& m) {
+  py::class_<BoundQwen35, std::shared_ptr<BoundQwen35>>(m, "Qwen35Model", R"doc(Immutable Qwen3.5 text model (qwen3_5 dense or qwen3_5_moe), fp32.
+
+Work in progress (issue 43 step 4): the forward pass over a whole sequence, no state kept between calls.
+config: HF's config dict (a nested 'text_config' is used when present; layer_types or
+full_attention_interval). weights: canonical name -> float32 array: HF's names without the 'model.' /
+'model.language_model.' prefix; experts per expert ('layers.L.mlp.experts.E.gate_proj.weight', ...) or
+fused ('layers.L.mlp.experts.gate_up_proj' [E, 2I, D], 'layers.L.mlp.experts.down_proj' [E, D, I]);
+lm_head.weight unless tie_word_embeddings. A missing or misshapen tensor raises ValueError naming it and
+the expected shape. Matrices are packed into the kernel's panels at load; threads=0 uses all cores.)doc")
+      .def(py::init(&make), py::arg("config"), py::arg("weights"), py::arg("threads") = 0)
+      .def("forward", &forward_py, py::arg("ids"), py::kw_only(), py::arg("chunk") = 0,
+           R"doc(Logits [S, V] float32 of every position of ids (int32 [S]) from an empty state.
+
+chunk > 0 feeds the sequence in calls of that many tokens, carrying the per-token state between them
+(conv rows, recurrent state, K/V rows): the same bits as one call. Runs without the GIL.)doc")
+      .def_property_readonly("vocab_size", [](const BoundQwen35& b) { return b.m->cfg.vocab; })
+      .def_property_readonly("n_layers", [](const BoundQwen35& b) { return b.m->cfg.n_layers; })
+      .def_property_readonly("threads", [](const BoundQwen35& b) { return b.m->threads; })
+      .def_property_readonly("is_moe", [](const BoundQwen35& b) { return b.m->cfg.moe(); })
+      .def_property_readonly("layer_types", [](const BoundQwen35& b) {
+        std::vector<std::string> v;
+        for (Mixer t : b.m->cfg.layer_types) v.push_back(t == Mixer::Full ? "full_attention" : "linear_attention");
+        return v;
+      });
+}

@@ -1,0 +1,242 @@
+// cairn kernel, Qwen3.5: the config's checks and the model's load (names, shapes, folds, panels).
+#include <omp.h>
+
+#include <cmath>
+#include <sstream>
+#include <stdexcept>
+
+#include "model.h"
+
+namespace cairn::qwen35 {
+
+namespace {
+
+std::string shape_str(const std::vector<int64_t>& s) {
+  std::ostringstream o;
+  o << "[";
+  for (size_t i = 0; i < s.size(); ++i) o << (i ? ", " : "") << s[i];
+  o << "]";
+  return o.str();
+}
+
+void require(bool ok, const std::string& msg) {
+  if (!ok) throw std::invalid_argument("invalid Qwen3.5 config: " + msg);
+}
+
+// One matrix to pack: its logical rows (nullptr = a zero row) into dst's panels.
+struct PackJob {
+  Linear* dst;
+  std::vector<const float*> rows;
+};
+
+struct Loader {
+  const WeightMap& w;
+  Model& m;
+  std::vector<PackJob> jobs;
+
+  const float* get(const std::string& name, const std::vector<int64_t>& want) const {
+    auto it = w.find(name);
+    if (it == w.end()) throw std::invalid_argument("missing weight tensor '" + name + "' (expected shape " + shape_str(want) + ")");
+    if (it->second.shape != want)
+      throw std::invalid_argument("weight '" + name + "' has shape " + shape_str(it->second.shape) + ", expected " +
+                                  shape_str(want));
+    return it->second.data;
+  }
+  bool has(const std::string& name) const { return w.count(name) > 0; }
+  // An RMSNorm weight stored zero-centred: 1 + w in fp32, HF's `1.0 + w.float()`.
+  std::vector<float> norm1p(const std::string& name, int n) const {
+    const float* s = get(name, {n});
+    std::vector<float> v(n);
+    for (int i = 0; i < n; ++i) v[i] = 1.0f + s[i];
+    return v;
+  }
+  // A matrix W [out, in] with rows at src + i * stride (stride: in unless a slice of a larger tensor).
+  Linear rows(const float* src, int out, int in, int64_t stride = -1) {
+    if (stride < 0) stride = in;
+    Linear L{nullptr, nullptr, out, in};
+    jobs.push_back({nullptr, {}});
+    jobs.back().rows.resize(out);
+    for (int i = 0; i < out; ++i) jobs.back().rows[i] = src + (size_t)i * stride;
+    return L;
+  }
+  Linear lin(const std::string& name, int out, int in) { return rows(get(name, {out, in}), out, in); }
+  // Gate and up fused per panel: 16 gate rows, the same 16 up rows, ... (rows past I are zero).
+  MlpW mlp(const float* gate, const float* up, const float* down, int I, int D) {
+    MlpW f;
+    f.I = I;
+    const int np = (I + kPanel - 1) / kPanel;
+    f.w13 = Linear{nullptr, nullptr, 2 * np * kPanel, D};
+    jobs.push_back({nullptr, std::vector<const float*>((size_t)2 * np * kPanel, nullptr)});
+    auto& r = jobs.back().rows;
+    for (int q = 0; q < np; ++q)
+      for (int l = 0; l < kPanel && q * kPanel + l < I; ++l) {
+        r[(size_t)(2 * q) * kPanel + l] = gate + (size_t)(q * kPanel + l) * D;
+        r[(size_t)(2 * q + 1) * kPanel + l] = up + (size_t)(q * kPanel + l) * D;
+      }
+    f.down = rows(down, D, I);
+    return f;
+  }
+  MlpW mlp_named(const std::string& p, int I, int D) {
+    return mlp(get(p + "gate_proj.weight", {I, D}), get(p + "up_proj.weight", {I, D}), get(p + "down_proj.weight", {D, I}),
+               I, D);
+  }
+};
+
+}  // namespace
+
+void Config::validate() const {
+  require(vocab > 0 && D > 0 && n_layers > 0, "vocab_size, hidden_size and num_hidden_layers must be positive");
+  require((int)layer_types.size() == n_layers, "layer_types has " + std::to_string(layer_types.size()) +
+                                                   " entries, num_hidden_layers is " + std::to_string(n_layers));
+  bool any_full = false, any_lin = false;
+  for (Mixer t : layer_types) (t == Mixer::Full ? any_full : any_lin) = true;
+  if (any_full) {
+    require(H > 0 && Hkv > 0 && Dh > 0, "num_attention_heads, num_key_value_heads and head_dim must be positive");
+    require(H % Hkv == 0, "num_attention_heads (" + std::to_string(H) + ") must be a multiple of num_key_value_heads (" +
+                              std::to_string(Hkv) + ")");
+    require(r >= 0 && r % 2 == 0 && r <= Dh && r <= 512,
+            "the rotated width head_dim * partial_rotary_factor = " + std::to_string(r) + " must be even and in 0..min(head_dim, 512)");
+    require(rope_theta > 0, "rope_theta must be positive");
+  }
+  if (any_lin) {
+    require(K >= 1 && K <= 16, "linear_conv_kernel_dim must be in 1..16, got " + std::to_string(K));
+    require(dk > 0 && dv > 0 && nk > 0 && nv > 0, "linear_{key,value}_head_dim and linear_num_{key,value}_heads must be positive");
+    require(nv % nk == 0, "linear_num_value_heads (" + std::to_string(nv) + ") must be a multiple of linear_num_key_heads (" +
+                              std::to_string(nk) + ")");
+  }
+  require(I > 0, moe() ? "moe_intermediate_size must be positive" : "intermediate_size must be positive");
+  if (moe()) {
+    require(k >= 1 && k <= E, "num_experts_per_tok must be in 1..num_experts (" + std::to_string(E) + "), got " +
+                                  std::to_string(k));
+    require(Is > 0, "shared_expert_intermediate_size must be positive");
+  }
+  require(rms_eps > 0, "rms_norm_eps must be positive");
+}
+
+std::unique_ptr<Model> load(const Config& c, const WeightMap& w, int threads) {
+  c.validate();
+  auto mp = std::make_unique<Model>();
+  Model& m = *mp;
+  m.cfg = c;
+  m.threads = std::max(1, threads);
+  Loader ld{w, m, {}};
+  const int D = c.D, V = c.vocab;
+  m.embed = ld.get("embed_tokens.weight", {V, D});
+  m.norm = ld.norm1p("norm.weight", D);
+  m.head = c.tied ? ld.rows(m.embed, V, D) : ld.lin("lm_head.weight", V, D);
+  // Linears are referenced by jobs through their final addresses: layers are sized first
+  m.layers.resize(c.n_layers);
+  std::vector<Linear*> dsts{&m.head};
+  for (int l = 0; l < c.n_layers; ++l) {
+    LayerW& L = m.layers[l];
+    const std::string p = "layers." + std::to_string(l) + ".";
+    L.kind = c.layer_types[l];
+    L.in_norm = ld.norm1p(p + "input_layernorm.weight", D);
+    L.post_norm = ld.norm1p(p + "post_attention_layernorm.weight", D);
+    if (L.kind == Mixer::Linear) {
+      const std::string a = p + "linear_attn.";
+      const int cd = c.conv_dim(), vd = c.value_dim(), nv = c.nv, K = c.K;
+      GdnW& g = L.gdn;
+      g.qkv = ld.lin(a + "in_proj_qkv.weight", cd, D);
+      dsts.push_back(&g.qkv);
+      g.z = ld.lin(a + "in_proj_z.weight", vd, D);
+      dsts.push_back(&g.z);
+      g.b = ld.lin(a + "in_proj_b.weight", nv, D);
+      dsts.push_back(&g.b);
+      g.a = ld.lin(a + "in_proj_a.weight", nv, D);
+      dsts.push_back(&g.a);
+      // HF's [conv_dim, 1, K]; GGUF's squeezed [conv_dim, K] is the same bytes
+      const std::string cn = a + "conv1d.weight";
+      auto it = w.find(cn);
+      const float* cw = it != w.end() && it->second.shape == std::vector<int64_t>{cd, K} ? it->second.data
+                                                                                         : ld.get(cn, {cd, 1, K});
+      g.conv.resize((size_t)K * cd);
+      for (int ch = 0; ch < cd; ++ch)
+        for (int j = 0; j < K; ++j) g.conv[(size_t)j * cd + ch] = cw[(size_t)ch * K + j];
+      const float* dt = ld.get(a + "dt_bias", {nv});
+      const float* al = ld.get(a + "A_log", {nv});
+      g.dt_bias.assign(dt, dt + nv);
+      g.neg_A.resize(nv);
+      for (int h = 0; h < nv; ++h) g.neg_A[h] = (float)-std::exp((double)al[h]);
+      const float* gn = ld.get(a + "norm.weight", {c.dv});
+      g.norm.assign(gn, gn + c.dv);
+      g.out = ld.lin(a + "out_proj.weight", D, vd);
+      dsts.push_back(&g.out);
+    } else {
+      const std::string a = p + "self_attn.";
+      const int qd = c.H * c.Dh, kvd = c.Hkv * c.Dh;
+      AttnW& t = L.attn;
+      t.q = ld.lin(a + "q_proj.weight", 2 * qd, D);
+      dsts.push_back(&t.q);
+      t.k = ld.lin(a + "k_proj.weight", kvd, D);
+      dsts.push_back(&t.k);
+      t.v = ld.lin(a + "v_proj.weight", kvd, D);
+      dsts.push_back(&t.v);
+      t.o = ld.lin(a + "o_proj.weight", D, qd);
+      dsts.push_back(&t.o);
+      t.q_norm = ld.norm1p(a + "q_norm.weight", c.Dh);
+      t.k_norm = ld.norm1p(a + "k_norm.weight", c.Dh);
+      for (const char* bias : {"q_proj.bias", "k_proj.bias", "v_proj.bias", "o_proj.bias"})
+        if (ld.has(a + bias))
+          throw std::invalid_argument("weight '" + a + bias + "' is present but attention_bias is not supported");
+    }
+    const std::string f = p + "mlp.";
+    if (c.moe()) {
+      L.router = ld.lin(f + "gate.weight", c.E, D);
+      dsts.push_back(&L.router);
+      L.experts.resize(c.E);
+      const bool fused = ld.has(f + "experts.gate_up_proj");
+      const float* gu = fused ? ld.get(f + "experts.gate_up_proj", {c.E, 2 * c.I, D}) : nullptr;
+      const float* dn = fused ? ld.get(f + "experts.down_proj", {c.E, D, c.I}) : nullptr;
+      for (int e = 0; e < c.E; ++e) {
+        if (fused) {  // zero-copy row views of the 3-D tensors
+          const float* g0 = gu + (size_t)e * 2 * c.I * D;
+          L.experts[e] = ld.mlp(g0, g0 + (size_t)c.I * D, dn + (size_t)e * D * c.I, c.I, D);
+        } else {
+          L.experts[e] = ld.mlp_named(f + "experts." + std::to_string(e) + ".", c.I, D);
+        }
+        dsts.push_back(&L.experts[e].w13);
+        dsts.push_back(&L.experts[e].down);
+      }
+      L.shared = ld.mlp_named(f + "shared_expert.", c.Is, D);
+      dsts.push_back(&L.shared.w13);
+      dsts.push_back(&L.shared.down);
+      L.shared_gate = ld.lin(f + "shared_expert_gate.weight", 1, D);
+      dsts.push_back(&L.shared_gate);
+    } else {
+      L.shared = ld.mlp_named(f, c.I, D);
+      dsts.push_back(&L.shared.w13);
+      dsts.push_back(&L.shared.down);
+    }
+  }
+  if (dsts.size() != ld.jobs.size()) throw std::logic_error("qwen35 load: every packed matrix needs its destination");
+  for (size_t j = 0; j < dsts.size(); ++j) ld.jobs[j].dst = dsts[j];
+  // panels: one buffer per matrix, packed in parallel
+  m.arena.resize(ld.jobs.size());
+  for (size_t j = 0; j < ld.jobs.size(); ++j)
+    m.arena[j].reset(new float[packed_floats((int)ld.jobs[j].rows.size(), ld.jobs[j].dst->in)]);
+#pragma omp parallel for num_threads(m.threads) schedule(dynamic, 1)
+  for (size_t j = 0; j < ld.jobs.size(); ++j) {
+    pack_panels(ld.jobs[j].rows, ld.jobs[j].dst->in, m.arena[j].get());
+    ld.jobs[j].dst->p = m.arena[j].get();
+  }
+  // RoPE inverse frequencies as HF computes them: 1 / theta^(2i/r), the exponent in fp32
+  m.inv_freq.resize(c.r / 2);
+  for (int i = 0; i < c.r / 2; ++i) {
+    const float e = (float)(2 * i) / (float)c.r;
+    m.inv_freq[i] = 1.0f / (float)std::pow(c.rope_theta, (double)e);
+  }
+  return mp;
+}
+
+Cache::Cache(const Model& m) {
+  const Config& c = m.cfg;
+  layers.resize(c.n_layers);
+  for (int l = 0; l < c.n_layers; ++l)
+    if (c.layer_types[l] == Mixer::Linear) {
+      layers[l].conv.assign((size_t)std::max(c.K - 1, 0) * c.conv_dim(), 0.f);
+      layers[l].rec.assign((size_t)c.nv * c.dk * c.dv, 0.f);
+    }
+}
+
+}  // namespace cairn::qwen35

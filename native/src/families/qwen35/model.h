@@ -1,0 +1,133 @@
+// cairn kernel, Qwen3.5 family (qwen3_5 dense, qwen3_5_moe): config, weights and the forward pass.
+//
+// Design notes (docs/design/families.md §2-§4)
+//  * Hybrid stack: each layer is Gated DeltaNet ("linear_attention") or gated full attention, then
+//    a MoE (softmax top-k + a gated shared expert) or a dense SwiGLU MLP. All compute is fp32.
+//  * Weights are folded once at load so compute reads them as stored: every RMSNorm weight except
+//    the GDN output norm becomes 1+w (HF's `1.0 + w.float()`, the same fp32 bits), A_log becomes
+//    -exp(A_log) (in double, rounded once), conv1d is transposed to [K, conv_dim]. Matrices are
+//    packed into the shared panels (kernels.h `Linear`, packed.cpp) -- the product V4 uses, so the
+//    stored formats (codecs) apply here later.
+//  * Per-token state (Cache): every write is per token -- one conv row, one recurrence step, one
+//    K/V row -- so any split of a sequence into calls gives the same bits (no chunked delta rule).
+//    Step 5 turns Cache into a paged State with snapshots.
+//  * This file and the others of the folder, except bind_qwen35.cpp, do not include pybind11: the
+//    ISA harness (tests/native/test_isa_paths.py) compiles them as plain C++.
+#pragma once
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cairn/kernels.h"
+#include "cairn/model.h"
+
+namespace cairn::qwen35 {
+
+enum class Mixer : uint8_t { Linear = 0, Full = 1 };
+
+struct Config {
+  int vocab = 0, D = 0, n_layers = 0;
+  std::vector<Mixer> layer_types;
+  float rms_eps = 1e-6f;
+  bool tied = false;
+  // full attention
+  int H = 0, Hkv = 0, Dh = 0, r = 0;  // r: rotated channels (Dh * partial_rotary_factor, even)
+  double rope_theta = 1e7;
+  // Gated DeltaNet
+  int K = 0, dk = 0, dv = 0, nk = 0, nv = 0;
+  // MLP: E == 0 is the dense MLP of width I; else E routed experts (top k, width I) + a shared one (Is)
+  int E = 0, k = 0, I = 0, Is = 0;
+  int key_dim() const { return nk * dk; }
+  int value_dim() const { return nv * dv; }
+  int conv_dim() const { return 2 * key_dim() + value_dim(); }
+  bool moe() const { return E > 0; }
+  // Throws std::invalid_argument naming the field and what is allowed.
+  void validate() const;
+};
+
+struct GdnW {
+  Linear qkv, z, b, a;                    // [conv_dim, D] [value_dim, D] [nv, D] [nv, D]
+  std::vector<float> conv;                // [K, conv_dim] (conv1d.weight [conv_dim, 1, K] transposed)
+  std::vector<float> dt_bias, neg_A;      // [nv]: dt_bias, -exp(A_log)
+  std::vector<float> norm;                // [dv] gated output norm, plain w (not 1+w)
+  Linear out;                             // [D, value_dim]
+};
+
+struct AttnW {
+  Linear q, k, v, o;                      // [2*H*Dh, D] (query|gate per head) [Hkv*Dh, D] x2 [D, H*Dh]
+  std::vector<float> q_norm, k_norm;      // [Dh], folded 1+w
+};
+
+// SwiGLU MLP: gate and up fused (per 16-row panel: 16 gate rows, the same 16 up rows), as V4's w13.
+struct MlpW {
+  Linear w13;                             // [2*Ip, D], Ip = I rounded up to 16
+  Linear down;                            // [D, I]
+  int I = 0;
+};
+
+struct LayerW {
+  Mixer kind = Mixer::Linear;
+  std::vector<float> in_norm, post_norm;  // [D], folded 1+w
+  GdnW gdn;
+  AttnW attn;
+  // MoE
+  Linear router;                          // [E, D]
+  std::vector<MlpW> experts;              // [E]
+  MlpW shared;                            // shared expert (MoE) or the dense MLP
+  Linear shared_gate;                     // [1, D] (MoE only)
+};
+
+// A named float32 tensor the loader reads (row-major, the caller keeps it alive while loading and,
+// for the ones it says, for the model's life).
+struct TensorView {
+  const float* data = nullptr;
+  std::vector<int64_t> shape;
+};
+using WeightMap = std::map<std::string, TensorView>;
+
+// Immutable after load. Every matrix is packed into `arena`; `keep` holds the folded vectors.
+struct Model {
+  Config cfg;
+  int threads = 1;
+  const float* embed = nullptr;           // [V, D] row lookups (the caller's array)
+  std::vector<float> norm;                // [D], folded 1+w
+  Linear head;                            // [V, D] (embed_tokens when tied)
+  std::vector<LayerW> layers;
+  std::vector<float> inv_freq;            // [r/2]
+  std::vector<std::unique_ptr<float[]>> arena;  // packed panels
+};
+
+// Builds the model from canonical names (HF's without the `model.` / `model.language_model.`
+// prefix; experts per expert `mlp.experts.{e}.{gate,up,down}_proj.weight` or fused
+// `mlp.experts.gate_up_proj` [E, 2I, D] + `mlp.experts.down_proj` [E, D, I]). Throws
+// std::invalid_argument naming a missing or misshapen tensor and the shape expected. `embed`
+// (embed_tokens.weight) is used in place: it must outlive the model.
+std::unique_ptr<Model> load(const Config& c, const WeightMap& w, int threads);
+
+// What one sequence carries from call to call (step 5 pages it): per GDN layer the last K-1 raw
+// conv input rows and the recurrent state, per attention layer its K and V rows.
+struct LayerCache {
+  std::vector<float> conv;  // [K-1, conv_dim] pre-conv rows, oldest first (zero before the sequence)
+  std::vector<float> rec;   // [nv, dk, dv]
+  std::vector<float> k, v;  // [n, Hkv*Dh] each; K after k_norm and RoPE
+};
+struct Cache {
+  int64_t n = 0;  // tokens seen
+  std::vector<LayerCache> layers;
+  explicit Cache(const Model& m);
+};
+
+// Runs tokens[0..S) at positions cache.n.. and appends them to the cache; logits [S, V] (may be null).
+void forward(const Model& m, Cache& cache, const int32_t* tokens, int S, float* logits);
+
+// The pieces (one file each), x/y [S, D]; y is the block's output (the residual is added by forward).
+void gdn_block(const Model& m, int layer, LayerCache& lc, const float* x, int S, float* y);
+void attention_block(const Model& m, int layer, LayerCache& lc, int64_t pos0, const float* x, int S, float* y);
+void mlp_block(const Model& m, int layer, const float* x, int S, float* y);
+
+// 1/(1+e^-v) through the kernel's own exp (fexp): the same bits on every ISA, unlike libm's expf.
+inline float sigmoid(float v) { return 1.f / (1.f + fexp(-v)); }
+inline float silu(float v) { return v / (1.f + fexp(-v)); }
+}  // namespace cairn::qwen35
