@@ -291,7 +291,11 @@ async def test_codex_runs_a_tool_and_sends_its_output_back(loaded, tmp_path):
     home.mkdir(), work.mkdir()
     async with serving(loaded, tmp_path, reasoning="thinking") as (port, logs):
         # get_goal: a tool Codex runs itself that takes no arguments, so the forced call closes at once
-        proxy = ToolChoiceProxy(port, "/v1/responses", {"type": "function", "name": "get_goal"})
+        # Reasoning off on every request (as the Claude Code test does): the reasoning before a forced call is
+        # free text, unbounded for this random-weight model (it ran to ~8k tokens here); every request, so
+        # both turns share one mode and turn 2 still reads turn 1 from cache.
+        proxy = ToolChoiceProxy(port, "/v1/responses", {"type": "function", "name": "get_goal"},
+                                also={"reasoning": {"effort": "none"}})
         try:
             env = {**_base_env(home), "CODEX_HOME": str(codex_home(tmp_path, proxy.port))}
             await run(codex_cmd("What is the current goal?"), cwd=work, env=env)
