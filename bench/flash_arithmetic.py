@@ -33,7 +33,7 @@ GB = 1e9
 def flash_sizes() -> dict:
     from cairn.daemon.modelgen.flash_slice import _layer
     from cairn.daemon.modelgen.make_model import PRESETS, hf_config
-    from cairn.daemon.weights.model_dir import resolve_config
+    from cairn.daemon.weights.dsv4.config import resolve_config
     from cairn.daemon.weights.safetensors_io import DTYPES
     from cairn.daemon.service.memory_plan import StateCost, state_bytes
 

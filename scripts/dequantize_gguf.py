@@ -90,7 +90,8 @@ def dequantized_model_dir(gguf_path: str | Path, out_dir: str | Path) -> Path:
     from gguf import GGUFReader
 
     from cairn.daemon.modelgen.make_model import tokenizer_config
-    from cairn.daemon.weights.gguf_dir import _fields, config_from_metadata
+    from cairn.daemon.weights.dsv4.gguf import config_from_metadata
+    from cairn.daemon.weights.gguf_dir import _fields
     from cairn.daemon.weights.model_dir import map_weights, open_model_dir
     from cairn.daemon.weights.safetensors_io import write_file
 

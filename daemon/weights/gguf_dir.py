@@ -1,5 +1,6 @@
-"""GGUF files of DeepSeek-V4 as llama.cpp writes them (arch `deepseek4`), read into the same model
-description a model directory gives (model_dir.ModelDir; docs/model-format.md, "GGUF").
+"""GGUF files as llama.cpp writes them, read into the same model description a model directory gives
+(model_dir.ModelDir; docs/model-format.md, "GGUF"). The family (families.py, from
+general.architecture) maps the metadata and names: DeepSeek-V4's (arch `deepseek4`) in dsv4/gguf.py.
 
 Design notes
  * Parsing is the `gguf` package's (llama.cpp's own reader): metadata and the tensor table. Tensor bytes
@@ -14,7 +15,7 @@ Design notes
    matrix is stored exactly as in safetensors, and the routed experts, stacked by the converter into
    one [n_expert, out, in] tensor per projection and layer, are n_expert contiguous byte ranges: one
    view each (no copy, no transpose).
- * The config comes from the `deepseek4.*` metadata, mapped to the HF field names resolve_config reads,
+ * The config comes from the `<arch>.*` metadata, mapped to the HF field names resolve_config reads,
    so every default and check is the directory's. Float metadata is stored as float32: each value is
    read back as the shortest decimal that gives the same float32 (1e-06, not 9.99999997e-07), which is
    what a config.json written for the same model holds.
@@ -33,86 +34,17 @@ from pathlib import Path
 
 import numpy as np
 
-from . import ggml_types
-from .model_dir import (CSA, HCA, SLIDING, ModelDir, ModelDirError, check_tensors, hash_weight_files, log_ignored,
-                        resolve_config)
+from . import families, ggml_types
+from .errors import ModelDirError
+from .model_dir import ModelDir, check_tensors, hash_weight_files, log_ignored
 from .safetensors_io import TensorInfo
 from .weight_digest import DigestCache
 
-ARCH = "deepseek4"
 # GGML type name -> the dtype tag the kernel takes (safetensors_io.DTYPES; the block-quantized types
 # are ggml_types.SUPPORTED, tag `GGML:<TYPE>`).
 FLOAT_TYPES = {"F32": "F32", "F16": "F16", "BF16": "BF16"}
 INT_TYPES = {"I32": "I32", "I64": "I64"}   # the hash-routing table (ffn_gate_tid2eid)
 SPLIT_RE = re.compile(r"^(?P<stem>.*)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$")
-
-# llama.cpp tensor name -> canonical name (per layer: the part after `blk.N.` -> after `layers.N.`).
-_TOP = {
-    "token_embd.weight": "embed.weight",
-    "output_norm.weight": "norm.weight",
-    "output.weight": "head.weight",
-    "output_hc_fn.weight": "hc_head_fn",
-    "output_hc_base.weight": "hc_head_base",
-    "output_hc_scale.weight": "hc_head_scale",
-}
-_LAYER = {
-    "attn_norm.weight": "attn_norm.weight",
-    "ffn_norm.weight": "ffn_norm.weight",
-    "hc_attn_fn.weight": "hc_attn_fn",
-    "hc_attn_base.weight": "hc_attn_base",
-    "hc_attn_scale.weight": "hc_attn_scale",
-    "hc_ffn_fn.weight": "hc_ffn_fn",
-    "hc_ffn_base.weight": "hc_ffn_base",
-    "hc_ffn_scale.weight": "hc_ffn_scale",
-    "attn_sinks.weight": "attn.attn_sink",
-    "attn_q_a.weight": "attn.wq_a.weight",
-    "attn_q_a_norm.weight": "attn.q_norm.weight",
-    "attn_q_b.weight": "attn.wq_b.weight",
-    "attn_kv.weight": "attn.wkv.weight",
-    "attn_kv_a_norm.weight": "attn.kv_norm.weight",
-    "attn_output_a.weight": "attn.wo_a.weight",
-    "attn_output_b.weight": "attn.wo_b.weight",
-    "attn_compressor_kv.weight": "attn.compressor.wkv.weight",
-    "attn_compressor_gate.weight": "attn.compressor.wgate.weight",
-    "attn_compressor_ape.weight": "attn.compressor.ape",
-    "attn_compressor_norm.weight": "attn.compressor.norm.weight",
-    "indexer.proj.weight": "attn.indexer.weights_proj.weight",
-    "indexer.attn_q_b.weight": "attn.indexer.wq_b.weight",
-    "indexer_compressor_kv.weight": "attn.indexer.compressor.wkv.weight",
-    "indexer_compressor_gate.weight": "attn.indexer.compressor.wgate.weight",
-    "indexer_compressor_ape.weight": "attn.indexer.compressor.ape",
-    "indexer_compressor_norm.weight": "attn.indexer.compressor.norm.weight",
-    "ffn_gate_inp.weight": "ffn.gate.weight",
-    "exp_probs_b.bias": "ffn.gate.bias",
-    "ffn_gate_tid2eid.weight": "ffn.gate.tid2eid",
-    "ffn_gate_shexp.weight": "ffn.shared_experts.w1.weight",
-    "ffn_down_shexp.weight": "ffn.shared_experts.w2.weight",
-    "ffn_up_shexp.weight": "ffn.shared_experts.w3.weight",
-}
-# stacked routed experts [n_expert, out, in] -> per expert `ffn.experts.{e}.{w}.weight`
-_EXPERTS = {"ffn_gate_exps.weight": "w1", "ffn_down_exps.weight": "w2", "ffn_up_exps.weight": "w3"}
-# written by llama.cpp, not used by cairn: the MTP block (as `mtp.*` in a directory) and the vision
-# router bias of hash layers
-_IGNORED_LAYER = ("nextn.", "exp_probs_b_vl.")
-_CANON_TO_GGUF = {v: k for k, v in _TOP.items()}
-
-
-def gguf_name(canonical: str) -> str:
-    """Canonical name -> llama.cpp's (for messages)."""
-    if canonical in _CANON_TO_GGUF:
-        return _CANON_TO_GGUF[canonical]
-    m = re.match(r"layers\.(\d+)\.(.+)$", canonical)
-    if m:
-        rest = m.group(2)
-        e = re.match(r"ffn\.experts\.(\d+)\.(w[123])\.weight$", rest)
-        if e:
-            stacked = {w: k for k, w in _EXPERTS.items()}[e.group(2)]
-            return f"blk.{m.group(1)}.{stacked} (expert {e.group(1)})"
-        for k, v in _LAYER.items():
-            if v == rest:
-                return f"blk.{m.group(1)}.{k}"
-    return canonical
-
 
 def gguf_model_name(first: Path) -> str:
     """The model's name from its (first) file: the stem without `-0000K-of-0000N`."""
@@ -217,95 +149,6 @@ def _f32(x: float) -> float:
 
 
 # --------------------------------------------------------------------------------------------
-# config
-
-
-def config_from_metadata(meta: dict, where: str) -> dict:
-    """deepseek4.* metadata -> the HF config.json fields resolve_config reads."""
-    arch = meta.get("general.architecture")
-    if arch != ARCH:
-        raise ModelDirError(f"{where}: general.architecture is {arch!r}; cairn serves DeepSeek-V4 GGUF files "
-                            f"(architecture {ARCH!r}, as llama.cpp's converter writes them)")
-
-    def key(name: str, kind=(int,), default=None):
-        full = f"{ARCH}.{name}"
-        v = meta.get(full, default)
-        if v is None:
-            raise ModelDirError(f"{where}: metadata key {full!r} is missing")
-        if isinstance(v, bool) and bool not in kind or not isinstance(v, kind):
-            raise ModelDirError(f"{where}: metadata key {full!r} must be {' or '.join(k.__name__ for k in kind)}, "
-                                f"got {v!r}")
-        return v
-
-    num = (int, float)
-    n = key("block_count") - key("nextn_predict_layers", default=0)
-    ratios = key("attention.compress_ratios", (list,))
-    if len(ratios) < n:
-        raise ModelDirError(f"{where}: {ARCH}.attention.compress_ratios has {len(ratios)} entries for {n} layers")
-    kinds = {0: SLIDING, 4: CSA, 128: HCA}   # llama.cpp's: rate 4 has the indexer, 128 does not
-    bad = [r for r in ratios[:n] if r not in kinds]
-    if bad:
-        raise ModelDirError(f"{where}: {ARCH}.attention.compress_ratios has {bad[0]}; allowed: 0, 4, 128")
-    n_hash = key("hash_layer_count")
-    clamp = key("swiglu_clamp_exp", (list, int, float))
-    clamp = clamp if isinstance(clamp, list) else [clamp]
-    if len(set(clamp[:n])) != 1:
-        raise ModelDirError(f"{where}: {ARCH}.swiglu_clamp_exp differs between layers ({clamp}); cairn "
-                            "takes one swiglu_limit")
-    if key("expert_weights_norm", (bool,), True) is not True:
-        raise ModelDirError(f"{where}: {ARCH}.expert_weights_norm is false; DeepSeek-V4 normalises the top-k "
-                            "router weights")
-    gating = key("expert_gating_func")
-    if gating != 4:
-        raise ModelDirError(f"{where}: {ARCH}.expert_gating_func is {gating}; only 4 (sqrtsoftplus) is supported")
-    raw = {
-        "model_type": "deepseek_v4",
-        "vocab_size": len(meta.get("tokenizer.ggml.tokens") or []) or key("vocab_size"),
-        "hidden_size": key("embedding_length"),
-        "num_hidden_layers": n,
-        "num_attention_heads": key("attention.head_count"),
-        "head_dim": key("attention.key_length"),
-        "qk_rope_head_dim": key("rope.dimension_count"),
-        "q_lora_rank": key("attention.q_lora_rank"),
-        "o_groups": key("attention.output_group_count"),
-        "o_lora_rank": key("attention.output_lora_rank"),
-        "sliding_window": key("attention.sliding_window"),
-        "layer_types": [kinds[r] for r in ratios[:n]],
-        "mlp_layer_types": ["hash_moe" if i < n_hash else "moe" for i in range(n)],
-        "compress_rates": {CSA: 4, HCA: 128},
-        "rope_theta": key("rope.freq_base", num),
-        "compress_rope_theta": key("attention.compress_rope_freq_base", num),
-        "hc_mult": key("hyper_connection.count"),
-        "hc_sinkhorn_iters": key("hyper_connection.sinkhorn_iterations"),
-        "hc_eps": key("hyper_connection.epsilon", num),
-        "rms_norm_eps": key("attention.layer_norm_rms_epsilon", num),
-        "n_routed_experts": key("expert_count"),
-        "num_experts_per_tok": key("expert_used_count"),
-        "moe_intermediate_size": key("expert_feed_forward_length"),
-        "n_shared_experts": key("expert_shared_count"),
-        "routed_scaling_factor": key("expert_weights_scale", num),
-        "swiglu_limit": clamp[0],
-        "index_n_heads": key("attention.indexer.head_count"),
-        "index_head_dim": key("attention.indexer.key_length"),
-        "index_topk": key("attention.indexer.top_k"),
-        "max_position_embeddings": key("context_length"),
-        "bos_token_id": meta.get("tokenizer.ggml.bos_token_id", 0),
-        "eos_token_id": meta.get("tokenizer.ggml.eos_token_id", 1),
-    }
-    scaling = meta.get(f"{ARCH}.rope.scaling.type", "none")
-    if scaling == "yarn":   # the compress rope's YaRN (as the official rope_scaling); the main rope is plain
-        raw["rope_scaling"] = {
-            "rope_type": "yarn", "factor": key("rope.scaling.factor", num),
-            "original_max_position_embeddings": key("rope.scaling.original_context_length"),
-            "beta_fast": key("rope.scaling.yarn_beta_fast", num, 32.0),
-            "beta_slow": key("rope.scaling.yarn_beta_slow", num, 1.0),
-            "attention_factor": key("rope.scaling.yarn_attn_factor", num, 1.0)}
-    elif scaling != "none":
-        raise ModelDirError(f"{where}: {ARCH}.rope.scaling.type is {scaling!r}; allowed: 'yarn', 'none'")
-    return raw
-
-
-# --------------------------------------------------------------------------------------------
 # tokenizer
 
 # llama.cpp's pre-tokenizer names (tokenizer.ggml.pre) -> the Hugging Face pre-tokenizer it stands for
@@ -395,43 +238,36 @@ def _dtype_tag(file: Path, name: str, gtype: str, shape: tuple[int, ...]) -> str
     return tag
 
 
-def _tensor_infos(file: Path, reader, cfg: dict, tensors: dict[str, TensorInfo], ignored: list[int]) -> None:
-    """Add the file's tensors to `tensors` by canonical name (experts: one view per expert); count the
-    speculative heads' blocks past the last layer (MTP, a drafter) into ignored [tensors, bytes]."""
+def _tensor_infos(file: Path, reader, cfg: dict, tensors: dict[str, TensorInfo], ignored: list[int],
+                  family: families.WeightFamily) -> None:
+    """Add the file's tensors to `tensors` by canonical name (the family's mapping; stacked experts: one
+    view per expert); count the speculative heads' blocks past the last layer (MTP, a drafter) into
+    ignored [tensors, bytes]."""
     for t in reader.tensors:
         name = t.name
-        if name in _TOP:
-            canon = _TOP[name]
-        else:
-            m = re.match(r"blk\.(\d+)\.(.+)$", name)
-            if m is not None and int(m.group(1)) >= cfg["num_hidden_layers"]:
-                ignored[0] += 1
-                ignored[1] += int(t.n_bytes)
-                continue
-            if m is None or m.group(2).startswith(_IGNORED_LAYER):
-                continue   # not one of ours (a vision bias, a name llama.cpp added)
-            layer, rest = m.group(1), m.group(2)
-            canon = f"layers.{layer}.{_LAYER[rest]}" if rest in _LAYER else None
-            if canon is None and rest not in _EXPERTS:
-                continue
+        kind, canon, layer = family.gguf_tensor(name, cfg["num_hidden_layers"])
+        if kind == "ignored":
+            ignored[0] += 1
+            ignored[1] += int(t.n_bytes)
+            continue
+        if kind == "skip":
+            continue   # not one of ours (a vision bias, a name llama.cpp added)
         gtype = t.tensor_type.name
         shape = tuple(int(d) for d in reversed(t.shape.tolist()))   # ggml ne (fastest first) -> row-major
         tag = _dtype_tag(file, name, gtype, shape)
         start = int(t.data_offset)
-        if canon is not None:
+        if kind == "tensor":
             if canon in tensors:
                 raise ModelDirError(f"{file}: tensor {name!r} duplicates one in {tensors[canon].file.name}")
             tensors[canon] = TensorInfo(file, name, tag, shape, start, start + int(t.n_bytes))
             continue
-        w = _EXPERTS[rest]
-        E, I, D = cfg["n_routed_experts"], cfg["moe_intermediate_size"], cfg["hidden_size"]
-        want = (E, D, I) if w == "w2" else (E, I, D)
+        want, names = family.gguf_experts(cfg, layer, canon)
+        E = len(names)
         if shape != want:
             raise ModelDirError(f"{file}: tensor {name!r} has shape {list(shape)} (ggml ne {list(shape[::-1])}), "
                                 f"expected {list(want)} ([n_expert, out, in]) from the GGUF metadata")
         each = int(t.n_bytes) // E
-        for e in range(E):
-            canon = f"layers.{layer}.ffn.experts.{e}.{w}.weight"
+        for e, canon in enumerate(names):
             if canon in tensors:
                 raise ModelDirError(f"{file}: tensor {name!r} duplicates one in {tensors[canon].file.name}")
             tensors[canon] = TensorInfo(file, f"{name}[{e}]", tag, want[1:], start + e * each, start + (e + 1) * each)
@@ -453,15 +289,16 @@ def open_gguf(first: str | Path, *, digest_cache: str | Path | None = None, log=
     where = str(first)
     if len(files) > 1 or "split.count" in meta:
         _check_split(files, readers, meta)
-    cfg = resolve_config(config_from_metadata(meta, where), f"{where} (GGUF metadata)")
+    family = families.for_gguf(meta.get("general.architecture"), where)   # refused families stop here
+    cfg = family.resolve_config(family.gguf_config(meta, where), f"{where} (GGUF metadata)")
     tok = tokenizer_from_metadata(meta, where)
     tensors: dict[str, TensorInfo] = {}
     ignored = [0, 0]
     for f, r in zip(files, readers):
-        _tensor_infos(f, r, cfg, tensors, ignored)
+        _tensor_infos(f, r, cfg, tensors, ignored, family)
     log_ignored(log, *ignored, f"blk.{cfg['num_hidden_layers']}+")
     del readers   # their maps close: the kernel's views come from FileMaps (one map per file)
-    tensors = check_tensors(first, cfg, tensors, source="the GGUF metadata", spell=gguf_name)
+    tensors = check_tensors(first, cfg, tensors, source="the GGUF metadata", spell=family.gguf_name, family=family)
 
     template = meta.get("tokenizer.chat_template") or None
     tokens = meta["tokenizer.ggml.tokens"]
@@ -480,7 +317,8 @@ def open_gguf(first: str | Path, *, digest_cache: str | Path | None = None, log=
     h.update(hashlib.sha256(tok_json.encode()).digest())
     h.update(json.dumps([template, bos, eos]).encode())
     return ModelDir(path=first, config=cfg, tensors=tensors, fingerprint=h.hexdigest(), tokenizer_file=first,
-                    chat_template=template, bos_token=bos, eos_token=eos, tokenizer_json=tok_json)
+                    chat_template=template, bos_token=bos, eos_token=eos, tokenizer_json=tok_json,
+                    family=family.name)
 
 
 def _check_split(files: list[Path], readers: list, meta: dict) -> None:

@@ -134,7 +134,7 @@ _RAW = {"model_type": "deepseek_v4", "vocab_size": 512, "hidden_size": 64, "num_
 def test_resolve_config_reads_configs_as_hf_does(extra):
     from transformers import DeepseekV4Config
 
-    from cairn.daemon.weights.model_dir import resolve_config
+    from cairn.daemon.weights.dsv4.config import resolve_config
 
     raw = _RAW | extra
     ours = resolve_config(raw)

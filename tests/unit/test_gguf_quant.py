@@ -18,7 +18,7 @@ from gguf.quants import dequantize, quantize
 
 from cairn.daemon.modelgen.make_model import make_model
 from cairn.daemon.weights import ggml_types
-from cairn.daemon.weights.gguf_dir import gguf_name
+from cairn.daemon.weights.dsv4.gguf import gguf_name
 from cairn.daemon.weights.model_dir import ModelDirError, map_weights, open_model_dir
 from cairn.daemon.weights.safetensors_io import FileMaps
 

@@ -10,7 +10,9 @@ import numpy as np
 import pytest
 
 from cairn.daemon.modelgen.make_model import PRESETS, hf_config, make_model, make_weights
-from cairn.daemon.weights.model_dir import canonical_name, expected_shapes, map_weights, open_model_dir, resolve_config
+from cairn.daemon.weights.dsv4.config import resolve_config
+from cairn.daemon.weights.dsv4.names import canonical_name, expected_shapes
+from cairn.daemon.weights.model_dir import map_weights, open_model_dir
 from cairn.daemon.weights.safetensors_io import map_tensor, read_header, to_bf16_bits, write_file
 
 

@@ -225,7 +225,7 @@ def test_state_bytes_match_the_kernels_state_nbytes(tiny_model_dir):
 
 def test_per_token_cost_of_v4_flash_is_the_documented_13760_bytes():
     from cairn.daemon.modelgen.make_model import PRESETS, hf_config
-    from cairn.daemon.weights.model_dir import resolve_config
+    from cairn.daemon.weights.dsv4.config import resolve_config
 
     cost = StateCost.from_config(resolve_config(hf_config(PRESETS["flash-slice"])))
     assert abs(cost.per_token - 13760) < 16            # ../shared/docs/v4-architecture.md section 3

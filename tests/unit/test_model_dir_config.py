@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from cairn.daemon.modelgen.make_model import PRESETS, hf_config
-from cairn.daemon.weights.model_dir import CSA, HCA, SLIDING, ModelDirError, resolve_config
+from cairn.daemon.weights.dsv4.config import CSA, HCA, SLIDING, resolve_config
+from cairn.daemon.weights.model_dir import ModelDirError
 
 MINIMAL = {"model_type": "deepseek_v4", "vocab_size": 512, "hidden_size": 64, "num_hidden_layers": 4,
            "num_attention_heads": 4}

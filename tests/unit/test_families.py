@@ -1,0 +1,67 @@
+"""The family seam's Python half (issue 43; daemon/weights/families.py, daemon/protocol/families.py):
+a model's files name their family, DeepSeek-V4 is served through it unchanged, and Qwen3.5 is
+recognised and refused at load with its reason until the kernel runs it."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from cairn.daemon.weights import families
+from cairn.daemon.weights.model_dir import ModelDirError, open_model_dir
+
+REFUSED = "Qwen3.5 (issue 43): the kernel cannot run this family yet"
+
+
+def _config_only(path, cfg):
+    path.mkdir()
+    (path / "config.json").write_text(json.dumps(cfg))
+    return path
+
+
+@pytest.mark.parametrize("cfg", [
+    {"model_type": "qwen3_5", "hidden_size": 64},
+    {"model_type": "qwen3_5_moe_text", "hidden_size": 64},
+    # a conditional-generation checkpoint: the text model's type nested under text_config
+    {"model_type": "qwen3_5_moe_vl_someday", "text_config": {"model_type": "qwen3_5_moe_text"},
+     "vision_config": {}},
+], ids=["dense", "moe-text", "nested"])
+def test_a_qwen35_directory_is_recognised_and_refused_at_load(tmp_path, cfg):
+    d = _config_only(tmp_path / "q", cfg)
+    with pytest.raises(ModelDirError) as e:
+        open_model_dir(d)
+    assert REFUSED in str(e.value) and "config.json" in str(e.value)
+    with pytest.raises(ModelDirError, match="issue 43"):
+        families.for_config(cfg)
+
+
+def test_a_qwen35_gguf_is_recognised_and_refused_at_load(tmp_path):
+    import gguf
+
+    path = tmp_path / "q.gguf"
+    w = gguf.GGUFWriter(str(path), "qwen35moe")
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(ModelDirError) as e:
+        open_model_dir(path)
+    assert REFUSED in str(e.value) and "general.architecture 'qwen35moe'" in str(e.value)
+
+
+def test_an_unknown_model_type_names_what_is_served(tmp_path):
+    d = _config_only(tmp_path / "x", {"model_type": "llama"})
+    with pytest.raises(ModelDirError, match="model_type is 'llama'; cairn serves DeepSeek-V4 models"):
+        open_model_dir(d)
+
+
+def test_v4_models_are_the_deepseek_v4_family(tmp_path):
+    from cairn.daemon.modelgen.make_model import make_model
+
+    md = open_model_dir(make_model("tiny", 1, tmp_path / "t"))
+    assert md.family == "deepseek_v4" and "family" not in md.config   # the config is fingerprinted
+    fam = families.by_name(md.family)
+    assert fam.refused is None and fam.is_routed_expert("layers.0.ffn.experts.3.w1.weight")
+    assert not fam.is_routed_expert("layers.0.ffn.shared_experts.w1.weight")
+    assert fam.state_cost(md.config, 0).bytes_at(10) > 0
