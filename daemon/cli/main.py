@@ -8,9 +8,11 @@ import sys
 
 def _make_model(args: argparse.Namespace) -> int:
     from cairn.daemon.modelgen.make_model import PRESETS, make_model
+    from cairn.daemon.modelgen.qwen35 import PRESETS as QWEN35_PRESETS
 
-    if args.preset not in PRESETS:
-        print(f"cairn make-model: unknown preset {args.preset!r}; choose from {', '.join(PRESETS)}", file=sys.stderr)
+    if args.preset not in PRESETS and args.preset not in QWEN35_PRESETS:
+        print(f"cairn make-model: unknown preset {args.preset!r}; choose from "
+              f"{', '.join([*PRESETS, *QWEN35_PRESETS])}", file=sys.stderr)
         return 2
     try:
         out = make_model(args.preset, args.seed, args.out_dir, dtype=args.dtype,
@@ -36,7 +38,9 @@ def build_parser() -> argparse.ArgumentParser:
                          "structure at toy width: 43 layers, 256 experts, 48 shards with the drafter, ~70k tensors, "
                          "~40 MB: loader tests), flash-attn (V4-Flash's attention widths in fp32, small experts "
                          "and vocabulary: bench/depth.py), experts-fp4 (FP4, routed experts "
-                         "~95 %% of the weights: paged-expert tests)")
+                         "~95 %% of the weights: paged-expert tests); Qwen3.5 (issue 43, kernel support in progress): "
+                         "qwen35-tiny (dense, tied), qwen35moe-tiny, qwen35moe-tiny-cond (the release's "
+                         "conditional-generation layout), qwen35moe-tiny-fused (3-D experts)")
     mk.add_argument("--names", choices=["official", "hf"], default=None,
                     help="tensor spelling: official DeepSeek (scales W.scale) or HF's (model.…, W.weight_scale_inv); "
                          "default official for quantized presets, hf otherwise")

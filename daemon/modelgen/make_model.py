@@ -413,16 +413,16 @@ def _corpus(size_words: int) -> list[str]:
     return lines
 
 
-def make_tokenizer(vocab_size: int, texts=None, min_frequency: int = 1):
-    """Byte-level BPE with V4's special tokens (ids 0..), trained on `texts` (default: the synthetic
-    corpus); scripts/train_default_model.py trains the default model's on Python source."""
+def make_tokenizer(vocab_size: int, texts=None, min_frequency: int = 1, special_tokens=SPECIAL_TOKENS):
+    """Byte-level BPE with V4's special tokens (or `special_tokens`; ids 0..), trained on `texts` (default:
+    the synthetic corpus); scripts/train_default_model.py trains the default model's on Python source."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS, show_progress=False,
+        vocab_size=vocab_size, special_tokens=list(special_tokens), show_progress=False,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), min_frequency=min_frequency)
     if texts is None:
         texts = _corpus(200_000 if vocab_size > 1024 else 20_000)
@@ -458,8 +458,14 @@ def make_model(preset: str | Preset, seed: int, out_dir: str | os.PathLike, *, d
     by default official for quantized presets (as released), HF's otherwise. layers: N layers of the
     preset, from layer first_layer (default 0; without layers, through the last), renumbered from 0
     (flash-slice: layers required; its weights are always the official layout)."""
+    from . import qwen35
+
+    if isinstance(preset, qwen35.Qwen35Preset) or preset in qwen35.PRESETS:   # the Qwen3.5 family (issue 43)
+        if layers is not None or first_layer != 0 or official_names:
+            raise ValueError("Qwen3.5 presets take no --layers, --first-layer or official names")
+        return qwen35.make_qwen35(preset, seed, out_dir, dtype=dtype, shard_bytes=shard_bytes)
     if isinstance(preset, str) and preset not in PRESETS:
-        raise ValueError(f"unknown preset {preset!r}; choose from {', '.join(PRESETS)}")
+        raise ValueError(f"unknown preset {preset!r}; choose from {', '.join([*PRESETS, *qwen35.PRESETS])}")
     if dtype not in ("float32", "bfloat16", "float16"):
         raise ValueError(f"dtype must be float32, bfloat16 or float16, got {dtype!r}")
     p = PRESETS[preset] if isinstance(preset, str) else preset
