@@ -460,7 +460,7 @@ def make_model(preset: str | Preset, seed: int, out_dir: str | os.PathLike, *, d
     (flash-slice: layers required; its weights are always the official layout)."""
     from . import qwen35
 
-    if isinstance(preset, qwen35.Qwen35Preset) or preset in qwen35.PRESETS:   # the Qwen3.5 family (issue 43)
+    if isinstance(preset, qwen35.Qwen35Preset) or (isinstance(preset, str) and preset in qwen35.PRESETS):  # issue 43
         if layers is not None or first_layer != 0 or official_names:
             raise ValueError("Qwen3.5 presets take no --layers, --first-layer or official names")
         return qwen35.make_qwen35(preset, seed, out_dir, dtype=dtype, shard_bytes=shard_bytes)
