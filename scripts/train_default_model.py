@@ -138,9 +138,9 @@ def is_val(path: str) -> bool:
 
 def chat_examples(path: str, text: str, rng: np.random.Generator) -> list[str]:
     """Chat-format documents made from the file's documented functions, in the V4 encoding the daemon
-    renders (daemon/protocol/encoding_dsv4.py, thinking off): ask for a function by its summary and get its
+    renders (daemon/protocol/dsv4/encoding.py, thinking off): ask for a function by its summary and get its
     source; ask what a function does and get its docstring. This teaches the model the chat markers."""
-    from cairn.daemon.protocol import encoding_dsv4 as e
+    from cairn.daemon.protocol.dsv4 import encoding as e
 
     try:
         tree = ast.parse(text)

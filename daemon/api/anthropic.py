@@ -317,7 +317,7 @@ def _messages(v, dropped: list[str]) -> list[dict]:
             raise bad(f"{at}.role", f"expected user, assistant or system, got {role!r}")
         if role == "system":
             # Claude Code sends its environment block this way, after the first user message; how V4
-            # renders it: daemon/protocol/encoding_dsv4.py, docs/model-format.md ("Chat encoding")
+            # renders it: daemon/protocol/dsv4/encoding.py, docs/model-format.md ("Chat encoding")
             texts = _system_texts(m.get("content"), f"{at}.content", dropped)
             if texts:
                 out.append({"role": "system", "content": [{"type": "text", "text": t} for t in texts]})

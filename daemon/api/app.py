@@ -31,7 +31,7 @@ from .anthropic_reply import MessagesJSON, MessagesStream, send_anthropic_error
 from .cache_diagnostics import FingerprintTable, fingerprint, outcome, prepare
 from cairn.daemon.protocol.agent_protocol import AgentProtocol
 from cairn.daemon.protocol.chat import ChatTemplateError, continues_final
-from cairn.daemon.protocol.encoding_dsv4 import DSML
+from cairn.daemon.protocol.dsv4.encoding import DSML
 from cairn.daemon.protocol.reply_end import reply_end
 from cairn.daemon.protocol.reply_ids import keepable, parsed_key, replay, reply_marks
 from .asgi import BodyBytes, Coalesced, declared_length, read_body, send_error, send_json, too_large

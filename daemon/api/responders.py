@@ -15,7 +15,7 @@ from . import formats
 from .asgi import end_sse, send_comment, send_error, send_event, send_json, start_sse
 from .schemas import APIError
 from cairn.daemon.protocol.reply_end import ReplyEnd, end_reply
-from cairn.daemon.protocol.v4_output import Event, OutputParser
+from cairn.daemon.protocol.dsv4.output import Event, OutputParser
 
 
 class Responder:

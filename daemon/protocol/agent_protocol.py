@@ -10,7 +10,7 @@ from __future__ import annotations
 import threading
 
 from .constrain import ConstraintError, Grammars
-from .encoding_dsv4 import ChatOptions, resolve_mode
+from .dsv4.encoding import ChatOptions, resolve_mode
 from cairn.daemon.api.schemas import APIError
 
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from .encoding_dsv4 import SPECIAL_TOKENS
+from .dsv4.encoding import SPECIAL_TOKENS
 
 ROLES = ("system", "user", "assistant", "tool")
 # OpenAI's newer name for the system role (Codex and the openai SDK send it). It is the system role
@@ -292,7 +292,7 @@ def _check_tool_calls(calls, at: str) -> list[dict]:
 
 
 def _check_arguments_json(args: str, where: str) -> None:
-    """The encoder parses a JSON-string `arguments` (encoding_dsv4.dsml_arguments): what the body's
+    """The encoder parses a JSON-string `arguments` (dsv4.encoding.dsml_arguments): what the body's
     own checks (api/schemas.py) refuse must be refused inside this string too."""
     try:
         parsed = json.loads(args)

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .chat import ChatRenderer, ChatTemplateError, RenderedChat, canonical_roles, check_messages, check_tools
-from .encoding_dsv4 import ChatOptions, EncodingError, effort_variant_for, encode
+from .dsv4.encoding import ChatOptions, EncodingError, effort_variant_for, encode
 
 
 class V4Renderer:

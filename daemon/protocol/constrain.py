@@ -23,7 +23,7 @@ import threading
 
 import numpy as np
 
-from .encoding_dsv4 import DSML, END_THINK
+from .dsv4.encoding import DSML, END_THINK
 
 
 # JSON as json.dumps writes it (the V4 encoder renders JSON values so) and no free whitespace: a

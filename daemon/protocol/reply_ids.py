@@ -19,7 +19,7 @@ Here, instead:
 
 The key: sha256 of the message's content text (text parts joined as the encoder joins them),
 reasoning text, and per tool call its id, name and arguments as the encoder reads them
-(`encoding_dsv4.dsml_arguments`: a JSON-object string parsed, keys in their order; anything else
+(`dsv4.encoding.dsml_arguments`: a JSON-object string parsed, keys in their order; anything else
 kept raw). So a message that would render differently has another key, and one byte of difference
 in content, reasoning, an id, a name or an argument value misses. A miss is only a miss: the
 prompt is the tokenized text, as without the table.
@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from typing import Iterable, Sequence
 
 from .chat import join_parts
-from .encoding_dsv4 import END_THINK, EOS, dsml_arguments, render_tool_calls
+from .dsv4.encoding import END_THINK, EOS, dsml_arguments, render_tool_calls
 
 KEY_VERSION = "cairn-reply-v1"
 ENTRY_OVERHEAD = 256          # bytes an entry costs besides its ids (key, record, table slot)
@@ -85,7 +85,7 @@ def message_key(m: dict) -> bytes:
 
 
 def parsed_key(parsed, omit_reasoning: bool = False) -> bytes:
-    """The key of a reply as the output parser read it (v4_output.Parsed): what every API returns
+    """The key of a reply as the output parser read it (dsv4.output.Parsed): what every API returns
     (without the reasoning where the API omitted it: Anthropic's `thinking.display: "omitted"`)."""
     return reply_key(parsed.content, "" if omit_reasoning else parsed.reasoning,
                      [(c.id, c.name, c.arguments) for c in parsed.tool_calls])
@@ -173,7 +173,7 @@ def reply_marks(tokenizer, renderer) -> Marks | None:
     """The ids of `tokenizer`, when `renderer` is V4's own encoding (the rendering `replay` checks
     against) and the vocabulary has every one; else None: no replay."""
     from .chat_encoding import V4Renderer
-    from .encoding_dsv4 import ASSISTANT, THINK
+    from .dsv4.encoding import ASSISTANT, THINK
 
     if not isinstance(renderer, V4Renderer):
         return None

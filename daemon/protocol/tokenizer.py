@@ -36,7 +36,7 @@ from itertools import accumulate
 import numpy as np
 
 from cairn.actors.checkpoints.turns import TemplateMarkers, markers_from_vocab
-from cairn.daemon.protocol.encoding_dsv4 import DSML, END_THINK, THINK
+from cairn.daemon.protocol.dsv4.encoding import DSML, END_THINK, THINK
 
 from cairn.daemon.service.logs import get_logger
 from cairn.daemon.weights.model_dir import ModelDir, ModelDirError
@@ -58,7 +58,7 @@ def _byte_level_alphabet() -> dict[str, int]:
 
 
 _ALPHABET = _byte_level_alphabet()
-# The control tokens a reply may carry as text: the output parser reads them (daemon/protocol/v4_output.py).
+# The control tokens a reply may carry as text: the output parser reads them (daemon/protocol/dsv4/output.py).
 REPLY_MARKERS = frozenset({THINK, END_THINK, DSML})
 
 

@@ -8,7 +8,7 @@ import pytest
 import trio
 from structlog.testing import capture_logs
 
-from cairn.daemon.protocol.encoding_dsv4 import ChatOptions
+from cairn.daemon.protocol.dsv4.encoding import ChatOptions
 from daemon_harness import daemon, fake_loaded, request
 
 CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}

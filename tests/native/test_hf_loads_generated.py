@@ -16,7 +16,7 @@ from hf_oracle import torch  # noqa: F401  (a missing oracle is an ImportError t
 from transformers import AutoTokenizer, DeepseekV4ForCausalLM, DynamicCache  # noqa: E402
 
 from cairn.daemon.protocol.chat_encoding import choose_renderer  # noqa: E402
-from cairn.daemon.protocol.encoding_dsv4 import ChatOptions  # noqa: E402
+from cairn.daemon.protocol.dsv4.encoding import ChatOptions  # noqa: E402
 from cairn.daemon.modelgen.make_model import _corpus, make_model  # noqa: E402
 from cairn.daemon.weights.model_dir import open_model_dir  # noqa: E402
 from cairn.daemon.protocol.tokenizer import TextTokenizer  # noqa: E402

@@ -14,7 +14,7 @@ from cairn.daemon.api.anthropic import check_context, error_body, parse_count_to
 from cairn.daemon.api.anthropic_reply import MessagesJSON, MessagesStream
 from cairn.daemon.api.schemas import APIError, parse_chat
 from cairn.daemon.protocol.chat_encoding import V4Renderer
-from cairn.daemon.protocol.encoding_dsv4 import ChatOptions
+from cairn.daemon.protocol.dsv4.encoding import ChatOptions
 from cairn.daemon.service.logs import get_logger
 
 D = "｜DSML｜"

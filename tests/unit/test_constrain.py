@@ -9,10 +9,10 @@ import pytest
 
 from cairn.daemon.protocol.agent_protocol import AgentProtocol
 from cairn.daemon.protocol.constrain import Grammars
-from cairn.daemon.protocol.encoding_dsv4 import ChatOptions
+from cairn.daemon.protocol.dsv4.encoding import ChatOptions
 from cairn.daemon.api.schemas import APIError, parse_chat
 from cairn.daemon.protocol.tokenizer import TextTokenizer
-from cairn.daemon.protocol.v4_output import parse_all
+from cairn.daemon.protocol.dsv4.output import parse_all
 
 READ = {"type": "function", "function": {"name": "read", "parameters": {"type": "object", "properties": {
     "path": {"type": "string", "maxLength": 6}, "n": {"type": "integer", "minimum": 0, "maximum": 50},

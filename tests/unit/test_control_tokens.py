@@ -17,7 +17,7 @@ from cairn.daemon.api.app import API
 from cairn.daemon.api.schemas import parse_chat
 from cairn.daemon.protocol.chat import ChatRenderer
 from cairn.daemon.protocol.chat_encoding import V4Renderer
-from cairn.daemon.protocol.encoding_dsv4 import ChatOptions
+from cairn.daemon.protocol.dsv4.encoding import ChatOptions
 from cairn.daemon.protocol.tokenizer import REPLY_MARKERS, StreamDecoder, TextTokenizer
 from cairn.daemon.service.logs import get_logger
 

@@ -9,7 +9,7 @@ import pytest
 
 from cairn.daemon.protocol.chat import ChatTemplateError
 from cairn.daemon.protocol.chat_encoding import V4Renderer, choose_renderer
-from cairn.daemon.protocol.encoding_dsv4 import ChatOptions, encode, render_tool_calls, resolve_mode
+from cairn.daemon.protocol.dsv4.encoding import ChatOptions, encode, render_tool_calls, resolve_mode
 
 BOS, EOS, U, A = "<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", "<｜User｜>", "<｜Assistant｜>"
 D = "｜DSML｜"

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from cairn.daemon.protocol.chat import ChatTemplateError
-from cairn.daemon.protocol.encoding_dsv4 import ChatOptions
+from cairn.daemon.protocol.dsv4.encoding import ChatOptions
 from cairn.daemon.protocol.qwen35.grammar import Qwen35Grammars
 from cairn.daemon.protocol.qwen35.markers import CONTROL_TEXTS, IM_END
 from cairn.daemon.protocol.qwen35.output import OutputParser, parse_all

@@ -9,7 +9,7 @@ import pytest
 
 from cairn.actors.engine.messages import Done, Usage
 from cairn.daemon.protocol.reply_end import ReplyEnd, end_reply, reply_end
-from cairn.daemon.protocol.v4_output import OutputParser
+from cairn.daemon.protocol.dsv4.output import OutputParser
 
 D = "｜DSML｜"
 TOOLS = [{"type": "function", "function": {"name": "read", "parameters": {"type": "object", "properties": {

@@ -16,12 +16,12 @@ from cairn.daemon.api.responses import parse_responses
 from cairn.daemon.api.responses_reply import ResponsesJSON, ResponsesStream
 from cairn.daemon.api.schemas import parse_chat
 from cairn.daemon.protocol.chat_encoding import V4Renderer
-from cairn.daemon.protocol.encoding_dsv4 import ChatOptions
+from cairn.daemon.protocol.dsv4.encoding import ChatOptions
 from cairn.daemon.protocol.reply_end import reply_end
 from cairn.daemon.protocol.reply_ids import (ENTRY_OVERHEAD, ReplyTable, keepable, message_key, parsed_key,
                                              replay, reply_key, reply_marks)
 from cairn.daemon.protocol.tokenizer import TextTokenizer
-from cairn.daemon.protocol.v4_output import OutputParser
+from cairn.daemon.protocol.dsv4.output import OutputParser
 from cairn.daemon.service.logs import get_logger
 
 D = "｜DSML｜"

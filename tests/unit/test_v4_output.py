@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from cairn.daemon.protocol.v4_output import OutputParser, parse_all
+from cairn.daemon.protocol.dsv4.output import OutputParser, parse_all
 
 D = "｜DSML｜"
 TOOLS = [{"type": "function", "function": {"name": "read", "parameters": {"type": "object", "properties": {

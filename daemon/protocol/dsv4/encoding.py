@@ -179,7 +179,7 @@ def _tool_call_pieces(calls: list[dict]) -> list[tuple[str, bool]]:
 
 def _text(content, where: str) -> str:
     """A message's text: its parts joined as the template path joins them (chat.join_parts)."""
-    from .chat import join_parts
+    from ..chat import join_parts
 
     return join_parts(_parts(content, where))
 

@@ -30,7 +30,7 @@ import re
 import secrets
 from dataclasses import dataclass, field
 
-from .encoding_dsv4 import DSML, END_THINK, INVOKE_CLOSE, PARAM_CLOSE, TOOL_CALLS_CLOSE, TOOL_CALLS_OPEN
+from .encoding import DSML, END_THINK, INVOKE_CLOSE, PARAM_CLOSE, TOOL_CALLS_CLOSE, TOOL_CALLS_OPEN
 
 _INVOKE_OPEN = f"<{DSML}invoke name=\""
 _PARAM_OPEN = f"<{DSML}parameter name=\""

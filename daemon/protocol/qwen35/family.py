@@ -7,7 +7,7 @@ Not served yet (issue 43): nothing in the daemon reads this object today.
 from __future__ import annotations
 
 from ..chat_encoding import Choice
-from ..encoding_dsv4 import resolve_mode as _resolve_mode
+from ..dsv4.encoding import resolve_mode as _resolve_mode
 from .grammar import Qwen35Grammars
 from .markers import CALL_OPENER, END_THINK, REPLY_MARKERS, THINK
 from .output import OutputParser

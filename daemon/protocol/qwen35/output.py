@@ -1,6 +1,6 @@
 """What Qwen3.5 writes -> OpenAI message parts: reasoning, content, tool calls. Pure, incremental.
 
-The same contract as V4's parser (daemon/protocol/v4_output.py): one `feed`/`finish` path for the
+The same contract as V4's parser (daemon/protocol/dsv4/output.py): one `feed`/`finish` path for the
 streamed and the whole reply, the same `Event` stream and `Parsed` result, so the responders and
 reply_end read either family alike.
 
@@ -33,7 +33,7 @@ import json
 import re
 import secrets
 
-from ..v4_output import Event, Parsed, ToolCall
+from ..dsv4.output import Event, Parsed, ToolCall
 from .markers import END_THINK, FUNCTION_CLOSE, FUNCTION_OPEN, PARAM_CLOSE, PARAM_OPEN, TOOL_CALL, TOOL_CALL_CLOSE
 
 _FUNCTION_RE = re.compile(r"\s*<function=([^>\n]*)>")
