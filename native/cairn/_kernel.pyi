@@ -105,6 +105,32 @@ class Model:
         An exact upper bound (the record is reserved at this size); about 1 MB per token at
         V4-Flash width, half of it logits."""
 
+class Qwen35Model:
+    """Immutable Qwen3.5 text model (qwen3_5 dense or qwen3_5_moe), fp32; in progress (issue 43 step 4):
+    a whole sequence from an empty state, no State or snapshots yet.
+
+    config: HF's config dict (a nested 'text_config' is used when present; layer_types or
+    full_attention_interval). weights: canonical name -> float32 array (or (array, "F32")): HF's names
+    without 'model.' / 'model.language_model.'; experts per expert or fused 3-D
+    ('layers.L.mlp.experts.gate_up_proj' [E, 2I, D], '.down_proj' [E, D, I]); lm_head.weight unless tied.
+    A missing or misshapen tensor raises ValueError naming it and the expected shape. threads=0: all cores."""
+    def __init__(self, config: dict, weights: dict[str, np.ndarray | tuple[np.ndarray, str]],
+                 threads: int = 0) -> None: ...
+    def forward(self, ids: npt.NDArray[np.int32], *, chunk: int = 0) -> npt.NDArray[np.float32]:
+        """Logits [S, V] of every position of ids [S]. chunk > 0 feeds calls of that many tokens,
+        carrying the per-token state between them: the same bits as one call. Runs without the GIL."""
+    @property
+    def vocab_size(self) -> int: ...
+    @property
+    def n_layers(self) -> int: ...
+    @property
+    def threads(self) -> int: ...
+    @property
+    def is_moe(self) -> bool: ...
+    @property
+    def layer_types(self) -> list[str]:
+        """'linear_attention' (Gated DeltaNet) or 'full_attention' per layer."""
+
 class Snapshot:
     """Immutable snapshot of a State: a copy of the used part of its tail (window ring rows,
     compressor buffer slots and overlaps, tokens, logits) and references to its page groups of

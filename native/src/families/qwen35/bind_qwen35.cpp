@@ -51,7 +51,8 @@ Config parse_config(const py::dict& top) {
   c.D = get<int>(d, "hidden_size");
   c.n_layers = get<int>(d, "num_hidden_layers");
   c.rms_eps = get_or<float>(d, "rms_norm_eps", 1e-6f);
-  c.tied = get_or<bool>(d, "tie_word_embeddings", get_or<bool>(top, "tie_word_embeddings", false));
+  // the checkpoint's own (top-level) flag decides when the text part is nested, as HF ties at the top
+  c.tied = get_or<bool>(top, "tie_word_embeddings", get_or<bool>(d, "tie_word_embeddings", false));
   const std::string act = get_or<std::string>(d, "hidden_act", "silu");
   if (act != "silu") throw py::value_error("Qwen3.5 config: hidden_act '" + act + "' is not supported (silu only)");
   if (get_or<bool>(d, "attention_bias", false))
