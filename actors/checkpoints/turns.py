@@ -4,9 +4,10 @@ Pure: token ids in, positions out; no tokenizer, no trio.
 
 Design notes
  * A chat template writes each message's start as a special token (DeepSeek: `<｜User｜>`,
-   `<｜Assistant｜>`, `<｜tool▁outputs▁begin｜>`); the tokenizer matches special-token text before
-   its BPE model, so the marker is always a token of its own and the position just before it is a
-   token boundary, whether the ids were rendered by the daemon, by a client, or sent as text.
+   `<｜Assistant｜>`, `<｜tool▁outputs▁begin｜>`; the family names them: daemon/protocol/families.py);
+   the tokenizer matches special-token text before its BPE model, so the marker is always a token of
+   its own and the position just before it is a token boundary, whether the ids were rendered by
+   the daemon, by a client, or sent as text.
  * Two boundaries are worth a checkpoint:
      system_end  the first message start: BOS + system + tools end there, shared by every
                  conversation with that system part (the same position as the chat hint);
@@ -26,10 +27,6 @@ import numpy as np
 
 from .disk_format import as_tokens
 
-# DeepSeek-V4's chat template (daemon/modelgen/make_model.py writes the same one for generated models).
-USER_MARKER = "<｜User｜>"
-MESSAGE_START_MARKERS = (USER_MARKER, "<｜Assistant｜>", "<｜tool▁outputs▁begin｜>")
-
 
 @dataclass(frozen=True, slots=True)
 class TemplateMarkers:
@@ -47,12 +44,13 @@ class TurnBoundaries:
 NO_BOUNDARIES = TurnBoundaries(None, None)
 
 
-def markers_from_vocab(token_to_id) -> TemplateMarkers | None:
-    """The markers a tokenizer knows (``token_to_id(text) -> int | None``); None without any."""
-    starts = tuple(i for i in (token_to_id(t) for t in MESSAGE_START_MARKERS) if i is not None)
+def markers_from_vocab(token_to_id, message_starts: Sequence[str], user: str) -> TemplateMarkers | None:
+    """The markers a tokenizer knows (``token_to_id(text) -> int | None``) of a family's message-start
+    texts (DeepSeek-V4's: daemon/protocol/dsv4/family.py); None without any."""
+    starts = tuple(i for i in (token_to_id(t) for t in message_starts) if i is not None)
     if not starts:
         return None
-    return TemplateMarkers(starts, token_to_id(USER_MARKER))
+    return TemplateMarkers(starts, token_to_id(user))
 
 
 def turn_boundaries(prompt: Sequence[int] | np.ndarray, markers: TemplateMarkers | None) -> TurnBoundaries:

@@ -170,7 +170,8 @@ class MessagesJSON(Responder):
     def __init__(self, api, rid: str, req, n_prompt: int, thinking: bool = False, diagnostics: dict | None = None
                  ) -> None:
         super().__init__(api, rid)
-        self.parser = reply_parser(thinking, req.callable_tools, new_id=new_tool_id)
+        self.parser = reply_parser(thinking, req.callable_tools, new_id=new_tool_id,
+                                   chat=getattr(api, "chat", None))
         self.blocks = Blocks(omit_thinking=omits_thinking(req))
         self.omits_reasoning = self.blocks.omit_thinking   # what the reply table keys on (api/app.py)
         self.diagnostics = diagnostics
@@ -204,7 +205,8 @@ class MessagesStream(StreamProgress):
                  ) -> None:
         super().__init__(api, rid)
         self.n_prompt = n_prompt
-        self.parser = reply_parser(thinking, req.callable_tools, new_id=new_tool_id)
+        self.parser = reply_parser(thinking, req.callable_tools, new_id=new_tool_id,
+                                   chat=getattr(api, "chat", None))
         self.blocks = Blocks(omit_thinking=omits_thinking(req))
         self.omits_reasoning = self.blocks.omit_thinking   # what the reply table keys on (api/app.py)
         self.diagnostics = diagnostics     # on message_start, as Anthropic sends it

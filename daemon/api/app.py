@@ -23,7 +23,6 @@ from cairn.actors.engine.messages import (Cancel, CancelAck, Done, Failed, Progr
 from cairn.actors.engine.replies import STALL_S
 from cairn.actors.engine import spans as decode_spans
 from cairn.actors.engine.trace import RequestTrace
-from cairn.actors.checkpoints.turns import turn_boundaries
 
 from . import anthropic, worker_info
 from .access import api_key_matches, loopback_host, operator_endpoint, x_api_key_matches
@@ -31,7 +30,7 @@ from .anthropic_reply import MessagesJSON, MessagesStream, send_anthropic_error
 from .cache_diagnostics import FingerprintTable, fingerprint, outcome, prepare
 from cairn.daemon.protocol.agent_protocol import AgentProtocol
 from cairn.daemon.protocol.chat import ChatTemplateError, continues_final
-from cairn.daemon.protocol.dsv4.encoding import DSML
+from cairn.daemon.protocol.families import chat_family
 from cairn.daemon.protocol.reply_end import reply_end
 from cairn.daemon.protocol.reply_ids import keepable, parsed_key, replay, reply_marks
 from .asgi import BodyBytes, Coalesced, declared_length, read_body, send_error, send_json, too_large
@@ -49,9 +48,11 @@ class API:
     def __init__(self, *, inbox: trio.MemorySendChannel, tokenizer, renderer, model_id: str,
                  context_length: int, vocab_size: int, max_tokens_default: int | None, fingerprint: str,
                  log, api_key: str | None = None, metrics=None, status=None, checkpoints=None,
-                 reasoning: str = "chat", replies=None, fingerprints=None, body_bytes: int | None = None) -> None:
+                 reasoning: str = "chat", replies=None, fingerprints=None, body_bytes: int | None = None,
+                 chat=None) -> None:
         self.inbox = inbox
         self.tok = tokenizer
+        self.chat = chat if chat is not None else chat_family()   # the model family's chat half (V4's by default)
         self.renderer = renderer
         self.model_id = model_id
         self.ctx = context_length
@@ -371,11 +372,11 @@ class API:
                           prep=prep)
 
     def _no_tool_calls(self, req) -> tuple[int, ...]:
-        """tool_choice "none" with tools offered: the token that opens V4's call block is banned."""
+        """tool_choice "none" with tools offered: the token that opens the family's call block is banned."""
         if not req.tools or req.callable_tools is not None:
             return ()
-        dsml = self.tok.token_to_id(DSML)
-        return () if dsml is None else (dsml,)
+        opener = self.tok.token_to_id(self.chat.call_opener)
+        return () if opener is None else (opener,)
 
     def _render_chat(self, req, options=None, prompt_param: str = "messages"):
         """Chat -> token ids, the system-prefix boundary as a token count (checkpoint hint), where the
@@ -558,7 +559,7 @@ class API:
         # Capture candidates from the template's markers, for every endpoint (chat, ids, text): the
         # same conversation captures at the same positions however it is sent. `ids` are Python ints
         # already (validated JSON ints or the tokenizer's), so tuple() needs no per-id int().
-        turns = turn_boundaries(ids, self.markers)
+        turns = self.chat.turn_boundaries(ids, self.markers)
         # a chat reply whose ids the next turn can replay: Done carries them, the reply's end is captured
         opener = self._reply_opener(ids, turn_end) if chat else None
         submit = Submit(rid, tuple(ids), turns.system_end if hint is None else hint, sampling,

@@ -15,7 +15,8 @@ from . import formats
 from .asgi import end_sse, send_comment, send_error, send_event, send_json, start_sse
 from .schemas import APIError
 from cairn.daemon.protocol.reply_end import ReplyEnd, end_reply
-from cairn.daemon.protocol.dsv4.output import Event, OutputParser
+from cairn.daemon.protocol.dsv4.output import Event, OutputParser   # Event: every family's parser emits it
+from cairn.daemon.protocol.families import chat_family
 
 
 class Responder:
@@ -59,10 +60,12 @@ def chat_finish(end: ReplyEnd) -> str:
     return CHAT_FINISH[end.finish]
 
 
-def reply_parser(thinking: bool, tools: list | None, **kw) -> OutputParser:
+def reply_parser(thinking: bool, tools: list | None, *, chat=None, **kw) -> OutputParser:
     """The parser every API responder reads: a tool call's events only once its invoke closed, so no
-    reply, streamed or not, carries a call that was then cut off (reply_end)."""
-    return OutputParser(thinking=thinking, tools=tools, whole_calls=True, **kw)
+    reply, streamed or not, carries a call that was then cut off (reply_end). chat: the model family's
+    chat half (API.chat; None: DeepSeek-V4's) whose OutputParser reads what the model writes."""
+    cls = (chat if chat is not None else chat_family()).OutputParser
+    return cls(thinking=thinking, tools=tools, whole_calls=True, **kw)
 
 
 def _warn(api, rid: str, parser: OutputParser) -> None:
@@ -102,7 +105,7 @@ class ChatJSON(Responder):
         super().__init__(api, rid)
         self.req = req
         self.thinking = thinking
-        self.parser = reply_parser(thinking, req.callable_tools)
+        self.parser = reply_parser(thinking, req.callable_tools, chat=getattr(api, "chat", None))
         self.logprobs: list | None = [] if req.logprobs else None
         self.routed = ContentLogprobs()
 
@@ -140,7 +143,7 @@ class ChatStream(StreamProgress):
         super().__init__(api, rid)
         self.req = req
         self.created = int(time.time())
-        self.parser = reply_parser(thinking, req.callable_tools)
+        self.parser = reply_parser(thinking, req.callable_tools, chat=getattr(api, "chat", None))
         self.routed = ContentLogprobs()
 
     def _chunk(self, delta, **kw) -> dict:

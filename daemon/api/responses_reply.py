@@ -198,7 +198,7 @@ class _Base:
         self.req = req
         self.diagnostics = diagnostics
         self.created = int(time.time())
-        self.parser = reply_parser(thinking, req.chat.callable_tools)
+        self.parser = reply_parser(thinking, req.chat.callable_tools, chat=getattr(api, "chat", None))
         self.builder = ReplyBuilder(req)
         self.reasoning_tokens = 0
 

@@ -35,8 +35,9 @@ from itertools import accumulate
 
 import numpy as np
 
-from cairn.actors.checkpoints.turns import TemplateMarkers, markers_from_vocab
-from cairn.daemon.protocol.dsv4.encoding import DSML, END_THINK, THINK
+from cairn.actors.checkpoints.turns import TemplateMarkers
+from cairn.daemon.protocol.dsv4.family import CHAT as DSV4_CHAT
+from cairn.daemon.protocol.families import chat_family
 
 from cairn.daemon.service.logs import get_logger
 from cairn.daemon.weights.model_dir import ModelDir, ModelDirError
@@ -58,14 +59,16 @@ def _byte_level_alphabet() -> dict[str, int]:
 
 
 _ALPHABET = _byte_level_alphabet()
-# The control tokens a reply may carry as text: the output parser reads them (daemon/protocol/dsv4/output.py).
-REPLY_MARKERS = frozenset({THINK, END_THINK, DSML})
+# The control tokens a V4 reply may carry as text: the output parser reads them (daemon/protocol/dsv4/
+# output.py). Another family's are its ChatFamily's reply_markers.
+REPLY_MARKERS = DSV4_CHAT.reply_markers
 
 
 class TextTokenizer:
     def __init__(self, tokenizer, bos_token: str = "", eos_token: str = "",
-                 bos_id: int | None = None, eos_id: int | None = None):
+                 bos_id: int | None = None, eos_id: int | None = None, chat=None):
         self._tok = tokenizer
+        self.chat = chat if chat is not None else DSV4_CHAT   # the model family's chat half (families.py)
         self.vocab_size: int = tokenizer.get_vocab_size(with_added_tokens=True)
         self.bos_id: int = self._id_of(bos_token, bos_id, "bos")
         self.eos_id: int = self._id_of(eos_token, eos_id, "eos")
@@ -76,7 +79,8 @@ class TextTokenizer:
         self._control = np.zeros(self.vocab_size, dtype=bool)
         self._control[[i for i in added if i < self.vocab_size]] = True
         # ...and those a reply never shows as text (the output parser reads the others).
-        self.hidden_ids: frozenset[int] = frozenset(i for i, t in added.items() if t.content not in REPLY_MARKERS)
+        self.hidden_ids: frozenset[int] = frozenset(i for i, t in added.items()
+                                                    if t.content not in self.chat.reply_markers)
         # The most text one token can stand for: n bytes of text are at least n / this many tokens, so
         # a prompt's size bounds its length before it is tokenized. Only without a normalizer (which
         # may shrink the text first); None: no bound.
@@ -96,7 +100,8 @@ class TextTokenizer:
     @classmethod
     def from_model_dir(cls, md: ModelDir) -> "TextTokenizer":
         kw = dict(bos_token=md.bos_token, eos_token=md.eos_token,
-                  bos_id=md.config.get("bos_token_id"), eos_id=md.config.get("eos_token_id"))
+                  bos_id=md.config.get("bos_token_id"), eos_id=md.config.get("eos_token_id"),
+                  chat=chat_family(md.family))
         if md.tokenizer_json is not None:   # a GGUF: built from its metadata (daemon/weights/gguf_dir.py)
             from tokenizers import Tokenizer
 
@@ -219,8 +224,9 @@ class TextTokenizer:
         return self._tok.token_to_id(text)
 
     def template_markers(self) -> TemplateMarkers | None:
-        """The chat template's message-start tokens, for capture points read from ids (actors/checkpoints/turns.py)."""
-        return markers_from_vocab(self._tok.token_to_id)
+        """The chat template's message-start tokens, for capture points read from ids (the family's
+        turn_markers; V4's: actors/checkpoints/turns.py)."""
+        return self.chat.turn_markers(self)
 
     def boundary_for_byte_offset(self, text: str, byte_offset: int) -> int:
         """How many leading tokens of encode(text) end at or before `byte_offset`."""

@@ -46,7 +46,6 @@ class Loaded:
 
 
 def load(settings: Settings, kernel=None) -> Loaded:
-    from cairn.daemon.protocol.chat_encoding import choose_renderer
     from cairn.daemon.weights.model_dir import load_model, open_model_dir
     from cairn.daemon.protocol.tokenizer import TextTokenizer
 
@@ -57,8 +56,8 @@ def load(settings: Settings, kernel=None) -> Loaded:
     log = get_logger()
     # The weight-digest cache lives in the checkpoint directory: the place the daemon may write.
     md = open_model_dir(settings.model, digest_cache=Path(settings.checkpoint_dir) / CACHE_NAME, log=log)
-    tokenizer = TextTokenizer.from_model_dir(md)
-    choice = choose_renderer(md, protect=tokenizer.control_texts)
+    tokenizer = TextTokenizer.from_model_dir(md)   # tokenizer.chat: the family's chat half
+    choice = tokenizer.chat.choose_renderer(md, protect=tokenizer.control_texts)
     plan = plan_for(settings, md)
     log.info("memory_plan", limit_bytes=plan.limit_bytes, room_bytes=plan.room_bytes, source=plan.limit_source,
              slots=plan.slots, expert_cache_bytes=plan.expert_cache_bytes, paged=plan.paged,
@@ -101,17 +100,19 @@ def plan_for(settings: Settings, md, limit=None, *, probe: bool = True):
     from cairn.actors.decoding.drafts import LOOKUP_BYTES_PER_TOKEN
     from cairn.actors.decoding.speculation import MAX_DRAFT
 
-    from .memory_plan import (DIAGNOSTIC_IDS_BYTES, REPLY_IDS_BYTES, StateCost, parse_expert_cache, plan_memory,
-                              split_weight_bytes)
+    from cairn.daemon.weights.families import by_name
+
+    from .memory_plan import DIAGNOSTIC_IDS_BYTES, REPLY_IDS_BYTES, parse_expert_cache, plan_memory, split_weight_bytes
     from .memory_probe import binding_limit
 
     setting = parse_expert_cache(settings.expert_cache)
     if limit is None and probe:
         limit = binding_limit()
-    weights = split_weight_bytes((name, t.end - t.start) for name, t in md.tensors.items())
+    family = by_name(md.family)   # what differs by family: which weights page, how a state grows
+    weights = split_weight_bytes(((name, t.end - t.start) for name, t in md.tensors.items()), family.is_routed_expert)
     cfg = md.config
     try:
-        cost = StateCost.from_config(cfg, int(getattr(settings, "checkpoint_page_tokens", 0) or 0))
+        cost = family.state_cost(cfg, int(getattr(settings, "checkpoint_page_tokens", 0) or 0))
     except (KeyError, TypeError, ValueError):
         cost = None
     # with speculation, each slot's state keeps one verify's undo journal until its next call
@@ -264,7 +265,7 @@ async def _serve_all(settings, loaded, engine, model_id, sockets, log, handle_si
         api = API(inbox=inbox, tokenizer=loaded.tokenizer, renderer=loaded.renderer, model_id=model_id,
                   context_length=loaded.context_length, vocab_size=int(loaded.model.vocab_size),
                   max_tokens_default=settings.max_tokens_default, fingerprint=loaded.fingerprint, log=log,
-                  reasoning=settings.reasoning,
+                  reasoning=settings.reasoning, chat=loaded.tokenizer.chat,
                   api_key=settings.api_key, metrics=engine.metrics, checkpoints=engine.checkpoints, replies=replies,
                   fingerprints=prints,
                   body_bytes=loaded.memory_plan.body_bytes if loaded.memory_plan is not None else None,

@@ -135,14 +135,11 @@ class ModelBytes:
     experts: int
 
 
-def is_routed_expert(name: str) -> bool:
-    """A routed expert's weight or scale (canonical name `layers.L.ffn.experts.E.wN.*`); the shared
-    expert (`ffn.shared_experts`) is dense: every token uses it."""
-    return ".ffn.experts." in name
-
-
-def split_weight_bytes(sizes) -> ModelBytes:
-    """(canonical name, bytes) pairs -> dense and routed-expert bytes as stored."""
+def split_weight_bytes(sizes, is_routed_expert=None) -> ModelBytes:
+    """(canonical name, bytes) pairs -> dense and routed-expert bytes as stored. is_routed_expert: the
+    model family's (daemon/weights/families.py); None: DeepSeek-V4's (`layers.L.ffn.experts.E.*`)."""
+    if is_routed_expert is None:
+        from cairn.daemon.weights.dsv4.names import is_routed_expert
     dense = experts = 0
     for name, n in sizes:
         if is_routed_expert(name):
@@ -171,7 +168,8 @@ def _kind_counts(layer_types: tuple[str, ...]) -> tuple[int, int, int]:
 
 @dataclass(frozen=True, slots=True)
 class StateCost:
-    """How a kernel State's bytes grow with its tokens (docs: ../shared/docs/v4-architecture.md §3):
+    """DeepSeek-V4's (its WeightFamily.state_cost, daemon/weights/dsv4; another family brings its own
+    with these methods). How a kernel State's bytes grow with its tokens (../shared/docs/v4-architecture.md §3):
     per layer a sliding window (W-1 rows), and per CSA / HCA layer compressed rows, indexer keys and
     the compressors' raw buffers; plus the token ids and the last logits a snapshot carries."""
     layer_types: tuple[str, ...]

@@ -65,3 +65,45 @@ def test_v4_models_are_the_deepseek_v4_family(tmp_path):
     assert fam.refused is None and fam.is_routed_expert("layers.0.ffn.experts.3.w1.weight")
     assert not fam.is_routed_expert("layers.0.ffn.shared_experts.w1.weight")
     assert fam.state_cost(md.config, 0).bytes_at(10) > 0
+
+
+def test_the_chat_registry_maps_each_family_to_its_chat_half():
+    from cairn.daemon.protocol import families as chat
+    from cairn.daemon.protocol.dsv4 import output as v4_output
+    from cairn.daemon.protocol.dsv4.encoding import DSML
+    from cairn.daemon.protocol.qwen35 import family as qwen
+
+    v4 = chat.chat_family("deepseek_v4")
+    assert chat.chat_family() is v4 and v4.name == "deepseek_v4"
+    assert v4.OutputParser is v4_output.OutputParser and v4.call_opener == DSML
+    assert chat.chat_family("qwen3_5") is qwen.CHAT     # registered; refused at load until the kernel runs it
+    with pytest.raises(ValueError, match="no chat format for model family 'llama'"):
+        chat.chat_family("llama")
+
+
+def test_responders_read_replies_with_the_family_parser():
+    from cairn.daemon.api.responders import reply_parser
+    from cairn.daemon.protocol.qwen35 import family as qwen
+
+    assert isinstance(reply_parser(False, None, chat=qwen.CHAT), qwen.CHAT.OutputParser)
+    v4 = reply_parser(False, None)
+    assert type(v4).__module__ == "cairn.daemon.protocol.dsv4.output"
+
+
+def test_tool_choice_none_bans_the_family_call_opener():
+    from types import SimpleNamespace
+
+    import trio
+
+    from cairn.daemon.api.app import API
+    from cairn.daemon.protocol.qwen35 import family as qwen
+    from cairn.daemon.service.logs import get_logger
+
+    vocab = {"｜DSML｜": 7, "<tool_call>": 9}
+    tok = SimpleNamespace(token_to_id=vocab.get, template_markers=lambda: None)
+    req = SimpleNamespace(tools=[{"type": "function"}], callable_tools=None)
+    inbox, _ = trio.open_memory_channel(1)
+    kw = dict(inbox=inbox, tokenizer=tok, renderer=None, model_id="m", context_length=64, vocab_size=16,
+              max_tokens_default=8, fingerprint="f" * 16, log=get_logger())
+    assert API(**kw)._no_tool_calls(req) == (7,)
+    assert API(**kw, chat=qwen.CHAT)._no_tool_calls(req) == (9,)

@@ -38,7 +38,15 @@ def test_ids_without_markers_have_no_boundaries():
 
 
 def test_markers_from_vocab_knows_the_deepseek_markers():
+    from types import SimpleNamespace
+
+    from cairn.daemon.protocol.dsv4.family import CHAT   # V4 names its markers (daemon/protocol/families.py)
+
+    def v4(vocab):
+        return CHAT.turn_markers(SimpleNamespace(token_to_id=vocab.get))
+
     vocab = {"<｜User｜>": 5, "<｜Assistant｜>": 6, "<｜tool▁outputs▁begin｜>": 12}
-    assert markers_from_vocab(vocab.get) == TemplateMarkers((5, 6, 12), 5)
-    assert markers_from_vocab({}.get) is None
-    assert markers_from_vocab({"<｜Assistant｜>": 6}.get) == TemplateMarkers((6,), None)
+    assert v4(vocab) == TemplateMarkers((5, 6, 12), 5)
+    assert v4({}) is None
+    assert v4({"<｜Assistant｜>": 6}) == TemplateMarkers((6,), None)
+    assert markers_from_vocab(vocab.get, ("<｜Assistant｜>",), "<｜User｜>") == TemplateMarkers((6,), 5)
