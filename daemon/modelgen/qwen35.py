@@ -43,6 +43,8 @@ SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start
 MARKUP_TOKENS = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<think>", "</think>"]
 EOS, PAD = "<|im_end|>", "<|endoftext|>"
 
+QK_SHARE = np.float32(0.7)   # see make_text_weights
+
 TEMPLATE = Path(__file__).parent / "templates" / "qwen3_5.jinja"
 
 
@@ -219,6 +221,12 @@ def make_text_weights(p: Qwen35Preset, seed: int) -> dict[str, np.ndarray]:
             w[G + "A_log"] = np.log(rng.uniform(0.01, 1.0, nv)).astype(np.float32)
             vec(G + "norm.weight", (dv,), 1.0, 0.1)                  # plain w, not 1 + w
             lin(G + "out_proj.weight", D, value_dim)
+            # k's projection rows and conv taps share QK_SHARE of q's, so q.k is not near zero at the first
+            # tokens: there o = (q.k) * beta * v, the gated norm rescales it to unit RMS, and a near-zero o
+            # turns fp32 rounding into ~1e-4 logit noise (measured: 1.5e-4 -> 4e-5 against float64).
+            for t in (G + "in_proj_qkv.weight", G + "conv1d.weight"):
+                w[t][key_dim:2 * key_dim] = (QK_SHARE * w[t][:key_dim]
+                                             + np.float32(np.sqrt(1 - QK_SHARE ** 2)) * w[t][key_dim:2 * key_dim])
         elif kind == FULL:
             A = L + "self_attn."
             lin(A + "q_proj.weight", 2 * H * Dh, D)                   # per head: query Dh | gate Dh
