@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -107,6 +108,25 @@ def test_cli_rejects_unknown_preset(tmp_path):
     r = subprocess.run([str(cairn), "make-model", "--preset", "huge", str(tmp_path / "m")],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "unknown preset 'huge'" in r.stderr
+
+
+def test_cli_writes_the_qwen35_presets(tmp_path):
+    # issue 43: the Qwen3.5 family's presets go through the same command (HF loads them:
+    # tests/native/test_hf_loads_qwen35.py); the V4-only slicing options are refused before writing.
+    cairn = Path(sys.executable).with_name("cairn")
+    r = subprocess.run([str(cairn), "make-model", "--preset", "qwen35moe-tiny-cond", "--seed", "2", str(tmp_path / "m")],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    cfg = json.loads((tmp_path / "m" / "config.json").read_text())
+    assert cfg["architectures"] == ["Qwen3_5MoeForConditionalGeneration"]
+    assert cfg["text_config"]["layer_types"] == ["linear_attention", "linear_attention", "full_attention"] * 2
+    r = subprocess.run([str(cairn), "make-model", "--preset", "qwen35-tiny", "--layers", "2", str(tmp_path / "n")],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "Qwen3.5 presets take no --layers" in r.stderr
+    assert not (tmp_path / "n").exists()
+    r = subprocess.run([str(cairn), "make-model", "--preset", "huge", str(tmp_path / "o")],
+                       capture_output=True, text=True, timeout=120)
+    assert "qwen35moe-tiny-fused" in r.stderr
 
 
 def test_cli_flash_slice_needs_layers(tmp_path):
