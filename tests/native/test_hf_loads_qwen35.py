@@ -172,6 +172,22 @@ def test_the_decays_are_well_conditioned(dirs, preset, monkeypatch):
             assert float((a - b).abs().max()) <= 1e-6 * float(b.abs().max())
 
 
+def test_oracle_runs_hf_torch_reference_paths(dirs):
+    import inspect
+
+    oracle.require_torch_fallback()
+    for modeling in (modeling_qwen3_5, modeling_qwen3_5_moe):
+        for name in ("torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule", "causal_conv1d_fn",
+                     "causal_conv1d_update"):
+            fn = getattr(modeling, name)
+            # HF's hub/fla/causal-conv1d dispatch wraps each function; the implementation it chose at
+            # import is the torch function itself.
+            assert inspect.getclosurevars(fn).nonlocals["implementation"] is fn.__wrapped__, name
+    model = oracle.load(dirs["qwen35moe-tiny"])
+    assert model.config._attn_implementation == "eager"
+    assert model.config._experts_implementation == "eager"
+
+
 def test_oracle_greedy_follows_its_logits(dirs):
     d = dirs["qwen35moe-tiny"]
     ids = _text_ids(d, 40)
