@@ -114,8 +114,8 @@ def test_cli_writes_the_qwen35_presets(tmp_path):
     # issue 43: the Qwen3.5 family's presets go through the same command (HF loads them:
     # tests/native/test_hf_loads_qwen35.py); the V4-only slicing options are refused before writing.
     cairn = Path(sys.executable).with_name("cairn")
-    r = subprocess.run([str(cairn), "make-model", "--preset", "qwen35moe-tiny-cond", "--seed", "2", str(tmp_path / "m")],
-                       capture_output=True, text=True, timeout=120)
+    r = subprocess.run([str(cairn), "make-model", "--preset", "qwen35moe-tiny-cond", "--seed", "2",
+                        str(tmp_path / "m")], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     cfg = json.loads((tmp_path / "m" / "config.json").read_text())
     assert cfg["architectures"] == ["Qwen3_5MoeForConditionalGeneration"]
