@@ -149,3 +149,13 @@ def test_bad_weights_and_config_are_named(tmp_path_factory):
         K.Qwen35Model({**c.config, "linear_num_value_heads": 3}, c.weights)
     with pytest.raises(ValueError, match=r"ids\[1\] = 512 is outside the vocabulary \[0, 512\)"):
         c.model().forward(np.array([1, 512], dtype=np.int32))
+
+
+def test_layer_kinds_from_full_attention_interval(tmp_path_factory):
+    """Without layer_types, every full_attention_interval-th layer is full attention (HF's default rule):
+    interval 3 on the hybrid preset [lin, lin, full] x 2 is the same model."""
+    c = _case("qwen35moe-tiny", "hybrid", tmp_path_factory)
+    cfg = {k: v for k, v in c.config.items() if k != "layer_types"}
+    m = K.Qwen35Model({**cfg, "full_attention_interval": 3}, c.weights)
+    assert m.layer_types == list(PRESETS["qwen35moe-tiny"].layer_types)
+    np.testing.assert_array_equal(m.forward(c.tokens[:20]), c.model().forward(c.tokens[:20]))
