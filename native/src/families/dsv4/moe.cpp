@@ -19,7 +19,7 @@
 #include "cairn/forward.h"
 #include "cairn/kernels.h"
 #include "cairn/profile.h"
-#include "moe_executor.h"
+#include "../../moe_executor.h"
 
 namespace cairn {
 

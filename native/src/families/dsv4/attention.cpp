@@ -25,7 +25,7 @@
 #include "cairn/forward.h"
 #include "cairn/kernels.h"
 #include "cairn/profile.h"
-#include "formats/lanes.h"
+#include "../../formats/lanes.h"
 #ifdef __AVX2__
 #include <immintrin.h>
 #endif

@@ -15,7 +15,7 @@
 #include <string>
 
 #include "cairn/forward.h"
-#include "codecs/codec.h"
+#include "../../codecs/codec.h"
 #include "cairn/kernels.h"
 #include "cairn/profile.h"
 
