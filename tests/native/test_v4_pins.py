@@ -7,6 +7,8 @@ aarch64: "fma", pinned on x86-64-v3) give the same bits; x86-64-v2 ("nofma", pin
 rounds its own way. A class without goldens fails (pin it on purpose).
 The fingerprint and the layout key are the same on every build. If one of these fails after a
 refactor, a bit changed: find why; do not re-pin unless the change is meant (and say so in the commit).
+The ISA harnesses' digests (test_isa_paths.py: forward_harness.cpp's V4 logits, isa_harness.cpp's
+products) are pinned per x86-64 level as well: test_isa_paths only compares levels with each other.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import pytest
 import cairn._kernel as K
 from cairn.daemon.modelgen.make_model import make_model
 from cairn.daemon.weights.model_dir import load_model, open_model_dir
-from cairn.isa import numeric_class
+from cairn.isa import cpu_flags, numeric_class, runnable
 
 SEED = 11
 PAGE_TOKENS = 16                      # small groups: the prompt fills two and leaves a partial one
@@ -43,6 +45,12 @@ NUMERIC = {                          # numeric_class -> sha256 of each byte stri
         "snapshot": "e84ff99f7e6e1c6d6f135c862bc3c4a8983c8c65573b574aac23b9645fbea44a",
         "pages": "e725b31cc50ff4308a66e9b8a257abd46b92632a72c6abde4cc5dc0d46135df1",
     },
+}
+
+# test_isa_paths._build_and_run's digests for one -march level (FNV-1a of the harness outputs)
+ISA_DIGESTS = {
+    "x86-64-v3": {"products": "b5ef28583284a1bd", "logits": "8c3c9ff9442f717f"},   # numeric class fma
+    "x86-64-v2": {"products": "7766d30c7423bb13", "logits": "fbede4aac885196a"},   # numeric class nofma
 }
 
 
@@ -89,3 +97,15 @@ def test_packed_layout_keys_are_pinned(run):
 @pytest.mark.parametrize("name", ["prefill_logits", "decode_logits", "snapshot", "pages"])
 def test_tiny_model_bytes_are_pinned(run, name):
     assert run[name] == _numeric(name)
+
+
+@pytest.mark.parametrize("level", list(ISA_DIGESTS))
+def test_isa_harness_digests_are_pinned(level, tmp_path):
+    import shutil
+
+    from test_isa_paths import _build_and_run
+
+    assert level.removeprefix("x86-64-") in runnable(cpu_flags()), f"this CPU cannot run {level}"
+    cxx = shutil.which("c++") or shutil.which("g++")
+    assert cxx, "a C++ compiler is needed to build the kernel, and so this test"
+    assert _build_and_run([cxx, f"-march={level}"], tmp_path, []) == ISA_DIGESTS[level]
