@@ -79,7 +79,7 @@ class API:
             status = StatusBoard(fingerprint=fingerprint, context_length=context_length, fingerprints=fingerprints)
         self.status = status       # daemon/api/status.py: GET /v1/status, fed by _drive
         self.reasoning = reasoning   # the server's default mode (--reasoning)
-        self.agent = AgentProtocol(tokenizer, vocab_size, log)
+        self.agent = AgentProtocol(tokenizer, vocab_size, log, chat=self.chat)
         self.created = int(time.time())
         self._ids = itertools.count(1)
         self._prefix = secrets.token_hex(4)

@@ -10,7 +10,8 @@ from __future__ import annotations
 import threading
 
 from .constrain import ConstraintError, Grammars
-from .dsv4.encoding import ChatOptions, resolve_mode
+from .dsv4.encoding import ChatOptions
+from .families import chat_family
 from cairn.daemon.api.schemas import APIError
 
 
@@ -18,8 +19,9 @@ MAX_LOGGED_FIELDS = 256   # distinct ignored names remembered (and logged); a cl
 
 
 class AgentProtocol:
-    def __init__(self, tok, vocab_size: int, log) -> None:
+    def __init__(self, tok, vocab_size: int, log, chat=None) -> None:
         self.tok = tok
+        self.chat = chat if chat is not None else chat_family()   # whose mode switches and call grammar
         self.vocab = vocab_size
         self.log = log
         self._logged: set[str] = set()
@@ -35,7 +37,7 @@ class AgentProtocol:
                               note="unknown field accepted and ignored (logged once per name)")
 
     def options(self, req, default: str) -> ChatOptions:
-        thinking, effort = resolve_mode(thinking_field=req.thinking, template_kwargs=req.template_kwargs,
+        thinking, effort = self.chat.resolve_mode(thinking_field=req.thinking, template_kwargs=req.template_kwargs,
                                         reasoning_effort=req.reasoning_effort, default=default)
         schema = None
         rf = req.response_format
@@ -52,7 +54,7 @@ class AgentProtocol:
     def grammars(self) -> Grammars:
         with self._lock:
             if self._grammars is None:
-                self._grammars = Grammars(self.tok.to_json(), self.vocab, self.tok.eos_id, self.tok)
+                self._grammars = self.chat.Grammars(self.tok.to_json(), self.vocab, self.tok.eos_id, self.tok)
             return self._grammars
 
     def constraint(self, req, options: ChatOptions):

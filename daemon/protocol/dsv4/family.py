@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from cairn.actors.checkpoints.turns import TemplateMarkers, markers_from_vocab, turn_boundaries
 
+from ..constrain import Grammars
 from . import encoding
 from .encoding import ASSISTANT, DSML, END_THINK, THINK, USER
 from .output import OutputParser
@@ -32,6 +33,7 @@ class Dsv4Chat:
     turn_boundaries = staticmethod(turn_boundaries)
     resolve_mode = staticmethod(encoding.resolve_mode)
     render_reply = staticmethod(encoding.render_tool_calls)   # reply_ids replays V4's rendering
+    Grammars = Grammars              # per model: JSON schemas and the DSML forced-call grammar (constrain.py)
 
     @staticmethod
     def choose_renderer(md, protect: tuple[str, ...] = ()):
@@ -41,8 +43,6 @@ class Dsv4Chat:
 
     @staticmethod
     def grammars(md, tok):
-        from ..constrain import Grammars   # the DSML forced-call grammar
-
         return Grammars.from_model_dir(md, tok)
 
 

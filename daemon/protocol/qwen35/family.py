@@ -23,6 +23,7 @@ class Qwen35Chat:
     call_opener = CALL_OPENER         # the token `tool_choice: "none"` bans
     turn_markers = staticmethod(turn_markers)
     turn_boundaries = staticmethod(turn_boundaries)
+    Grammars = Qwen35Grammars         # what daemon/protocol/agent_protocol.py builds per model
 
     @staticmethod
     def choose_renderer(md, protect: tuple[str, ...] = ()) -> Choice:
