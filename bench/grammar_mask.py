@@ -83,7 +83,7 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=2000)
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
-    from cairn.daemon.protocol.constrain import Grammars
+    from cairn.daemon.protocol.dsv4.grammar import Dsv4Grammars as Grammars
 
     tok, vocab = _tokenizer(args)
     grammars = Grammars(tok.to_json(), vocab, tok.eos_id, tok)

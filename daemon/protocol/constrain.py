@@ -1,9 +1,10 @@
 """Constrained output with llguidance: a request's grammar -> a per-step token mask.
 
 What is constrained: `response_format` json_object / json_schema (the reply is JSON, valid against
-the schema), and `tool_choice` "required" or a named function (the reply is a DSML tool-call block
-whose invoke names a given tool and whose parameters are the tool's required properties, each typed
-by its schema: strings raw with `string="true"`, anything else JSON with `string="false"`). In thinking
+the schema), and `tool_choice` "required" or a named function (the reply is the family's tool-call
+block, `Grammars.call_lark`; DeepSeek-V4's (dsv4/grammar.py) is a DSML tool-call block whose invoke
+names a given tool and whose parameters are the tool's required properties, each typed by its
+schema: strings raw with `string="true"`, anything else JSON with `string="false"`). In thinking
 mode the grammar starts after `</think>`: the reasoning is free text, but it cannot end the reply
 (the end-of-sequence token is masked until the constrained part is done).
 
@@ -18,12 +19,9 @@ calls `allowed()` in a worker thread (llguidance releases the GIL while it fills
 
 from __future__ import annotations
 
-import json
 import threading
 
 import numpy as np
-
-from .dsv4.encoding import DSML, END_THINK
 
 
 # JSON as json.dumps writes it (the V4 encoder renders JSON values so) and no free whitespace: a
@@ -57,14 +55,17 @@ def _reason(err: str, on_panic: str = _TOO_BIG) -> str:
 
 
 class Grammars:
-    """Per model: llguidance's view of the tokenizer (built once, on first use) and special ids."""
+    """Per model: llguidance's view of the tokenizer (built once, on first use) and special ids. A
+    family's subclass writes its forced-call grammar (`call_lark`; DeepSeek-V4's DSML one is
+    dsv4/grammar.py); the JSON grammar and the constraint are shared."""
+
+    end_think = "</think>"   # the reasoning's end: the grammar starts after it (V4's and Qwen3.5's text)
 
     def __init__(self, tokenizer_json: str, vocab_size: int, eos_id: int, tok) -> None:
         self._json = tokenizer_json
         self.vocab_size = vocab_size
         self.eos_id = eos_id
-        self.dsml_id = tok.token_to_id(DSML)
-        self.end_think_id = tok.token_to_id(END_THINK)
+        self.end_think_id = tok.token_to_id(self.end_think)
         self._ll = None
         self._lock = threading.Lock()
 
@@ -89,7 +90,7 @@ class Grammars:
 
         if tool_choice == "required" or isinstance(tool_choice, dict):
             names = [tool_choice["function"]["name"]] if isinstance(tool_choice, dict) else None
-            lark = self.dsml_lark(tools or [], names, single=names is not None or not parallel)
+            lark = self.call_lark(tools or [], names, single=names is not None or not parallel)
             try:
                 return llguidance.LLMatcher.grammar_from_lark(lark)
             except BaseException as e:
@@ -124,48 +125,10 @@ class Grammars:
         trigger = self.end_think_id if thinking else None
         return Constraint(matcher, self.vocab_size, trigger, self.eos_id)
 
-    def _d(self) -> str:
-        return f"<[{self.dsml_id}]>" if self.dsml_id is not None else json.dumps(DSML)
-
-    def dsml_lark(self, tools: list, only: list[str] | None, single: bool = False) -> str:
-        """Lark for `<｜DSML｜tool_calls>` … with one or more invokes (exactly one when `single`: a
-        named tool, or parallel_tool_calls false)."""
-        d = self._d()
-        rules, alts = [], []
-        fns = [t["function"] for t in tools if isinstance(t, dict) and isinstance(t.get("function"), dict)]
-        for i, f in enumerate(fns):
-            if only is not None and f["name"] not in only:
-                continue
-            params = f.get("parameters") or {}
-            props = params.get("properties") or {}
-            required = [k for k in props if k in set(params.get("required") or [])]
-            items = []
-            for j, key in enumerate(required):
-                sub = props[key] if isinstance(props[key], dict) else {}
-                head = f'"<" {d} ' + json.dumps(f'parameter name="{key}" string="')
-                if sub.get("type") == "string":
-                    if isinstance(sub.get("enum"), list) and sub["enum"]:
-                        value = "(" + " | ".join(json.dumps(str(v)) for v in sub["enum"]) + ")"
-                    elif isinstance(sub.get("maxLength"), int):   # bounded: no "<" at all, simply
-                        lo = sub.get("minLength") if isinstance(sub.get("minLength"), int) else 0
-                        value = f"/[^<]{{{lo},{sub['maxLength']}}}/"
-                    else:
-                        value = "STR"
-                    items.append(f'{head} "true\\">" {value} "</" {d} "parameter>"')
-                else:
-                    rules.append(f"j_{i}_{j}: %json {json.dumps({**sub, 'x-guidance': JSON_STYLE})}")
-                    items.append(f'{head} "false\\">" j_{i}_{j} "</" {d} "parameter>"')
-            body = ' "\\n" '.join(items) if items else '""'
-            rules.append(f'inv_{i}: "<" {d} ' + json.dumps(f'invoke name="{f["name"]}">\n') + f" {body} "
-                         + f'"\\n</" {d} "invoke>"')
-            alts.append(f"inv_{i}")
-        if not alts:
-            raise ConstraintError("tool_choice: no tool to call")
-        invokes = "invoke" if single else 'invoke ("\\n" invoke)*'
-        head = [f'start: "\\n\\n<" {d} "tool_calls>\\n" {invokes} "\\n</" {d} "tool_calls>"',
-                "invoke: " + " | ".join(alts),
-                r"STR: /([^<]|<[^\/])*/"]
-        return "\n".join(head + rules) + "\n"
+    def call_lark(self, tools: list, only: list[str] | None, single: bool = False) -> str:
+        """Lark for the family's tool-call block naming the offered tools (`only`: these names; exactly
+        one call when `single`)."""
+        raise ConstraintError("tool_choice: forced tool calls are not supported for this model")
 
 
 class Constraint:

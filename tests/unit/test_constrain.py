@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from cairn.daemon.protocol.agent_protocol import AgentProtocol
-from cairn.daemon.protocol.constrain import Grammars
+from cairn.daemon.protocol.dsv4.grammar import Dsv4Grammars as Grammars
 from cairn.daemon.protocol.dsv4.encoding import ChatOptions
 from cairn.daemon.api.schemas import APIError, parse_chat
 from cairn.daemon.protocol.tokenizer import TextTokenizer

@@ -113,11 +113,11 @@ def test_forced_calls_and_modes_come_from_the_family():
     from types import SimpleNamespace
 
     from cairn.daemon.protocol.agent_protocol import AgentProtocol
-    from cairn.daemon.protocol.constrain import Grammars
+    from cairn.daemon.protocol.dsv4.grammar import Dsv4Grammars
     from cairn.daemon.protocol.qwen35 import family as qwen
     from cairn.daemon.protocol.qwen35.grammar import Qwen35Grammars
     from cairn.daemon.service.logs import get_logger
 
     tok = SimpleNamespace(to_json=lambda: "{}", eos_id=0, token_to_id=lambda text: None)
-    assert type(AgentProtocol(tok, 16, get_logger()).grammars()) is Grammars          # V4's DSML grammar
+    assert type(AgentProtocol(tok, 16, get_logger()).grammars()) is Dsv4Grammars      # V4's DSML grammar
     assert type(AgentProtocol(tok, 16, get_logger(), chat=qwen.CHAT).grammars()) is Qwen35Grammars

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from cairn.actors.checkpoints.turns import TemplateMarkers, markers_from_vocab, turn_boundaries
 
-from ..constrain import Grammars
 from . import encoding
 from .encoding import ASSISTANT, DSML, END_THINK, THINK, USER
+from .grammar import Dsv4Grammars
 from .output import OutputParser
 
 # The chat template writes each message's start as one special token (actors/checkpoints/turns.py);
@@ -33,7 +33,7 @@ class Dsv4Chat:
     turn_boundaries = staticmethod(turn_boundaries)
     resolve_mode = staticmethod(encoding.resolve_mode)
     render_reply = staticmethod(encoding.render_tool_calls)   # reply_ids replays V4's rendering
-    Grammars = Grammars              # per model: JSON schemas and the DSML forced-call grammar (constrain.py)
+    Grammars = Dsv4Grammars          # per model: JSON schemas and the DSML forced-call grammar
 
     @staticmethod
     def choose_renderer(md, protect: tuple[str, ...] = ()):
@@ -43,7 +43,7 @@ class Dsv4Chat:
 
     @staticmethod
     def grammars(md, tok):
-        return Grammars.from_model_dir(md, tok)
+        return Dsv4Grammars.from_model_dir(md, tok)
 
 
 CHAT = Dsv4Chat()
