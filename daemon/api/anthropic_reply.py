@@ -30,7 +30,8 @@ import secrets
 
 from cairn.actors.engine.messages import Done, Started, TokenOut, Usage
 from cairn.daemon.protocol.reply_end import ReplyEnd, end_reply
-from cairn.daemon.protocol.dsv4.output import Event, OutputParser
+from cairn.daemon.protocol.dsv4.output import OutputParser
+from cairn.daemon.protocol.events import Event
 
 from .anthropic import error_body
 from .asgi import send_json

@@ -15,7 +15,8 @@ from . import formats
 from .asgi import end_sse, send_comment, send_error, send_event, send_json, start_sse
 from .schemas import APIError
 from cairn.daemon.protocol.reply_end import ReplyEnd, end_reply
-from cairn.daemon.protocol.dsv4.output import Event, OutputParser   # Event: every family's parser emits it
+from cairn.daemon.protocol.dsv4.output import OutputParser   # V4's: the annotations (every family's has its API)
+from cairn.daemon.protocol.events import Event
 from cairn.daemon.protocol.families import chat_family
 
 

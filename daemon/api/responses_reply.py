@@ -28,7 +28,7 @@ from .responders import StreamProgress, _warn, reply_parser
 from .responses import ResponsesRequest, encrypt_reasoning
 from .schemas import APIError
 from cairn.daemon.protocol.reply_end import ReplyEnd, end_reply
-from cairn.daemon.protocol.dsv4.output import Event
+from cairn.daemon.protocol.events import Event
 
 
 def usage_dict(u: Usage, reasoning_tokens: int = 0) -> dict:

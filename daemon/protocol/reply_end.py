@@ -18,7 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
-from .dsv4.output import Event, OutputParser, Parsed, ToolCall
+from .dsv4.output import OutputParser
+from .events import Event, Parsed, ToolCall
 
 if TYPE_CHECKING:
     from cairn.actors.engine.messages import Done

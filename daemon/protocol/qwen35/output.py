@@ -33,7 +33,7 @@ import json
 import re
 import secrets
 
-from ..dsv4.output import Event, Parsed, ToolCall
+from ..events import Event, Parsed, ToolCall
 from .markers import END_THINK, FUNCTION_CLOSE, FUNCTION_OPEN, PARAM_CLOSE, PARAM_OPEN, TOOL_CALL, TOOL_CALL_CLOSE
 
 _FUNCTION_RE = re.compile(r"\s*<function=([^>\n]*)>")
