@@ -46,14 +46,17 @@ def _dsv4() -> WeightFamily:
     return dsv4.FAMILY
 
 
-QWEN35 = WeightFamily(
-    name="qwen3_5", model_types=("qwen3_5", "qwen3_5_moe", "qwen3_5_text", "qwen3_5_moe_text"),
-    gguf_archs=("qwen35", "qwen35moe"),
-    refused="Qwen3.5 (issue 43): the kernel cannot run this family yet")
+def _qwen35() -> WeightFamily:
+    from . import qwen35
+
+    return WeightFamily(
+        name="qwen3_5", model_types=("qwen3_5", "qwen3_5_moe", "qwen3_5_text", "qwen3_5_moe_text"),
+        gguf_archs=("qwen35", "qwen35moe"),
+        refused="Qwen3.5 (issue 43): the kernel cannot run this family yet", **qwen35.FUNCTIONS)
 
 
 def families() -> tuple[WeightFamily, ...]:
-    return (_dsv4(), QWEN35)
+    return (_dsv4(), _qwen35())
 
 
 def by_name(name: str) -> WeightFamily:

@@ -1,0 +1,26 @@
+"""Qwen3.5's weights (issue 43): config, tensor names, GGUF mapping and transforms, what the kernel
+takes from the files, a State's cost (daemon/weights/families.py holds the registry; the family stays
+`refused` until the kernel's Qwen3.5 State lands)."""
+
+from __future__ import annotations
+
+from . import config, gguf, names
+
+
+def state_cost(cfg: dict, page_tokens: int = 0):
+    from .state_cost import Qwen35StateCost
+
+    return Qwen35StateCost.from_config(cfg, page_tokens)
+
+
+def gguf_config(meta: dict, where: str) -> dict:
+    # the shared reader passes metadata only: tied embeddings (no output.weight) are known to
+    # kernel_inputs.open_qwen35, which reads the tensor table first
+    return gguf.config_from_metadata(meta, where)
+
+
+FUNCTIONS = dict(
+    resolve_config=config.resolve_config, expected_shapes=names.expected_shapes,
+    canonical_name=names.canonical_name, ignored_names=names.IGNORED, is_routed_expert=names.is_routed_expert,
+    gguf_config=gguf_config, gguf_tensor=gguf.tensor_name, gguf_experts=gguf.expert_views,
+    gguf_name=gguf.gguf_name, state_cost=state_cost)
