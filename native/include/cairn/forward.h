@@ -1,4 +1,5 @@
-// cairn kernel: forward-pass entry points (internal; the bindings call these).
+// cairn kernel: forward-pass entry points for every family (internal; the bindings call these).
+// A family's own layer code is declared in its folder (families/<name>/).
 #pragma once
 #include <atomic>
 #include <cstdint>
@@ -32,25 +33,5 @@ void verify_batch(State* const* states, const int32_t* tokens, const int* lens, 
 // afterwards its snapshot is byte for byte that of plain decoding of the tokens it keeps, and
 // last_logits are theirs. Throws std::invalid_argument when there is no such call or k is too large.
 void rewind(State& st, int64_t k);
-
-// Rows r0..r0+S-1 of a multi-sequence call: S tokens of one state at positions pos0..
-struct AttnSeg {
-  State* st;       // its entries live in st->pages
-  LayerState* ls;
-  int64_t pos0;
-  int r0, S;
-};
-// The attention block over several segments (each its own state), Stot = sum of their S.
-void attention_rows(const Model& m, int layer, const AttnSeg* segs, int nseg, const float* x /*[Stot,D]*/,
-                    int Stot, float* y /*[Stot,D]*/);
-// Paged experts: read the layer's experts ahead of its call -- from the tokens (hash layers) or
-// guessed by the layer's router on x [S, D], a hidden state before the layer's own input.
-void prefetch_experts(const Model& m, int layer, const float* x, const int32_t* tokens, int S);
-void moe_block(const Model& m, int layer, const float* x /*[S,D]*/, const int32_t* tokens, int S,
-               float* y /*[S,D]*/);
-// Feed S raw projection rows (kv, gate: [S, cs.cw]) at positions pos0..; emits finished
-// compressed entries into st's pages. overlap=true => CSA two-series windows.
-void compressor_feed(const Model& m, const CompressorW& w, State& st, CompState& cs, bool overlap,
-                     const float* kv, const float* gate, int S, int64_t pos0);
 
 }  // namespace cairn

@@ -26,6 +26,7 @@
 #include <unordered_map>
 #include <unordered_set>
 #include <vector>
+#include "cairn/family.h"
 #include "cairn/pages.h"
 
 namespace cairn {
@@ -125,6 +126,10 @@ struct LayerW {
 };
 
 struct Model {
+  // The family's table (cairn/family.h); its config and weights are cfg/layers for DeepSeek-V4, and
+  // family_model for the others (cfg then holds only vocab, D and n_layers: what the shared code reads).
+  const FamilyOps* family = &kDsv4Ops;
+  std::shared_ptr<const void> family_model;
   Config cfg;
   std::string fingerprint;
   int threads = 1;

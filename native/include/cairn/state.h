@@ -21,6 +21,7 @@
 #include <utility>
 #include <vector>
 
+#include "cairn/family.h"
 #include "cairn/model.h"
 #include "cairn/pages.h"
 
@@ -35,6 +36,7 @@ struct CompState {
   int64_t n_entries() const { return rows; }
 };
 
+// DeepSeek-V4's tail: one per layer (families/dsv4/dsv4.h: Dsv4Tail).
 struct LayerState {
   std::vector<float> win;  // [W-1, Dh] ring, post kv_norm + RoPE
   CompState comp;          // CSA / HCA compressor (unused for sliding)
@@ -89,6 +91,19 @@ struct JournalSlot {
   JournalSlot& operator=(JournalSlot&&) = default;
 };
 
+// Owns a state's family tail; copying a state copies its tail.
+struct TailSlot {
+  std::unique_ptr<StateTail> p;
+  TailSlot() = default;
+  explicit TailSlot(std::unique_ptr<StateTail> t) : p(std::move(t)) {}
+  TailSlot(const TailSlot& o) : p(o.p ? o.p->clone() : nullptr) {}
+  TailSlot(TailSlot&&) = default;
+  TailSlot& operator=(const TailSlot& o) { p = o.p ? o.p->clone() : nullptr; return *this; }
+  TailSlot& operator=(TailSlot&&) = default;
+  StateTail* operator->() const { return p.get(); }
+  StateTail& operator*() const { return *p; }
+};
+
 // A State: a live one (full-size buffers) or a snapshot's (State::snapshot: only the used prefixes).
 // Copying one copies its buffers as they are and shares every page group.
 struct State {
@@ -96,8 +111,8 @@ struct State {
   int64_t n = 0;
   std::vector<int32_t> tokens;      // [n]
   std::vector<float> last_logits;   // [V] or empty
-  std::vector<LayerState> layers;
-  PageTable pages;                  // every compressor's entries, in token order
+  TailSlot tail;                    // the family's mutable part (cairn/family.h)
+  PageTable pages;                  // every append-only row the family pages, in token order
   JournalSlot journal;              // set only by a speculative call (forward.h: verify), until the next call
 
   explicit State(const Model& m);  // a live state: no tokens, every buffer at full size (zeros)
@@ -109,6 +124,7 @@ struct State {
   State snapshot() const;
   // A live state of model m equal to this snapshot: full-size buffers, the prefixes copied in.
   State live(const Model& m) const;
+  template <class T> T& tail_as() const { return static_cast<T&>(*tail); }
   const float* entry(const CompState& cs, int64_t i) const { return pages.row(cs.arr, i); }
   void append_entry(CompState& cs, const float* row);
   int64_t payload_bytes() const;  // the live state: tail and rows, as the digest counts them
@@ -131,6 +147,7 @@ struct State {
 // Serialized snapshot: a tail blob (everything a state holds but its full page groups) plus the
 // full groups' bytes, each exactly group_bytes, in order. See state.cpp for the tail's layout.
 // 4: the CSA indexer's keys as panels in their groups (3: paged, rows row-major; 2: one whole blob)
+// (DeepSeek-V4's; each family has its own, FamilyOps::snapshot_version.)
 constexpr uint32_t SNAPSHOT_VERSION = 4;
 size_t tail_size(const State& s);
 void tail_into(const State& s, uint8_t* out);  // out has tail_size(s) bytes

@@ -23,6 +23,7 @@
 #include <numeric>
 
 #include "cairn/forward.h"
+#include "dsv4.h"
 #include "cairn/kernels.h"
 #include "cairn/profile.h"
 #include "../../formats/lanes.h"

@@ -13,6 +13,7 @@
 #include <limits>
 
 #include "cairn/forward.h"
+#include "dsv4.h"
 #include "cairn/kernels.h"
 
 namespace cairn {

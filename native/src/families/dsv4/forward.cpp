@@ -1,4 +1,4 @@
-// cairn kernel: decoder forward over one chunk, hyper-connections, head, chunked prefill.
+// cairn kernel, DeepSeek-V4: the decoder over a call's rows (hyper-connections, layers, hyper-head).
 //
 // Design notes
 //  * Residual stream h [S, N, D]: N hyper-connection copies per token, all starting at embed[t].
@@ -6,8 +6,8 @@
 //    post = 2 sigmoid(.), comb = softmax_row(.)+eps then Sinkhorn (column first, then
 //    iters-1 x (row, column)); block input = sum_n pre_n h_n; new h_k = post_k y + sum_j comb[j,k] h_j.
 //    Closing one sub-block and opening the next is one fused pass (hc_step).
-//  * State is only mutated layer by layer inside forward_chunk; the abort flag is checked
-//    between chunks, so a State always reflects a whole number of completed chunks.
+//  * The shared entry points (forward.cpp: forward_chunk, forward_batch, verify_batch, prefill) call
+//    dsv4::run through the family table; it leaves n, tokens and logits to them.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -15,15 +15,12 @@
 #include <string>
 
 #include "cairn/forward.h"
+#include "dsv4.h"
 #include "../../codecs/codec.h"
 #include "cairn/kernels.h"
 #include "cairn/profile.h"
 
 namespace cairn {
-
-double g_prof[P_N] = {};
-const char* const g_prof_names[P_N] = {"hc", "qkv", "compress", "indexer", "attn", "out",
-                                      "router", "experts", "head"};
 
 static inline float sigmoidf(float v) { return 1.f / (1.f + std::exp(-v)); }
 
@@ -200,117 +197,13 @@ static std::vector<float> head_rows(const Model& m, const std::vector<float>& h,
   return logits;
 }
 
-void forward_chunk(State& st, const int32_t* tokens, int S, float* logits_out, bool all_logits) {
-  st.journal.j.reset();  // a plain call: nothing to rewind into any more
-  const Model& m = *st.model;
-  const int V = m.cfg.vocab;
-  const AttnSeg seg{&st, st.layers.data(), st.n, 0, S};
+std::vector<float> dsv4::run(const Model& m, const Seg* segs, int nseg, const int32_t* tokens, int S, int r0) {
+  std::vector<AttnSeg> as((size_t)nseg);
+  for (int g = 0; g < nseg; ++g)
+    as[g] = AttnSeg{segs[g].st, segs[g].st->tail_as<Dsv4Tail>().layers.data(), segs[g].pos0, segs[g].r0, segs[g].S};
   std::vector<float> h;
-  run_layers(m, &seg, 1, tokens, S, h);
-  // hyper-head: only the rows whose logits are needed
-  const int r0 = all_logits ? 0 : S - 1;
-  std::vector<float> logits = head_rows(m, h, r0, S - r0);
-  st.n += S;
-  st.tokens.insert(st.tokens.end(), tokens, tokens + S);
-  st.last_logits.assign(logits.end() - V, logits.end());
-  if (logits_out) std::memcpy(logits_out, logits.data(), sizeof(float) * logits.size());
-}
-
-void forward_batch(State* const* states, const int32_t* tokens, int B, float* logits_out) {
-  const Model& m = *states[0]->model;
-  const int V = m.cfg.vocab;
-  std::vector<AttnSeg> segs(B);
-  for (int b = 0; b < B; ++b) {
-    states[b]->journal.j.reset();
-    segs[b] = AttnSeg{states[b], states[b]->layers.data(), states[b]->n, b, 1};
-  }
-  std::vector<float> h;
-  run_layers(m, segs.data(), B, tokens, B, h);
-  std::vector<float> logits = head_rows(m, h, 0, B);
-  for (int b = 0; b < B; ++b) {
-    State& st = *states[b];
-    st.n += 1;
-    st.tokens.push_back(tokens[b]);
-    st.last_logits.assign(logits.begin() + (size_t)b * V, logits.begin() + (size_t)(b + 1) * V);
-  }
-  if (logits_out) std::memcpy(logits_out, logits.data(), sizeof(float) * logits.size());
-}
-
-void verify_batch(State* const* states, const int32_t* tokens, const int* lens, int B, float* logits_out) {
-  const Model& m = *states[0]->model;
-  const int V = m.cfg.vocab;
-  std::vector<AttnSeg> segs(B);
-  int S = 0;
-  for (int b = 0; b < B; ++b) {
-    State& st = *states[b];
-    st.journal.j = std::make_unique<Journal>();
-    st.journal.j->reserve(m.cfg, lens[b]);  // never grows past journal_bytes (Model.verify_journal_nbytes)
-    st.journal.j->n0 = st.n;
-    st.journal.j->logits_before = st.last_logits;
-    segs[b] = AttnSeg{&st, st.layers.data(), st.n, S, lens[b]};
-    S += lens[b];
-  }
-  std::vector<float> h;
-  run_layers(m, segs.data(), B, tokens, S, h);
-  std::vector<float> logits = head_rows(m, h, 0, S);  // [S, V]
-  for (int b = 0; b < B; ++b) {
-    State& st = *states[b];
-    const int r0 = segs[b].r0, n = lens[b];
-    Journal& j = *st.journal.j;
-    j.logits.assign(logits.begin() + (size_t)r0 * V, logits.begin() + (size_t)(r0 + n) * V);
-    j.n1 = st.n + n;
-    st.n += n;
-    st.tokens.insert(st.tokens.end(), tokens + r0, tokens + r0 + n);
-    st.last_logits.assign(logits.begin() + (size_t)(r0 + n - 1) * V, logits.begin() + (size_t)(r0 + n) * V);
-  }
-  if (logits_out) std::memcpy(logits_out, logits.data(), sizeof(float) * logits.size());
-}
-
-void rewind(State& st, int64_t k) {
-  Journal* j = st.journal.j.get();
-  if (!j) throw std::invalid_argument("rewind: the state's last call was not a speculative one (verify)");
-  if (k < 0 || k > j->n1 - j->n0)
-    throw std::invalid_argument("rewind: k must be in 0.." + std::to_string(j->n1 - j->n0) + " (the tokens the last "
-                                "verify fed that are still kept), got " + std::to_string(k));
-  const int64_t keep = j->n1 - k;
-  // Newest first over the whole record: layer by layer, a call's writes are not in position order
-  // overall, only per location (and appends only per compressor).
-  for (size_t i = j->writes.size(); i-- > 0;) {
-    const Journal::Write& w = j->writes[i];
-    if (w.pos >= keep) std::memcpy(w.dst, j->saved.data() + w.off, sizeof(float) * (size_t)w.len);
-  }
-  for (size_t i = j->appends.size(); i-- > 0;) {
-    if (j->appends[i].second < keep) continue;
-    CompState& cs = *j->appends[i].first;
-    cs.rows -= 1;
-    st.pages.drop_last_row(cs.arr, cs.rows);
-  }
-  j->writes.erase(std::remove_if(j->writes.begin(), j->writes.end(), [&](const Journal::Write& w) { return w.pos >= keep; }),
-                  j->writes.end());
-  j->appends.erase(std::remove_if(j->appends.begin(), j->appends.end(), [&](const auto& a) { return a.second >= keep; }),
-                   j->appends.end());
-  const int V = st.model->cfg.vocab;
-  if (keep > j->n0)
-    st.last_logits.assign(j->logits.begin() + (size_t)(keep - 1 - j->n0) * V, j->logits.begin() + (size_t)(keep - j->n0) * V);
-  else
-    st.last_logits = j->logits_before;
-  j->logits.resize((size_t)(keep - j->n0) * V);
-  st.n = keep;
-  st.tokens.resize((size_t)keep);
-  j->n1 = keep;
-}
-
-int64_t prefill(State& st, const int32_t* tokens, int64_t n, int chunk, const std::atomic<bool>* abort,
-                float* logits_all) {
-  const int V = st.model->cfg.vocab;
-  int64_t done = 0;
-  while (done < n) {
-    if (abort && abort->load(std::memory_order_relaxed)) break;
-    const int S = (int)std::min<int64_t>(chunk, n - done);
-    forward_chunk(st, tokens + done, S, logits_all ? logits_all + (size_t)done * V : nullptr, logits_all != nullptr);
-    done += S;
-  }
-  return done;
+  run_layers(m, as.data(), nseg, tokens, S, h);
+  return head_rows(m, h, r0, S - r0);
 }
 
 }  // namespace cairn

@@ -17,6 +17,7 @@
 
 #include "cairn/expert_cache.h"
 #include "cairn/forward.h"
+#include "dsv4.h"
 #include "cairn/kernels.h"
 #include "cairn/profile.h"
 #include "../../moe_executor.h"
