@@ -25,18 +25,29 @@ result is collected on the Trio thread. Python calls still come through the queu
 makes `serve` return to run them. The same rules hold: a step is never abandoned (the wait is
 shielded; a cancel is delivered at the caller's next checkpoint), nothing runs if the cancel came
 first, one call at a time on one thread (so OpenMP keeps one pool of workers).
+
+At interpreter exit every thread is stopped and joined (an `atexit` hook): an idle thread waits inside
+`worker.serve` with the GIL released, and if that wait ended while Python finalizes, taking the GIL back
+would end the thread by a forced unwind through the kernel's C++ frames: `std::terminate` and exit
+status 134 after everything had passed (seen at the end of pytest runs). Atexit hooks run before
+finalization, while a thread can still take the GIL and leave normally.
 """
 
 from __future__ import annotations
 
+import atexit
 import queue
 import threading
+import weakref
 from typing import Any, Callable
 
 import outcome
 import trio
 
 IDLE_S = 10.0
+STOP_JOIN_S = 5.0   # at exit: how long to wait for a thread still in a kernel call
+
+_LIVE: "weakref.WeakSet[CallThread]" = weakref.WeakSet()
 
 
 class CallThread:
@@ -48,6 +59,8 @@ class CallThread:
         self.worker = worker               # the kernel's StepWorker, or None (every call through the queue)
         self.calls = 0                     # calls run (tests)
         self.steps = 0                     # decode steps run through the worker (tests)
+        self._stopping = False             # set by stop(): the thread leaves at its next idle moment
+        _LIVE.add(self)
 
     async def run_step(self, state: Any, token: int) -> tuple:
         """`decode(state, token)` in the thread, without the GIL (needs `worker`): (logits [V], start ns,
@@ -85,8 +98,23 @@ class CallThread:
                 self.worker.post_python()
             self._ensure_thread()
 
+    def stop(self, timeout: float = STOP_JOIN_S) -> None:
+        """Make the thread leave now rather than after IDLE_S (a call running still finishes) and
+        wait up to `timeout` for it. A later call starts a new thread."""
+        with self._lock:
+            thread = self._thread
+            if thread is None:
+                return
+            self._stopping = True
+            if self.worker is not None:
+                self.worker.post_python()  # `serve` returns; no job is queued for it
+            else:
+                self._jobs.put(None)
+        thread.join(timeout)
+
     def _ensure_thread(self) -> None:
         if self._thread is None:           # with self._lock held
+            self._stopping = False
             self._thread = threading.Thread(target=self._loop, name=self._name, daemon=True)
             self._thread.start()
 
@@ -97,15 +125,21 @@ class CallThread:
                 return self._jobs.get(timeout=IDLE_S)
             except queue.Empty:
                 return None
-        # runs the steps posted meanwhile without the GIL; True: a Python job was posted (it is queued)
-        return self._jobs.get_nowait() if self.worker.serve(IDLE_S) else None
+        # runs the steps posted meanwhile without the GIL; True: a Python job was posted (it is queued,
+        # unless stop() woke it)
+        if not self.worker.serve(IDLE_S):
+            return None
+        try:
+            return self._jobs.get_nowait()
+        except queue.Empty:
+            return None
 
     def _loop(self) -> None:
         while True:
             job = self._next()
             if job is None:
                 with self._lock:           # posting takes the lock too: nothing is posted to a leaving thread
-                    if self._jobs.empty() and (self.worker is None or self.worker.idle):
+                    if self._stopping or (self._jobs.empty() and (self.worker is None or self.worker.idle)):
                         self._thread = None
                         return
                 continue
@@ -113,3 +147,9 @@ class CallThread:
             self.calls += 1
             deliver(outcome.capture(fn))
             del fn, deliver, job
+
+
+@atexit.register
+def _stop_all() -> None:
+    for t in list(_LIVE):
+        t.stop()
