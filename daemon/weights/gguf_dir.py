@@ -159,7 +159,10 @@ _DEEPSEEK_V3_SPLITS = (
     "[!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+|[^\r\n\\p{L}\\p{P}\\p{S}]?[\\p{L}\\p{M}]+|"
     " ?[\\p{P}\\p{S}]+[\r\n]*|\\s*[\r\n]+|\\s+(?!\\S)|\\s+",
 )
-PRE_TOKENIZERS = ("gpt-2", "deepseek-v3")
+# Qwen3.5's (tokenizer.json's Split regex; llama.cpp's LLAMA_VOCAB_PRE_TYPE_QWEN35 spells the (?i:) out)
+_QWEN35_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*"
+                 r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+PRE_TOKENIZERS = ("gpt-2", "deepseek-v3", "qwen35")
 TOKEN_CONTROL, TOKEN_USER_DEFINED = 3, 4   # gguf.TokenType
 
 
@@ -172,6 +175,9 @@ def _pre_tokenizer(name: str, where: str):
         return pre_tokenizers.Sequence(
             [pre_tokenizers.Split(Regex(p), behavior="isolated") for p in _DEEPSEEK_V3_SPLITS]
             + [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    if name == "qwen35":
+        return pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(_QWEN35_SPLIT), behavior="isolated"),
+                                        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
     raise ModelDirError(f"{where}: tokenizer.ggml.pre is {name!r}; supported: {', '.join(PRE_TOKENIZERS)}")
 
 

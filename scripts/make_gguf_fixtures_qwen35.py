@@ -1,0 +1,91 @@
+"""Write the Qwen3.5 GGUF test fixtures (tests/fixtures/gguf/qwen35*.gguf; issue 43 step 10): tiny models
+made by `cairn make-model` (presets qwen35moe-tiny and qwen35-tiny, seed 0, F32) converted by llama.cpp's
+own converter (`Qwen3_5MoeTextModel` / `Qwen3_5TextModel`: arch qwen35moe / qwen35), --outtype f32.
+
+    .venv/bin/python scripts/make_gguf_fixtures_qwen35.py [--llama-cpp SRC] [--out tests/fixtures/gguf]
+
+SRC as in make_gguf_fixtures.py (the llama-cpp-python sdist's vendored tree by default). The V4 shim
+is not used: Qwen3.5 needs no patch but one, the tokenizer's pre-tokenizer hash (make_model's trained
+BPE is unknown to llama.cpp; its regex is GPT-2's, so "gpt-2"), and --no-mtp (the causal presets have no
+MTP head, and the converter would otherwise count one). MANIFEST.json gains one entry per file; SHA256SUMS
+is rewritten over every fixture, as make_gguf_fixtures.py does.
+
+No quantized mixes: llama-quantize is not built in the sdist tree here (../shared/tools/llama-peer/build.sh
+builds it), and the tiny models' rows (64 and 32 wide) hold no 256-value K-quant block anyway.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from make_gguf_fixtures import REPO, SDIST_VERSION, llama_cpp_source  # noqa: E402
+
+SEED = 0
+FIXTURES = {"qwen35moe-tiny-f32": "qwen35moe-tiny", "qwen35-tiny-f32": "qwen35-tiny"}   # file stem -> preset
+
+
+def convert_one(src: str, hf_dir: str, out: str) -> None:
+    """In a child process: llama.cpp's converter main() with the pre-tokenizer fallback."""
+    sys.path[:0] = [src, str(Path(src) / "gguf-py")]
+    import convert_hf_to_gguf as conv
+    from conversion import base
+
+    orig = base.TextModel.get_vocab_base_pre
+
+    def pre(self, tokenizer):
+        try:
+            return orig(self, tokenizer)
+        except NotImplementedError:
+            return "gpt-2"
+
+    base.TextModel.get_vocab_base_pre = pre
+    sys.argv = ["convert_hf_to_gguf.py", hf_dir, "--outtype", "f32", "--outfile", out, "--no-mtp"]
+    conv.main()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--llama-cpp", help="llama.cpp source tree (default: the PyPI sdist's, downloaded once)")
+    ap.add_argument("--out", default=str(REPO / "tests" / "fixtures" / "gguf"))
+    ap.add_argument("--convert-one", nargs=3, metavar=("SRC", "HF", "OUT"), help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.convert_one:
+        convert_one(*a.convert_one)
+        return
+    from cairn.daemon.modelgen.make_model import make_model
+
+    src = llama_cpp_source(a.llama_cpp)
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    manifest = json.loads((out / "MANIFEST.json").read_text()) if (out / "MANIFEST.json").exists() else {}
+    fixtures = manifest.setdefault("fixtures", {})
+    with tempfile.TemporaryDirectory() as tmp:
+        for stem, preset in FIXTURES.items():
+            hf = Path(tmp) / preset   # the directory name becomes general.name: keep it fixed
+            make_model(preset, SEED, hf)
+            r = subprocess.run([sys.executable, __file__, "--convert-one", str(src), str(hf), str(out / f"{stem}.gguf")],
+                               capture_output=True, text=True, errors="replace")
+            if r.returncode != 0:
+                raise SystemExit(f"converting {stem} failed:\n{(r.stdout + r.stderr)[-3000:]}")
+            fixtures[stem] = {"preset": preset, "seed": SEED, "dtype": "float32", "outtype": "f32",
+                              "converter": f"llama-cpp-python {SDIST_VERSION} sdist convert_hf_to_gguf.main() "
+                                           "--no-mtp, unknown pre-tokenizer hash -> gpt-2 "
+                                           "(scripts/make_gguf_fixtures_qwen35.py)"}
+    (out / "MANIFEST.json").write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+    sums = []
+    for f in sorted(out.glob("*.gguf")):
+        sums.append(f"{hashlib.sha256(f.read_bytes()).hexdigest()}  {f.name}")
+        if f.stem in FIXTURES:
+            print(f"{f.stat().st_size:>9}  {f.name}")
+    (out / "SHA256SUMS").write_text("\n".join(sums) + "\n")
+
+
+if __name__ == "__main__":
+    main()

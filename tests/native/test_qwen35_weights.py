@@ -1,0 +1,228 @@
+"""Qwen3.5's files -> the kernel's inputs (issue 43 steps 7 and 10; daemon/weights/qwen35/): the
+safetensors layouts (per-expert, fused 3-D experts, the conditional-generation release layout with its
+vision tower and MTP head ignored and named) give one dict; `_kernel.Qwen35Model` on it, and on the
+F32 GGUF fixtures llama.cpp's converter wrote, matches HF's logits; the GGUF's tensors, un-tiled, are
+the converter's transform of HF's weights, bit for bit; bad files are named; the State cost."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGUFReader
+from safetensors.numpy import load_file, save_file
+
+import cairn._kernel as K
+from cairn.daemon.modelgen.make_model import make_model
+from cairn.daemon.weights import families
+from cairn.daemon.weights.errors import ModelDirError
+from cairn.daemon.weights.gguf_dir import _pre_tokenizer
+from cairn.daemon.weights.qwen35 import gguf as qgguf
+from cairn.daemon.weights.qwen35.kernel_inputs import kernel_weights, open_qwen35
+from cairn.daemon.weights.qwen35.names import IGNORED, canonical_name
+
+from hf_oracle_qwen35 import hf_logits
+
+FIX = Path(__file__).resolve().parent.parent / "fixtures" / "gguf"
+MANIFEST = json.loads((FIX / "MANIFEST.json").read_text())["fixtures"]
+GGUF = {"qwen35moe-tiny": "qwen35moe-tiny-f32", "qwen35-tiny": "qwen35-tiny-f32"}   # preset -> fixture stem
+TOL = 1e-4
+SEED = MANIFEST["qwen35moe-tiny-f32"]["seed"]   # every layout of the fixtures' seed
+TOKENS = np.random.default_rng(5).integers(0, 512, 80).astype(np.int32)
+
+
+class Log:
+    def __init__(self):
+        self.events = []
+
+    def info(self, event, **kw):
+        self.events.append((event, kw))
+
+    warning = info
+
+
+_DIRS: dict[str, Path] = {}
+
+
+def _dir(preset: str, tmp_path_factory) -> Path:
+    """The fixtures' source directory (make_model is deterministic), made once per preset."""
+    if preset not in _DIRS:
+        _DIRS[preset] = make_model(preset, SEED, tmp_path_factory.mktemp("q35") / preset)
+    return _DIRS[preset]
+
+
+def test_the_three_moe_layouts_give_one_dict(tmp_path_factory):
+    base_cfg, base = kernel_weights(open_qwen35(_dir("qwen35moe-tiny", tmp_path_factory)))
+    assert "layers.0.mlp.experts.7.down_proj.weight" in base and not any("gate_up" in k for k in base)
+    for preset in ("qwen35moe-tiny-fused", "qwen35moe-tiny-cond"):
+        log = Log()
+        md = open_qwen35(_dir(preset, tmp_path_factory), log=log)
+        cfg, w = kernel_weights(md)
+        assert cfg == base_cfg, preset   # the nested text_config resolves to the flat config
+        assert set(w) == set(base), preset
+        for name, a in base.items():
+            assert w[name].dtype == np.float32 and np.array_equal(w[name], a), (preset, name)
+        ignored = [kw for e, kw in log.events if e == "model_tensors_ignored"]
+        if preset.endswith("cond"):
+            files = {}
+            for f in sorted(md.path.glob("*.safetensors")):
+                files |= load_file(f)
+            extra = [n for n in files if n.startswith(("model.visual.", "mtp."))]
+            assert len(extra) > 10 and all(canonical_name(n) is None for n in extra)
+            assert ignored == [dict(ignored[0], tensors=len(extra), names=IGNORED)]
+        else:
+            assert ignored == []
+    # fused experts are per-expert views of the file's one memory map, not copies
+    _, fused = kernel_weights(open_qwen35(_dir("qwen35moe-tiny-fused", tmp_path_factory)))
+    g0, u0 = fused["layers.0.mlp.experts.0.gate_proj.weight"], fused["layers.0.mlp.experts.0.up_proj.weight"]
+    addr = lambda a: a.__array_interface__["data"][0]   # noqa: E731
+    assert not g0.flags.owndata and not u0.flags.owndata and addr(u0) == addr(g0) + g0.nbytes   # gate rows, then up
+
+
+@pytest.mark.parametrize("preset", ["qwen35moe-tiny", "qwen35-tiny"])
+def test_safetensors_and_gguf_inputs_match_hf(preset, tmp_path_factory):
+    d = _dir(preset, tmp_path_factory)
+    ref = hf_logits(d, TOKENS)
+    cfg, w = kernel_weights(open_qwen35(d))
+    got = K.Qwen35Model(cfg, w).forward(TOKENS)
+    assert np.abs(got - ref).max() <= TOL
+    gmd = open_qwen35(FIX / f"{GGUF[preset]}.gguf")
+    gcfg, gw = kernel_weights(gmd)
+    assert gcfg == cfg and set(gw) == set(w)
+    assert gcfg["tie_word_embeddings"] == (preset == "qwen35-tiny")   # no output.weight in the file
+    ggot = K.Qwen35Model(gcfg, gw).forward(TOKENS)
+    assert np.abs(ggot - ref).max() <= TOL
+    # the folded norms handed back as stored - 1 and A_log = log(-ssm_a): the kernel rebuilds the file's
+    # values (HF's 1 + w and -exp(A_log) in fp32), exactly for these fixtures (every ssm_a reachable)
+    np.testing.assert_array_equal(ggot, got)
+
+
+@pytest.mark.parametrize("preset", ["qwen35moe-tiny", "qwen35-tiny"])
+def test_gguf_tensors_are_the_converters_transform_of_hf_weights(preset, tmp_path_factory):
+    d = _dir(preset, tmp_path_factory)
+    hf = {canonical_name(k): v for k, v in load_file(d / "model.safetensors").items()}
+    md = open_qwen35(FIX / f"{GGUF[preset]}.gguf")
+    cfg = md.config
+    assert cfg["linear_num_key_heads"] != cfg["linear_num_value_heads"]   # the tiled order is exercised
+    seen, reordered = 0, set()
+    for t in GGUFReader(FIX / f"{GGUF[preset]}.gguf").tensors:
+        assert t.tensor_type.name == "F32"
+        kind, canon, layer = qgguf.tensor_name(t.name, cfg["num_hidden_layers"])
+        a = np.array(t.data).reshape([int(x) for x in reversed(t.shape.tolist())])
+        if kind == "experts":
+            _, names = qgguf.expert_views(cfg, layer, canon)
+            pairs = list(zip(names, a))
+        else:
+            pairs = [(canon, a)]
+        for name, arr in pairs:
+            want = hf[name]
+            if qgguf.is_folded_norm(name):
+                want = np.float32(1) + want
+            if name.endswith("A_log"):
+                want = (-torch.exp(torch.from_numpy(want))).numpy()
+            if name.endswith("conv1d.weight"):
+                want = want.squeeze(1)
+            if arr.shape != want.shape:
+                arr = arr.reshape(want.shape)   # conv [cd, K] vs [cd, 1, K] (squeezed)
+            got = qgguf.untile(name, arr, cfg)
+            assert got.view(np.uint32).tolist() == want.view(np.uint32).tolist(), (t.name, name)
+            if not np.array_equal(arr, want):
+                reordered.add(name)
+            seen += 1
+    assert seen == len(hf)
+    G = "layers.0.linear_attn."
+    assert {G + p for p in ("in_proj_qkv.weight", "in_proj_z.weight", "in_proj_a.weight", "in_proj_b.weight",
+                            "conv1d.weight", "dt_bias", "A_log", "out_proj.weight")} <= reordered
+
+
+def _save(d: Path, mutate) -> None:
+    f = d / "model.safetensors"
+    w = load_file(f)
+    mutate(w)
+    save_file(w, f)
+
+
+def test_bad_files_are_named(tmp_path):
+    d = make_model("qwen35moe-tiny", 0, tmp_path / "shape")
+    _save(d, lambda w: w.__setitem__("model.layers.2.self_attn.k_proj.weight", np.zeros((32, 64), np.float32)))
+    with pytest.raises(ModelDirError, match=r"tensor 'model\.layers\.2\.self_attn\.k_proj\.weight' has shape "
+                                            r"\[32, 64\], expected \[64, 64\] from config\.json"):
+        open_qwen35(d)
+    d = make_model("qwen35moe-tiny", 0, tmp_path / "missing")
+    _save(d, lambda w: w.pop("model.layers.0.linear_attn.A_log"))
+    with pytest.raises(ModelDirError, match=r"missing tensor\(s\) layers\.0\.linear_attn\.A_log"):
+        open_qwen35(d)
+    d = make_model("qwen35moe-tiny-fused", 0, tmp_path / "fused")
+    _save(d, lambda w: w.__setitem__("model.layers.1.mlp.experts.down_proj", np.zeros((8, 64, 16), np.float32)))
+    with pytest.raises(ModelDirError, match=r"'model\.layers\.1\.mlp\.experts\.down_proj' has shape \[8, 64, 16\], "
+                                            r"expected \[8, 64, 32\] \(\[num_experts, hidden_size, moe_intermediate_size\]\)"):
+        open_qwen35(d)
+    d = make_model("qwen35moe-tiny", 0, tmp_path / "cfg")
+    cfg = json.loads((d / "config.json").read_text())
+    (d / "config.json").write_text(json.dumps({**cfg, "linear_num_value_heads": 3}))
+    with pytest.raises(ModelDirError, match=r"linear_num_value_heads \(3\) must be a multiple of linear_num_key_heads \(2\)"):
+        open_qwen35(d)
+    # GGUF values
+    with pytest.raises(ModelDirError, match=r"blk\.0\.attn_norm\.weight.*1 of 3 folded norm values .*first at 1: 0\.001"):
+        qgguf.unfold_norm(np.array([1.0, 1e-3, 0.7], np.float32), "f.gguf: tensor 'blk.0.attn_norm.weight'")
+    with pytest.raises(ModelDirError, match=r"blk\.0\.ssm_a'?: ssm_a must be negative"):
+        qgguf.a_log_for(np.array([-0.5, 0.25], np.float32), "f.gguf: tensor 'blk.0.ssm_a'")
+    meta = {"general.architecture": "qwen35moe", "qwen35moe.block_count": 6}
+    with pytest.raises(ModelDirError, match=r"metadata key 'qwen35moe\.attention\.key_length' is missing"):
+        qgguf.config_from_metadata({**meta, "qwen35moe.attention.recurrent_layers": [True] * 6}, "f.gguf")
+
+
+def test_a_log_from_ssm_a_round_trips_within_one_ulp():
+    """What the kernel rebuilds from the A_log the loader hands it ((float)-exp((double)A_log), its
+    load): the stored ssm_a, or one ulp off where no float A_log reaches it (why the kernel should
+    take ssm_a as stored)."""
+    rng = np.random.default_rng(0)
+    ssm_a = (-torch.exp(torch.from_numpy(np.log(rng.uniform(0.01, 16.0, 4000)).astype(np.float32)))).numpy()
+    back = (-np.exp(qgguf.a_log_for(ssm_a, "x").astype(np.float64))).astype(np.float32)
+    ulps = np.abs(back.view(np.int32).astype(np.int64) - ssm_a.view(np.int32))
+    assert ulps.max() == 1 and 0.98 < (ulps == 0).mean() < 1
+
+
+def test_untile_inverts_the_tiled_order():
+    cfg = {"linear_num_key_heads": 2, "linear_num_value_heads": 6, "linear_key_head_dim": 1, "linear_value_head_dim": 2}
+    # grouped v heads (k0: v0 v1 v2, k1: v3 v4 v5), head_dim 2 -> tiled [k0v0, k1v0, k0v1, k1v1, ...] as the converter
+    grouped = np.arange(12)
+    tiled = grouped.reshape(2, 3, 2).transpose(1, 0, 2).reshape(-1)
+    assert tiled[:4].tolist() == [0, 1, 6, 7]
+    np.testing.assert_array_equal(tiled[qgguf.untile_perm(cfg, 2)], grouped)
+    z = np.stack([tiled, tiled * 10]).T   # rows
+    np.testing.assert_array_equal(qgguf.untile("layers.0.linear_attn.in_proj_z.weight", z, cfg)[:, 0], grouped)
+    out = np.stack([tiled, tiled + 1])   # columns
+    np.testing.assert_array_equal(qgguf.untile("layers.0.linear_attn.out_proj.weight", out, cfg)[0], grouped)
+
+
+def test_qwen35_pre_tokenizer():
+    pre = _pre_tokenizer("qwen35", "f.gguf")
+    parts = [t for t, _ in pre.pre_tokenize_str("WE'LL pay 1234 now\n\n  ok")]
+    # digits one by one, contractions in any case, newline runs alone (Qwen's regex; GPT-2's keeps 1234)
+    assert parts == ["WE", "'LL", "Ġpay", "Ġ", "1", "2", "3", "4", "Ġnow", "ĊĊ", "Ġ", "Ġok"]
+
+
+def test_family_functions_and_refusal():
+    f = families.by_name("qwen3_5")
+    assert f.refused and f.canonical_name("model.language_model.norm.weight") == "norm.weight"
+    assert f.is_routed_expert("layers.3.mlp.experts.5.up_proj.weight")
+    assert not f.is_routed_expert("layers.3.mlp.shared_expert.up_proj.weight")
+    with pytest.raises(ModelDirError, match="kernel cannot run this family yet"):
+        families.for_config({"model_type": "qwen3_5_moe", "text_config": {"model_type": "qwen3_5_moe_text"}})
+
+
+def test_state_cost_tail_and_rows(tmp_path_factory):
+    cfg = open_qwen35(_dir("qwen35moe-tiny", tmp_path_factory)).config
+    c = families.by_name("qwen3_5").state_cost(cfg, 0)
+    # 4 GDN layers x (3 conv rows x 128 + 4 heads x 16 x 16) floats: families.md §3's 22 KiB
+    assert c.fixed_bytes() == 4 * 4 * (3 * 128 + 4 * 16 * 16) == 22528
+    assert c.per_token == 4 * (2 * 2 * 2 * 32 + 1)   # 2 attention layers' K and V rows, and the id
+    assert c.bytes_at(0) == 4 * 512
+    assert c.bytes_at(100) == 22528 + 100 * c.per_token + 4 * 512
+    assert c.bytes_at(1) == 4 * (4 * (128 + 1024) + 2 * 128 + 1 + 512)   # one conv row so far
+    assert c.group_bytes() == 4 * 2 * 64 * 128 and c.journal_bytes(5) == 0
+    assert c.snapshot_bytes_at(100) > c.bytes_at(100) and c.resident_at(1) >= c.bytes_at(1)
