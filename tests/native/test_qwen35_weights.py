@@ -23,6 +23,7 @@ from cairn.daemon.weights.gguf_dir import _pre_tokenizer
 from cairn.daemon.weights.qwen35 import gguf as qgguf
 from cairn.daemon.weights.qwen35.kernel_inputs import kernel_weights, open_qwen35
 from cairn.daemon.weights.qwen35.names import IGNORED, canonical_name
+from cairn.daemon.weights.safetensors_io import to_bf16_bits
 
 from hf_oracle_qwen35 import hf_logits
 
@@ -226,3 +227,13 @@ def test_state_cost_tail_and_rows(tmp_path_factory):
     assert c.bytes_at(1) == 4 * (4 * (128 + 1024) + 2 * 128 + 1 + 512)   # one conv row so far
     assert c.group_bytes() == 4 * 2 * 64 * 128 and c.journal_bytes(5) == 0
     assert c.snapshot_bytes_at(100) > c.bytes_at(100) and c.resident_at(1) >= c.bytes_at(1)
+
+
+def test_bf16_directory_is_widened_exactly(tmp_path, tmp_path_factory):
+    _, f32 = kernel_weights(open_qwen35(_dir("qwen35-tiny", tmp_path_factory)))
+    md = open_qwen35(make_model("qwen35-tiny", SEED, tmp_path / "bf16", dtype="bfloat16"))
+    assert {i.dtype for i in md.tensors.values()} == {"BF16"}
+    _, w = kernel_weights(md)
+    for name, a in f32.items():
+        want = (to_bf16_bits(a).astype(np.uint32) << 16).view(np.float32)
+        assert w[name].dtype == np.float32 and np.array_equal(w[name], want), name
