@@ -125,8 +125,10 @@ class DecodeSteps:
 
     def __init__(self, engine: Engine, *, gather_s: float = 0.005, speculate: bool | None = None) -> None:
         self._engine, self.gather_s = engine, gather_s
-        # drafts are verified when the engine asks for it and the kernel can (verify, rewind)
-        self.speculate = (engine.speculate if speculate is None else speculate) and hasattr(engine.kernel, "verify")
+        # drafts are verified when the engine asks for it and the kernel can (verify, rewind) for this
+        # model's family (Qwen3.5's supports_verify is False: no bounded rewind of its recurrent state)
+        self.speculate = ((engine.speculate if speculate is None else speculate) and hasattr(engine.kernel, "verify")
+                          and bool(getattr(engine.model, "supports_verify", True)))
         self._pending: list[_Step] = []
         self._arrived = trio.Event()
         self.steps = 0                          # kernel steps made (metrics, tests)

@@ -163,6 +163,18 @@ def choose_slots(settings: Settings, loaded: Loaded) -> SlotsChoice:
     return SlotsChoice(1, "no memory plan: one slot")
 
 
+def choose_speculation(settings: Settings, model) -> tuple[bool, str]:
+    """Whether decode speculates, and why not when the setting asks for it but the model cannot: a
+    family without a verify journal (Qwen3.5: each token rewrites its recurrent state, families.md §3)
+    reports `supports_verify` False, and its engine must never call `verify`."""
+    if settings.speculate != "on":
+        return False, ""
+    if not getattr(model, "supports_verify", True):
+        return False, (f"the {getattr(model, 'family', '?')} kernel has no bounded rewind of its recurrent state "
+                       "(speculative decoding is off for the family; docs/architecture.md)")
+    return True, ""
+
+
 def checkpoint_fingerprint(loaded: Loaded) -> str:
     """What a disk checkpoint must match to be restored: the model (config + weights + tokenizer,
     model_dir's fingerprint), the kernel's snapshot format and page size, and the build's rounding
@@ -214,9 +226,12 @@ async def run_daemon(settings: Settings, loaded: Loaded, *, handle_signals: bool
                       else ("ram",))
     slots = choose_slots(settings, loaded)
     log.info("slots", slots=slots.slots, reason=slots.reason)
+    speculate, why = choose_speculation(settings, loaded.model)
+    if why:
+        log.info("speculation_off", reason=why)
     engine = Engine(loaded.kernel, loaded.model, loaded.tokenizer, loaded.context_length,
                     segment=settings.segment, chunk=settings.chunk, metrics=metrics,
-                    progress_interval_s=settings.progress_interval_ms / 1000, speculate=settings.speculate == "on",
+                    progress_interval_s=settings.progress_interval_ms / 1000, speculate=speculate,
                     checkpoints=make_checkpoints(settings, loaded, log, metrics))
     if loaded.memory_plan is not None:
         from cairn.actors.engine.memory_guard import MemoryGuard

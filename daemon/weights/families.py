@@ -23,6 +23,13 @@ class WeightFamily:
     model_types: tuple[str, ...]           # config.json model_type values (top level or text_config)
     gguf_archs: tuple[str, ...]            # GGUF general.architecture values
     refused: str | None = None             # why the kernel cannot run this family yet (None: it can)
+    refused_gguf: str | None = None        # why its GGUF files cannot be served yet (None: as `refused`)
+    # (path, digest_cache=, log=) -> ModelDir: a family whose directories need more than model_dir's
+    # shared flow opens them itself (None: the shared flow)
+    open_dir: Callable | None = None
+    # (ModelDir, FileMaps) -> the weights dict `_kernel.Model` takes (None: model_dir.map_weights,
+    # the stored bytes with their dtype tags)
+    kernel_weights: Callable | None = None
     # config.json (raw dict, where) -> the resolved dict the kernel reads (fingerprinted as is)
     resolve_config: Callable[[dict, str], dict] | None = None
     expected_shapes: Callable[[dict], dict[str, tuple[int, ...]]] | None = None
@@ -52,7 +59,9 @@ def _qwen35() -> WeightFamily:
     return WeightFamily(
         name="qwen3_5", model_types=("qwen3_5", "qwen3_5_moe", "qwen3_5_text", "qwen3_5_moe_text"),
         gguf_archs=("qwen35", "qwen35moe"),
-        refused="Qwen3.5 (issue 43): the kernel cannot run this family yet", **qwen35.FUNCTIONS)
+        refused="Qwen3.5 (issue 43): the kernel cannot run this family yet",
+        refused_gguf="Qwen3.5 as GGUF (issue 43): not served yet (safetensors directories are)",
+        **qwen35.FUNCTIONS)
 
 
 def families() -> tuple[WeightFamily, ...]:
@@ -91,12 +100,13 @@ def for_gguf(arch, where: str) -> WeightFamily:
     """The family of a GGUF file's general.architecture."""
     for f in families():
         if arch in f.gguf_archs:
-            return _servable(f, f"{where}: general.architecture {arch!r}")
+            return _servable(f, f"{where}: general.architecture {arch!r}", gguf=True)
     raise ModelDirError(f"{where}: general.architecture is {arch!r}; cairn serves DeepSeek-V4 GGUF files "
                         "(architecture 'deepseek4', as llama.cpp's converter writes them)")
 
 
-def _servable(f: WeightFamily, what: str) -> WeightFamily:
-    if f.refused is not None:
-        raise ModelDirError(f"{what} is {f.refused}")
+def _servable(f: WeightFamily, what: str, gguf: bool = False) -> WeightFamily:
+    why = f.refused or (f.refused_gguf if gguf else None)
+    if why is not None:
+        raise ModelDirError(f"{what} is {why}")
     return f

@@ -156,6 +156,8 @@ def open_model_dir(path: str | Path, *, digest_cache: str | Path | None = None, 
     cfg_file = path / "config.json"
     raw = _read_json(cfg_file, f"{cfg_file}: missing (a model directory needs config.json)")
     family = families.for_config(raw, str(cfg_file))   # a family the kernel cannot run yet stops here
+    if family.open_dir is not None:
+        return family.open_dir(path, digest_cache=digest_cache, log=log)
     cfg = family.resolve_config(raw, str(cfg_file))
 
     tok_file = path / "tokenizer.json"
@@ -204,11 +206,14 @@ def open_model_dir(path: str | Path, *, digest_cache: str | Path | None = None, 
                     bos_token=bos, eos_token=eos, family=family.name)
 
 
-def log_ignored(log, tensors: int, nbytes: int, where: str) -> None:
-    """One line for the tensors a model carries that cairn does not run (the speculative heads)."""
+IGNORED_WHY = "speculative-decoding heads (MTP, or V4-Flash-0731's DSpark drafter): not run by cairn"
+
+
+def log_ignored(log, tensors: int, nbytes: int, where: str, why: str = IGNORED_WHY) -> None:
+    """One line for the tensors a model carries that cairn does not run (the speculative heads; a
+    conditional-generation checkpoint's vision tower)."""
     if tensors and log is not None:
-        log.info("model_tensors_ignored", tensors=tensors, bytes=nbytes, names=where,
-                 why="speculative-decoding heads (MTP, or V4-Flash-0731's DSpark drafter): not run by cairn")
+        log.info("model_tensors_ignored", tensors=tensors, bytes=nbytes, names=where, why=why)
 
 
 def map_weights(md: ModelDir, maps: FileMaps | None = None) -> dict[str, tuple[np.ndarray, str]]:
@@ -279,7 +284,9 @@ def load_model(path: str | Path | ModelDir, threads: int = 0, *, widen_bf16: boo
         except OSError:
             cache = ""
     maps = FileMaps()
-    model = _kernel.Model(md.config, map_weights(md, maps), md.fingerprint, threads, widen_bf16=widen_bf16,
+    fam = families.by_name(md.family)
+    weights = fam.kernel_weights(md, maps) if fam.kernel_weights is not None else map_weights(md, maps)
+    model = _kernel.Model(md.config, weights, md.fingerprint, threads, widen_bf16=widen_bf16,
                           packed_cache=cache, expert_cache_bytes=expert_cache_bytes or 0, page_tokens=page_tokens)
     # The kernel has packed (or mapped from the cache) every matrix and released their sources; what
     # it keeps in place (norms, biases, the BF16 embedding) pins its file's map: drop the pages packing

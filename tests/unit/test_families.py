@@ -121,3 +121,62 @@ def test_forced_calls_and_modes_come_from_the_family():
     tok = SimpleNamespace(to_json=lambda: "{}", eos_id=0, token_to_id=lambda text: None)
     assert type(AgentProtocol(tok, 16, get_logger()).grammars()) is Dsv4Grammars      # V4's DSML grammar
     assert type(AgentProtocol(tok, 16, get_logger(), chat=qwen.CHAT).grammars()) is Qwen35Grammars
+
+
+def test_a_qwen35_directory_opens_through_its_family_once_served(tmp_path, monkeypatch):
+    """The load path asks the family (open_dir, kernel_weights), not the model_type string: the
+    conditional-generation layout's vision tower and MTP head are ignored with one log line."""
+    import dataclasses
+
+    import numpy as np
+
+    from cairn.daemon.modelgen.make_model import make_model
+    from cairn.daemon.weights.model_dir import FileMaps
+
+    served = families._qwen35()
+    monkeypatch.setattr(families, "_qwen35", lambda: dataclasses.replace(served, refused=None))
+
+    class Log:
+        def __init__(self):
+            self.events = []
+
+        def info(self, event, **kw):
+            self.events.append((event, kw))
+
+    log = Log()
+    md = open_model_dir(make_model("qwen35moe-tiny-cond", 1, tmp_path / "q"), log=log)
+    assert md.family == "qwen3_5" and "family" not in md.config
+    ignored = [kw for e, kw in log.events if e == "model_tensors_ignored"]
+    assert len(ignored) == 1 and "vision tower" in ignored[0]["names"] and ignored[0]["tensors"] > 0
+    weights = families.by_name(md.family).kernel_weights(md, FileMaps())
+    assert set(weights) == set(md.tensors) and all(a.dtype == np.float32 for a in weights.values())
+    assert not any(n.startswith(("model.", "mtp.")) for n in weights)
+
+
+def test_a_served_qwen35_gguf_is_still_refused_until_its_loader_is(tmp_path, monkeypatch):
+    import dataclasses
+
+    import gguf
+
+    served = families._qwen35()
+    monkeypatch.setattr(families, "_qwen35", lambda: dataclasses.replace(served, refused=None))
+    path = tmp_path / "q.gguf"
+    w = gguf.GGUFWriter(str(path), "qwen35")
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(ModelDirError, match="Qwen3.5 as GGUF"):
+        open_model_dir(path)
+
+
+def test_speculation_is_off_for_a_model_without_verify():
+    from types import SimpleNamespace
+
+    from cairn.daemon.service.main import choose_speculation
+
+    on, off = SimpleNamespace(speculate="on"), SimpleNamespace(speculate="off")
+    assert choose_speculation(on, SimpleNamespace(supports_verify=True, family="deepseek_v4")) == (True, "")
+    assert choose_speculation(off, SimpleNamespace(supports_verify=False)) == (False, "")
+    ok, why = choose_speculation(on, SimpleNamespace(supports_verify=False, family="qwen3_5"))
+    assert not ok and "qwen3_5" in why and "speculative decoding is off" in why

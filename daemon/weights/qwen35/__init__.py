@@ -19,8 +19,20 @@ def gguf_config(meta: dict, where: str) -> dict:
     return gguf.config_from_metadata(meta, where)
 
 
+def open_dir(path, *, digest_cache=None, log=None):
+    from .kernel_inputs import open_qwen35
+
+    return open_qwen35(path, digest_cache=digest_cache, log=log)
+
+
+def kernel_weights(md, maps):
+    from .kernel_inputs import kernel_weights as weights
+
+    return weights(md, maps)[1]
+
+
 FUNCTIONS = dict(
     resolve_config=config.resolve_config, expected_shapes=names.expected_shapes,
     canonical_name=names.canonical_name, ignored_names=names.IGNORED, is_routed_expert=names.is_routed_expert,
     gguf_config=gguf_config, gguf_tensor=gguf.tensor_name, gguf_experts=gguf.expert_views,
-    gguf_name=gguf.gguf_name, state_cost=state_cost)
+    gguf_name=gguf.gguf_name, state_cost=state_cost, open_dir=open_dir, kernel_weights=kernel_weights)

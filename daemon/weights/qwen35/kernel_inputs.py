@@ -65,7 +65,7 @@ def open_qwen35(path: str | Path, *, digest_cache: str | Path | None = None, log
                 raise ModelDirError(f"{f}: tensor {name!r} duplicates one in {tensors[canon].file.name}")
             tensors[canon] = info
     tensors = _check(path, cfg, split_fused_experts(tensors, cfg), "config.json", None)
-    md_mod.log_ignored(log, *ignored, IGNORED)
+    md_mod.log_ignored(log, *ignored, IGNORED, why="not the text model (a vision tower, the MTP head): not run by cairn")
     digests = DigestCache(digest_cache)
     headers = [h + bytes.fromhex(d) for h, d in zip(headers, md_mod.hash_weight_files(digests, files, log))]
     h = hashlib.sha256(json.dumps(cfg, sort_keys=True).encode())
