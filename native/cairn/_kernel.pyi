@@ -84,6 +84,14 @@ class Model:
     @property
     def fingerprint(self) -> str: ...
     @property
+    def family(self) -> str:
+        """'deepseek_v4', or 'qwen3_5' when the config's model_type (top level or text_config) is
+        qwen3_5* (then the weights are Qwen35Model's and only page_tokens applies; its default: 64)."""
+    @property
+    def supports_verify(self) -> bool:
+        """Whether verify/verify_batch/rewind work on its states; False (qwen3_5): they and
+        verify_journal_nbytes raise ValueError('speculative decoding is off for qwen3_5: ...')."""
+    @property
     def vocab_size(self) -> int: ...
     @property
     def n_layers(self) -> int: ...
@@ -106,8 +114,8 @@ class Model:
         V4-Flash width, half of it logits."""
 
 class Qwen35Model:
-    """Immutable Qwen3.5 text model (qwen3_5 dense or qwen3_5_moe), fp32; in progress (issue 43 step 4):
-    a whole sequence from an empty state, no State or snapshots yet.
+    """Immutable Qwen3.5 text model (qwen3_5 dense or qwen3_5_moe), fp32: forward() runs a whole sequence
+    from an empty state; .model is the same model as a Model (State, prefill, decode, snapshots).
 
     config: HF's config dict (a nested 'text_config' is used when present; layer_types or
     full_attention_interval). weights: canonical name -> float32 array (or (array, "F32")): HF's names
@@ -119,6 +127,8 @@ class Qwen35Model:
     def forward(self, ids: npt.NDArray[np.int32], *, chunk: int = 0) -> npt.NDArray[np.float32]:
         """Logits [S, V] of every position of ids [S]. chunk > 0 feeds calls of that many tokens,
         carrying the per-token state between them: the same bits as one call. Runs without the GIL."""
+    @property
+    def model(self) -> Model: ...
     @property
     def vocab_size(self) -> int: ...
     @property

@@ -14,6 +14,7 @@ struct BoundModel : cairn::Model {
   BoundModel(pybind11::dict config, pybind11::dict weights, std::string fingerprint, int threads,
              bool batched_indexer, bool widen_bf16, std::string packed_cache, int64_t expert_cache_bytes,
              std::string expert_policy, int expert_readers, int64_t page_tokens);
+  BoundModel() = default;  // filled by a family's loader (load_qwen35)
 };
 
 // State bound to Python: owns a shared reference to its model so it can never dangle.
@@ -31,3 +32,7 @@ void register_experts(pybind11::module_& m);  // expert cache: Model methods + p
 void register_packed(pybind11::module_& m);   // packed cache file: layout description and keys
 void register_codecs(pybind11::module_& m);   // GGUF block codecs: test hooks (codec_dequantize, codec_types)
 void register_qwen35(pybind11::module_& m);   // Qwen3.5 family (families/qwen35/): Qwen35Model
+// Qwen3.5 (families/qwen35/bind_qwen35.cpp): a config of its model_type (top level or text_config),
+// and the loader that makes a Model of that family (page_tokens 0: its default).
+bool is_qwen35_config(const pybind11::dict& config);
+void load_qwen35(BoundModel& m, pybind11::dict config, pybind11::dict weights, int threads, int64_t page_tokens);

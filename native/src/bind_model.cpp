@@ -377,6 +377,14 @@ BoundModel::BoundModel(py::dict config, py::dict weights, std::string fp, int nt
     throw py::value_error("expert_readers must be in 1..16 (reader threads for paged experts), got " +
                           std::to_string(expert_readers));
   SlotPolicy::parse(expert_policy);  // a bad name fails before any packing
+  if (is_qwen35_config(config)) {  // another family: its own loader (families/qwen35/)
+    if (expert_cache_bytes)
+      throw py::value_error("expert_cache_bytes must be 0 for qwen3_5 models (paged experts are DeepSeek-V4's only)");
+    load_qwen35(*this, config, weights, nthreads, page_tokens);
+    fingerprint = std::move(fp);
+    trace = std::make_shared<RouteTrace>();
+    return;
+  }
   cfg = parse_config(config);
   try {
     page_layout = make_page_layout(cfg, page_tokens);
@@ -469,6 +477,9 @@ BoundModel::BoundModel(py::dict config, py::dict weights, std::string fp, int nt
 void register_model(py::module_& m) {
   py::class_<BoundModel, std::shared_ptr<BoundModel>>(m, "Model", R"doc(Immutable DeepSeek-V4 weights + config.
 
+A config whose model_type is qwen3_5* (top level or text_config) makes a Qwen3.5 model instead
+(families/qwen35/: float32 weights by HF name, Qwen35Model's); the keyword options below then keep
+their defaults but page_tokens (its default: 64).
 config: resolved config dict; weights: canonical name -> (array, "F32"|"BF16"|"F16"|"I64"|"I32"|
 "F8_E4M3"|"I8"|"F8_E8M0"). Weight matrices are packed into panels at load: BF16 ones as BF16 panels
 widened inside the product (half the memory and bandwidth, identical results; widen_bf16=True stores
@@ -501,6 +512,9 @@ of every compress rate >= 256); any multiple of every compress rate gives the sa
         if (n < 1 || n > MAX_CHUNK)
           throw py::value_error("n_tokens must be in 1.." + std::to_string(MAX_CHUNK) + " (one verify's tokens), got " +
                                 std::to_string(n));
+        if (!m.family->supports_verify)
+          throw py::value_error(std::string("speculative decoding is off for ") + m.family->name +
+                                ": it has no verify journal");
         return journal_bytes(m.cfg, n);
       }, py::arg("n_tokens"),
          "Bytes of the undo record a verify of n_tokens tokens keeps in its state until the state's next "
@@ -509,6 +523,11 @@ of every compress rate >= 256); any multiple of every compress rate gives the sa
       .def_property_readonly("packed_cache_written", [](const BoundModel& m) { return m.packed_cache_written; })
       .def_property_readonly("packed_bytes", [](const BoundModel& m) { return m.packed_bytes; })
       .def_property_readonly("fingerprint", [](const BoundModel& m) { return m.fingerprint; })
+      .def_property_readonly("family", [](const BoundModel& m) { return std::string(m.family->name); },
+                             "The model family: 'deepseek_v4' or 'qwen3_5' (chosen from the config's model_type).")
+      .def_property_readonly("supports_verify", [](const BoundModel& m) { return m.family->supports_verify; },
+                             "Whether verify/rewind (speculative decoding) work on its states (False: they raise "
+                             "ValueError; Qwen3.5's recurrent state has no journal).")
       .def_property_readonly("vocab_size", [](const BoundModel& m) { return m.cfg.vocab; })
       .def_property_readonly("n_layers", [](const BoundModel& m) { return m.cfg.n_layers; })
       .def_property_readonly("threads", [](const BoundModel& m) { return m.threads; })

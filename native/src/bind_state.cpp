@@ -311,6 +311,9 @@ void register_state(py::module_& m) {
          "copies every group too (a snapshot that shares nothing).")
       .def_static("restore", [](std::shared_ptr<BoundModel> model, const PySnapshot& snap) {
         if (!model) throw KernelError("model must not be None");
+        if (snap.model->family != model->family)
+          throw KernelError(std::string("snapshot is of model family ") + snap.model->family->name +
+                            ", this model is " + model->family->name);
         if (snap.model.get() != model.get() && snap.model->fingerprint != model->fingerprint)
           throw KernelError("snapshot belongs to a different model (fingerprint '" + snap.model->fingerprint +
                             "', model '" + model->fingerprint + "')");

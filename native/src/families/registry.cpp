@@ -4,6 +4,10 @@
 
 namespace cairn {
 
-const FamilyOps* const kFamilies[] = {&kDsv4Ops, nullptr};
+namespace qwen35 {
+extern const FamilyOps kOps;  // families/qwen35/state.cpp
+}
+
+const FamilyOps* const kFamilies[] = {&kDsv4Ops, &qwen35::kOps, nullptr};
 
 }  // namespace cairn

@@ -3,7 +3,8 @@
 // Design notes
 //  * q_proj gives per head [query | gate] (Dh each). q and k take an RMSNorm over Dh (1+w folded),
 //    then NeoX RoPE (rotate-half pairs (i, i + r/2)) on the first r channels, fp32 angles as HF.
-//  * K and V rows are appended to the cache (K after norm and RoPE), then each query row attends
+//  * K and V rows are appended to the state's page groups (K after norm and RoPE; arrays 2l and
+//    2l+1, row-major), then each query row attends
 //    causally to rows 0..pos of its kv head (GQA: query head h reads kv head h / (H/Hkv)); no sink.
 //  * Scores, softmax and the weighted sum run in a fixed order per (row, head), so a row's bits do
 //    not depend on the call it came in.
@@ -30,18 +31,18 @@ void rope_neox(float* x, int r, const float* c, const float* s) {
 }
 }  // namespace
 
-void attention_block(const Model& m, int layer, LayerCache& lc, int64_t pos0, const float* x, int S, float* y) {
+void attention_block(const Model& m, int layer, PageTable& pages, int64_t pos0, const float* x, int S, float* y) {
   const Config& c = m.cfg;
   const AttnW& w = m.layers[layer].attn;
   const int H = c.H, Hkv = c.Hkv, Dh = c.Dh, r = c.r, qd = H * Dh, kvd = Hkv * Dh, grp = H / Hkv;
   std::vector<float> qg((size_t)S * 2 * qd);  // [S, H, 2*Dh]: query | gate per head
   linear(x, S, w.q, qg.data(), m.threads);
-  const size_t n0 = lc.k.size() / kvd;  // rows already cached (== pos0)
-  lc.k.resize((n0 + S) * kvd);
-  lc.v.resize((n0 + S) * kvd);
-  float* kn = &lc.k[n0 * kvd];  // [S, kvd] this call's rows
+  const size_t n0 = (size_t)pos0;  // rows already in the pages
+  const int ak = 2 * layer, av = 2 * layer + 1;  // this layer's K and V arrays in the page groups
+  std::vector<float> kv((size_t)S * 2 * kvd);  // [S, kvd] K rows, then [S, kvd] V rows
+  float* kn = kv.data();
   linear(x, S, w.k, kn, m.threads);
-  linear(x, S, w.v, &lc.v[n0 * kvd], m.threads);
+  linear(x, S, w.v, kn + (size_t)S * kvd, m.threads);
   std::vector<float> cs((size_t)S * r);  // [S, r/2 cos | r/2 sin]
   for (int t = 0; t < S; ++t) rope_cs(pos0 + t, r / 2, m.inv_freq.data(), &cs[(size_t)t * r], &cs[(size_t)t * r + r / 2]);
   for (int t = 0; t < S; ++t) {
@@ -57,6 +58,10 @@ void attention_block(const Model& m, int layer, LayerCache& lc, int64_t pos0, co
       rope_neox(k, r, ct, st);
     }
   }
+  for (int t = 0; t < S; ++t) {  // appended in token order (a group is allocated, or copied, on its first write)
+    pages.write_row(ak, (int64_t)n0 + t, kn + (size_t)t * kvd);
+    pages.write_row(av, (int64_t)n0 + t, kn + (size_t)(S + t) * kvd);
+  }
 
   const float scale = (float)std::pow((double)Dh, -0.5);  // HF: head_dim ** -0.5, then a fp32 multiply
   std::vector<float> o((size_t)S * qd);  // [S, H*Dh]
@@ -71,7 +76,7 @@ void attention_block(const Model& m, int layer, LayerCache& lc, int64_t pos0, co
       const float* q = &qg[(size_t)t * 2 * qd + (size_t)h * 2 * Dh];
       float mx = -INFINITY;
       for (size_t j = 0; j < n; ++j) {
-        p[j] = dot(q, &lc.k[j * kvd + (size_t)g * Dh], Dh) * scale;
+        p[j] = dot(q, pages.row(ak, (int64_t)j) + (size_t)g * Dh, Dh) * scale;
         mx = std::max(mx, p[j]);
       }
       float sum = 0.f;
@@ -83,7 +88,7 @@ void attention_block(const Model& m, int layer, LayerCache& lc, int64_t pos0, co
       std::fill(ot, ot + Dh, 0.f);
       for (size_t j = 0; j < n; ++j) {
         const float pj = p[j] / sum;
-        const float* vj = &lc.v[j * kvd + (size_t)g * Dh];
+        const float* vj = pages.row(av, (int64_t)j) + (size_t)g * Dh;
         for (int d = 0; d < Dh; ++d) ot[d] = fmadd(pj, vj[d], ot[d]);
       }
       const float* gate = q + Dh;

@@ -14,12 +14,14 @@
 
 #include <sched.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <stdexcept>
 #include <thread>
 
 #include "../../bind.h"
+#include "cairn/forward.h"
 #include "model.h"
 
 namespace py = pybind11;
@@ -105,12 +107,19 @@ Config parse_config(const py::dict& top) {
   return c;
 }
 
-struct BoundQwen35 {
-  py::object embed_keep;  // embed_tokens: row lookups read it in place
-  std::unique_ptr<Model> m;
-};
+}  // namespace
 
-std::shared_ptr<BoundQwen35> make(py::dict config, py::dict weights, int threads) {
+bool is_qwen35_config(const py::dict& config) {
+  static const char* const types[] = {"qwen3_5", "qwen3_5_moe", "qwen3_5_text", "qwen3_5_moe_text"};
+  auto named = [&](const py::dict& d) {
+    if (!d.contains("model_type") || !py::isinstance<py::str>(d["model_type"])) return false;
+    const std::string t = d["model_type"].cast<std::string>();
+    return std::any_of(std::begin(types), std::end(types), [&](const char* x) { return t == x; });
+  };
+  return named(config) || named(text_part(config));
+}
+
+void load_qwen35(BoundModel& M, py::dict config, py::dict weights, int threads, int64_t page_tokens) {
   const Config c = parse_config(config);
   if (threads < 0) throw py::value_error("threads must be >= 0 (0 = every core this process may run on)");
   if (threads == 0) {
@@ -143,14 +152,29 @@ std::shared_ptr<BoundQwen35> make(py::dict config, py::dict weights, int threads
     wm[name] = TensorView{(const float*)c_arr.data(), std::vector<int64_t>(c_arr.shape(), c_arr.shape() + c_arr.ndim())};
     if (name == "embed_tokens.weight") embed = c_arr;
   }
-  auto b = std::make_shared<BoundQwen35>();
-  b->embed_keep = embed;
+  std::shared_ptr<const Model> m;
   try {
     py::gil_scoped_release rel;
-    b->m = load(c, wm, threads);
+    m = load(c, wm, threads);
+    attach(M, std::move(m), page_tokens);
   } catch (const std::invalid_argument& e) {
     throw py::value_error(e.what());
   }
+  M.keep.push_back(embed);  // embed_tokens: row lookups read it in place
+}
+
+namespace {
+
+// Qwen35Model: a cairn Model of this family (the shared State, prefill and snapshots take it).
+struct BoundQwen35 {
+  std::shared_ptr<BoundModel> bm;
+  const Model& model() const { return of(*bm); }
+};
+
+std::shared_ptr<BoundQwen35> make(py::dict config, py::dict weights, int threads) {
+  auto b = std::make_shared<BoundQwen35>();
+  b->bm = std::make_shared<BoundModel>();
+  load_qwen35(*b->bm, config, weights, threads, 0);
   return b;
 }
 
@@ -158,7 +182,7 @@ py::array_t<float> forward_py(BoundQwen35& b, py::array_t<int32_t, py::array::c_
                               int chunk) {
   if (ids.ndim() != 1) throw py::value_error("ids must be a 1-D int32 array of token ids");
   if (chunk < 0) throw py::value_error("chunk must be >= 0 (0 = the whole sequence in one call)");
-  const Model& m = *b.m;
+  const Model& m = b.model();
   const int64_t S = ids.shape(0);
   const int V = m.cfg.vocab;
   for (int64_t i = 0; i < S; ++i)
@@ -170,11 +194,11 @@ py::array_t<float> forward_py(BoundQwen35& b, py::array_t<int32_t, py::array::c_
   const int32_t* t = ids.data();
   {
     py::gil_scoped_release rel;  // safe: ids and out are held by this frame, the model is immutable
-    Cache cache(m);
-    const int64_t step = chunk ? chunk : std::max<int64_t>(S, 1);
+    cairn::State st(*b.bm);  // the shared state: the same calls as prefill, in chunks of <= MAX_CHUNK
+    const int64_t step = std::min<int64_t>(chunk ? chunk : std::max<int64_t>(S, 1), cairn::MAX_CHUNK);
     for (int64_t i = 0; i < S; i += step) {
       const int n = (int)std::min(step, S - i);
-      forward(m, cache, t + i, n, o + i * V);
+      cairn::forward_chunk(st, t + i, n, o + i * V, true);
     }
   }
   return out;
@@ -185,7 +209,8 @@ py::array_t<float> forward_py(BoundQwen35& b, py::array_t<int32_t, py::array::c_
 void register_qwen35(py::module_& m) {
   py::class_<BoundQwen35, std::shared_ptr<BoundQwen35>>(m, "Qwen35Model", R"doc(Immutable Qwen3.5 text model (qwen3_5 dense or qwen3_5_moe), fp32.
 
-Work in progress (issue 43 step 4): the forward pass over a whole sequence, no state kept between calls.
+forward() runs a whole sequence from an empty state; the model itself (.model, or Model(config, weights,
+fingerprint) with a qwen3_5* model_type) is what State, prefill, decode and snapshots take.
 config: HF's config dict (a nested 'text_config' is used when present; layer_types or
 full_attention_interval). weights: canonical name -> float32 array: HF's names without the 'model.' /
 'model.language_model.' prefix; experts per expert ('layers.L.mlp.experts.E.gate_proj.weight', ...) or
@@ -198,13 +223,15 @@ the expected shape. Matrices are packed into the kernel's panels at load; thread
 
 chunk > 0 feeds the sequence in calls of that many tokens, carrying the per-token state between them
 (conv rows, recurrent state, K/V rows): the same bits as one call. Runs without the GIL.)doc")
-      .def_property_readonly("vocab_size", [](const BoundQwen35& b) { return b.m->cfg.vocab; })
-      .def_property_readonly("n_layers", [](const BoundQwen35& b) { return b.m->cfg.n_layers; })
-      .def_property_readonly("threads", [](const BoundQwen35& b) { return b.m->threads; })
-      .def_property_readonly("is_moe", [](const BoundQwen35& b) { return b.m->cfg.moe(); })
+      .def_property_readonly("model", [](const BoundQwen35& b) { return b.bm; },
+                             "The same model as a cairn._kernel.Model (State, prefill, decode, snapshots).")
+      .def_property_readonly("vocab_size", [](const BoundQwen35& b) { return b.model().cfg.vocab; })
+      .def_property_readonly("n_layers", [](const BoundQwen35& b) { return b.model().cfg.n_layers; })
+      .def_property_readonly("threads", [](const BoundQwen35& b) { return b.model().threads; })
+      .def_property_readonly("is_moe", [](const BoundQwen35& b) { return b.model().cfg.moe(); })
       .def_property_readonly("layer_types", [](const BoundQwen35& b) {
         std::vector<std::string> v;
-        for (Mixer t : b.m->cfg.layer_types) v.push_back(t == Mixer::Full ? "full_attention" : "linear_attention");
+        for (Mixer t : b.model().cfg.layer_types) v.push_back(t == Mixer::Full ? "full_attention" : "linear_attention");
         return v;
       });
 }

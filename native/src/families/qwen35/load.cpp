@@ -229,14 +229,4 @@ std::unique_ptr<Model> load(const Config& c, const WeightMap& w, int threads) {
   return mp;
 }
 
-Cache::Cache(const Model& m) {
-  const Config& c = m.cfg;
-  layers.resize(c.n_layers);
-  for (int l = 0; l < c.n_layers; ++l)
-    if (c.layer_types[l] == Mixer::Linear) {
-      layers[l].conv.assign((size_t)std::max(c.K - 1, 0) * c.conv_dim(), 0.f);
-      layers[l].rec.assign((size_t)c.nv * c.dk * c.dv, 0.f);
-    }
-}
-
 }  // namespace cairn::qwen35

@@ -8,9 +8,9 @@
 //    -exp(A_log) (in double, rounded once), conv1d is transposed to [K, conv_dim]. Matrices are
 //    packed into the shared panels (kernels.h `Linear`, packed.cpp) -- the product V4 uses, so the
 //    stored formats (codecs) apply here later.
-//  * Per-token state (Cache): every write is per token -- one conv row, one recurrence step, one
-//    K/V row -- so any split of a sequence into calls gives the same bits (no chunked delta rule).
-//    Step 5 turns Cache into a paged State with snapshots.
+//  * Per-token state (the shared cairn::State: Tail + pages): every write is per token -- one conv
+//    row, one recurrence step, one K/V row -- so any split of a sequence into calls gives the same
+//    bits (no chunked delta rule), and a snapshot between any two tokens is exact.
 //  * This file and the others of the folder, except bind_qwen35.cpp, do not include pybind11: the
 //    ISA harness (tests/native/test_isa_paths.py) compiles them as plain C++.
 #pragma once
@@ -21,7 +21,9 @@
 #include <vector>
 
 #include "cairn/kernels.h"
+#include "cairn/family.h"
 #include "cairn/model.h"
+#include "cairn/state.h"
 
 namespace cairn::qwen35 {
 
@@ -106,25 +108,42 @@ struct Model {
 // (embed_tokens.weight) is used in place: it must outlive the model.
 std::unique_ptr<Model> load(const Config& c, const WeightMap& w, int threads);
 
-// What one sequence carries from call to call (step 5 pages it): per GDN layer the last K-1 raw
-// conv input rows and the recurrent state, per attention layer its K and V rows.
+// A state's tail (families/qwen35/state.cpp): per GDN layer the last K-1 raw conv input rows and the
+// recurrent state. The attention layers' K and V rows live in the state's page groups (arrays 2l and
+// 2l+1, one row of Hkv*Dh floats a token; K after k_norm and RoPE).
 struct LayerCache {
-  std::vector<float> conv;  // [K-1, conv_dim] pre-conv rows, oldest first (zero before the sequence)
-  std::vector<float> rec;   // [nv, dk, dv]
-  std::vector<float> k, v;  // [n, Hkv*Dh] each; K after k_norm and RoPE
+  std::vector<float> conv;  // [K-1, conv_dim] pre-conv rows, oldest first (zero before the sequence);
+                            // a snapshot's: only its last min(n, K-1) rows
+  std::vector<float> rec;   // [nv, dk, dv] (a snapshot of 0 tokens: empty)
 };
-struct Cache {
-  int64_t n = 0;  // tokens seen
-  std::vector<LayerCache> layers;
-  explicit Cache(const Model& m);
+struct Tail final : StateTail {
+  const cairn::Model* model;
+  std::vector<LayerCache> layers;  // [n_layers]; full-attention layers' stay empty
+  Tail(const cairn::Model& M, int64_t used);  // buffers for `used` tokens (< 0: a live state's, zeros)
+  std::unique_ptr<StateTail> clone() const override { return std::make_unique<Tail>(*this); }
+  std::unique_ptr<StateTail> snapshot(int64_t n) const override;
+  std::unique_ptr<StateTail> live(const cairn::Model& M, int64_t n) const override;
+  int64_t floats(int64_t n) const override;
+  void write(TailWriter& w, int64_t n) const override;
+  void read(TailReader& r, int64_t n) override;
+  int64_t held_floats() const override;
+  int64_t shape_bytes(bool allocated) const override { return 0; }  // a few vector headers, not counted
 };
 
-// Runs tokens[0..S) at positions cache.n.. and appends them to the cache; logits [S, V] (may be null).
-void forward(const Model& m, Cache& cache, const int32_t* tokens, int S, float* logits);
+// The family table (state.cpp) and what the shared Model holds for this family.
+extern const FamilyOps kOps;
+constexpr int64_t DEFAULT_PAGE_TOKENS = 64;  // 2.5 MiB a group at 35B-A3B (10 layers x 2 x 512 floats a token)
+constexpr uint32_t kTag = 0x00353351u;        // "Q35\0": the shape guard's first word
+// Makes M a Qwen3.5 model around m: its family table, cfg.vocab/D/n_layers, threads and page layout
+// (page_tokens 0: DEFAULT_PAGE_TOKENS; any positive count up to 2^24).
+void attach(cairn::Model& M, std::shared_ptr<const Model> m, int64_t page_tokens);
+inline const Model& of(const cairn::Model& M) { return *static_cast<const Model*>(M.family_model.get()); }
+// The decoder over the rows of nseg states (FamilyOps::run): logits of rows r0..S-1.
+std::vector<float> run(const cairn::Model& M, const Seg* segs, int nseg, const int32_t* tokens, int S, int r0);
 
 // The pieces (one file each), x/y [S, D]; y is the block's output (the residual is added by forward).
 void gdn_block(const Model& m, int layer, LayerCache& lc, const float* x, int S, float* y);
-void attention_block(const Model& m, int layer, LayerCache& lc, int64_t pos0, const float* x, int S, float* y);
+void attention_block(const Model& m, int layer, PageTable& pages, int64_t pos0, const float* x, int S, float* y);
 void mlp_block(const Model& m, int layer, const float* x, int S, float* y);
 
 // 1/(1+e^-v) through the kernel's own exp (fexp): the same bits on every ISA, unlike libm's expf.
