@@ -2,9 +2,6 @@
 prompt is rendered, what the model writes is parsed, a forced call is constrained, a turn starts,
 and which token `tool_choice: "none"` bans. The family name is ModelDir.family
 (daemon/weights/families.py chose it from the model's files).
-
-Qwen3.5's object is registered, but the weights side refuses its models at load (the kernel cannot
-run the family yet), so the daemon never reaches it today.
 """
 
 from __future__ import annotations

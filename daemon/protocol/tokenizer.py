@@ -70,7 +70,9 @@ class TextTokenizer:
         self._tok = tokenizer
         self.chat = chat if chat is not None else DSV4_CHAT   # the model family's chat half (families.py)
         self.vocab_size: int = tokenizer.get_vocab_size(with_added_tokens=True)
-        self.bos_id: int = self._id_of(bos_token, bos_id, "bos")
+        # None: a model without one (Qwen3.5's bos_token is null; its template writes none)
+        self.bos_id: int | None = (self._id_of(bos_token, bos_id, "bos") if bos_token or bos_id is not None
+                                   else None)
         self.eos_id: int = self._id_of(eos_token, eos_id, "eos")
         added = tokenizer.get_added_tokens_decoder()
         self._bytes: list[bytes] = [self._piece_bytes(i, added) for i in range(self.vocab_size)]

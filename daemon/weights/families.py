@@ -27,9 +27,9 @@ class WeightFamily:
     # (path, digest_cache=, log=) -> ModelDir: a family whose directories need more than model_dir's
     # shared flow opens them itself (None: the shared flow)
     open_dir: Callable | None = None
-    # (ModelDir, FileMaps) -> the weights dict `_kernel.Model` takes (None: model_dir.map_weights,
-    # the stored bytes with their dtype tags)
-    kernel_weights: Callable | None = None
+    # (ModelDir, FileMaps) -> (config, weights) as `_kernel.Model` takes them (None: the resolved
+    # config and model_dir.map_weights, the stored bytes with their dtype tags)
+    kernel_inputs: Callable | None = None
     # config.json (raw dict, where) -> the resolved dict the kernel reads (fingerprinted as is)
     resolve_config: Callable[[dict, str], dict] | None = None
     expected_shapes: Callable[[dict], dict[str, tuple[int, ...]]] | None = None
@@ -59,7 +59,6 @@ def _qwen35() -> WeightFamily:
     return WeightFamily(
         name="qwen3_5", model_types=("qwen3_5", "qwen3_5_moe", "qwen3_5_text", "qwen3_5_moe_text"),
         gguf_archs=("qwen35", "qwen35moe"),
-        refused="Qwen3.5 (issue 43): the kernel cannot run this family yet",
         refused_gguf="Qwen3.5 as GGUF (issue 43): not served yet (safetensors directories are)",
         **qwen35.FUNCTIONS)
 

@@ -285,8 +285,8 @@ def load_model(path: str | Path | ModelDir, threads: int = 0, *, widen_bf16: boo
             cache = ""
     maps = FileMaps()
     fam = families.by_name(md.family)
-    weights = fam.kernel_weights(md, maps) if fam.kernel_weights is not None else map_weights(md, maps)
-    model = _kernel.Model(md.config, weights, md.fingerprint, threads, widen_bf16=widen_bf16,
+    config, weights = fam.kernel_inputs(md, maps) if fam.kernel_inputs is not None else (md.config, map_weights(md, maps))
+    model = _kernel.Model(config, weights, md.fingerprint, threads, widen_bf16=widen_bf16,
                           packed_cache=cache, expert_cache_bytes=expert_cache_bytes or 0, page_tokens=page_tokens)
     # The kernel has packed (or mapped from the cache) every matrix and released their sources; what
     # it keeps in place (norms, biases, the BF16 embedding) pins its file's map: drop the pages packing

@@ -1,6 +1,6 @@
 """The family seam's Python half (issue 43; daemon/weights/families.py, daemon/protocol/families.py):
-a model's files name their family, DeepSeek-V4 is served through it unchanged, and Qwen3.5 is
-recognised and refused at load with its reason until the kernel runs it."""
+a model's files name their family, DeepSeek-V4 is served through it unchanged, Qwen3.5 directories
+are read by the family's own reader, and its GGUF files are refused with their reason."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 from cairn.daemon.weights import families
 from cairn.daemon.weights.model_dir import ModelDirError, open_model_dir
 
-REFUSED = "Qwen3.5 (issue 43): the kernel cannot run this family yet"
+REFUSED_GGUF = "Qwen3.5 as GGUF (issue 43): not served yet (safetensors directories are)"
 
 
 def _config_only(path, cfg):
@@ -27,27 +27,29 @@ def _config_only(path, cfg):
     {"model_type": "qwen3_5_moe_vl_someday", "text_config": {"model_type": "qwen3_5_moe_text"},
      "vision_config": {}},
 ], ids=["dense", "moe-text", "nested"])
-def test_a_qwen35_directory_is_recognised_and_refused_at_load(tmp_path, cfg):
+def test_a_qwen35_directory_is_read_by_its_family(tmp_path, cfg):
+    assert families.for_config(cfg).name == "qwen3_5"
     d = _config_only(tmp_path / "q", cfg)
-    with pytest.raises(ModelDirError) as e:
+    with pytest.raises(ModelDirError) as e:          # Qwen's own reader: its config checks, by field
         open_model_dir(d)
-    assert REFUSED in str(e.value) and "config.json" in str(e.value)
-    with pytest.raises(ModelDirError, match="issue 43"):
-        families.for_config(cfg)
+    assert "issue 43" not in str(e.value) and "config.json" in str(e.value)
 
 
-def test_a_qwen35_gguf_is_recognised_and_refused_at_load(tmp_path):
+def _empty_gguf(path, arch):
     import gguf
 
-    path = tmp_path / "q.gguf"
-    w = gguf.GGUFWriter(str(path), "qwen35moe")
+    w = gguf.GGUFWriter(str(path), arch)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
+    return path
+
+
+def test_a_qwen35_gguf_is_recognised_and_refused_at_load(tmp_path):
     with pytest.raises(ModelDirError) as e:
-        open_model_dir(path)
-    assert REFUSED in str(e.value) and "general.architecture 'qwen35moe'" in str(e.value)
+        open_model_dir(_empty_gguf(tmp_path / "q.gguf", "qwen35moe"))
+    assert REFUSED_GGUF in str(e.value) and "general.architecture 'qwen35moe'" in str(e.value)
 
 
 def test_an_unknown_model_type_names_what_is_served(tmp_path):
@@ -76,7 +78,7 @@ def test_the_chat_registry_maps_each_family_to_its_chat_half():
     v4 = chat.chat_family("deepseek_v4")
     assert chat.chat_family() is v4 and v4.name == "deepseek_v4"
     assert v4.OutputParser is v4_output.OutputParser and v4.call_opener == DSML
-    assert chat.chat_family("qwen3_5") is qwen.CHAT     # registered; refused at load until the kernel runs it
+    assert chat.chat_family("qwen3_5") is qwen.CHAT
     with pytest.raises(ValueError, match="no chat format for model family 'llama'"):
         chat.chat_family("llama")
 
@@ -123,18 +125,13 @@ def test_forced_calls_and_modes_come_from_the_family():
     assert type(AgentProtocol(tok, 16, get_logger(), chat=qwen.CHAT).grammars()) is Qwen35Grammars
 
 
-def test_a_qwen35_directory_opens_through_its_family_once_served(tmp_path, monkeypatch):
-    """The load path asks the family (open_dir, kernel_weights), not the model_type string: the
+def test_a_qwen35_directory_opens_through_its_family(tmp_path):
+    """The load path asks the family (open_dir, kernel_inputs), not the model_type string: the
     conditional-generation layout's vision tower and MTP head are ignored with one log line."""
-    import dataclasses
-
     import numpy as np
 
     from cairn.daemon.modelgen.make_model import make_model
     from cairn.daemon.weights.model_dir import FileMaps
-
-    served = families._qwen35()
-    monkeypatch.setattr(families, "_qwen35", lambda: dataclasses.replace(served, refused=None))
 
     class Log:
         def __init__(self):
@@ -148,26 +145,10 @@ def test_a_qwen35_directory_opens_through_its_family_once_served(tmp_path, monke
     assert md.family == "qwen3_5" and "family" not in md.config
     ignored = [kw for e, kw in log.events if e == "model_tensors_ignored"]
     assert len(ignored) == 1 and "vision tower" in ignored[0]["names"] and ignored[0]["tensors"] > 0
-    weights = families.by_name(md.family).kernel_weights(md, FileMaps())
+    config, weights = families.by_name(md.family).kernel_inputs(md, FileMaps())
+    assert config == {**md.config, "model_type": "qwen3_5_moe"}
     assert set(weights) == set(md.tensors) and all(a.dtype == np.float32 for a in weights.values())
     assert not any(n.startswith(("model.", "mtp.")) for n in weights)
-
-
-def test_a_served_qwen35_gguf_is_still_refused_until_its_loader_is(tmp_path, monkeypatch):
-    import dataclasses
-
-    import gguf
-
-    served = families._qwen35()
-    monkeypatch.setattr(families, "_qwen35", lambda: dataclasses.replace(served, refused=None))
-    path = tmp_path / "q.gguf"
-    w = gguf.GGUFWriter(str(path), "qwen35")
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    with pytest.raises(ModelDirError, match="Qwen3.5 as GGUF"):
-        open_model_dir(path)
 
 
 def test_speculation_is_off_for_a_model_without_verify():

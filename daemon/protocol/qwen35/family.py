@@ -1,7 +1,7 @@
 """Qwen3.5's chat half as one object: what the plan's `ChatFamily` (docs/design/families.md §1)
 asks of a family, so wiring it into `daemon/protocol/families.py` and the app is a small change.
 
-Not served yet (issue 43): nothing in the daemon reads this object today.
+daemon/protocol/families.py maps a qwen3_5 model (ModelDir.family) to this object.
 """
 
 from __future__ import annotations

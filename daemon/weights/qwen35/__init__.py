@@ -1,6 +1,6 @@
 """Qwen3.5's weights (issue 43): config, tensor names, GGUF mapping and transforms, what the kernel
-takes from the files, a State's cost (daemon/weights/families.py holds the registry; the family stays
-`refused` until the kernel's Qwen3.5 State lands)."""
+takes from the files, a State's cost (daemon/weights/families.py holds the registry; safetensors directories are served,
+GGUF files refused until their daemon path is tested)."""
 
 from __future__ import annotations
 
@@ -25,14 +25,17 @@ def open_dir(path, *, digest_cache=None, log=None):
     return open_qwen35(path, digest_cache=digest_cache, log=log)
 
 
-def kernel_weights(md, maps):
-    from .kernel_inputs import kernel_weights as weights
+def kernel_inputs(md, maps):
+    """(config, float32 weights) for `_kernel.Model`: the kernel picks the family from a qwen3_5*
+    model_type, which the resolved (fingerprinted) config does not keep."""
+    from .kernel_inputs import kernel_weights
 
-    return weights(md, maps)[1]
+    cfg, weights = kernel_weights(md, maps)
+    return {**cfg, "model_type": "qwen3_5_moe" if cfg.get("num_experts") else "qwen3_5"}, weights
 
 
 FUNCTIONS = dict(
     resolve_config=config.resolve_config, expected_shapes=names.expected_shapes,
     canonical_name=names.canonical_name, ignored_names=names.IGNORED, is_routed_expert=names.is_routed_expert,
     gguf_config=gguf_config, gguf_tensor=gguf.tensor_name, gguf_experts=gguf.expert_views,
-    gguf_name=gguf.gguf_name, state_cost=state_cost, open_dir=open_dir, kernel_weights=kernel_weights)
+    gguf_name=gguf.gguf_name, state_cost=state_cost, open_dir=open_dir, kernel_inputs=kernel_inputs)

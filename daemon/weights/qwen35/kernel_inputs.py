@@ -1,12 +1,12 @@
 """A Qwen3.5 model's files -> what `_kernel.Qwen35Model(config, weights)` takes: the resolved config
 and {canonical name: float32 array} (docs/model-format.md, "Qwen3.5").
 
-Loader ready, serving pending the kernel State (issue 43): the family is still `refused` in
-families.py, so `open_model_dir` / `open_gguf` stop at it; `open_qwen35` is the same shared flow
-(model_dir.py / gguf_dir.py helpers, this family's names and shapes, the same fingerprint recipe) with
-the two steps the shared flow lacks so far: HF's fused 3-D experts split into per-expert byte ranges,
-and a GGUF's tensors mapped with the converter's transforms undone. The daemon's load path will call
-`kernel_weights` once the kernel State lands (and model_dir/gguf_dir call the two steps by hook).
+`open_model_dir` hands a Qwen3.5 directory here (families.py: the family's `open_dir`); its GGUF files
+are still refused there (`refused_gguf`) until the GGUF path has its daemon test. `open_qwen35` is the
+shared flow (model_dir.py / gguf_dir.py helpers, this family's names and shapes, the same fingerprint
+recipe) plus the two steps the shared flow lacks: HF's fused 3-D experts split into per-expert byte
+ranges, and a GGUF's tensors mapped with the converter's transforms undone. `load_model` calls
+`kernel_weights` through the family's `kernel_inputs`.
 """
 
 from __future__ import annotations
@@ -181,7 +181,7 @@ def kernel_weights(md: md_mod.ModelDir, maps: FileMaps | None = None) -> tuple[d
     F32 tensors are zero-copy views of the files' memory maps; BF16/F16 are widened (exact); a GGUF
     block-quantized tensor is dequantized with gguf-py (llama.cpp's reference). A GGUF's converter
     transforms are undone (gguf.py): v heads un-tiled, folded norms handed as stored - 1, A_log
-    recovered from ssm_a. The daemon's load path will call this once the kernel's Qwen3.5 State lands.
+    recovered from ssm_a. The daemon's load path calls this (qwen35/__init__.kernel_inputs).
     """
     maps = maps if maps is not None else FileMaps()
     from_gguf = md.path.suffix == ".gguf"
