@@ -318,6 +318,10 @@ def file_weights(p: Qwen35Preset, seed: int) -> dict[str, np.ndarray]:
 # ---------------------------------------------------------------------------------------------
 # Tokenizer: the shared byte-level BPE trainer with Qwen's tokens.
 
+QWEN_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*"
+              r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+
+
 def make_qwen_tokenizer(vocab_size: int):
     """Byte-level BPE (make_tokenizer's trainer and corpus) with Qwen's control tokens and markup
     tokens at ids 0.. (each encodes as one id); the markup tokens are not `special`, as in the release."""
@@ -325,6 +329,13 @@ def make_qwen_tokenizer(vocab_size: int):
 
     tok = make_tokenizer(vocab_size, special_tokens=SPECIAL_TOKENS + MARKUP_TOKENS)
     doc = json.loads(tok.to_str())
+    # the release's normalizer and pre-tokenizer (digits one by one), which HF's Qwen3_5Tokenizer
+    # applies whatever the file says: the file must say the same, or a reader of tokenizer.json
+    # (cairn) and HF split " 12" differently
+    doc["normalizer"] = {"type": "NFC"}
+    doc["pre_tokenizer"] = {"type": "Sequence", "pretokenizers": [
+        {"type": "Split", "pattern": {"Regex": QWEN_SPLIT}, "behavior": "Isolated", "invert": False},
+        {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False}]}
     for added in doc["added_tokens"]:
         if added["content"] in MARKUP_TOKENS:
             added["special"] = False

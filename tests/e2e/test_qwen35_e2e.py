@@ -213,3 +213,39 @@ async def test_chat_with_a_tool_renders_qwens_template_and_a_forced_call_is_pars
     import json
 
     assert json.loads(call["function"]["arguments"]) in ({"city": "Paris"}, {"city": "Rome"})
+
+
+async def test_a_new_conversation_restores_the_system_part_at_qwens_turn_marker(loaded, qwen_dir, tmp_path):
+    """The system checkpoint ends where HF's rendering starts the user turn (`<|im_start|>user`):
+    from Qwen's renderer for a chat request (a second conversation restores it), and from the
+    family's turn markers in the ids for the same prompt sent as token ids."""
+    from transformers import AutoTokenizer
+
+    sock = tmp_path / "c.sock"
+    system = {"role": "system", "content": " ".join(f"Rule {i}: keep answers short and exact." for i in range(12))}
+    convs = [[system, {"role": "user", "content": "Hello there, how are you?"}],
+             [system, {"role": "user", "content": "Name three colours."}]]
+    kw = {"chat_template_kwargs": {"enable_thinking": False}}
+    with trio.fail_after(60), capture_logs() as evs:
+        async with daemon(loaded, sock, checkpoint_min_tokens=MIN_TOKENS):
+            rs = [await post(sock, {"model": PRESET, "messages": m, "temperature": 0, "max_tokens": N_OUT,
+                                    "logprobs": True, "top_logprobs": 0, **kw}, "/v1/chat/completions")
+                  for m in convs]
+    hf_tok = AutoTokenizer.from_pretrained(str(qwen_dir))
+    want = [[int(t) for t in hf_tok.apply_chat_template(m, add_generation_prompt=True, tokenize=True,
+                                                          enable_thinking=False, return_dict=False)] for m in convs]
+    start = hf_tok.convert_tokens_to_ids("<|im_start|>")
+    sys_end = [i for i, t in enumerate(want[0]) if t == start][1]     # the user turn's start
+    assert want[0][:sys_end] == want[1][:sys_end] and sys_end >= MIN_TOKENS
+    assert [r["usage"]["prompt_tokens"] for r in rs] == [len(w) for w in want]
+    hits = [(e["tokens"], e["kind"], e["tier"]) for e in evs if e["event"] == "checkpoint_hit"]
+    assert hits == [(sys_end, "system", "memory")]
+    assert [r["usage"]["prompt_tokens_details"]["cached_tokens"] for r in rs] == [0, sys_end]
+    for ids_, r in zip(want, rs):
+        got = [c["token"] for c in r["choices"][0]["logprobs"]["content"]]
+        assert got == token_strings(loaded, reference_greedy(loaded, ids_, N_OUT))
+    with trio.fail_after(60), capture_logs():
+        async with daemon(loaded, sock, checkpoint_min_tokens=MIN_TOKENS):
+            await post(sock, cmpl(want[0]))
+            rows = (await request(sock, "GET", "/v1/checkpoints")).json()["data"]
+    assert [r["tokens"] for r in rows if r["kind"] == "system"] == [sys_end]
