@@ -249,3 +249,25 @@ async def test_a_new_conversation_restores_the_system_part_at_qwens_turn_marker(
             await post(sock, cmpl(want[0]))
             rows = (await request(sock, "GET", "/v1/checkpoints")).json()["data"]
     assert [r["tokens"] for r in rows if r["kind"] == "system"] == [sys_end]
+
+
+async def test_a_second_daemon_restores_from_the_shared_tier_like_hf(loaded, qwen_dir, tmp_path):
+    """Two daemons on one shared checkpoint directory (each its own checkpoint_dir): the second
+    restores the first one's prompt-end checkpoint and answers as HF."""
+    sock, shared = tmp_path / "c.sock", tmp_path / "shared"
+    first = ids(180)
+    common = dict(shared_checkpoint_dir=str(shared), checkpoint_min_tokens=MIN_TOKENS)
+    with trio.fail_after(120), capture_logs() as evs:
+        async with daemon(loaded, sock, checkpoint_dir=str(tmp_path / "a"), **common):
+            await post(sock, cmpl(first))
+            with trio.fail_after(30):
+                while not any(r["tokens"] == len(first) and "disk" in r["tier"]
+                              for r in (await request(sock, "GET", "/v1/checkpoints")).json()["data"]):
+                    await trio.sleep(0.02)
+        async with daemon(loaded, sock, checkpoint_dir=str(tmp_path / "b"), **common):
+            prompt = first + ids(20)
+            r = await post(sock, cmpl(prompt))
+    hits = [(e["tokens"], e["tier"]) for e in evs if e["event"] == "checkpoint_hit"]
+    assert hits == [(len(first), "disk")]
+    assert r["usage"]["prompt_tokens_details"]["cached_tokens"] == len(first)
+    assert_matches_hf(qwen_dir, loaded, prompt, r)
