@@ -116,7 +116,7 @@ def plan_for(settings: Settings, md, limit=None, *, probe: bool = True):
     except (KeyError, TypeError, ValueError):
         cost = None
     # with speculation, each slot's state keeps one verify's undo journal until its next call
-    speculate = settings.speculate == "on"
+    speculate = settings.speculate == "on" and family.verifies
     journal = cost.journal_bytes(1 + MAX_DRAFT) if cost is not None and speculate else 0
     try:   # the kernel's least budget: one decode step's experts (k slots of one expert each)
         n_keys = len(cfg["layer_types"]) * int(cfg["n_routed_experts"])

@@ -45,6 +45,9 @@ class WeightFamily:
     gguf_name: Callable[[str], str] | None = None                # canonical -> llama.cpp's (messages)
     # (resolved config, page_tokens) -> how a State's bytes grow (memory_plan.StateCost's interface)
     state_cost: Callable | None = None
+    # the kernel can verify drafts (Model.supports_verify): the memory plan, made before the load,
+    # charges speculation's journal and prompt lookups only then
+    verifies: bool = True
 
 
 def _dsv4() -> WeightFamily:
@@ -59,7 +62,7 @@ def _qwen35() -> WeightFamily:
     return WeightFamily(
         name="qwen3_5", model_types=("qwen3_5", "qwen3_5_moe", "qwen3_5_text", "qwen3_5_moe_text"),
         gguf_archs=("qwen35", "qwen35moe"),
-        refused_gguf="Qwen3.5 as GGUF (issue 43): not served yet (safetensors directories are)",
+        verifies=False, refused_gguf="Qwen3.5 as GGUF (issue 43): not served yet (safetensors directories are)",
         **qwen35.FUNCTIONS)
 
 

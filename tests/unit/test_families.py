@@ -161,3 +161,20 @@ def test_speculation_is_off_for_a_model_without_verify():
     assert choose_speculation(off, SimpleNamespace(supports_verify=False)) == (False, "")
     ok, why = choose_speculation(on, SimpleNamespace(supports_verify=False, family="qwen3_5"))
     assert not ok and "qwen3_5" in why and "speculative decoding is off" in why
+
+
+def test_the_memory_plan_charges_speculation_only_for_a_family_that_verifies(tmp_path):
+    """The plan is made before the load: the family says whether drafts will be verified (Qwen3.5's
+    kernel has no journal), so its plan with --speculate on is the plan with it off; V4's is not."""
+    from cairn.daemon.modelgen.make_model import make_model
+    from cairn.daemon.service.config import load_settings
+    from cairn.daemon.service.main import plan_for
+    from cairn.daemon.service.memory_probe import LimitSource
+
+    roomy = LimitSource("MemAvailable", 64 << 30)
+    for preset, verifies in (("qwen35moe-tiny", False), ("tiny", True)):
+        md = open_model_dir(make_model(preset, 1, tmp_path / preset))
+        assert families.by_name(md.family).verifies is verifies
+        on, off = (plan_for(load_settings({"model": "x", "speculate": s}, {}), md, roomy) for s in ("on", "off"))
+        assert (on != off) is verifies, preset
+        assert on.journal_bytes == 0 or verifies
