@@ -96,8 +96,11 @@ clean:
 # Python's own allocations leak by design, so leak checking is off.
 SAN_DIR   := build/asan
 # (test_isa_paths builds its own programs and loads no kernel module: nothing to sanitize there;
-# test_quantized_memory measures RSS, which ASan's shadow memory and quarantine make meaningless)
+# test_quantized_memory measures RSS, which ASan's shadow memory and quarantine make meaningless;
+# test_v4_pins pins the release build's (-O3) bytes, and the -O1 sanitizer build's logits differ in
+# the last bits: every within-build identity test still runs here)
 SAN_TESTS ?= tests/native --ignore=tests/native/test_isa_paths.py --ignore=tests/native/test_quantized_memory.py \
+             --ignore=tests/native/test_v4_pins.py \
              tests/e2e/test_status_under_load.py tests/e2e/test_slots_e2e.py
 SAN_ENV    = CAIRN_KERNEL_DIR=$(abspath $(SAN_DIR)) \
              LD_PRELOAD="$$(c++ -print-file-name=libasan.so) $$(c++ -print-file-name=libubsan.so)" \
