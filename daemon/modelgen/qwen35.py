@@ -95,6 +95,19 @@ PRESETS: dict[str, Qwen35Preset] = {
     "qwen35moe-tiny-fused": Qwen35Preset(**_TINY_MOE, fused_experts=True),
 }
 
+# Benchmark shapes, apart from PRESETS (the tests build and check every one of those at the tiny shape);
+# make_model takes them as Qwen35Preset values. `qwen35moe-agent` (bench/qwen35_session.py, issue 43 §5):
+# Qwen3.5-35B-A3B's attention and Gated DeltaNet at their real width, in its 3 : 1 pattern, with 8 layers
+# and small experts so a 2-core machine runs an agent session on it (~343M parameters, 1.4 GB fp32); a
+# vocabulary of 8192 like `small`.
+BENCH_PRESETS: dict[str, Qwen35Preset] = {
+    "qwen35moe-agent": Qwen35Preset(
+        layer_types=(LIN, LIN, LIN, FULL) * 2, vocab_size=8192, hidden_size=2048, num_attention_heads=16,
+        num_key_value_heads=2, head_dim=256, linear_num_key_heads=16, linear_num_value_heads=32,
+        linear_key_head_dim=128, linear_value_head_dim=128, num_experts=16, num_experts_per_tok=4,
+        moe_intermediate_size=64, shared_expert_intermediate_size=64),
+}
+
 # The toy vision tower of the cond layout (Qwen3_5MoeVisionConfig field names): one block.
 _VISION = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, in_channels=3, patch_size=4,
                temporal_patch_size=2, spatial_merge_size=2, num_position_embeddings=16)
