@@ -6,12 +6,14 @@ own converter (`Qwen3_5MoeTextModel` / `Qwen3_5TextModel`: arch qwen35moe / qwen
 
 SRC as in make_gguf_fixtures.py (the llama-cpp-python sdist's vendored tree by default). The V4 shim
 is not used: Qwen3.5 needs no patch but one, the tokenizer's pre-tokenizer hash (make_model's trained
-BPE is unknown to llama.cpp; its regex is GPT-2's, so "gpt-2"), and --no-mtp (the causal presets have no
-MTP head, and the converter would otherwise count one). MANIFEST.json gains one entry per file; SHA256SUMS
-is rewritten over every fixture, as make_gguf_fixtures.py does.
+BPE is unknown to llama.cpp; the presets split text with Qwen's regex, so "qwen35", llama.cpp's name for
+it), and --no-mtp (the causal presets have no MTP head, and the converter would otherwise count one).
 
-No quantized mixes: llama-quantize is not built in the sdist tree here (../shared/tools/llama-peer/build.sh
-builds it), and the tiny models' rows (64 and 32 wide) hold no 256-value K-quant block anyway.
+Then block-format mixes of the MoE model by llama.cpp's `llama-quantize` (BIN: SRC/build/bin, or
+--llama-bin; ../shared/tools/llama-peer/build.sh builds it): Q8_0, Q4_0 and Q4_K_M. The tiny model's rows
+are 32 to 128 wide, so where a type needs 256-value blocks llama-quantize falls back by its own rules
+(the mix each file got is in MANIFEST.json, `tensor_types`). MANIFEST.json gains one entry per file;
+SHA256SUMS is rewritten over every fixture, as make_gguf_fixtures.py does.
 """
 
 from __future__ import annotations
@@ -25,10 +27,14 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from make_gguf_fixtures import REPO, SDIST_VERSION, llama_cpp_source  # noqa: E402
+from make_gguf_fixtures import REPO, SDIST_VERSION, _run, llama_cpp_source, tensor_types  # noqa: E402
 
 SEED = 0
 FIXTURES = {"qwen35moe-tiny-f32": "qwen35moe-tiny", "qwen35-tiny-f32": "qwen35-tiny"}   # file stem -> preset
+# file stem -> (the F32 fixture it is made from, llama-quantize type)
+QUANT_FIXTURES = {"qwen35moe-tiny-q8_0": ("qwen35moe-tiny-f32", "Q8_0"),
+                  "qwen35moe-tiny-q4_0": ("qwen35moe-tiny-f32", "Q4_0"),
+                  "qwen35moe-tiny-q4_k_m": ("qwen35moe-tiny-f32", "Q4_K_M")}
 
 
 def convert_one(src: str, hf_dir: str, out: str) -> None:
@@ -43,7 +49,7 @@ def convert_one(src: str, hf_dir: str, out: str) -> None:
         try:
             return orig(self, tokenizer)
         except NotImplementedError:
-            return "gpt-2"
+            return "qwen35"
 
     base.TextModel.get_vocab_base_pre = pre
     sys.argv = ["convert_hf_to_gguf.py", hf_dir, "--outtype", "f32", "--outfile", out, "--no-mtp"]
@@ -54,6 +60,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--llama-cpp", help="llama.cpp source tree (default: the PyPI sdist's, downloaded once)")
     ap.add_argument("--out", default=str(REPO / "tests" / "fixtures" / "gguf"))
+    ap.add_argument("--llama-bin", help="directory of llama-quantize (default: SRC/build/bin)")
     ap.add_argument("--convert-one", nargs=3, metavar=("SRC", "HF", "OUT"), help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.convert_one:
@@ -76,13 +83,25 @@ def main() -> None:
                 raise SystemExit(f"converting {stem} failed:\n{(r.stdout + r.stderr)[-3000:]}")
             fixtures[stem] = {"preset": preset, "seed": SEED, "dtype": "float32", "outtype": "f32",
                               "converter": f"llama-cpp-python {SDIST_VERSION} sdist convert_hf_to_gguf.main() "
-                                           "--no-mtp, unknown pre-tokenizer hash -> gpt-2 "
+                                           "--no-mtp, unknown pre-tokenizer hash -> qwen35 "
                                            "(scripts/make_gguf_fixtures_qwen35.py)"}
+    quantize = Path(a.llama_bin or Path(src) / "build" / "bin") / "llama-quantize"
+    if not quantize.is_file():
+        raise SystemExit(f"{quantize}: missing; build it with ../shared/tools/llama-peer/build.sh or name it with --llama-bin")
+    for stem, (source, qtype) in QUANT_FIXTURES.items():
+        target = out / f"{stem}.gguf"
+        _run([str(quantize), str(out / f"{source}.gguf"), str(target), qtype, "1"], f"llama-quantize {qtype}")
+        types = tensor_types(target)
+        counts: dict[str, int] = {}
+        for t in types.values():
+            counts[t] = counts.get(t, 0) + 1
+        fixtures[stem] = {**fixtures[source], "llama_quantize": {"type": qtype, "from": f"{source}.gguf"},
+                          "tensor_types": types, "type_counts": counts}
     (out / "MANIFEST.json").write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
     sums = []
     for f in sorted(out.glob("*.gguf")):
         sums.append(f"{hashlib.sha256(f.read_bytes()).hexdigest()}  {f.name}")
-        if f.stem in FIXTURES:
+        if f.stem in FIXTURES or f.stem in QUANT_FIXTURES:
             print(f"{f.stat().st_size:>9}  {f.name}")
     (out / "SHA256SUMS").write_text("\n".join(sums) + "\n")
 

@@ -23,7 +23,6 @@ class WeightFamily:
     model_types: tuple[str, ...]           # config.json model_type values (top level or text_config)
     gguf_archs: tuple[str, ...]            # GGUF general.architecture values
     refused: str | None = None             # why the kernel cannot run this family yet (None: it can)
-    refused_gguf: str | None = None        # why its GGUF files cannot be served yet (None: as `refused`)
     # (path, digest_cache=, log=) -> ModelDir: a family whose directories need more than model_dir's
     # shared flow opens them itself (None: the shared flow)
     open_dir: Callable | None = None
@@ -62,8 +61,7 @@ def _qwen35() -> WeightFamily:
     return WeightFamily(
         name="qwen3_5", model_types=("qwen3_5", "qwen3_5_moe", "qwen3_5_text", "qwen3_5_moe_text"),
         gguf_archs=("qwen35", "qwen35moe"),
-        verifies=False, refused_gguf="Qwen3.5 as GGUF (issue 43): not served yet (safetensors directories are)",
-        **qwen35.FUNCTIONS)
+        verifies=False, **qwen35.FUNCTIONS)
 
 
 def families() -> tuple[WeightFamily, ...]:
@@ -95,20 +93,24 @@ def for_config(raw: dict, where: str = "config.json") -> WeightFamily:
         if mt in f.model_types:
             return _servable(f, f"{where}: model_type {mt!r}")
     raise ModelDirError(f"{where}: model_type is {raw.get('model_type')!r}; cairn serves DeepSeek-V4 models "
-                        "(model_type \"deepseek_v4\")")
+                        f"(model_type \"deepseek_v4\") and {_others('model_types')}")
 
 
 def for_gguf(arch, where: str) -> WeightFamily:
     """The family of a GGUF file's general.architecture."""
     for f in families():
         if arch in f.gguf_archs:
-            return _servable(f, f"{where}: general.architecture {arch!r}", gguf=True)
+            return _servable(f, f"{where}: general.architecture {arch!r}")
     raise ModelDirError(f"{where}: general.architecture is {arch!r}; cairn serves DeepSeek-V4 GGUF files "
-                        "(architecture 'deepseek4', as llama.cpp's converter writes them)")
+                        f"(architecture 'deepseek4', as llama.cpp's converter writes them) and {_others('gguf_archs')}")
 
 
-def _servable(f: WeightFamily, what: str, gguf: bool = False) -> WeightFamily:
-    why = f.refused or (f.refused_gguf if gguf else None)
-    if why is not None:
-        raise ModelDirError(f"{what} is {why}")
+def _others(field: str) -> str:
+    """The other families' accepted values, for the messages above."""
+    return "; ".join(f"{f.name} ({', '.join(map(repr, getattr(f, field)))})" for f in families() if f.name != "deepseek_v4")
+
+
+def _servable(f: WeightFamily, what: str) -> WeightFamily:
+    if f.refused is not None:
+        raise ModelDirError(f"{what} is {f.refused}")
     return f

@@ -296,6 +296,9 @@ def open_gguf(first: str | Path, *, digest_cache: str | Path | None = None, log=
     if len(files) > 1 or "split.count" in meta:
         _check_split(files, readers, meta)
     family = families.for_gguf(meta.get("general.architecture"), where)   # refused families stop here
+    if family.open_dir is not None:   # a family with its own reader (as for directories, model_dir.py)
+        del readers
+        return family.open_dir(first, digest_cache=digest_cache, log=log)
     cfg = family.resolve_config(family.gguf_config(meta, where), f"{where} (GGUF metadata)")
     tok = tokenizer_from_metadata(meta, where)
     tensors: dict[str, TensorInfo] = {}

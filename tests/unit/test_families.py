@@ -11,9 +11,6 @@ import pytest
 from cairn.daemon.weights import families
 from cairn.daemon.weights.model_dir import ModelDirError, open_model_dir
 
-REFUSED_GGUF = "Qwen3.5 as GGUF (issue 43): not served yet (safetensors directories are)"
-
-
 def _config_only(path, cfg):
     path.mkdir()
     (path / "config.json").write_text(json.dumps(cfg))
@@ -46,10 +43,17 @@ def _empty_gguf(path, arch):
     return path
 
 
-def test_a_qwen35_gguf_is_recognised_and_refused_at_load(tmp_path):
-    with pytest.raises(ModelDirError) as e:
+def test_a_qwen35_gguf_is_read_by_its_family(tmp_path):
+    with pytest.raises(ModelDirError) as e:          # Qwen's own reader: its metadata checks, by key
         open_model_dir(_empty_gguf(tmp_path / "q.gguf", "qwen35moe"))
-    assert REFUSED_GGUF in str(e.value) and "general.architecture 'qwen35moe'" in str(e.value)
+    assert "metadata key 'qwen35moe." in str(e.value) and "issue 43" not in str(e.value)
+
+
+def test_unknown_types_name_every_family(tmp_path):
+    with pytest.raises(ModelDirError, match=r"'llama'; cairn serves DeepSeek-V4 .* and qwen3_5 \('qwen3_5', 'qwen3_5_moe'"):
+        families.for_config({"model_type": "llama"})
+    with pytest.raises(ModelDirError, match=r"'llama'; cairn serves DeepSeek-V4 GGUF .* and qwen3_5 \('qwen35', 'qwen35moe'\)"):
+        families.for_gguf("llama", "f.gguf")
 
 
 def test_an_unknown_model_type_names_what_is_served(tmp_path):

@@ -1,8 +1,8 @@
 """A Qwen3.5 model's files -> what `_kernel.Qwen35Model(config, weights)` takes: the resolved config
-and {canonical name: float32 array} (docs/model-format.md, "Qwen3.5").
+and {canonical name: float32 array or a GGUF block format's stored rows} (docs/model-format.md, "Qwen3.5").
 
-`open_model_dir` hands a Qwen3.5 directory here (families.py: the family's `open_dir`); its GGUF files
-are still refused there (`refused_gguf`) until the GGUF path has its daemon test. `open_qwen35` is the
+`open_model_dir` hands a Qwen3.5 directory or GGUF file here (families.py: the family's `open_dir`).
+`open_qwen35` is the
 shared flow (model_dir.py / gguf_dir.py helpers, this family's names and shapes, the same fingerprint
 recipe) plus the two steps the shared flow lacks: HF's fused 3-D experts split into per-expert byte
 ranges, and a GGUF's tensors mapped with the converter's transforms undone. `load_model` calls
@@ -134,7 +134,7 @@ def _open_gguf(first: Path, digest_cache, log) -> md_mod.ModelDir:
 
 def _gguf_infos(file: Path, reader, cfg: dict, tensors: dict[str, TensorInfo], ignored: list[int]) -> None:
     """The file's tensors by canonical name (stacked experts: a view per expert; the squeezed conv as
-    HF's [conv_dim, 1, K], the same bytes)."""
+    HF's [conv_dim, 1, K] and a vector shared-expert gate as [1, D], the same bytes)."""
     from ..gguf_dir import _dtype_tag
 
     K, cd = cfg["linear_conv_kernel_dim"], conv_dim(cfg)
@@ -158,6 +158,8 @@ def _gguf_infos(file: Path, reader, cfg: dict, tensors: dict[str, TensorInfo], i
         if kind == "tensor":
             if canon.endswith("linear_attn.conv1d.weight") and shape == (cd, K):
                 shape = (cd, 1, K)
+            if canon.endswith("mlp.shared_expert_gate.weight") and len(shape) == 1:
+                shape = (1, *shape)   # llama-quantize writes it as a vector: the same bytes
             add(canon, TensorInfo(file, t.name, tag, shape, start, start + int(t.n_bytes)))
             continue
         want, per = qgguf.expert_views(cfg, layer, canon)
@@ -175,31 +177,39 @@ def _gguf_infos(file: Path, reader, cfg: dict, tensors: dict[str, TensorInfo], i
             add(P + "up_proj.weight", TensorInfo(file, f"{t.name}[{e}, I:]", tag, (want[1] // 2, want[2]), s + half, s + each))
 
 
-def kernel_weights(md: md_mod.ModelDir, maps: FileMaps | None = None) -> tuple[dict, dict[str, np.ndarray]]:
-    """(config, {canonical name: float32 array}) for `_kernel.Qwen35Model(config, weights)`.
+def kernel_weights(md: md_mod.ModelDir, maps: FileMaps | None = None) -> tuple[dict, dict]:
+    """(config, weights) for `_kernel.Qwen35Model(config, weights)`: canonical name -> float32 array, or
+    a GGUF block format's stored rows as (uint8 array, "GGML:<type>"), which the kernel packs as they are.
 
-    F32 tensors are zero-copy views of the files' memory maps; BF16/F16 are widened (exact); a GGUF
-    block-quantized tensor is dequantized with gguf-py (llama.cpp's reference). A GGUF's converter
-    transforms are undone (gguf.py): v heads un-tiled, folded norms handed as stored - 1, A_log
-    recovered from ssm_a. The daemon's load path calls this (qwen35/__init__.kernel_inputs).
+    F32 tensors are zero-copy views of the files' memory maps; BF16/F16 are widened (exact). A GGUF's
+    converter transforms (gguf.py) are handed to the kernel as stored where it has an input for them
+    (folded norms as `<name>+1`, ssm_a), and undone where they are a permutation: v heads un-tiled, by
+    rows for block formats too; a block-format ssm_out keeps its tiled columns (`out_proj.weight:tiled`).
+    The daemon's load path calls this (qwen35/__init__.kernel_inputs).
     """
     maps = maps if maps is not None else FileMaps()
     from_gguf = md.path.suffix == ".gguf"
-    out: dict[str, np.ndarray] = {}
+    out: dict = {}
     for name, info in md.tensors.items():
         try:
             a = maps.tensor(info)
         except SafetensorsError as e:
             raise ModelDirError(str(e)) from None
-        a = _float32(a, info)
-        if from_gguf:
-            where = f"{info.file}: tensor {info.name!r}"
-            if qgguf.is_folded_norm(name):
-                a = qgguf.unfold_norm(a, where)
+        blocks = is_ggml(info.dtype)
+        if not blocks:
+            a = _float32(a, info)
+        if not from_gguf:
+            out[name] = a
+            continue
+        if blocks and name.endswith(".linear_attn.out_proj.weight") and qgguf.untile_perm(md.config, 1) is not None:
+            name += ":tiled"
+        else:
             a = qgguf.untile(name, a, md.config)
-            if name.endswith(".linear_attn.A_log"):
-                a = qgguf.a_log_for(a, where)
-        out[name] = a
+        if qgguf.is_folded_norm(name):
+            name += "+1"
+        elif name.endswith(".linear_attn.A_log"):
+            name = name.removesuffix("A_log") + "ssm_a"
+        out[name] = (a, info.dtype) if blocks else a
     return md.config, out
 
 
@@ -210,10 +220,5 @@ def _float32(a: np.ndarray, info: TensorInfo) -> np.ndarray:
         return (a.astype(np.uint32) << 16).view(np.float32)
     if info.dtype == "F16":
         return a.astype(np.float32)
-    if is_ggml(info.dtype):
-        from gguf import GGMLQuantizationType
-        from gguf.quants import dequantize
-
-        return dequantize(a, GGMLQuantizationType[info.dtype.split(":", 1)[1]]).reshape(info.shape)
     raise ModelDirError(f"{info.file}: tensor {info.name!r} has dtype {info.dtype}; expected F32, BF16, F16 or a "
                         "GGUF block type")

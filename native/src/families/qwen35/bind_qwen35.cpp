@@ -4,8 +4,10 @@
 //  * The config dict is HF's (config.json: a `text_config` inside is used when present); every key
 //    is read and checked here with the GIL held, then the model is loaded and packed without it
 //    (the arrays are pinned by the references this call holds).
-//  * Weights: canonical name -> float32 array (or (array, "F32"), the daemon's spelling). Only
-//    embed_tokens is kept after load (row lookups); every matrix is packed into the model's panels.
+//  * Weights: canonical name -> float32 array (or (array, "F32"), the daemon's spelling), or a GGUF
+//    block format's stored rows (uint8 [rows..., row bytes], "GGML:<type>"). Only embed_tokens is
+//    kept after load (row lookups; a block-format one is decoded); every matrix is packed into the
+//    model's panels, a block format as its blocks.
 //  * forward converts the ids, then runs without the GIL: the model is immutable and the call's
 //    cache is its own.
 #include <pybind11/numpy.h>
@@ -21,6 +23,7 @@
 #include <thread>
 
 #include "../../bind.h"
+#include "../../codecs/codec.h"
 #include "cairn/forward.h"
 #include "model.h"
 
@@ -132,14 +135,33 @@ void load_qwen35(BoundModel& M, py::dict config, py::dict weights, int threads, 
   for (auto item : weights) {
     const std::string name = py::str(item.first);
     py::object v = py::reinterpret_borrow<py::object>(item.second);
+    std::string tag = "F32";
     if (py::isinstance<py::tuple>(v)) {
       py::tuple t = v.cast<py::tuple>();
-      if (py::len(t) != 2 || std::string(py::str(t[1])) != "F32")
-        throw py::value_error("weight '" + name + "' must be a float32 array (or (array, \"F32\"))");
+      if (py::len(t) == 2) tag = py::str(t[1]);
+      if (py::len(t) != 2 || (tag != "F32" && tag.rfind("GGML:", 0) != 0))
+        throw py::value_error("weight '" + name + "' must be a float32 array, (array, \"F32\") or (uint8 rows, \"GGML:<type>\")");
       v = t[0];
     }
     py::array a = py::array::ensure(v);
     if (!a) throw py::value_error("weight '" + name + "' is not an array");
+    std::vector<int64_t> shape(a.shape(), a.shape() + a.ndim());
+    if (tag != "F32") {  // a GGUF block format: the stored rows [rows..., row bytes], packed as they are
+      const cairn::BlockCodec* codec = cairn::find_codec(tag.substr(5));
+      if (!codec) {
+        std::string names;
+        for (const cairn::BlockCodec* k : cairn::all_codecs()) names += (names.empty() ? "" : ", ") + std::string(k->name);
+        throw py::value_error("weight '" + name + "' is stored as " + tag.substr(5) + ", which cairn cannot read (" + names + ")");
+      }
+      if (a.itemsize() != 1 || a.ndim() < 2 || shape.back() % codec->bytes)
+        throw py::value_error("weight '" + name + "' tagged " + tag + " must be uint8 rows of whole " +
+                              std::to_string(codec->bytes) + "-byte blocks");
+      py::array rows = py::array::ensure(a, py::array::c_style);
+      pinned.push_back(rows);
+      shape.back() = shape.back() / codec->bytes * codec->block;  // the logical row length
+      wm[name] = TensorView{nullptr, shape, (const uint8_t*)rows.data(), codec};
+      continue;
+    }
     if (!a.dtype().is(py::dtype::of<float>()))
       throw py::value_error("weight '" + name + "' has dtype " + std::string(py::str(a.dtype())) + "; float32 is required");
     py::array c_arr = py::array::ensure(a, py::array::c_style);
@@ -149,7 +171,7 @@ void load_qwen35(BoundModel& M, py::dict config, py::dict weights, int threads, 
       c_arr = copy;
     }
     pinned.push_back(c_arr);
-    wm[name] = TensorView{(const float*)c_arr.data(), std::vector<int64_t>(c_arr.shape(), c_arr.shape() + c_arr.ndim())};
+    wm[name] = TensorView{(const float*)c_arr.data(), shape};
     if (name == "embed_tokens.weight") embed = c_arr;
   }
   std::shared_ptr<const Model> m;
@@ -215,7 +237,9 @@ config: HF's config dict (a nested 'text_config' is used when present; layer_typ
 full_attention_interval). weights: canonical name -> float32 array: HF's names without the 'model.' /
 'model.language_model.' prefix; experts per expert ('layers.L.mlp.experts.E.gate_proj.weight', ...) or
 fused ('layers.L.mlp.experts.gate_up_proj' [E, 2I, D], 'layers.L.mlp.experts.down_proj' [E, D, I]);
-lm_head.weight unless tie_word_embeddings. A missing or misshapen tensor raises ValueError naming it and
+lm_head.weight unless tie_word_embeddings. A GGUF's values may come as stored: (uint8 rows,
+'GGML:<type>') for a block format, '<norm>.weight+1' for a norm folded as 1 + w, 'linear_attn.ssm_a' for
+-exp(A_log), 'linear_attn.out_proj.weight:tiled' for out_proj with llama.cpp's tiled v-head columns. A missing or misshapen tensor raises ValueError naming it and
 the expected shape. Matrices are packed into the kernel's panels at load; threads=0 uses all cores.)doc")
       .def(py::init(&make), py::arg("config"), py::arg("weights"), py::arg("threads") = 0)
       .def("forward", &forward_py, py::arg("ids"), py::kw_only(), py::arg("chunk") = 0,
@@ -229,6 +253,8 @@ chunk > 0 feeds the sequence in calls of that many tokens, carrying the per-toke
       .def_property_readonly("n_layers", [](const BoundQwen35& b) { return b.model().cfg.n_layers; })
       .def_property_readonly("threads", [](const BoundQwen35& b) { return b.model().threads; })
       .def_property_readonly("is_moe", [](const BoundQwen35& b) { return b.model().cfg.moe(); })
+      .def_property_readonly("panel_formats", [](const BoundQwen35& b) { return b.model().panel_formats; },
+                             "Packed matrices by panel format: {'F32': n, 'Q8_0': m, ...} (a GGUF block format stays one).")
       .def_property_readonly("layer_types", [](const BoundQwen35& b) {
         std::vector<std::string> v;
         for (Mixer t : b.model().cfg.layer_types) v.push_back(t == Mixer::Full ? "full_attention" : "linear_attention");

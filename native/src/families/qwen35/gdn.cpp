@@ -8,7 +8,9 @@
 //    sequence was split into calls.
 //  * Every multiply-add that meets another rounding is an explicit fmadd (kernels.h), never left
 //    to the compiler's contraction; exp is fexp: one rounding on every ISA with FMA.
-//  * Heads: v head h reads k head h / (nv/nk) (HF's repeat_interleave, grouped order).
+//  * Heads: v head h reads k head h / (nv/nk) (HF's repeat_interleave, grouped order). With
+//    out_tiled (a GGUF's quantized ssm_out) head h's output goes to llama.cpp's tiled slot
+//    (h % rep) * nk + h / rep, where out's columns expect it.
 #include <omp.h>
 
 #include <algorithm>
@@ -119,17 +121,17 @@ void gdn_block(const Model& m, int layer, LayerCache& lc, const float* x, int S,
 
   // the recurrence, heads in parallel, tokens in order; then the gated norm per head:
   // o <- norm_w * (o * rsqrt(mean(o^2) + eps)) * silu(z)
-  std::vector<float> o((size_t)S * vd);  // [S, nv, dv]
+  std::vector<float> o((size_t)S * vd);  // [S, nv, dv] (heads in out's column order)
 #pragma omp parallel num_threads(m.threads) if ((int64_t)S * nv * dk * dv * 4 > kParMinWork)
   {
     std::vector<float> tmp(dv);
 #pragma omp for schedule(static)
     for (int h = 0; h < nv; ++h) {
       float* St = &lc.rec[(size_t)h * dk * dv];
-      const int kh = h / rep;
+      const int kh = h / rep, slot = g.out_tiled ? (h % rep) * nk + kh : h;
       for (int t = 0; t < S; ++t) {
         const float* ut = &u[(size_t)t * cd];
-        float* ot = &o[(size_t)t * vd + (size_t)h * dv];
+        float* ot = &o[(size_t)t * vd + (size_t)slot * dv];
         delta_step(St, ut + (size_t)kh * dk, ut + kd + (size_t)kh * dk, ut + 2 * kd + (size_t)h * dv,
                    beta[(size_t)t * nv + h], eg[(size_t)t * nv + h], dk, dv, ot, tmp.data());
         rmsnorm(ot, g.norm.data(), ot, dv, c.rms_eps);

@@ -2,9 +2,15 @@
 #include <omp.h>
 
 #include <cmath>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <numeric>
 #include <sstream>
 #include <stdexcept>
 
+#include "../../codecs/codec.h"
+#include "../../formats/formats.h"
 #include "model.h"
 
 namespace cairn::qwen35 {
@@ -23,28 +29,49 @@ void require(bool ok, const std::string& msg) {
   if (!ok) throw std::invalid_argument("invalid Qwen3.5 config: " + msg);
 }
 
-// One matrix to pack: its logical rows (nullptr = a zero row) into dst's panels.
+// One matrix to pack: its logical rows (nullptr = a zero row) into dst's panels; or, codec set, the
+// rows of block-format sources (QRow: src null = a zero row) into GGUF block panels.
 struct PackJob {
   Linear* dst;
   std::vector<const float*> rows;
+  std::vector<QRow> qrows;
+  const BlockCodec* codec = nullptr;
 };
 
 struct Loader {
   const WeightMap& w;
   Model& m;
   std::vector<PackJob> jobs;
+  std::deque<Linear> sources;  // the block-format matrices' stored rows (QRow points at them)
 
-  const float* get(const std::string& name, const std::vector<int64_t>& want) const {
+  const TensorView& view(const std::string& name, const std::vector<int64_t>& want) const {
     auto it = w.find(name);
     if (it == w.end()) throw std::invalid_argument("missing weight tensor '" + name + "' (expected shape " + shape_str(want) + ")");
     if (it->second.shape != want)
       throw std::invalid_argument("weight '" + name + "' has shape " + shape_str(it->second.shape) + ", expected " +
                                   shape_str(want));
-    return it->second.data;
+    return it->second;
+  }
+  // As floats: a block-format tensor is decoded once (the same values its panels compute with).
+  const float* get(const std::string& name, const std::vector<int64_t>& want) {
+    const TensorView& t = view(name, want);
+    if (!t.codec) return t.data;
+    const int64_t in = want.back(), n = std::accumulate(want.begin(), want.end(), (int64_t)1, std::multiplies<>());
+    m.decoded.emplace_back(new float[(size_t)n]);
+    float* dst = m.decoded.back().get();
+    const int nb = (int)(in / t.codec->block);
+    for (int64_t r = 0; r < n / in; ++r)
+      t.codec->decode_blocks(t.q + (size_t)r * nb * t.codec->bytes, nb, dst + r * in);
+    return dst;
   }
   bool has(const std::string& name) const { return w.count(name) > 0; }
-  // An RMSNorm weight stored zero-centred: 1 + w in fp32, HF's `1.0 + w.float()`.
-  std::vector<float> norm1p(const std::string& name, int n) const {
+  // An RMSNorm weight stored zero-centred: 1 + w in fp32, HF's `1.0 + w.float()`; a GGUF's is
+  // stored folded (`name+1`, the converter's own fp32 `1 + w`) and read as it is.
+  std::vector<float> norm1p(const std::string& name, int n) {
+    if (has(name + "+1")) {
+      const float* s = get(name + "+1", {n});
+      return std::vector<float>(s, s + n);
+    }
     const float* s = get(name, {n});
     std::vector<float> v(n);
     for (int i = 0; i < n; ++i) v[i] = 1.0f + s[i];
@@ -54,31 +81,73 @@ struct Loader {
   Linear rows(const float* src, int out, int in, int64_t stride = -1) {
     if (stride < 0) stride = in;
     Linear L{nullptr, nullptr, out, in};
-    jobs.push_back({nullptr, {}});
+    jobs.push_back({nullptr, {}, {}, nullptr});
     jobs.back().rows.resize(out);
     for (int i = 0; i < out; ++i) jobs.back().rows[i] = src + (size_t)i * stride;
     return L;
   }
-  Linear lin(const std::string& name, int out, int in) { return rows(get(name, {out, in}), out, in); }
+  // A block-format tensor as a source Linear whose rows QRow can name (null: a float tensor).
+  const Linear* stored(const std::string& name, int out, int in) {
+    const TensorView& t = view(name, {out, in});
+    if (!t.codec) return nullptr;
+    Linear L{nullptr, nullptr, out, in};
+    L.qf = QFmt::Ggml;
+    L.codec = t.codec;
+    L.q = t.q;
+    sources.push_back(L);
+    return &sources.back();
+  }
+  Linear lin(const std::string& name, int out, int in) {
+    if (const Linear* src = stored(name, out, in)) {
+      jobs.push_back({nullptr, {}, std::vector<QRow>(out), src->codec});
+      for (int i = 0; i < out; ++i) jobs.back().qrows[i] = QRow{src, i};
+      return Linear{nullptr, nullptr, out, in};
+    }
+    return rows(get(name, {out, in}), out, in);
+  }
   // Gate and up fused per panel: 16 gate rows, the same 16 up rows, ... (rows past I are zero).
   MlpW mlp(const float* gate, const float* up, const float* down, int I, int D) {
+    MlpW f = mlp13(gate, up, I, D);
+    f.down = rows(down, D, I);
+    return f;
+  }
+  MlpW mlp13(const float* gate, const float* up, int I, int D) {
+    MlpW f = fused_shape(I, D);
+    jobs.push_back({nullptr, std::vector<const float*>((size_t)f.w13.out, nullptr), {}, nullptr});
+    for_fused(I, [&](size_t j, int g, int i) { jobs.back().rows[j] = (g ? up : gate) + (size_t)i * D; });
+    return f;
+  }
+  MlpW mlp_named(const std::string& p, int I, int D) {
+    const Linear* g = stored(p + "gate_proj.weight", I, D);
+    const Linear* u = stored(p + "up_proj.weight", I, D);
+    MlpW f;
+    if (!g || !u || g->codec != u->codec) {  // as floats (decoded when stored): one panel format a matrix
+      f = mlp13(get(p + "gate_proj.weight", {I, D}), get(p + "up_proj.weight", {I, D}), I, D);
+      f.down = lin(p + "down_proj.weight", D, I);
+      return f;
+    }
+    f = fused_shape(I, D);
+    jobs.push_back({nullptr, {}, std::vector<QRow>((size_t)f.w13.out, QRow{nullptr, 0}), g->codec});
+    for_fused(I, [&](size_t j, int which, int i) { jobs.back().qrows[j] = QRow{which ? u : g, i}; });
+    f.down = lin(p + "down_proj.weight", D, I);
+    return f;
+  }
+
+ private:
+  static MlpW fused_shape(int I, int D) {
     MlpW f;
     f.I = I;
     const int np = (I + kPanel - 1) / kPanel;
     f.w13 = Linear{nullptr, nullptr, 2 * np * kPanel, D};
-    jobs.push_back({nullptr, std::vector<const float*>((size_t)2 * np * kPanel, nullptr)});
-    auto& r = jobs.back().rows;
-    for (int q = 0; q < np; ++q)
-      for (int l = 0; l < kPanel && q * kPanel + l < I; ++l) {
-        r[(size_t)(2 * q) * kPanel + l] = gate + (size_t)(q * kPanel + l) * D;
-        r[(size_t)(2 * q + 1) * kPanel + l] = up + (size_t)(q * kPanel + l) * D;
-      }
-    f.down = rows(down, D, I);
     return f;
   }
-  MlpW mlp_named(const std::string& p, int I, int D) {
-    return mlp(get(p + "gate_proj.weight", {I, D}), get(p + "up_proj.weight", {I, D}), get(p + "down_proj.weight", {D, I}),
-               I, D);
+  template <class F> static void for_fused(int I, F&& put) {
+    const int np = (I + kPanel - 1) / kPanel;
+    for (int q = 0; q < np; ++q)
+      for (int l = 0; l < kPanel && q * kPanel + l < I; ++l) {
+        put((size_t)(2 * q) * kPanel + l, 0, q * kPanel + l);
+        put((size_t)(2 * q + 1) * kPanel + l, 1, q * kPanel + l);
+      }
   }
 };
 
@@ -119,11 +188,11 @@ std::unique_ptr<Model> load(const Config& c, const WeightMap& w, int threads) {
   Model& m = *mp;
   m.cfg = c;
   m.threads = std::max(1, threads);
-  Loader ld{w, m, {}};
+  Loader ld{w, m, {}, {}};
   const int D = c.D, V = c.vocab;
   m.embed = ld.get("embed_tokens.weight", {V, D});
   m.norm = ld.norm1p("norm.weight", D);
-  m.head = c.tied ? ld.rows(m.embed, V, D) : ld.lin("lm_head.weight", V, D);
+  m.head = ld.lin(c.tied ? "embed_tokens.weight" : "lm_head.weight", V, D);  // tied: the same rows
   // Linears are referenced by jobs through their final addresses: layers are sized first
   m.layers.resize(c.n_layers);
   std::vector<Linear*> dsts{&m.head};
@@ -147,20 +216,26 @@ std::unique_ptr<Model> load(const Config& c, const WeightMap& w, int threads) {
       dsts.push_back(&g.a);
       // HF's [conv_dim, 1, K]; GGUF's squeezed [conv_dim, K] is the same bytes
       const std::string cn = a + "conv1d.weight";
+      const std::vector<int64_t> squeezed{cd, K};
       auto it = w.find(cn);
-      const float* cw = it != w.end() && it->second.shape == std::vector<int64_t>{cd, K} ? it->second.data
-                                                                                         : ld.get(cn, {cd, 1, K});
+      const float* cw = ld.get(cn, it != w.end() && it->second.shape == squeezed ? squeezed : std::vector<int64_t>{cd, 1, K});
       g.conv.resize((size_t)K * cd);
       for (int ch = 0; ch < cd; ++ch)
         for (int j = 0; j < K; ++j) g.conv[(size_t)j * cd + ch] = cw[(size_t)ch * K + j];
       const float* dt = ld.get(a + "dt_bias", {nv});
-      const float* al = ld.get(a + "A_log", {nv});
       g.dt_bias.assign(dt, dt + nv);
-      g.neg_A.resize(nv);
-      for (int h = 0; h < nv; ++h) g.neg_A[h] = (float)-std::exp((double)al[h]);
+      if (ld.has(a + "ssm_a")) {  // a GGUF's -exp(A_log), as the converter stored it
+        const float* sa = ld.get(a + "ssm_a", {nv});
+        g.neg_A.assign(sa, sa + nv);
+      } else {
+        const float* al = ld.get(a + "A_log", {nv});
+        g.neg_A.resize(nv);
+        for (int h = 0; h < nv; ++h) g.neg_A[h] = (float)-std::exp((double)al[h]);
+      }
       const float* gn = ld.get(a + "norm.weight", {c.dv});
       g.norm.assign(gn, gn + c.dv);
-      g.out = ld.lin(a + "out_proj.weight", D, vd);
+      g.out_tiled = ld.has(a + "out_proj.weight:tiled");
+      g.out = ld.lin(a + (g.out_tiled ? "out_proj.weight:tiled" : "out_proj.weight"), D, vd);
       dsts.push_back(&g.out);
     } else {
       const std::string a = p + "self_attn.";
@@ -213,13 +288,37 @@ std::unique_ptr<Model> load(const Config& c, const WeightMap& w, int threads) {
   for (size_t j = 0; j < dsts.size(); ++j) ld.jobs[j].dst = dsts[j];
   // panels: one buffer per matrix, packed in parallel
   m.arena.resize(ld.jobs.size());
-  for (size_t j = 0; j < ld.jobs.size(); ++j)
-    m.arena[j].reset(new float[packed_floats((int)ld.jobs[j].rows.size(), ld.jobs[j].dst->in)]);
+  std::vector<size_t> code_bytes(ld.jobs.size());
+  const PanelCodec& blocks = panel_codec(QFmt::Ggml);
+  for (size_t j = 0; j < ld.jobs.size(); ++j) {
+    const PackJob& J = ld.jobs[j];
+    size_t bytes;
+    if (J.codec) {
+      code_bytes[j] = blocks.code_bytes(J.codec, (int)J.qrows.size(), J.dst->in);
+      bytes = code_bytes[j] + blocks.scale_bytes((int)J.qrows.size(), J.dst->in);
+    } else {
+      bytes = packed_floats((int)J.rows.size(), J.dst->in) * sizeof(float);
+    }
+    m.arena[j].reset(std::aligned_alloc(64, (bytes + 63) / 64 * 64));
+    if (!m.arena[j]) throw std::bad_alloc();
+    std::memset(m.arena[j].get(), 0, bytes);  // panel padding is zero
+  }
 #pragma omp parallel for num_threads(m.threads) schedule(dynamic, 1)
   for (size_t j = 0; j < ld.jobs.size(); ++j) {
-    pack_panels(ld.jobs[j].rows, ld.jobs[j].dst->in, m.arena[j].get());
-    ld.jobs[j].dst->p = m.arena[j].get();
+    PackJob& J = ld.jobs[j];
+    uint8_t* buf = (uint8_t*)m.arena[j].get();
+    if (J.codec) {
+      blocks.pack(J.qrows, J.dst->in, buf, buf + code_bytes[j]);
+      J.dst->qf = QFmt::Ggml;
+      J.dst->codec = J.codec;
+      J.dst->pq = buf;
+      J.dst->pqs = buf + code_bytes[j];
+    } else {
+      pack_panels(J.rows, J.dst->in, (float*)buf);
+      J.dst->p = (const float*)buf;
+    }
   }
+  for (const PackJob& J : ld.jobs) ++m.panel_formats[J.codec ? J.codec->name : "F32"];
   // RoPE inverse frequencies as HF computes them: 1 / theta^(2i/r), the exponent in fp32
   m.inv_freq.resize(c.r / 2);
   for (int i = 0; i < c.r / 2; ++i) {

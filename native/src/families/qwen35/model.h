@@ -5,9 +5,12 @@
 //    a MoE (softmax top-k + a gated shared expert) or a dense SwiGLU MLP. All compute is fp32.
 //  * Weights are folded once at load so compute reads them as stored: every RMSNorm weight except
 //    the GDN output norm becomes 1+w (HF's `1.0 + w.float()`, the same fp32 bits), A_log becomes
-//    -exp(A_log) (in double, rounded once), conv1d is transposed to [K, conv_dim]. Matrices are
-//    packed into the shared panels (kernels.h `Linear`, packed.cpp) -- the product V4 uses, so the
-//    stored formats (codecs) apply here later.
+//    -exp(A_log) (in double, rounded once), conv1d is transposed to [K, conv_dim]. A GGUF stores
+//    both already folded (`1 + w`, ssm_a = -exp(A_log), from the converter's fp32): those are taken
+//    as stored (names `<norm>+1` and `linear_attn.ssm_a`), so compute reads the file's own values.
+//    Matrices are packed into the shared panels (kernels.h `Linear`, packed.cpp) -- the product V4
+//    uses: fp32 rows as fp32 panels, a GGUF block format as its own blocks (formats/ggml_blocks.cpp,
+//    the same bits as fp32 on the dequantized weights).
 //  * Per-token state (the shared cairn::State: Tail + pages): every write is per token -- one conv
 //    row, one recurrence step, one K/V row -- so any split of a sequence into calls gives the same
 //    bits (no chunked delta rule), and a snapshot between any two tokens is exact.
@@ -15,6 +18,7 @@
 //    ISA harness (tests/native/test_isa_paths.py) compiles them as plain C++.
 #pragma once
 #include <cstdint>
+#include <cstdlib>
 #include <map>
 #include <memory>
 #include <string>
@@ -55,6 +59,9 @@ struct GdnW {
   std::vector<float> dt_bias, neg_A;      // [nv]: dt_bias, -exp(A_log)
   std::vector<float> norm;                // [dv] gated output norm, plain w (not 1+w)
   Linear out;                             // [D, value_dim]
+  // out's columns in llama.cpp's tiled v-head order (k head fastest; a GGUF's quantized ssm_out,
+  // whose blocks cannot be permuted): the core output is written in that order before out.
+  bool out_tiled = false;
 };
 
 struct AttnW {
@@ -81,24 +88,33 @@ struct LayerW {
   Linear shared_gate;                     // [1, D] (MoE only)
 };
 
-// A named float32 tensor the loader reads (row-major, the caller keeps it alive while loading and,
-// for the ones it says, for the model's life).
+// A named tensor the loader reads (row-major, the caller keeps it alive while loading and, for the
+// ones it says, for the model's life): float32 values, or (codec set) a GGUF block format's stored
+// rows [rows..., in / block * bytes] in q, shape being the logical [rows..., in].
 struct TensorView {
   const float* data = nullptr;
   std::vector<int64_t> shape;
+  const uint8_t* q = nullptr;
+  const BlockCodec* codec = nullptr;
 };
 using WeightMap = std::map<std::string, TensorView>;
+
+struct FreeBytes {
+  void operator()(void* p) const { std::free(p); }
+};
 
 // Immutable after load. Every matrix is packed into `arena`; `keep` holds the folded vectors.
 struct Model {
   Config cfg;
   int threads = 1;
-  const float* embed = nullptr;           // [V, D] row lookups (the caller's array)
+  const float* embed = nullptr;           // [V, D] row lookups (the caller's array, or `decoded`)
   std::vector<float> norm;                // [D], folded 1+w
   Linear head;                            // [V, D] (embed_tokens when tied)
   std::vector<LayerW> layers;
   std::vector<float> inv_freq;            // [r/2]
-  std::vector<std::unique_ptr<float[]>> arena;  // packed panels
+  std::vector<std::unique_ptr<void, FreeBytes>> arena;  // packed panels, one 64-byte aligned buffer a matrix
+  std::vector<std::unique_ptr<float[]>> decoded;       // block-format tensors read as floats (embed, vectors)
+  std::map<std::string, int> panel_formats;            // matrices by panel format ("F32", "Q4_K", ...)
 };
 
 // Builds the model from canonical names (HF's without the `model.` / `model.language_model.`
