@@ -3,22 +3,18 @@
 config.json fields resolve_config reads, the tensor names mapped to the canonical ones, and the value
 transforms the converter applies undone (docs/model-format.md, "Qwen3.5", GGUF).
 
-What the converter changes, and what `to_canonical` gives back:
- * every RMSNorm weight except the GDN output norm (`ssm_norm`) is stored folded, `1 + w` in fp32.
-   The kernel folds `1 + w` itself (from HF's w), so the loader hands it `stored - 1`: exact in the
-   sense the kernel needs -- `1 + (stored - 1) == stored` in fp32 -- whenever stored is in [0.5, 2] or
-   >= 2 (Sterbenz; checked per element, an element where it fails is an error naming the tensor);
-   `stored - 1` is NOT HF's w (the fold rounded w's low bits away). The clean fix is a kernel input
-   that takes folded norms as they are (see the docs).
- * `ssm_a = -exp(A_log)`: the loader hands the kernel A_log = log(-ssm_a); the kernel's own
-   `(float)-exp((double)A_log)` gives the stored value back for ~99 % of values, one ulp off for the
-   rest (a_log_for): exact needs a kernel input that takes ssm_a as stored.
- * the short convolution is squeezed to [conv_dim, K] (the same bytes as HF's [conv_dim, 1, K]).
+What the converter changes, and how the kernel gets the model back (kernel_inputs.kernel_weights):
+ * every RMSNorm weight except the GDN output norm (`ssm_norm`) is stored folded, `1 + w` in fp32 (HF's
+   own fold): handed to the kernel as stored, under `<name>+1`.
+ * `ssm_a = -exp(A_log)` in fp32 (what HF computes): handed as stored, under `linear_attn.ssm_a`.
+ * the short convolution is squeezed to [conv_dim, K] (the same bytes as HF's [conv_dim, 1, K]); a
+   quantized file's `ffn_gate_inp_shexp` is a vector (the same bytes as [1, D]).
  * when nk != nv the V heads are reordered from grouped (by k head) to tiled
    (`_LinearAttentionVReorderBase`): the v rows of attn_qkv, the rows of attn_gate, ssm_alpha,
-   ssm_beta, ssm_a, ssm_dt, the v channels of ssm_conv1d and the columns of ssm_out. Float (and
-   dequantized) tensors are un-tiled here; a quantized ssm_out served as its blocks cannot be
-   (its blocks run along the columns): the kernel will need to run the tiled order itself.
+   ssm_beta, ssm_a, ssm_dt, the v channels of ssm_conv1d and the columns of ssm_out. `untile` puts
+   rows back (a block format's rows too: a row is whole blocks); a block-format ssm_out cannot be
+   (its blocks run along the columns), so the kernel writes its input in the tiled order instead
+   (`out_proj.weight:tiled`).
 """
 
 from __future__ import annotations
@@ -216,27 +212,3 @@ def untile(canonical: str, a: np.ndarray, cfg: dict) -> np.ndarray:
 def is_folded_norm(canonical: str) -> bool:
     """A norm weight llama.cpp stores as 1 + w (every RMSNorm but the GDN output norm)."""
     return canonical == "norm.weight" or canonical.endswith(_FOLDED_NORMS)
-
-
-def unfold_norm(stored: np.ndarray, where: str) -> np.ndarray:
-    """1 + w as stored -> d = stored - 1 with 1 + d == stored in fp32 (what the kernel's fold gives back)."""
-    s = np.asarray(stored, np.float32)
-    d = s - np.float32(1)
-    bad = np.flatnonzero((np.float32(1) + d).view(np.uint32) != s.view(np.uint32))
-    if bad.size:
-        i = int(bad[0])
-        raise ModelDirError(f"{where}: {bad.size} of {s.size} folded norm values (1 + w) cannot be handed to the "
-                            f"kernel as w (first at {i}: {float(s.flat[i])!r}; 1 + (stored - 1) rounds to another float); "
-                            "this file needs the kernel's folded-norm input (issue 43)")
-    return d
-
-
-def a_log_for(ssm_a: np.ndarray, where: str) -> np.ndarray:
-    """ssm_a = -exp(A_log) as stored -> A_log = log(-ssm_a) (in float64, rounded once). The kernel's load
-    turns it back with (float)-exp((double)A_log): the stored bits for ~99 % of values, one ulp off for
-    the rest (measured on uniform A in [0.01, 16]; no float A_log reaches those: exp's step there is
-    wider than one ulp of ssm_a). Exact needs the kernel to take ssm_a as stored (issue 43)."""
-    s = np.asarray(ssm_a, np.float32)
-    if not (s < 0).all():
-        raise ModelDirError(f"{where}: ssm_a must be negative (-exp(A_log)), got {s.tolist()}")
-    return np.log(-s.astype(np.float64)).astype(np.float32)
