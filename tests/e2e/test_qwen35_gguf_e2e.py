@@ -2,8 +2,9 @@
 mix (tests/fixtures/gguf, scripts/make_gguf_fixtures_qwen35.py) served by an in-process daemon on the real
 kernel.
 
-- The F32 file answers as HF transformers does on the directory it was converted from (greedy tokens
-  equal, log-probabilities within 1e-5), cold and restored from a memory checkpoint.
+- The F32 files (qwen3_5_moe, and dense qwen3_5 with tied embeddings) answer as HF transformers does
+  on the directory each was converted from (greedy tokens equal, log-probabilities within 1e-5), cold
+  and restored from a memory checkpoint.
 - The Q4_0 file (its matrices packed as their blocks, ssm_out in llama.cpp's tiled column order)
   answers as a kernel model built from gguf-py's dequantization of the same file: the same tokens and
   log-probabilities, cold and restored.
@@ -82,12 +83,13 @@ def check(loaded, prompt: list[int], body: dict, toks: list[int], rows: np.ndarr
     assert diff <= TOL, f"max |dlogprob| {diff:.3g}"
 
 
-async def test_the_f32_gguf_answers_as_hf_on_its_source_directory(tmp_path):
+@pytest.mark.parametrize("stem", ["qwen35moe-tiny-f32", "qwen35-tiny-f32"])   # MoE; dense with tied embeddings
+async def test_the_f32_gguf_answers_as_hf_on_its_source_directory(stem, tmp_path):
     from cairn.daemon.modelgen.make_model import make_model
 
-    entry = MANIFEST["qwen35moe-tiny-f32"]
+    entry = MANIFEST[stem]
     src = make_model(entry["preset"], entry["seed"], tmp_path / "src")
-    loaded = real_loaded(FIX / "qwen35moe-tiny-f32.gguf", checkpoint_dir=str(tmp_path / "state"))
+    loaded = real_loaded(FIX / f"{stem}.gguf", checkpoint_dir=str(tmp_path / "state"))
     assert loaded.model.family == "qwen3_5" and loaded.tokenizer.chat.name == "qwen3_5"
     first, second, bodies = await cold_then_restored(loaded, tmp_path, lambda p: hf_greedy(src, p, N_OUT))
     for prompt, body in zip((first, second), bodies):
