@@ -1,13 +1,13 @@
-"""Qwen3.5 GGUF files through the daemon (issue 43 §4): llama.cpp's converter output and a llama-quantize
-mix (tests/fixtures/gguf, scripts/make_gguf_fixtures_qwen35.py) served by an in-process daemon on the real
-kernel.
+"""Qwen3.5 GGUF files through the daemon (issue 43 §4): llama.cpp's converter output and llama-quantize
+mixes (tests/fixtures/gguf, scripts/make_gguf_fixtures_qwen35.py) served by an in-process daemon on the
+real kernel.
 
 - The F32 files (qwen3_5_moe, and dense qwen3_5 with tied embeddings) answer as HF transformers does
   on the directory each was converted from (greedy tokens equal, log-probabilities within 1e-5), cold
   and restored from a memory checkpoint.
-- The Q4_0 file (its matrices packed as their blocks, ssm_out in llama.cpp's tiled column order)
-  answers as a kernel model built from gguf-py's dequantization of the same file: the same tokens and
-  log-probabilities, cold and restored.
+- A Q4_0 and a Q4_K_M file (their matrices packed as their blocks, ssm_out in llama.cpp's tiled column
+  order) answer as a kernel model built from gguf-py's dequantization of the same file: the same tokens
+  and log-probabilities, cold and restored.
 """
 
 from __future__ import annotations
@@ -98,7 +98,7 @@ async def test_the_f32_gguf_answers_as_hf_on_its_source_directory(stem, tmp_path
         check(loaded, prompt, body, toks, rows)
 
 
-@pytest.mark.parametrize("stem", ["qwen35moe-tiny-q4_0"])
+@pytest.mark.parametrize("stem", ["qwen35moe-tiny-q4_0", "qwen35moe-k256-q4_k_m"])
 async def test_a_quantized_gguf_answers_as_fp32_on_its_dequantized_weights(stem, tmp_path):
     import cairn._kernel as K
     from cairn.daemon.weights.qwen35.kernel_inputs import kernel_weights, open_qwen35

@@ -111,7 +111,8 @@ def test_safetensors_and_gguf_inputs_match_hf(preset, tmp_path_factory):
     np.testing.assert_array_equal(ggot, K.Qwen35Model(cfg, folded).forward(TOKENS))
 
 
-QUANT = ["qwen35moe-tiny-q8_0", "qwen35moe-tiny-q4_0", "qwen35moe-tiny-q4_k_m"]
+QUANT = ["qwen35moe-tiny-q8_0", "qwen35moe-tiny-q4_0", "qwen35moe-tiny-q4_k_m",
+         "qwen35moe-k256-q4_k_m", "qwen35moe-k256-q6_k", "qwen35moe-k256-iq4_xs"]   # K-quant and IQ blocks at 256
 
 
 def _dequantized(w: dict) -> dict:
