@@ -1,6 +1,6 @@
 """Qwen3.5's weights (issue 43): config, tensor names, GGUF mapping and transforms, what the kernel
-takes from the files, a State's cost (daemon/weights/families.py holds the registry; safetensors directories are served,
-GGUF files refused until their daemon path is tested)."""
+takes from the files (safetensors directories and GGUF files), a State's cost (daemon/weights/families.py
+holds the registry)."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ def open_dir(path, *, digest_cache=None, log=None):
 
 
 def kernel_inputs(md, maps):
-    """(config, float32 weights) for `_kernel.Model`: the kernel picks the family from a qwen3_5*
+    """(config, weights) for `_kernel.Model`: the kernel picks the family from a qwen3_5*
     model_type, which the resolved (fingerprinted) config does not keep."""
     from .kernel_inputs import kernel_weights
 
