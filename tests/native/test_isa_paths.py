@@ -5,7 +5,8 @@ against each build:
 
 - isa_harness.cpp: every stored format's panels (packed.cpp, formats/, codecs/) against fp32 panels
   of the same dequantized weights, bit for bit, with a digest of every product;
-- forward_harness.cpp: the whole forward pass of a small random-weight model, a digest of its logits.
+- forward_harness.cpp: the whole forward pass of two small random-weight models (DeepSeek-V4 and
+  Qwen3.5), a digest of each one's logits.
 
 The builds with fused multiply-adds (v3, v4, aarch64) give the same products and the same logits bit
 for bit, whatever the CPU; v2 rounds its own way (its own numeric class)."""
@@ -61,7 +62,12 @@ def _build_and_run(cxx: list[str], out: Path, runner: list[str], link: list[str]
         run = subprocess.run([*runner, str(exe)], capture_output=True, text=True, timeout=600)
         ok = "bit-identical" if name == "products" else "finite"
         assert run.returncode == 0 and ok in run.stdout, run.stdout + run.stderr
-        digests[name] = next(line.split()[1] for line in run.stdout.splitlines() if line.startswith("digest"))
+        for line in run.stdout.splitlines():
+            key, _, value = line.partition(" ")
+            if key == "digest":
+                digests[name] = value
+            elif key == "qwen35":                 # the logits harness's second model
+                digests["qwen35 logits"] = value
     return digests
 
 
@@ -96,9 +102,18 @@ def test_levels_with_fused_multiply_adds_give_the_same_logits(digests):
     assert len(set(fused.values())) == 1, fused
 
 
+def test_levels_with_fused_multiply_adds_give_the_same_qwen35_logits(digests):
+    fused = {lvl: d["qwen35 logits"] for lvl, d in digests.items() if lvl != "x86-64-v2"}
+    assert len(fused) >= 1 and len(set(fused.values())) == 1, fused
+
+
 def test_aarch64_build_runs_and_gives_the_bits_of_x86(digests, aarch64):
     assert aarch64["products"] == digests["x86-64-v3"]["products"]
 
 
 def test_aarch64_forward_pass_gives_the_logits_of_x86(digests, aarch64):
     assert aarch64["logits"] == digests["x86-64-v3"]["logits"]
+
+
+def test_aarch64_qwen35_forward_pass_gives_the_logits_of_x86(digests, aarch64):
+    assert aarch64["qwen35 logits"] == digests["x86-64-v3"]["qwen35 logits"]

@@ -108,4 +108,5 @@ def test_isa_harness_digests_are_pinned(level, tmp_path):
     assert level.removeprefix("x86-64-") in runnable(cpu_flags()), f"this CPU cannot run {level}"
     cxx = shutil.which("c++") or shutil.which("g++")
     assert cxx, "a C++ compiler is needed to build the kernel, and so this test"
-    assert _build_and_run([cxx, f"-march={level}"], tmp_path, []) == ISA_DIGESTS[level]
+    got = _build_and_run([cxx, f"-march={level}"], tmp_path, [])
+    assert {k: got[k] for k in ("products", "logits")} == ISA_DIGESTS[level]   # V4's (the Qwen3.5 digest: test_isa_paths)
