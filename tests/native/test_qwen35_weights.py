@@ -294,11 +294,20 @@ def test_state_cost_tail_and_rows(tmp_path_factory):
     assert c.snapshot_bytes_at(100) > c.bytes_at(100) and c.resident_at(1) >= c.bytes_at(1)
 
 
-def test_bf16_directory_is_widened_exactly(tmp_path, tmp_path_factory):
+def test_bf16_directory_is_packed_as_bf16_and_computes_as_its_widened_weights(tmp_path, tmp_path_factory):
     _, f32 = kernel_weights(open_qwen35(_dir("qwen35-tiny", tmp_path_factory)))
     md = open_qwen35(make_model("qwen35-tiny", SEED, tmp_path / "bf16", dtype="bfloat16"))
     assert {i.dtype for i in md.tensors.values()} == {"BF16"}
-    _, w = kernel_weights(md)
+    cfg, w = kernel_weights(md)
+    widened = {}
     for name, a in f32.items():
-        want = (to_bf16_bits(a).astype(np.uint32) << 16).view(np.float32)
-        assert w[name].dtype == np.float32 and np.array_equal(w[name], want), name
+        bits, tag = w[name]
+        assert tag == "BF16" and not bits.flags.owndata             # a view of the file's map
+        assert np.array_equal(bits, to_bf16_bits(a)), name
+        widened[name] = (bits.astype(np.uint32) << 16).view(np.float32)
+    model = K.Qwen35Model(cfg, w)
+    # every matrix in BF16 panels (half the bytes); the embedding (tied head's source) decoded for lookups
+    assert set(model.panel_formats) == {"BF16"}
+    plain = K.Qwen35Model(cfg, widened)
+    assert set(plain.panel_formats) == {"F32"}
+    np.testing.assert_array_equal(model.forward(TOKENS, chunk=9), plain.forward(TOKENS))

@@ -179,9 +179,10 @@ def _gguf_infos(file: Path, reader, cfg: dict, tensors: dict[str, TensorInfo], i
 
 def kernel_weights(md: md_mod.ModelDir, maps: FileMaps | None = None) -> tuple[dict, dict]:
     """(config, weights) for `_kernel.Qwen35Model(config, weights)`: canonical name -> float32 array, or
-    a GGUF block format's stored rows as (uint8 array, "GGML:<type>"), which the kernel packs as they are.
+    what the kernel packs as stored: BF16 bits as (uint16 array, "BF16"), a GGUF block format's rows as
+    (uint8 array, "GGML:<type>").
 
-    F32 tensors are zero-copy views of the files' memory maps; BF16/F16 are widened (exact). A GGUF's
+    F32 and BF16 tensors are zero-copy views of the files' memory maps; F16 is widened (exact). A GGUF's
     converter transforms (gguf.py) are handed to the kernel as stored where it has an input for them
     (folded norms as `<name>+1`, ssm_a), and undone where they are a permutation: v heads un-tiled, by
     rows for block formats too; a block-format ssm_out keeps its tiled columns (`out_proj.weight:tiled`).
@@ -195,13 +196,13 @@ def kernel_weights(md: md_mod.ModelDir, maps: FileMaps | None = None) -> tuple[d
             a = maps.tensor(info)
         except SafetensorsError as e:
             raise ModelDirError(str(e)) from None
-        blocks = is_ggml(info.dtype)
-        if not blocks:
+        stored = is_ggml(info.dtype) or info.dtype == "BF16"   # the kernel packs these as they are
+        if not stored:
             a = _float32(a, info)
         if not from_gguf:
-            out[name] = a
+            out[name] = (a, info.dtype) if stored else a
             continue
-        if blocks and name.endswith(".linear_attn.out_proj.weight") and qgguf.untile_perm(md.config, 1) is not None:
+        if is_ggml(info.dtype) and name.endswith(".linear_attn.out_proj.weight") and qgguf.untile_perm(md.config, 1) is not None:
             name += ":tiled"
         else:
             a = qgguf.untile(name, a, md.config)
@@ -209,15 +210,13 @@ def kernel_weights(md: md_mod.ModelDir, maps: FileMaps | None = None) -> tuple[d
             name += "+1"
         elif name.endswith(".linear_attn.A_log"):
             name = name.removesuffix("A_log") + "ssm_a"
-        out[name] = (a, info.dtype) if blocks else a
+        out[name] = (a, info.dtype) if stored else a
     return md.config, out
 
 
 def _float32(a: np.ndarray, info: TensorInfo) -> np.ndarray:
     if info.dtype == "F32":
         return a
-    if info.dtype == "BF16":
-        return (a.astype(np.uint32) << 16).view(np.float32)
     if info.dtype == "F16":
         return a.astype(np.float32)
     raise ModelDirError(f"{info.file}: tensor {info.name!r} has dtype {info.dtype}; expected F32, BF16, F16 or a "

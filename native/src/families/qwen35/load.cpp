@@ -29,13 +29,16 @@ void require(bool ok, const std::string& msg) {
   if (!ok) throw std::invalid_argument("invalid Qwen3.5 config: " + msg);
 }
 
-// One matrix to pack: its logical rows (nullptr = a zero row) into dst's panels; or, codec set, the
-// rows of block-format sources (QRow: src null = a zero row) into GGUF block panels.
+// One matrix to pack: its logical rows (nullptr = a zero row) into dst's panels; or BF16 rows
+// (rows16 non-empty) into BF16 panels; or, codec set, the rows of block-format sources (QRow: src
+// null = a zero row) into GGUF block panels.
 struct PackJob {
   Linear* dst;
   std::vector<const float*> rows;
   std::vector<QRow> qrows;
   const BlockCodec* codec = nullptr;
+  std::vector<const uint16_t*> rows16;
+  int nrows() const { return (int)(codec ? qrows.size() : rows16.empty() ? rows.size() : rows16.size()); }
 };
 
 struct Loader {
@@ -55,10 +58,17 @@ struct Loader {
   // As floats: a block-format tensor is decoded once (the same values its panels compute with).
   const float* get(const std::string& name, const std::vector<int64_t>& want) {
     const TensorView& t = view(name, want);
-    if (!t.codec) return t.data;
+    if (!t.codec && !t.bf16) return t.data;
     const int64_t in = want.back(), n = std::accumulate(want.begin(), want.end(), (int64_t)1, std::multiplies<>());
     m.decoded.emplace_back(new float[(size_t)n]);
     float* dst = m.decoded.back().get();
+    if (t.bf16) {  // exact: a BF16 value is the top half of its float
+      for (int64_t i = 0; i < n; ++i) {
+        const uint32_t b = (uint32_t)t.bf16[i] << 16;
+        std::memcpy(&dst[i], &b, 4);
+      }
+      return dst;
+    }
     const int nb = (int)(in / t.codec->block);
     for (int64_t r = 0; r < n / in; ++r)
       t.codec->decode_blocks(t.q + (size_t)r * nb * t.codec->bytes, nb, dst + r * in);
@@ -81,7 +91,7 @@ struct Loader {
   Linear rows(const float* src, int out, int in, int64_t stride = -1) {
     if (stride < 0) stride = in;
     Linear L{nullptr, nullptr, out, in};
-    jobs.push_back({nullptr, {}, {}, nullptr});
+    jobs.push_back({nullptr, {}, {}, nullptr, {}});
     jobs.back().rows.resize(out);
     for (int i = 0; i < out; ++i) jobs.back().rows[i] = src + (size_t)i * stride;
     return L;
@@ -99,8 +109,13 @@ struct Loader {
   }
   Linear lin(const std::string& name, int out, int in) {
     if (const Linear* src = stored(name, out, in)) {
-      jobs.push_back({nullptr, {}, std::vector<QRow>(out), src->codec});
+      jobs.push_back({nullptr, {}, std::vector<QRow>(out), src->codec, {}});
       for (int i = 0; i < out; ++i) jobs.back().qrows[i] = QRow{src, i};
+      return Linear{nullptr, nullptr, out, in};
+    }
+    if (const uint16_t* b = view(name, {out, in}).bf16) {
+      jobs.push_back({nullptr, {}, {}, nullptr, std::vector<const uint16_t*>(out)});
+      for (int i = 0; i < out; ++i) jobs.back().rows16[i] = b + (size_t)i * in;
       return Linear{nullptr, nullptr, out, in};
     }
     return rows(get(name, {out, in}), out, in);
@@ -113,7 +128,7 @@ struct Loader {
   }
   MlpW mlp13(const float* gate, const float* up, int I, int D) {
     MlpW f = fused_shape(I, D);
-    jobs.push_back({nullptr, std::vector<const float*>((size_t)f.w13.out, nullptr), {}, nullptr});
+    jobs.push_back({nullptr, std::vector<const float*>((size_t)f.w13.out, nullptr), {}, nullptr, {}});
     for_fused(I, [&](size_t j, int g, int i) { jobs.back().rows[j] = (g ? up : gate) + (size_t)i * D; });
     return f;
   }
@@ -121,13 +136,22 @@ struct Loader {
     const Linear* g = stored(p + "gate_proj.weight", I, D);
     const Linear* u = stored(p + "up_proj.weight", I, D);
     MlpW f;
+    const uint16_t* g16 = view(p + "gate_proj.weight", {I, D}).bf16;
+    const uint16_t* u16 = view(p + "up_proj.weight", {I, D}).bf16;
+    if (g16 && u16) {
+      f = fused_shape(I, D);
+      jobs.push_back({nullptr, {}, {}, nullptr, std::vector<const uint16_t*>((size_t)f.w13.out, nullptr)});
+      for_fused(I, [&](size_t j, int which, int i) { jobs.back().rows16[j] = (which ? u16 : g16) + (size_t)i * D; });
+      f.down = lin(p + "down_proj.weight", D, I);
+      return f;
+    }
     if (!g || !u || g->codec != u->codec) {  // as floats (decoded when stored): one panel format a matrix
       f = mlp13(get(p + "gate_proj.weight", {I, D}), get(p + "up_proj.weight", {I, D}), I, D);
       f.down = lin(p + "down_proj.weight", D, I);
       return f;
     }
     f = fused_shape(I, D);
-    jobs.push_back({nullptr, {}, std::vector<QRow>((size_t)f.w13.out, QRow{nullptr, 0}), g->codec});
+    jobs.push_back({nullptr, {}, std::vector<QRow>((size_t)f.w13.out, QRow{nullptr, 0}), g->codec, {}});
     for_fused(I, [&](size_t j, int which, int i) { jobs.back().qrows[j] = QRow{which ? u : g, i}; });
     f.down = lin(p + "down_proj.weight", D, I);
     return f;
@@ -294,10 +318,10 @@ std::unique_ptr<Model> load(const Config& c, const WeightMap& w, int threads) {
     const PackJob& J = ld.jobs[j];
     size_t bytes;
     if (J.codec) {
-      code_bytes[j] = blocks.code_bytes(J.codec, (int)J.qrows.size(), J.dst->in);
-      bytes = code_bytes[j] + blocks.scale_bytes((int)J.qrows.size(), J.dst->in);
+      code_bytes[j] = blocks.code_bytes(J.codec, J.nrows(), J.dst->in);
+      bytes = code_bytes[j] + blocks.scale_bytes(J.nrows(), J.dst->in);
     } else {
-      bytes = packed_floats((int)J.rows.size(), J.dst->in) * sizeof(float);
+      bytes = packed_floats(J.nrows(), J.dst->in) * (J.rows16.empty() ? sizeof(float) : sizeof(uint16_t));
     }
     m.arena[j].reset(std::aligned_alloc(64, (bytes + 63) / 64 * 64));
     if (!m.arena[j]) throw std::bad_alloc();
@@ -313,12 +337,15 @@ std::unique_ptr<Model> load(const Config& c, const WeightMap& w, int threads) {
       J.dst->codec = J.codec;
       J.dst->pq = buf;
       J.dst->pqs = buf + code_bytes[j];
+    } else if (!J.rows16.empty()) {
+      pack_panels_bf16(J.rows16, J.dst->in, (uint16_t*)buf);
+      J.dst->p16 = (const uint16_t*)buf;
     } else {
       pack_panels(J.rows, J.dst->in, (float*)buf);
       J.dst->p = (const float*)buf;
     }
   }
-  for (const PackJob& J : ld.jobs) ++m.panel_formats[J.codec ? J.codec->name : "F32"];
+  for (const PackJob& J : ld.jobs) ++m.panel_formats[J.codec ? J.codec->name : J.rows16.empty() ? "F32" : "BF16"];
   // RoPE inverse frequencies as HF computes them: 1 / theta^(2i/r), the exponent in fp32
   m.inv_freq.resize(c.r / 2);
   for (int i = 0; i < c.r / 2; ++i) {

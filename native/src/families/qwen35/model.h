@@ -9,8 +9,9 @@
 //    both already folded (`1 + w`, ssm_a = -exp(A_log), from the converter's fp32): those are taken
 //    as stored (names `<norm>+1` and `linear_attn.ssm_a`), so compute reads the file's own values.
 //    Matrices are packed into the shared panels (kernels.h `Linear`, packed.cpp) -- the product V4
-//    uses: fp32 rows as fp32 panels, a GGUF block format as its own blocks (formats/ggml_blocks.cpp,
-//    the same bits as fp32 on the dequantized weights).
+//    uses: fp32 rows as fp32 panels, BF16 as BF16 panels (half the bytes, widened exactly), a GGUF
+//    block format as its own blocks (formats/ggml_blocks.cpp); each gives the same bits as fp32
+//    panels of the widened / dequantized weights.
 //  * Per-token state (the shared cairn::State: Tail + pages): every write is per token -- one conv
 //    row, one recurrence step, one K/V row -- so any split of a sequence into calls gives the same
 //    bits (no chunked delta rule), and a snapshot between any two tokens is exact.
@@ -89,13 +90,14 @@ struct LayerW {
 };
 
 // A named tensor the loader reads (row-major, the caller keeps it alive while loading and, for the
-// ones it says, for the model's life): float32 values, or (codec set) a GGUF block format's stored
-// rows [rows..., in / block * bytes] in q, shape being the logical [rows..., in].
+// ones it says, for the model's life): float32 values; or BF16 bit patterns in bf16; or (codec set)
+// a GGUF block format's stored rows [rows..., in / block * bytes] in q. shape is the logical one.
 struct TensorView {
   const float* data = nullptr;
   std::vector<int64_t> shape;
   const uint8_t* q = nullptr;
   const BlockCodec* codec = nullptr;
+  const uint16_t* bf16 = nullptr;
 };
 using WeightMap = std::map<std::string, TensorView>;
 
@@ -114,7 +116,7 @@ struct Model {
   std::vector<float> inv_freq;            // [r/2]
   std::vector<std::unique_ptr<void, FreeBytes>> arena;  // packed panels, one 64-byte aligned buffer a matrix
   std::vector<std::unique_ptr<float[]>> decoded;       // block-format tensors read as floats (embed, vectors)
-  std::map<std::string, int> panel_formats;            // matrices by panel format ("F32", "Q4_K", ...)
+  std::map<std::string, int> panel_formats;            // matrices by panel format ("F32", "BF16", "Q4_K", ...)
 };
 
 // Builds the model from canonical names (HF's without the `model.` / `model.language_model.`
