@@ -38,14 +38,16 @@ def build_parser() -> argparse.ArgumentParser:
                          "structure at toy width: 43 layers, 256 experts, 48 shards with the drafter, ~70k tensors, "
                          "~40 MB: loader tests), flash-attn (V4-Flash's attention widths in fp32, small experts "
                          "and vocabulary: bench/depth.py), experts-fp4 (FP4, routed experts "
-                         "~95 %% of the weights: paged-expert tests); Qwen3.5 (issue 43, kernel support in progress): "
+                         "~95 %% of the weights: paged-expert tests); Qwen3.5 (issue 43): "
                          "qwen35-tiny (dense, tied), qwen35moe-tiny, qwen35moe-tiny-cond (the release's "
                          "conditional-generation layout), qwen35moe-tiny-fused (3-D experts)")
     mk.add_argument("--names", choices=["official", "hf"], default=None,
                     help="tensor spelling: official DeepSeek (scales W.scale) or HF's (model.…, W.weight_scale_inv); "
                          "default official for quantized presets, hf otherwise")
     mk.add_argument("--seed", type=int, default=0)
-    mk.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32")
+    mk.add_argument("--dtype", choices=["float32", "bfloat16", "float16", "fp8"], default="float32",
+                    help="fp8: Qwen3.5 presets only, the FP8 release's layout (e4m3fn codes, a BF16 scale per 128x128 "
+                         "block in W_scale_inv, the release's BF16 modules)")
     mk.add_argument("--layers", type=int, default=None,
                     help="keep N layers of the preset, from --first-layer (required for flash-slice, V4-Flash's "
                          "real dimensions)")

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -371,28 +372,75 @@ def tokenizer_config(max_len: int) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------
+# FP8, as Qwen's FP8 releases store it: e4m3fn codes, one BF16 scale per 128 x 128 block
+# (`<name>_scale_inv`, W = code x scale), on every linear of the decoder but the ones the release keeps
+# in BF16 (`modules_to_not_convert`).
+
+FP8_QUANTIZATION_CONFIG = {
+    "quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": [128, 128],
+    "modules_to_not_convert": ["lm_head", "embed_tokens", "mlp.gate", "shared_expert_gate", "linear_attn.in_proj_a",
+                               "linear_attn.in_proj_b", "linear_attn.conv1d", "model.visual", "mtp"],
+}
+_FP8 = re.compile(r"\.(self_attn\.[qkvo]_proj|linear_attn\.(in_proj_qkv|in_proj_z|out_proj)"
+                  r"|mlp\.(shared_expert\.|experts\.\d+\.)?(gate|up|down)_proj)\.weight$")
+
+
+def fp8_quantized(name: str) -> bool:
+    """Whether the FP8 release stores this tensor (a file name) as FP8."""
+    return not name.startswith(("model.visual.", "mtp.")) and bool(_FP8.search(name))
+
+
+def quantize_fp8_blocks(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """fp32 [out, in] -> (e4m3fn codes uint8 [out, in], BF16 scale bits [ceil(out/128), ceil(in/128)]):
+    scale = the block's max |w| / 448, rounded to BF16 (what is stored), codes the nearest e4m3 of w / scale."""
+    from .quantize import FP8_BLOCK, FP8_MAX, _E4M3, _nearest
+
+    out, inp = w.shape
+    ro, ri = -(-out // FP8_BLOCK), -(-inp // FP8_BLOCK)
+    pad = np.zeros((ro * FP8_BLOCK, ri * FP8_BLOCK), np.float32)
+    pad[:out, :inp] = w
+    amax = np.abs(pad).reshape(ro, FP8_BLOCK, ri, FP8_BLOCK).max(axis=(1, 3))
+    bits = to_bf16_bits(np.maximum(amax, np.float32(1e-12)) / np.float32(FP8_MAX))
+    scale = (bits.astype(np.uint32) << 16).view(np.float32)
+    x = w.astype(np.float64) / np.repeat(np.repeat(scale, FP8_BLOCK, 0), FP8_BLOCK, 1)[:out, :inp]
+    idx = _nearest(_E4M3, np.minimum(np.abs(x), FP8_MAX))
+    codes = idx.astype(np.uint8) | np.where((x < 0) & (idx > 0), 0x80, 0).astype(np.uint8)
+    return codes, bits
+
 
 def make_qwen35(preset: str | Qwen35Preset, seed: int, out_dir: str | os.PathLike, *, dtype: str = "float32",
                 shard_bytes: int | None = None) -> Path:
     """Write a Qwen3.5 model directory (see the module doc). Returns its path."""
     if isinstance(preset, str) and preset not in PRESETS:
         raise ValueError(f"unknown Qwen3.5 preset {preset!r}; choose from {', '.join(PRESETS)}")
-    if dtype not in ("float32", "bfloat16", "float16"):
-        raise ValueError(f"dtype must be float32, bfloat16 or float16, got {dtype!r}")
+    if dtype not in ("float32", "bfloat16", "float16", "fp8"):
+        raise ValueError(f"dtype must be float32, bfloat16, float16 or fp8, got {dtype!r}")
     p = PRESETS[preset] if isinstance(preset, str) else preset
+    if dtype == "fp8" and p.fused_experts:
+        raise ValueError("the FP8 release layout has per-expert tensors: fp8 takes no fused_experts preset")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
 
     def encode(arr: np.ndarray) -> tuple[np.ndarray, str]:
-        if dtype == "bfloat16":
+        if dtype in ("bfloat16", "fp8"):
             return to_bf16_bits(arr), "BF16"
         if dtype == "float16":
             return arr.astype(np.float16), "F16"
         return arr.astype(np.float32), "F32"
 
-    _write_weights(out, {k: encode(a) for k, a in file_weights(p, seed).items()}, shard_bytes)
+    encoded = {}
+    for k, a in file_weights(p, seed).items():
+        if dtype == "fp8" and fp8_quantized(k):
+            codes, scales = quantize_fp8_blocks(a)
+            encoded[k], encoded[k + "_scale_inv"] = (codes, "F8_E4M3"), (scales, "BF16")
+        else:
+            encoded[k] = encode(a)
+    _write_weights(out, encoded, shard_bytes)
     ids = _token_ids()
-    (out / "config.json").write_text(json.dumps(hf_config(p, dtype), indent=2, sort_keys=True) + "\n")
+    config = hf_config(p, "bfloat16" if dtype == "fp8" else dtype)
+    if dtype == "fp8":
+        config["quantization_config"] = dict(FP8_QUANTIZATION_CONFIG)
+    (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     tok = make_qwen_tokenizer(p.vocab_size)
     (out / "tokenizer.json").write_text(tok.to_str(pretty=True) + "\n")
     (out / "tokenizer_config.json").write_text(

@@ -334,6 +334,7 @@ void packed_panels(const float* const* x, int M, const Linear& L, int p0, int np
   if (M <= kPackM) {
     if (L.p16) return packed_widened<Bf16Widen>(x, M, L, p0, np, out);
     if (L.qf == QFmt::E4M3) return packed_widened<Fp8Widen, Fp8Pow2>(x, M, L, p0, np, out, xb);
+    if (L.qf == QFmt::E4M3F) return packed_widened<Fp8FloatWiden>(x, M, L, p0, np, out);
     if (L.qf == QFmt::E2M1) return packed_widened<Fp4Widen, Fp4Pow2>(x, M, L, p0, np, out, xb);
     if (L.qf == QFmt::Ggml && packed_ggml(kq::AllFormats{}, x, M, L, p0, np, out, xb)) return;
   }

@@ -75,6 +75,35 @@ int main() {
     Linear LQ{nullptr, nullptr, N, K}; LQ.qf = f; LQ.pq = codes.data(); LQ.pqs = scales.data();
     bad += compare(f == QFmt::E4M3 ? "F8_E4M3" : "FP4", LQ, W, N, K, rng);
   }
+  {  // FP8 with float block scales (Qwen's FP8 releases): BF16 scales of any value, its own digest line
+    const uint64_t saved = digest;
+    digest = 1469598103934665603ull;
+    const int N = 72, K = 1100, sr = (N + 127) / 128, sc = (K + 127) / 128;
+    std::vector<uint8_t> q((size_t)N * K);
+    for (auto& b : q) { b = rng() & 0xff; if ((b & 0x7f) == 0x7f) b = 0x10; }
+    std::vector<float> fs((size_t)sr * sc), W((size_t)N * K);
+    for (auto& v : fs) {  // a random BF16 value in [2^-12, 2^-4)
+      uint32_t bits;
+      const uint32_t m = rng() % 128, e = rng() % 8;  // two statements: argument order is unspecified
+      const float x = std::ldexp(1.f + m / 128.f, -12 + (int)e);
+      std::memcpy(&bits, &x, 4);
+      bits &= 0xffff0000u;
+      std::memcpy(&v, &bits, 4);
+    }
+    for (int r = 0; r < N; ++r)
+      for (int k = 0; k < K; ++k) W[(size_t)r * K + k] = e4m3(q[(size_t)r * K + k]) * fs[(r / 128) * sc + k / 128];
+    Linear src{nullptr, nullptr, N, K}; src.qf = QFmt::E4M3F; src.q = q.data(); src.qfs = fs.data();
+    std::vector<QRow> rows;
+    for (int r = 0; r < N; ++r) rows.push_back({&src, r});
+    const PanelCodec& C = panel_codec(QFmt::E4M3F);
+    std::vector<float> panel((C.code_bytes(nullptr, N, K) + C.scale_bytes(N, K)) / 4 + 16);  // float-aligned scales
+    uint8_t* codes = (uint8_t*)panel.data();
+    C.pack(rows, K, codes, codes + C.code_bytes(nullptr, N, K));
+    Linear LQ{nullptr, nullptr, N, K}; LQ.qf = QFmt::E4M3F; LQ.pq = codes; LQ.pqs = codes + C.code_bytes(nullptr, N, K);
+    bad += compare("F8_E4M3 (float scales)", LQ, W, N, K, rng);
+    std::printf("fp8_float %016llx\n", (unsigned long long)digest);
+    digest = saved;
+  }
   // GGUF block formats: random blocks, kept only where every weight decodes finite
   // (N = 24, 40, 72: 1 to 4 panels in a micro-tile; K = 768: a 512-column span and a shorter one)
   for (const BlockCodec* c : all_codecs()) {

@@ -18,6 +18,7 @@ from safetensors.numpy import load_file, save_file
 
 import cairn._kernel as K
 from cairn.daemon.modelgen.make_model import make_model
+from cairn.daemon.modelgen.qwen35 import fp8_quantized
 from cairn.daemon.weights import families
 from cairn.daemon.weights.errors import ModelDirError
 from cairn.daemon.weights.gguf_dir import _pre_tokenizer
@@ -311,3 +312,77 @@ def test_bf16_directory_is_packed_as_bf16_and_computes_as_its_widened_weights(tm
     plain = K.Qwen35Model(cfg, widened)
     assert set(plain.panel_formats) == {"F32"}
     np.testing.assert_array_equal(model.forward(TOKENS, chunk=9), plain.forward(TOKENS))
+
+
+def _fp8_dequantized(w: dict) -> dict:
+    """FP8 codes x their BF16 block scales in numpy (the e4m3fn table), everything else widened: the
+    release's weights as fp32."""
+    from cairn.daemon.modelgen.quantize import _E4M3
+
+    table = np.concatenate([_E4M3, [480.0]])   # the NaN pattern 0x7f reads as the finite 480 its bits spell
+    out = {}
+    for name, v in w.items():
+        if name.endswith("_scale_inv"):
+            continue
+        if isinstance(v, tuple) and v[1] == "F8_E4M3":
+            c = v[0]
+            q = np.where(c & 0x80, -table[c & 0x7F], table[c & 0x7F]).astype(np.float32)
+            bits, _ = w[name + "_scale_inv"]
+            s = (bits.astype(np.uint32) << 16).view(np.float32)
+            v = q * np.repeat(np.repeat(s, 128, 0), 128, 1)[:q.shape[0], :q.shape[1]]
+        elif isinstance(v, tuple):
+            v = (v[0].astype(np.uint32) << 16).view(np.float32)
+        out[name] = np.ascontiguousarray(v)
+    return out
+
+
+def test_fp8_release_layout_is_packed_as_fp8_and_computes_as_its_dequantized_weights(tmp_path, tmp_path_factory):
+    """Qwen's FP8 layout (e4m3fn codes, a BF16 scale per 128 x 128 block in `<name>_scale_inv`, the
+    release's BF16 modules) as `make-model --dtype fp8` writes it: every FP8 matrix is packed as its codes
+    and scales; the logits equal fp32 panels on the dequantized weights bit for bit, and HF's on them."""
+    d = make_model("qwen35moe-tiny", SEED, tmp_path / "fp8", dtype="fp8")
+    md = open_qwen35(d)
+    cfg, w = kernel_weights(md)
+    fp8 = [n for n, v in w.items() if isinstance(v, tuple) and v[1] == "F8_E4M3"]
+    assert set(fp8) == {n for n in w if fp8_quantized("model." + n)} and all(n + "_scale_inv" in w for n in fp8)
+    assert len(fp8) == 4 * 3 + 2 * 4 + 6 * 3 * (8 + 1)   # 4 GDN (qkv, z, out), 2 attention (q, k, v, o), 6 MoE (8 experts + shared)
+    model = K.Qwen35Model(cfg, w)
+    assert model.panel_formats["F8_E4M3"] == len(fp8) - len([n for n in fp8 if n.endswith("up_proj.weight")])
+    plain = _fp8_dequantized(w)
+    ref = K.Qwen35Model(cfg, plain)
+    assert set(ref.panel_formats) == {"F32"}
+    got = model.forward(TOKENS, chunk=11)
+    np.testing.assert_array_equal(got, ref.forward(TOKENS))
+    # HF on the same weights (a float32 directory of them)
+    h = tmp_path / "hf"
+    h.mkdir()
+    for f in d.iterdir():
+        if f.suffix != ".safetensors" and f.is_file():
+            (h / f.name).write_bytes(f.read_bytes())
+    conf = json.loads((h / "config.json").read_text())
+    del conf["quantization_config"]
+    (h / "config.json").write_text(json.dumps(conf))
+    save_file({(n if n == "lm_head.weight" else "model." + n): a for n, a in plain.items()}, h / "model.safetensors")
+    assert np.abs(got - hf_logits(h, TOKENS)).max() <= TOL
+
+
+def test_fp8_files_are_checked(tmp_path):
+    d = make_model("qwen35moe-tiny", 0, tmp_path / "noq", dtype="fp8")
+    conf = json.loads((d / "config.json").read_text())
+    (d / "config.json").write_text(json.dumps({k: v for k, v in conf.items() if k != "quantization_config"}))
+    with pytest.raises(ModelDirError, match=r"is F8_E4M3 but config.json has no FP8 quantization_config"):
+        open_qwen35(d)
+    (d / "config.json").write_text(json.dumps({**conf, "quantization_config": {
+        **conf["quantization_config"], "weight_block_size": [64, 64]}}))
+    with pytest.raises(ModelDirError, match=r"quantization_config.weight_block_size is \[64, 64\]; cairn reads "
+                                            r"Qwen3.5's FP8 releases \(\[128, 128\]\)"):
+        open_qwen35(d)
+    (d / "config.json").write_text(json.dumps(conf))
+    from safetensors.torch import load_file as load_torch, save_file as save_torch   # BF16 tensors
+
+    f = d / "model.safetensors"
+    t = load_torch(f)
+    del t["model.layers.2.self_attn.q_proj.weight_scale_inv"]
+    save_torch(t, f)
+    with pytest.raises(ModelDirError, match=r"missing tensor\(s\) layers\.2\.self_attn\.q_proj\.weight_scale_inv"):
+        open_qwen35(d)

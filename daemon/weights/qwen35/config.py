@@ -93,6 +93,9 @@ def resolve_config(raw: dict, where: str = "config.json") -> dict:
                                 f"got {cfg['num_experts_per_tok']}")
     else:
         cfg["intermediate_size"] = get("intermediate_size")
+    quant = raw.get("quantization_config")
+    if quant is not None:
+        cfg["quantization"] = _fp8_blocks(quant, where)
     nk, nv = cfg["linear_num_key_heads"], cfg["linear_num_value_heads"]
     if nk <= 0 or nv % nk:
         raise ModelDirError(f"{where}: linear_num_value_heads ({nv}) must be a multiple of linear_num_key_heads ({nk})")
@@ -100,6 +103,22 @@ def resolve_config(raw: dict, where: str = "config.json") -> dict:
         raise ModelDirError(f"{where}: num_attention_heads ({H}) must be a multiple of num_key_value_heads "
                             f"({cfg['num_key_value_heads']})")
     return cfg
+
+
+FP8_BLOCKS = "fp8-e4m3-128x128"   # the resolved `quantization` of Qwen's FP8 releases
+
+
+def _fp8_blocks(q, where: str) -> str:
+    """quantization_config -> the one scheme cairn reads: FP8 e4m3 with a scale per 128 x 128 block."""
+    if not isinstance(q, dict):
+        raise ModelDirError(f"{where}: quantization_config must be an object, got {q!r}")
+    wants = {"quant_method": ("fp8",), "fmt": ("e4m3", None), "weight_block_size": ([128, 128],),
+             "activation_scheme": ("dynamic", None)}
+    for key, allowed in wants.items():
+        if q.get(key) not in allowed:
+            raise ModelDirError(f"{where}: quantization_config.{key} is {q.get(key)!r}; cairn reads Qwen3.5's FP8 "
+                                f"releases ({', '.join(repr(a) for a in allowed if a is not None)})")
+    return FP8_BLOCKS
 
 
 def is_moe(cfg: dict) -> bool:

@@ -23,7 +23,7 @@ from ..ggml_types import is_ggml
 from ..safetensors_io import FileMaps, SafetensorsError, TensorInfo, read_header
 from ..weight_digest import DigestCache
 from . import gguf as qgguf
-from .config import conv_dim, resolve_config
+from .config import FP8_BLOCKS, conv_dim, resolve_config
 from .names import IGNORED, canonical_name, expected_shapes, split_fused_experts
 
 FAMILY_NAME = "qwen3_5"
@@ -79,8 +79,23 @@ def open_qwen35(path: str | Path, *, digest_cache: str | Path | None = None, log
 
 
 def _check(path: Path, cfg: dict, tensors: dict[str, TensorInfo], source: str, spell) -> dict[str, TensorInfo]:
-    """Every tensor the config needs: present, its shape, a float dtype (or a GGUF block type)."""
+    """Every tensor the config needs: present, its shape, a float dtype (or a GGUF block type, or FP8
+    with its block scales `<name>_scale_inv` when config.json says so)."""
     want = expected_shapes(cfg)
+    for name, shape in list(want.items()):
+        info = tensors.get(name)
+        if info is None or info.dtype != "F8_E4M3":
+            continue
+        if cfg.get("quantization") != FP8_BLOCKS:
+            raise ModelDirError(f"{info.file}: tensor {info.name!r} is F8_E4M3 but config.json has no FP8 "
+                                "quantization_config (quant_method fp8, weight_block_size [128, 128])")
+        if len(shape) != 2:
+            raise ModelDirError(f"{info.file}: tensor {info.name!r} is F8_E4M3; only matrices can be")
+        scale = name + "_scale_inv"
+        want[scale] = (-(-shape[0] // 128), -(-shape[1] // 128))
+        if scale in tensors and tensors[scale].dtype not in ("BF16", "F32"):
+            raise ModelDirError(f"{tensors[scale].file}: tensor {tensors[scale].name!r} has dtype "
+                                f"{tensors[scale].dtype}; FP8 block scales are BF16 or F32")
     missing = sorted(set(want) - set(tensors))
     if missing:
         more = f" (and {len(missing) - 5} more)" if len(missing) > 5 else ""
@@ -90,9 +105,9 @@ def _check(path: Path, cfg: dict, tensors: dict[str, TensorInfo], source: str, s
         if info.shape != shape:
             raise ModelDirError(f"{info.file}: tensor {info.name!r} has shape {list(info.shape)}, expected "
                                 f"{list(shape)} from {source}")
-        if info.dtype not in ("F32", "BF16", "F16") and not is_ggml(info.dtype):
+        if info.dtype not in ("F32", "BF16", "F16", "F8_E4M3") and not is_ggml(info.dtype):
             raise ModelDirError(f"{info.file}: tensor {info.name!r} has dtype {info.dtype}; Qwen3.5 weights are "
-                                "read as F32, BF16 or F16 (FP8 releases: not yet)")
+                                "read as F32, BF16, F16 or F8_E4M3 (with block scales)")
     return {k: v for k, v in tensors.items() if k in want}
 
 
@@ -179,8 +194,9 @@ def _gguf_infos(file: Path, reader, cfg: dict, tensors: dict[str, TensorInfo], i
 
 def kernel_weights(md: md_mod.ModelDir, maps: FileMaps | None = None) -> tuple[dict, dict]:
     """(config, weights) for `_kernel.Qwen35Model(config, weights)`: canonical name -> float32 array, or
-    what the kernel packs as stored: BF16 bits as (uint16 array, "BF16"), a GGUF block format's rows as
-    (uint8 array, "GGML:<type>").
+    what the kernel packs as stored: BF16 bits as (uint16 array, "BF16"), FP8 codes as (uint8 array,
+    "F8_E4M3") beside their block scales `<name>_scale_inv`, a GGUF block format's rows as (uint8 array,
+    "GGML:<type>").
 
     F32 and BF16 tensors are zero-copy views of the files' memory maps; F16 is widened (exact). A GGUF's
     converter transforms (gguf.py) are handed to the kernel as stored where it has an input for them
@@ -196,7 +212,7 @@ def kernel_weights(md: md_mod.ModelDir, maps: FileMaps | None = None) -> tuple[d
             a = maps.tensor(info)
         except SafetensorsError as e:
             raise ModelDirError(str(e)) from None
-        stored = is_ggml(info.dtype) or info.dtype == "BF16"   # the kernel packs these as they are
+        stored = is_ggml(info.dtype) or info.dtype in ("BF16", "F8_E4M3")   # the kernel packs these as they are
         if not stored:
             a = _float32(a, info)
         if not from_gguf:

@@ -70,6 +70,7 @@ enum class QFmt : uint8_t {
   E4M3 = 1,  // FP8 e4m3fn, one ue8m0 scale per 128x128 block
   E2M1 = 2,  // FP4 e2m1, two per byte (low nibble = even column), one ue8m0 scale per row per 32
   Ggml = 3,  // a GGUF block format (Linear::codec): rows of blocks as llama.cpp stores them
+  E4M3F = 4,  // FP8 e4m3fn, one float scale per 128x128 block (Qwen's FP8 releases, `weight_scale_inv`)
 };
 struct BlockCodec;  // codecs/codec.h
 constexpr int kFp8Block = 128, kFp4Group = 32;
@@ -94,6 +95,7 @@ struct Linear {  // W [out, in]
   // rows [out][in/block*bytes], no scales.
   const uint8_t* q = nullptr;
   const uint8_t* qs = nullptr;
+  const float* qfs = nullptr;  // E4M3F: float block scales [ceil(out/128)][ceil(in/128)] (only while packing)
 };
 
 struct CompressorW {

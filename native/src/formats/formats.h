@@ -7,6 +7,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "cairn/kernels.h"
@@ -32,6 +33,8 @@ struct PanelCodec {
 // The codec of a quantized Linear's format (L.qf != None), or of BF16 panels (bf16 = true).
 const PanelCodec& panel_codec(QFmt f);
 const PanelCodec& bf16_codec();
+// QFmt::E4M3F: throws std::invalid_argument naming `name` unless every scale is in [2^-100, 2^100].
+void check_fp8_float_scales(const std::string& name, const float* s, size_t n);
 
 // The per-lane scale bytes FP8 and FP4 panels share: [ceil(N/16)][ceil(K/group)][16], each the
 // row's ue8m0 exponent + bias (the widened code carries 2^-bias).

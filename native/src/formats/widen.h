@@ -60,6 +60,24 @@ struct Fp8Widen {
   }
 };
 
+// FP8 e4m3fn codes times the lane's float scale for its 128 columns (fp8_e4m3_float_scale.cpp): the
+// widened code carries 2^-8, the stored scale 2^8; code x scale is exact in fp32.
+struct Fp8FloatWiden {
+  const uint8_t* c;
+  size_t cs;
+  const float* s;  // panel p0's scales [group][16]
+  size_t ss;       // floats from one panel's scales to the next
+  int k0;
+  Fp8FloatWiden(const Linear& L, int p0, int k0_, int, int)
+      : c(L.pq + ((size_t)p0 * L.in + k0_) * kPanel), cs((size_t)L.in * kPanel),
+        s((const float*)L.pqs + (size_t)p0 * ((L.in + kFp8Block - 1) / kFp8Block) * kPanel),
+        ss((size_t)((L.in + kFp8Block - 1) / kFp8Block) * kPanel), k0(k0_) {}
+  lanes::f32x16 operator()(int j, int k) const {
+    return lanes::e4m3_x256(c + j * cs + (size_t)k * kPanel) *
+           lanes::load_f32(s + j * ss + (size_t)((k0 + k) / kFp8Block) * kPanel);
+  }
+};
+
 // FP4 e2m1 codes (lanes 2i, 2i+1 in byte i's low, high nibble) times the lane's scale for its 32
 // columns: the code's value / 2 from a table (the stored scale carries the 2 back); code 8 is
 // +0.0 as in the official decoder.

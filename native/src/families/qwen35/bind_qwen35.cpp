@@ -5,8 +5,8 @@
 //    is read and checked here with the GIL held, then the model is loaded and packed without it
 //    (the arrays are pinned by the references this call holds).
 //  * Weights: canonical name -> float32 array (or (array, "F32"), the daemon's spelling), BF16 bit
-//    patterns (uint16, "BF16"), or a GGUF block format's stored rows (uint8 [rows..., row bytes],
-//    "GGML:<type>"). Only an F32 embed_tokens is kept after load (row lookups; others are decoded);
+//    patterns (uint16, "BF16"), FP8 codes (uint8 [out, in], "F8_E4M3", scales in `<name>_scale_inv`),
+//    or a GGUF block format's stored rows (uint8 [rows..., row bytes], "GGML:<type>"). Only an F32 embed_tokens is kept after load (row lookups; others are decoded);
 //    every matrix is packed into the model's panels, BF16 and block formats as stored.
 //  * forward converts the ids, then runs without the GIL: the model is immutable and the call's
 //    cache is its own.
@@ -139,9 +139,9 @@ void load_qwen35(BoundModel& M, py::dict config, py::dict weights, int threads, 
     if (py::isinstance<py::tuple>(v)) {
       py::tuple t = v.cast<py::tuple>();
       if (py::len(t) == 2) tag = py::str(t[1]);
-      if (py::len(t) != 2 || (tag != "F32" && tag != "BF16" && tag.rfind("GGML:", 0) != 0))
-        throw py::value_error("weight '" + name + "' must be a float32 array, (array, \"F32\"), (uint16 bits, \"BF16\") "
-                              "or (uint8 rows, \"GGML:<type>\")");
+      if (py::len(t) != 2 || (tag != "F32" && tag != "BF16" && tag != "F8_E4M3" && tag.rfind("GGML:", 0) != 0))
+        throw py::value_error("weight '" + name + "' must be a float32 array, (array, \"F32\"), (uint16 bits, \"BF16\"), "
+                              "(uint8 codes, \"F8_E4M3\") or (uint8 rows, \"GGML:<type>\")");
       v = t[0];
     }
     py::array a = py::array::ensure(v);
@@ -157,6 +157,15 @@ void load_qwen35(BoundModel& M, py::dict config, py::dict weights, int threads, 
       }
       pinned.push_back(c_arr);
       wm[name] = TensorView{nullptr, shape, nullptr, nullptr, (const uint16_t*)c_arr.data()};
+      continue;
+    }
+    if (tag == "F8_E4M3") {  // FP8 codes [out, in]; the scales are the tensor `<name>_scale_inv`
+      if (a.itemsize() != 1 || a.ndim() != 2) throw py::value_error("weight '" + name + "' tagged F8_E4M3 must be 2-D bytes");
+      py::array codes = py::array::ensure(a, py::array::c_style);
+      pinned.push_back(codes);
+      TensorView v{nullptr, shape, (const uint8_t*)codes.data()};
+      v.fp8 = true;
+      wm[name] = v;
       continue;
     }
     if (tag != "F32") {  // a GGUF block format: the stored rows [rows..., row bytes], packed as they are
@@ -250,7 +259,8 @@ config: HF's config dict (a nested 'text_config' is used when present; layer_typ
 full_attention_interval). weights: canonical name -> float32 array: HF's names without the 'model.' /
 'model.language_model.' prefix; experts per expert ('layers.L.mlp.experts.E.gate_proj.weight', ...) or
 fused ('layers.L.mlp.experts.gate_up_proj' [E, 2I, D], 'layers.L.mlp.experts.down_proj' [E, D, I]);
-lm_head.weight unless tie_word_embeddings. (uint16 bits, 'BF16') packs a BF16 matrix as BF16 panels. A
+lm_head.weight unless tie_word_embeddings. (uint16 bits, 'BF16') packs a BF16 matrix as BF16 panels;
+(uint8 codes, 'F8_E4M3') an FP8 one with its block scales '<name>_scale_inv' (floats or BF16). A
 GGUF's values may come as stored: (uint8 rows, 'GGML:<type>') for a block format, '<norm>.weight+1' for a norm folded as 1 + w, 'linear_attn.ssm_a' for
 -exp(A_log), 'linear_attn.out_proj.weight:tiled' for out_proj with llama.cpp's tiled v-head columns. A missing or misshapen tensor raises ValueError naming it and
 the expected shape. Matrices are packed into the kernel's panels at load; threads=0 uses all cores.)doc")

@@ -30,16 +30,27 @@ void require(bool ok, const std::string& msg) {
 }
 
 // One matrix to pack: its logical rows (nullptr = a zero row) into dst's panels; or BF16 rows
-// (rows16 non-empty) into BF16 panels; or, codec set, the rows of block-format sources (QRow: src
-// null = a zero row) into GGUF block panels.
+// (rows16 non-empty) into BF16 panels; or, qf set, the rows of stored-format sources (QRow: src
+// null = a zero row) into that format's panels.
 struct PackJob {
   Linear* dst;
   std::vector<const float*> rows;
   std::vector<QRow> qrows;
+  QFmt qf = QFmt::None;                 // qrows' format (Ggml: codec's blocks)
   const BlockCodec* codec = nullptr;
   std::vector<const uint16_t*> rows16;
-  int nrows() const { return (int)(codec ? qrows.size() : rows16.empty() ? rows.size() : rows16.size()); }
+  int nrows() const { return (int)(qf != QFmt::None ? qrows.size() : rows16.empty() ? rows.size() : rows16.size()); }
+  std::string format() const {
+    return qf == QFmt::Ggml ? codec->name : qf == QFmt::E4M3F ? "F8_E4M3" : rows16.empty() ? "F32" : "BF16";
+  }
 };
+
+// An FP8 e4m3fn code's value (the NaN pattern reads as the finite 480 its bits spell, as the panels').
+float e4m3_value(uint8_t b) {
+  const int e = (b >> 3) & 15, m = b & 7;
+  const float v = e ? std::ldexp((float)(8 + m), e - 10) : std::ldexp((float)m, -9);
+  return b & 0x80 ? -v : v;
+}
 
 struct Loader {
   const WeightMap& w;
@@ -58,10 +69,17 @@ struct Loader {
   // As floats: a block-format tensor is decoded once (the same values its panels compute with).
   const float* get(const std::string& name, const std::vector<int64_t>& want) {
     const TensorView& t = view(name, want);
-    if (!t.codec && !t.bf16) return t.data;
+    if (!t.codec && !t.bf16 && !t.fp8) return t.data;
     const int64_t in = want.back(), n = std::accumulate(want.begin(), want.end(), (int64_t)1, std::multiplies<>());
+    const float* fs = t.fp8 ? fp8_scales(name, want[0], in) : nullptr;
     m.decoded.emplace_back(new float[(size_t)n]);
     float* dst = m.decoded.back().get();
+    if (t.fp8) {  // code x block scale: exact in fp32 (the panels' value)
+      const int64_t ng = (in + kFp8Block - 1) / kFp8Block;
+      for (int64_t i = 0; i < n; ++i)
+        dst[i] = e4m3_value(t.q[i]) * fs[(i / in / kFp8Block) * ng + (i % in) / kFp8Block];
+      return dst;
+    }
     if (t.bf16) {  // exact: a BF16 value is the top half of its float
       for (int64_t i = 0; i < n; ++i) {
         const uint32_t b = (uint32_t)t.bf16[i] << 16;
@@ -91,30 +109,38 @@ struct Loader {
   Linear rows(const float* src, int out, int in, int64_t stride = -1) {
     if (stride < 0) stride = in;
     Linear L{nullptr, nullptr, out, in};
-    jobs.push_back({nullptr, {}, {}, nullptr, {}});
+    jobs.push_back({nullptr, {}, {}, QFmt::None, nullptr, {}});
     jobs.back().rows.resize(out);
     for (int i = 0; i < out; ++i) jobs.back().rows[i] = src + (size_t)i * stride;
     return L;
   }
-  // A block-format tensor as a source Linear whose rows QRow can name (null: a float tensor).
+  // An FP8 weight's block scales `<name>_scale_inv` [ceil(out/128), ceil(in/128)], as floats, checked.
+  const float* fp8_scales(const std::string& name, int64_t out, int64_t in) {
+    const std::vector<int64_t> grid{(out + kFp8Block - 1) / kFp8Block, (in + kFp8Block - 1) / kFp8Block};
+    const float* s = get(name + "_scale_inv", grid);
+    check_fp8_float_scales(name + "_scale_inv", s, (size_t)(grid[0] * grid[1]));
+    return s;
+  }
+  // A block-format or FP8 tensor as a source Linear whose rows QRow can name (null: a float tensor).
   const Linear* stored(const std::string& name, int out, int in) {
     const TensorView& t = view(name, {out, in});
-    if (!t.codec) return nullptr;
+    if (!t.codec && !t.fp8) return nullptr;
     Linear L{nullptr, nullptr, out, in};
-    L.qf = QFmt::Ggml;
+    L.qf = t.fp8 ? QFmt::E4M3F : QFmt::Ggml;
     L.codec = t.codec;
     L.q = t.q;
+    if (t.fp8) L.qfs = fp8_scales(name, out, in);
     sources.push_back(L);
     return &sources.back();
   }
   Linear lin(const std::string& name, int out, int in) {
     if (const Linear* src = stored(name, out, in)) {
-      jobs.push_back({nullptr, {}, std::vector<QRow>(out), src->codec, {}});
+      jobs.push_back({nullptr, {}, std::vector<QRow>(out), src->qf, src->codec, {}});
       for (int i = 0; i < out; ++i) jobs.back().qrows[i] = QRow{src, i};
       return Linear{nullptr, nullptr, out, in};
     }
     if (const uint16_t* b = view(name, {out, in}).bf16) {
-      jobs.push_back({nullptr, {}, {}, nullptr, std::vector<const uint16_t*>(out)});
+      jobs.push_back({nullptr, {}, {}, QFmt::None, nullptr, std::vector<const uint16_t*>(out)});
       for (int i = 0; i < out; ++i) jobs.back().rows16[i] = b + (size_t)i * in;
       return Linear{nullptr, nullptr, out, in};
     }
@@ -128,7 +154,7 @@ struct Loader {
   }
   MlpW mlp13(const float* gate, const float* up, int I, int D) {
     MlpW f = fused_shape(I, D);
-    jobs.push_back({nullptr, std::vector<const float*>((size_t)f.w13.out, nullptr), {}, nullptr, {}});
+    jobs.push_back({nullptr, std::vector<const float*>((size_t)f.w13.out, nullptr), {}, QFmt::None, nullptr, {}});
     for_fused(I, [&](size_t j, int g, int i) { jobs.back().rows[j] = (g ? up : gate) + (size_t)i * D; });
     return f;
   }
@@ -140,18 +166,18 @@ struct Loader {
     const uint16_t* u16 = view(p + "up_proj.weight", {I, D}).bf16;
     if (g16 && u16) {
       f = fused_shape(I, D);
-      jobs.push_back({nullptr, {}, {}, nullptr, std::vector<const uint16_t*>((size_t)f.w13.out, nullptr)});
+      jobs.push_back({nullptr, {}, {}, QFmt::None, nullptr, std::vector<const uint16_t*>((size_t)f.w13.out, nullptr)});
       for_fused(I, [&](size_t j, int which, int i) { jobs.back().rows16[j] = (which ? u16 : g16) + (size_t)i * D; });
       f.down = lin(p + "down_proj.weight", D, I);
       return f;
     }
-    if (!g || !u || g->codec != u->codec) {  // as floats (decoded when stored): one panel format a matrix
+    if (!g || !u || g->qf != u->qf || g->codec != u->codec) {  // as floats (decoded when stored): one format a matrix
       f = mlp13(get(p + "gate_proj.weight", {I, D}), get(p + "up_proj.weight", {I, D}), I, D);
       f.down = lin(p + "down_proj.weight", D, I);
       return f;
     }
     f = fused_shape(I, D);
-    jobs.push_back({nullptr, {}, std::vector<QRow>((size_t)f.w13.out, QRow{nullptr, 0}), g->codec, {}});
+    jobs.push_back({nullptr, {}, std::vector<QRow>((size_t)f.w13.out, QRow{nullptr, 0}), g->qf, g->codec, {}});
     for_fused(I, [&](size_t j, int which, int i) { jobs.back().qrows[j] = QRow{which ? u : g, i}; });
     f.down = lin(p + "down_proj.weight", D, I);
     return f;
@@ -313,13 +339,13 @@ std::unique_ptr<Model> load(const Config& c, const WeightMap& w, int threads) {
   // panels: one buffer per matrix, packed in parallel
   m.arena.resize(ld.jobs.size());
   std::vector<size_t> code_bytes(ld.jobs.size());
-  const PanelCodec& blocks = panel_codec(QFmt::Ggml);
   for (size_t j = 0; j < ld.jobs.size(); ++j) {
     const PackJob& J = ld.jobs[j];
     size_t bytes;
-    if (J.codec) {
-      code_bytes[j] = blocks.code_bytes(J.codec, J.nrows(), J.dst->in);
-      bytes = code_bytes[j] + blocks.scale_bytes(J.nrows(), J.dst->in);
+    if (J.qf != QFmt::None) {
+      const PanelCodec& C = panel_codec(J.qf);
+      code_bytes[j] = C.code_bytes(J.codec, J.nrows(), J.dst->in);
+      bytes = code_bytes[j] + C.scale_bytes(J.nrows(), J.dst->in);
     } else {
       bytes = packed_floats(J.nrows(), J.dst->in) * (J.rows16.empty() ? sizeof(float) : sizeof(uint16_t));
     }
@@ -331,9 +357,9 @@ std::unique_ptr<Model> load(const Config& c, const WeightMap& w, int threads) {
   for (size_t j = 0; j < ld.jobs.size(); ++j) {
     PackJob& J = ld.jobs[j];
     uint8_t* buf = (uint8_t*)m.arena[j].get();
-    if (J.codec) {
-      blocks.pack(J.qrows, J.dst->in, buf, buf + code_bytes[j]);
-      J.dst->qf = QFmt::Ggml;
+    if (J.qf != QFmt::None) {
+      panel_codec(J.qf).pack(J.qrows, J.dst->in, buf, buf + code_bytes[j]);
+      J.dst->qf = J.qf;
       J.dst->codec = J.codec;
       J.dst->pq = buf;
       J.dst->pqs = buf + code_bytes[j];
@@ -345,7 +371,7 @@ std::unique_ptr<Model> load(const Config& c, const WeightMap& w, int threads) {
       J.dst->p = (const float*)buf;
     }
   }
-  for (const PackJob& J : ld.jobs) ++m.panel_formats[J.codec ? J.codec->name : J.rows16.empty() ? "F32" : "BF16"];
+  for (const PackJob& J : ld.jobs) ++m.panel_formats[J.format()];
   // RoPE inverse frequencies as HF computes them: 1 / theta^(2i/r), the exponent in fp32
   m.inv_freq.resize(c.r / 2);
   for (int i = 0; i < c.r / 2; ++i) {

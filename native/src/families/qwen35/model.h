@@ -10,8 +10,9 @@
 //    as stored (names `<norm>+1` and `linear_attn.ssm_a`), so compute reads the file's own values.
 //    Matrices are packed into the shared panels (kernels.h `Linear`, packed.cpp) -- the product V4
 //    uses: fp32 rows as fp32 panels, BF16 as BF16 panels (half the bytes, widened exactly), a GGUF
-//    block format as its own blocks (formats/ggml_blocks.cpp); each gives the same bits as fp32
-//    panels of the widened / dequantized weights.
+//    block format as its own blocks (formats/ggml_blocks.cpp), FP8 with float block scales as its
+//    codes and scales (formats/fp8_e4m3_float_scale.cpp); each gives the same bits as fp32 panels
+//    of the widened / dequantized weights.
 //  * Per-token state (the shared cairn::State: Tail + pages): every write is per token -- one conv
 //    row, one recurrence step, one K/V row -- so any split of a sequence into calls gives the same
 //    bits (no chunked delta rule), and a snapshot between any two tokens is exact.
@@ -91,13 +92,16 @@ struct LayerW {
 
 // A named tensor the loader reads (row-major, the caller keeps it alive while loading and, for the
 // ones it says, for the model's life): float32 values; or BF16 bit patterns in bf16; or (codec set)
-// a GGUF block format's stored rows [rows..., in / block * bytes] in q. shape is the logical one.
+// a GGUF block format's stored rows [rows..., in / block * bytes] in q; or (fp8) FP8 e4m3fn codes
+// [out, in] in q, whose block scales are the tensor `<name>_scale_inv` [ceil(out/128), ceil(in/128)]
+// (Qwen's FP8 releases). shape is the logical one.
 struct TensorView {
   const float* data = nullptr;
   std::vector<int64_t> shape;
   const uint8_t* q = nullptr;
   const BlockCodec* codec = nullptr;
   const uint16_t* bf16 = nullptr;
+  bool fp8 = false;
 };
 using WeightMap = std::map<std::string, TensorView>;
 
