@@ -96,10 +96,9 @@ void attention_block(const Model& m, int layer, PageTable& pages, int64_t pos0, 
         const size_t n = seen(i);
         float mx = -INFINITY, sum = 0.f;
         for (size_t j = 0; j < n; ++j) mx = std::max(mx, pi[j]);
-        for (size_t j = 0; j < n; ++j) {
-          pi[j] = fexp(pi[j] - mx);
-          sum += pi[j];
-        }
+        for (size_t j = 0; j < n; ++j) pi[j] -= mx;
+        vexp(pi, pi, (int)n);  // fexp's bits, in vectors
+        for (size_t j = 0; j < n; ++j) sum += pi[j];
         inv[i] = sum;
         std::fill(out(i), out(i) + Dh, 0.f);
       }

@@ -110,6 +110,15 @@ Config parse_config(const py::dict& top) {
   return c;
 }
 
+// a's values, C-contiguous and aligned to `align` (a view at an odd offset of a file's map: a copy)
+py::array c_aligned(const py::array& a, size_t align) {
+  py::array c = py::array::ensure(a, py::array::c_style);
+  if ((uintptr_t)c.data() % align == 0) return c;
+  py::array copy(c.dtype(), std::vector<py::ssize_t>(c.shape(), c.shape() + c.ndim()));
+  std::memcpy(copy.mutable_data(), c.data(), (size_t)c.nbytes());
+  return copy;
+}
+
 }  // namespace
 
 bool is_qwen35_config(const py::dict& config) {
@@ -149,12 +158,7 @@ void load_qwen35(BoundModel& M, py::dict config, py::dict weights, int threads, 
     std::vector<int64_t> shape(a.shape(), a.shape() + a.ndim());
     if (tag == "BF16") {  // packed as BF16 panels (matrices) or widened (the rest)
       if (a.itemsize() != 2) throw py::value_error("weight '" + name + "' tagged BF16 must hold 2-byte values");
-      py::array c_arr = py::array::ensure(a, py::array::c_style);
-      if ((uintptr_t)c_arr.data() % alignof(uint16_t)) {  // a view at an odd offset: an aligned copy
-        py::array copy(c_arr.dtype(), std::vector<py::ssize_t>(c_arr.shape(), c_arr.shape() + c_arr.ndim()));
-        std::memcpy(copy.mutable_data(), c_arr.data(), (size_t)c_arr.nbytes());
-        c_arr = copy;
-      }
+      py::array c_arr = c_aligned(a, alignof(uint16_t));
       pinned.push_back(c_arr);
       wm[name] = TensorView{nullptr, shape, nullptr, nullptr, (const uint16_t*)c_arr.data()};
       continue;
@@ -186,12 +190,7 @@ void load_qwen35(BoundModel& M, py::dict config, py::dict weights, int threads, 
     }
     if (!a.dtype().is(py::dtype::of<float>()))
       throw py::value_error("weight '" + name + "' has dtype " + std::string(py::str(a.dtype())) + "; float32 is required");
-    py::array c_arr = py::array::ensure(a, py::array::c_style);
-    if ((uintptr_t)c_arr.data() % alignof(float)) {  // a view at an odd offset: an aligned copy
-      py::array copy(c_arr.dtype(), std::vector<py::ssize_t>(c_arr.shape(), c_arr.shape() + c_arr.ndim()));
-      std::memcpy(copy.mutable_data(), c_arr.data(), (size_t)c_arr.nbytes());
-      c_arr = copy;
-    }
+    py::array c_arr = c_aligned(a, alignof(float));
     pinned.push_back(c_arr);
     wm[name] = TensorView{(const float*)c_arr.data(), shape};
     if (name == "embed_tokens.weight") embed = c_arr;
