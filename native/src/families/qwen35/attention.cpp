@@ -17,6 +17,9 @@
 #include <vector>
 
 #include "model.h"
+#if defined(__AVX2__)
+#include <immintrin.h>
+#endif
 
 namespace cairn::qwen35 {
 
@@ -29,6 +32,79 @@ void rope_neox(float* x, int r, const float* c, const float* s) {
     x[i] = fmadd(x0, c[i], -(x1 * s[i]));
     x[i + h] = fmadd(x1, c[i], x0 * s[i]);
   }
+}
+
+// out[r] = dot(a[r], b, n) for NR rows sharing the key row b: each the very operations of dot()
+// (gemm.cpp: 32 lane accumulators over ascending blocks of 32, then of 8, the same tree, the same
+// tail), with b's values loaded once for the NR rows.
+template <int NR>
+void dot_rows(const float* const* a, const float* b, int n, float* out) {
+#if defined(__AVX2__) && defined(__FMA__)
+  __m256 acc[NR][4];
+  for (int r = 0; r < NR; ++r)
+    for (int q = 0; q < 4; ++q) acc[r][q] = _mm256_setzero_ps();
+  int i = 0;
+  for (; i + 32 <= n; i += 32) {
+    const __m256 b0 = _mm256_loadu_ps(b + i), b1 = _mm256_loadu_ps(b + i + 8), b2 = _mm256_loadu_ps(b + i + 16),
+                 b3 = _mm256_loadu_ps(b + i + 24);
+    for (int r = 0; r < NR; ++r) {
+      acc[r][0] = _mm256_fmadd_ps(_mm256_loadu_ps(a[r] + i), b0, acc[r][0]);
+      acc[r][1] = _mm256_fmadd_ps(_mm256_loadu_ps(a[r] + i + 8), b1, acc[r][1]);
+      acc[r][2] = _mm256_fmadd_ps(_mm256_loadu_ps(a[r] + i + 16), b2, acc[r][2]);
+      acc[r][3] = _mm256_fmadd_ps(_mm256_loadu_ps(a[r] + i + 24), b3, acc[r][3]);
+    }
+  }
+  for (; i + 8 <= n; i += 8) {
+    const __m256 b0 = _mm256_loadu_ps(b + i);
+    for (int r = 0; r < NR; ++r) acc[r][0] = _mm256_fmadd_ps(_mm256_loadu_ps(a[r] + i), b0, acc[r][0]);
+  }
+  for (int r = 0; r < NR; ++r) {
+    // t[j] = (acc[j] + acc[8+j]) + (acc[16+j] + acc[24+j]); ((t0+t4) + (t1+t5)) + ((t2+t6) + (t3+t7))
+    const __m256 t = _mm256_add_ps(_mm256_add_ps(acc[r][0], acc[r][1]), _mm256_add_ps(acc[r][2], acc[r][3]));
+    const __m128 u = _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
+    const __m128 h = _mm_hadd_ps(u, u);  // (u0 + u1, u2 + u3, ...)
+    float s = _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
+    for (int k = i; k < n; ++k) s = fmadd(a[r][k], b[k], s);
+    out[r] = s;
+  }
+#else
+  for (int r = 0; r < NR; ++r) out[r] = dot(a[r], b, n);
+#endif
+}
+
+// out[r][d] (r < NR) continues the chain acc = fmadd(w[r][j], v_j[d], acc) over j in [j0, j1),
+// ascending, from out's values (0 before the first key): 32 columns of the NR rows in registers
+// across the keys. Per (r, d) the same fmadds in the same order whatever the blocks.
+template <int NR>
+void weighted_rows(float* const* out, const float* const* w, const float* const* vrow, size_t j0, size_t j1, int Dh) {
+  int d0 = 0;
+#if defined(__AVX2__) && defined(__FMA__)
+  for (; d0 + 32 <= Dh; d0 += 32) {
+    __m256 acc[NR][4];
+    for (int r = 0; r < NR; ++r)
+      for (int q = 0; q < 4; ++q) acc[r][q] = _mm256_loadu_ps(out[r] + d0 + 8 * q);
+    for (size_t j = j0; j < j1; ++j) {
+      const float* v = vrow[j] + d0;
+      const __m256 v0 = _mm256_loadu_ps(v), v1 = _mm256_loadu_ps(v + 8), v2 = _mm256_loadu_ps(v + 16),
+                   v3 = _mm256_loadu_ps(v + 24);
+      for (int r = 0; r < NR; ++r) {
+        const __m256 pj = _mm256_broadcast_ss(w[r] + j);
+        acc[r][0] = _mm256_fmadd_ps(pj, v0, acc[r][0]);
+        acc[r][1] = _mm256_fmadd_ps(pj, v1, acc[r][1]);
+        acc[r][2] = _mm256_fmadd_ps(pj, v2, acc[r][2]);
+        acc[r][3] = _mm256_fmadd_ps(pj, v3, acc[r][3]);
+      }
+    }
+    for (int r = 0; r < NR; ++r)
+      for (int q = 0; q < 4; ++q) _mm256_storeu_ps(out[r] + d0 + 8 * q, acc[r][q]);
+  }
+#endif
+  for (int r = 0; r < NR; ++r)
+    for (size_t j = j0; j < j1; ++j) {
+      const float pj = w[r][j];
+      const float* v = vrow[j];
+      for (int d = d0; d < Dh; ++d) out[r][d] = fmadd(pj, v[d], out[r][d]);
+    }
 }
 }  // namespace
 
@@ -67,16 +143,19 @@ void attention_block(const Model& m, int layer, PageTable& pages, int64_t pos0, 
   const float scale = (float)std::pow((double)Dh, -0.5);  // HF: head_dim ** -0.5, then a fp32 multiply
   std::vector<float> o((size_t)S * qd);  // [S, H*Dh]
   // Tasks: a kv head and a block of kTok tokens, i.e. its grp query heads' rows of those tokens. Each
-  // key and value row is read once per task and used by all of them (it stays in L1), not once per
-  // (token, head): at a 5k-token depth that was most of a prefill's time. Every row's own sequence
-  // of operations is the one a row alone would run (scores by ascending key, the max, exp and sum in
-  // that order, the weighted sum by ascending key), so the bits do not depend on S or the blocks.
+  // key and value row is read once per task and used by all of them (it stays in cache), not once per
+  // (token, head): at a 5k-token depth that was most of a prefill's time; rows go in pairs through
+  // dot_rows and weighted_rows (a key or value row loaded once for two, the weighted sums' accumulators
+  // in registers). Every row's own sequence of operations is the one a row alone would run (scores by
+  // ascending key, the max, exp and sum in that order, the weighted sum by ascending key), so the bits
+  // do not depend on S, the blocks or the pairs.
   constexpr int kTok = 4;
   const int nblk = (S + kTok - 1) / kTok;
   const int64_t work = (int64_t)S * H * (n0 + S) * Dh * 2;
 #pragma omp parallel num_threads(m.threads) if (work > kParMinWork)
   {
     std::vector<float> p;                       // [rows][n0 + t1]: the task's scores, then weights
+    std::vector<const float*> kr, vr;           // [n0 + t1]: this kv head's key and value rows
 #pragma omp for schedule(dynamic, 1)
     for (int task = 0; task < Hkv * nblk; ++task) {
       const int g = task % Hkv, t0 = task / Hkv * kTok, t1 = std::min(S, t0 + kTok), R = (t1 - t0) * grp;
@@ -85,12 +164,34 @@ void attention_block(const Model& m, int layer, PageTable& pages, int64_t pos0, 
       auto query = [&](int i) { return &qg[(size_t)(t0 + i / grp) * 2 * qd + (size_t)(g * grp + i % grp) * 2 * Dh]; };
       auto seen = [&](int i) { return n0 + (size_t)(t0 + i / grp) + 1; };  // causal: rows 0..pos
       auto out = [&](int i) { return &o[(size_t)(t0 + i / grp) * qd + (size_t)(g * grp + i % grp) * Dh]; };
+      kr.resize(nmax);
+      vr.resize(nmax);
       for (size_t j = 0; j < nmax; ++j) {
-        const float* kj = pages.row(ak, (int64_t)j) + (size_t)g * Dh;
-        for (int i = 0; i < R; ++i)
-          if (j < seen(i)) p[(size_t)i * nmax + j] = dot(query(i), kj, Dh) * scale;
+        kr[j] = pages.row(ak, (int64_t)j) + (size_t)g * Dh;
+        vr[j] = pages.row(av, (int64_t)j) + (size_t)g * Dh;
       }
-      std::vector<float> inv(R);
+      // Rows in pairs of one token (the same keys seen), keys in blocks of kKeys: a block's key (and
+      // value) rows are read from memory once for the task and from cache by every pair.
+      constexpr size_t kKeys = 64;
+      auto pairs = [&](auto&& each) {  // each(first row, two rows?)
+        for (int i = 0; i < R;) {
+          const bool two = i % grp + 1 < grp;
+          each(i, two);
+          i += two ? 2 : 1;
+        }
+      };
+      for (size_t jb = 0; jb < nmax; jb += kKeys)
+        pairs([&](int i, bool two) {
+          const size_t j1 = std::min(seen(i), jb + kKeys);
+          const float* q[2] = {query(i), two ? query(i + 1) : nullptr};
+          float sc[2];
+          for (size_t j = jb; j < j1; ++j) {
+            if (two) dot_rows<2>(q, kr[j], Dh, sc);
+            else dot_rows<1>(q, kr[j], Dh, sc);
+            p[(size_t)i * nmax + j] = sc[0] * scale;
+            if (two) p[(size_t)(i + 1) * nmax + j] = sc[1] * scale;
+          }
+        });
       for (int i = 0; i < R; ++i) {
         float* pi = &p[(size_t)i * nmax];
         const size_t n = seen(i);
@@ -99,18 +200,18 @@ void attention_block(const Model& m, int layer, PageTable& pages, int64_t pos0, 
         for (size_t j = 0; j < n; ++j) pi[j] -= mx;
         vexp(pi, pi, (int)n);  // fexp's bits, in vectors
         for (size_t j = 0; j < n; ++j) sum += pi[j];
-        inv[i] = sum;
+        for (size_t j = 0; j < n; ++j) pi[j] = pi[j] / sum;
         std::fill(out(i), out(i) + Dh, 0.f);
       }
-      for (size_t j = 0; j < nmax; ++j) {
-        const float* vj = pages.row(av, (int64_t)j) + (size_t)g * Dh;
-        for (int i = 0; i < R; ++i) {
-          if (j >= seen(i)) continue;
-          const float pj = p[(size_t)i * nmax + j] / inv[i];
-          float* ot = out(i);
-          for (int d = 0; d < Dh; ++d) ot[d] = fmadd(pj, vj[d], ot[d]);
-        }
-      }
+      for (size_t jb = 0; jb < nmax; jb += kKeys)
+        pairs([&](int i, bool two) {
+          const size_t j1 = std::min(seen(i), jb + kKeys);
+          if (j1 <= jb) return;
+          float* ot[2] = {out(i), two ? out(i + 1) : nullptr};
+          const float* w[2] = {&p[(size_t)i * nmax], two ? &p[(size_t)(i + 1) * nmax] : nullptr};
+          if (two) weighted_rows<2>(ot, w, vr.data(), jb, j1, Dh);
+          else weighted_rows<1>(ot, w, vr.data(), jb, j1, Dh);
+        });
       for (int i = 0; i < R; ++i) {
         const float* gate = query(i) + Dh;
         float* ot = out(i);
