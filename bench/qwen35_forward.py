@@ -7,7 +7,11 @@ dk = dv 128, K 4) with few layers and small experts, so it runs here; random wei
 
 Each length is one call from an empty state (the whole sequence), median of --rounds after one warm-up.
 --chunk n also times the same call fed n tokens at a time (the same bits; the cost of splitting).
+--depth N also times each length as the extension of a state already N tokens deep (restored from a
+snapshot each round, prefilled in chunks of 128 as the daemon does): what a later turn pays.
 Prints a markdown table.
+
+    .venv/bin/python bench/qwen35_forward.py --layers full --lengths 355 --depth 6152 --rounds 2
 """
 
 from __future__ import annotations
@@ -109,6 +113,7 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--depth", type=int, default=0, help="also time each length after this many tokens")
     a = ap.parse_args(argv)
     layers = a.layers.split(",")
     if any(x not in LONG for x in layers):
@@ -119,15 +124,30 @@ def main(argv=None) -> int:
     load = time.perf_counter() - t0
     print(f"Qwen35Model, {K.ISA}, threads {m.threads}, layers {a.layers}, E {a.experts} x I {a.inter}, V {a.vocab}; "
           f"weights made and loaded in {load:.1f} s; load avg {os.getloadavg()[0]:.2f}\n")
-    print("| tokens | call (ms) | tok/s |" + (f" chunk {a.chunk} (ms) |" if a.chunk else ""))
-    print("|---:|---:|---:|" + ("---:|" if a.chunk else ""))
     rng = np.random.default_rng(a.seed)
+    snap = None
+    if a.depth:   # one state a.depth tokens deep, restored for every timed extension
+        st = K.State(m.model)
+        K.prefill(st, rng.integers(0, a.vocab, a.depth).astype(np.int32), chunk=128)
+        snap = st.snapshot()
+    print("| tokens | call (ms) | tok/s |" + (f" chunk {a.chunk} (ms) |" if a.chunk else "")
+          + (f" at depth {a.depth} (ms) | tok/s |" if a.depth else ""))
+    print("|---:|---:|---:|" + ("---:|" if a.chunk else "") + ("---:|---:|" if a.depth else ""))
     for S in (int(x) for x in a.lengths.split(",")):
         ids = rng.integers(0, a.vocab, S).astype(np.int32)
         t = timed(lambda: m.forward(ids), a.rounds)
         row = f"| {S} | {t * 1e3:.1f} | {S / t:.1f} |"
         if a.chunk:
             row += f" {timed(lambda: m.forward(ids, chunk=a.chunk), a.rounds) * 1e3:.1f} |"
+        if a.depth:
+            ts = []
+            for _ in range(a.rounds):
+                deep = K.State.restore(m.model, snap)
+                t0 = time.perf_counter()
+                K.prefill(deep, ids, chunk=128)
+                ts.append(time.perf_counter() - t0)
+            td = statistics.median(ts)
+            row += f" {td * 1e3:.1f} | {S / td:.1f} |"
         print(row)
     return 0
 
