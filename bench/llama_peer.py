@@ -167,14 +167,19 @@ class LlamaServer:
                                body, lambda block: b'"stop":false' in block)
 
     def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_process(self.proc)
         self.log.close()
+
+
+def stop_process(proc: subprocess.Popen) -> None:
+    """SIGTERM, 30 s to exit, then SIGKILL."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 def run_llama(server: LlamaServer, prompts: dict[int, list[int]], n_decode: int) -> dict:

@@ -79,7 +79,7 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(REPO / "scripts"))
 
 from agent_session import Daemon, LogTail, system_prompt  # noqa: E402
-from llama_peer import _free_port  # noqa: E402
+from llama_peer import _free_port, stop_process  # noqa: E402
 
 PRESET, SEED = "qwen35moe-agent", 0
 NEWLINES = "ĊĊ"          # "\n\n" in byte-level BPE spelling
@@ -347,13 +347,7 @@ class LlamaSide:
                 "completion": int(t["predicted_n"]), "decode_ms": float(t["predicted_ms"]), "server_ttft_ms": None}
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_process(self.proc)
         self.logf.close()
 
 
