@@ -33,10 +33,8 @@ spinning thread pool slows down 10-20x on some requests (seen in --quick runs ne
 0.5-5 decode tok/s against ~22 alone) where cairn's slows far less; each row keeps the load average.
 
 Both at their defaults, 2 threads, chat mode (`chat_template_kwargs.enable_thinking = false`):
-- cairn: `cairn serve --threads 2` (checkpoints in memory, slots from its memory plan); --cairn-model
-  `auto` serves the GGUF or, if cairn does not start on it (a build from before Qwen3.5 GGUF serving),
-  the safetensors directory the GGUF was converted from (the same weights, bit for bit), and says which
-  and why;
+- cairn: `cairn serve --threads 2` (checkpoints in memory, slots from its memory plan) on the same GGUF
+  (--cairn-model dir: the safetensors directory it was converted from, the same weights bit for bit);
 - llama.cpp: `llama-server -t 2 -tb 2 --jinja` (4 slots on one unified KV cache, a slot picked by the
   longest common prefix, f16 KV; context checkpoints on, up to 32 a slot: at a prompt's first and last
   user-message starts and 4 + ubatch and 4 tokens before its end; an 8 GiB prompt cache).
@@ -80,6 +78,7 @@ sys.path.insert(0, str(REPO / "scripts"))
 
 from agent_session import Daemon, LogTail, system_prompt  # noqa: E402
 from llama_peer import _free_port, stop_process  # noqa: E402
+from make_gguf_fixtures_qwen35 import convert_in_child  # noqa: E402
 
 PRESET, SEED = "qwen35moe-agent", 0
 NEWLINES = "ĊĊ"          # "\n\n" in byte-level BPE spelling
@@ -178,27 +177,6 @@ def release_newlines(model_dir: Path) -> bool:
     return True
 
 
-def convert_child(src: str, hf_dir: str, out: str) -> None:
-    """In a child process: make_gguf_fixtures_qwen35.convert_one (llama.cpp's converter, --no-mtp, F32),
-    with the tokenizer's pre-tokenizer named `qwen35`: it is Qwen's split regex (the preset writes the
-    release's), which llama.cpp knows by that name. convert_one's own fallback (gpt-2) then never fires."""
-    sys.path[:0] = [src, str(Path(src) / "gguf-py")]
-    from conversion import base
-
-    known = base.TextModel.get_vocab_base_pre
-
-    def pre(self, tokenizer):
-        try:
-            return known(self, tokenizer)
-        except NotImplementedError:
-            return "qwen35"
-
-    base.TextModel.get_vocab_base_pre = pre
-    from make_gguf_fixtures_qwen35 import convert_one
-
-    convert_one(src, hf_dir, out)
-
-
 def build(work: Path, src: Path) -> tuple[Path, Path]:
     """The model directory and its F32 GGUF under `work`, made once."""
     model = work / PRESET
@@ -216,10 +194,7 @@ def build(work: Path, src: Path) -> tuple[Path, Path]:
     if not gguf.exists():
         print(f"converting {model} -> {gguf} (llama.cpp's converter)", flush=True)
         tmp = gguf.with_suffix(".partial")
-        r = subprocess.run([sys.executable, __file__, "--convert-one", str(src), str(model), str(tmp)],
-                           capture_output=True, text=True, errors="replace")
-        if r.returncode != 0:
-            raise SystemExit(f"converting failed:\n{(r.stdout + r.stderr)[-3000:]}")
+        convert_in_child(src, model, tmp)   # the fixtures' converter: pre-tokenizer `qwen35`, --no-mtp, F32
         tmp.rename(gguf)
     return model, gguf
 
@@ -364,24 +339,10 @@ WARM_UP = [{"role": "user", "content": "Warm up: " + " ".join(f"word{i}" for i i
 
 
 def start_cairn(choice: str, model_dir: Path, gguf: Path, work: Path, threads: int) -> tuple[CairnSide, str]:
-    """cairn on the GGUF (`gguf`), the directory (`dir`), a path, or `auto`: the GGUF, else (while cairn
-    does not serve Qwen3.5 GGUF files) the directory it was converted from. Returns the side and a note."""
-    if choice == "dir":
-        return CairnSide(model_dir, work, threads), f"the safetensors directory {model_dir}"
-    if choice not in ("auto", "gguf"):
-        return CairnSide(Path(choice), work, threads), f"{choice}"
-    try:
-        return CairnSide(gguf, work, threads), f"the GGUF {gguf}"
-    except SystemExit:
-        if choice == "gguf":
-            raise
-    log = work / "daemon.log"
-    lines = log.read_text(errors="replace").strip().splitlines() if log.exists() else []
-    why = lines[-1][-300:] if lines else "no log"
-    log.rename(work / "daemon-gguf.log")
-    note = (f"the safetensors directory {model_dir}: cairn did not serve the GGUF ({why}); the GGUF was "
-            f"converted from this directory, the same weights bit for bit")
-    return CairnSide(model_dir, work, threads), note
+    """cairn on the GGUF (`gguf`, the default: the file llama.cpp serves), the directory it was converted
+    from (`dir`: the same weights bit for bit), or a path. Returns the side and a note saying which."""
+    path = {"gguf": gguf, "dir": model_dir}.get(choice, Path(choice))
+    return CairnSide(path, work, threads), f"the {'safetensors directory' if path == model_dir else 'GGUF' if path == gguf else 'model'} {path}"
 
 
 # ---- the run -------------------------------------------------------------------------------------------
@@ -549,17 +510,13 @@ def run(args) -> int:
 
 
 def main() -> int:
-    if len(sys.argv) == 5 and sys.argv[1] == "--convert-one":
-        convert_child(*sys.argv[2:])
-        return 0
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--work", default="/work/bench-qwen35agent",
                     help="where the model, its GGUF and each run's logs live (outside the repository)")
     ap.add_argument("--quick", action="store_true", help="a short session to check the path end to end")
     ap.add_argument("--json", help="also write the results here")
-    ap.add_argument("--cairn-model", default="auto",
-                    help="auto (the GGUF, else the directory it came from if cairn does not start on it), gguf, "
-                         "dir, or a path")
+    ap.add_argument("--cairn-model", default="gguf",
+                    help="gguf (the file llama.cpp serves), dir (the directory it was converted from), or a path")
     ap.add_argument("--llama-cpp", help="llama.cpp source tree with build/bin/llama-server "
                                         "(default: the llama-cpp-python sdist's under ~/.cache/llama-peer)")
     ap.add_argument("--llama-arg", action="append",

@@ -67,7 +67,8 @@ def convert_one(src: str, hf_dir: str, out: str) -> None:
     conv.main()
 
 
-def _convert(src, hf: Path, target: Path) -> None:
+def convert_in_child(src, hf: Path, target: Path) -> None:
+    """convert_one in a child process (the converter patches module state); raises SystemExit naming the file."""
     r = subprocess.run([sys.executable, __file__, "--convert-one", str(src), str(hf), str(target)],
                        capture_output=True, text=True, errors="replace")
     if r.returncode != 0:
@@ -96,7 +97,7 @@ def main() -> None:
         for stem, preset in FIXTURES.items():
             hf = Path(tmp) / preset   # the directory name becomes general.name: keep it fixed
             make_model(preset, SEED, hf)
-            _convert(src, hf, out / f"{stem}.gguf")
+            convert_in_child(src, hf, out / f"{stem}.gguf")
             fixtures[stem] = {"preset": preset, "seed": SEED, "dtype": "float32", "outtype": "f32",
                               "converter": f"llama-cpp-python {SDIST_VERSION} sdist convert_hf_to_gguf.main() "
                                            "--no-mtp, unknown pre-tokenizer hash -> qwen35 "
@@ -107,8 +108,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         k256 = Path(tmp) / K256
         make_model(Qwen35Preset(**K256_PRESET), SEED, k256)
-        _convert(src, k256, Path(tmp) / f"{K256}-f32.gguf")
-        fixtures_src = {f"{K256}-f32": {"preset": f"scripts/make_gguf_fixtures_qwen35.py K256_PRESET", "seed": SEED,
+        convert_in_child(src, k256, Path(tmp) / f"{K256}-f32.gguf")
+        fixtures_src = {f"{K256}-f32": {"preset": "scripts/make_gguf_fixtures_qwen35.py K256_PRESET", "seed": SEED,
                                         "dtype": "float32", "outtype": "f32"}}
         for stem, (source, qtype) in QUANT_FIXTURES.items():
             target = out / f"{stem}.gguf"
