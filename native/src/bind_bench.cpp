@@ -1,13 +1,16 @@
 // cairn bindings: low-level hooks for benchmarks and tests (underscore-prefixed, not API).
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
 
 #include <omp.h>
 
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "bind.h"
+#include "cairn/forward.h"
 #include "cairn/kernels.h"
 #include "cairn/profile.h"
 #include "codecs/codec.h"
@@ -167,6 +170,13 @@ void register_bench(py::module_& m) {
       for (double& v : cairn::g_prof) v = 0;
     return d;
   }, py::arg("reset") = true, "Seconds spent per forward section since the last reset (process-wide).");
+  m.def("_fail_worker_step", [](std::optional<int> skip) {
+    if (skip && *skip < -1) throw std::invalid_argument("skip must be >= -1 (-1 disarms), got " + std::to_string(*skip));
+    return skip ? cairn::StepFault::skip.exchange(*skip) : cairn::StepFault::skip.load();
+  }, py::arg("skip") = py::none(),
+        "Test hook: arm a fault in the (skip+1)-th StepWorker decode step from now (process-wide; -1 "
+        "disarms). It raises RuntimeError from the step after its layers wrote the state, before n "
+        "advanced. Returns the previous setting (without skip: the current one; -1 once it fired).");
   m.def("_indexer_stats", [](bool reset) {
     auto& g = cairn::g_indexer_stats;
     py::dict d;

@@ -508,11 +508,13 @@ void register_state(py::module_& m) {
           p.w.post_job([&p, sp, o, t] {   // in the kernel thread, no GIL
             p.t0 = clock_ns(CLOCK_MONOTONIC);
             const int64_t c0 = clock_ns(CLOCK_THREAD_CPUTIME_ID);
+            StepFault::in_worker = true;
             try {
               forward_chunk(sp->st, &t, 1, o, false);
             } catch (...) {
               p.error = std::current_exception();
             }
+            StepFault::in_worker = false;
             p.cpu = clock_ns(CLOCK_THREAD_CPUTIME_ID) - c0;
             p.t1 = clock_ns(CLOCK_MONOTONIC);
             sp->busy.store(false);

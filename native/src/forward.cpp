@@ -19,6 +19,16 @@ double g_prof[P_N] = {};
 const char* const g_prof_names[P_N] = {"hc", "qkv", "compress", "indexer", "attn", "out",
                                       "router", "experts", "head"};
 
+std::atomic<int> StepFault::skip{-1};
+thread_local bool StepFault::in_worker = false;
+
+void StepFault::check() {
+  int k = skip.load();
+  while (k >= 0 && !skip.compare_exchange_weak(k, k - 1)) {
+  }
+  if (k == 0) throw std::runtime_error("injected fault in a decode step (test hook _fail_worker_step)");
+}
+
 void forward_chunk(State& st, const int32_t* tokens, int S, float* logits_out, bool all_logits) {
   st.journal.j.reset();  // a plain call: nothing to rewind into any more
   const Model& m = *st.model;
@@ -27,6 +37,7 @@ void forward_chunk(State& st, const int32_t* tokens, int S, float* logits_out, b
   // the head: only the rows whose logits are needed
   const int r0 = all_logits ? 0 : S - 1;
   std::vector<float> logits = m.family->run(m, &seg, 1, tokens, S, r0);
+  if (StepFault::in_worker) StepFault::check();
   st.n += S;
   st.tokens.insert(st.tokens.end(), tokens, tokens + S);
   st.last_logits.assign(logits.end() - V, logits.end());

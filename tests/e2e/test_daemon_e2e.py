@@ -139,6 +139,48 @@ async def test_disconnect_during_decode_cancels_and_next_request_is_correct(load
     assert r["choices"][0]["logprobs"]["tokens"] == token_strings(loaded, reference_greedy(loaded, p, 3))
 
 
+async def test_a_kernel_fault_inside_a_decode_step_fails_that_request_alone(loaded, tmp_path):
+    """A decode step that fails midway in the kernel (its fault hook, which fires only in a StepWorker
+    step: after the layers wrote the state, before its token count advanced) ends that request, and
+    only it: a 500 `engine_error` naming the error, or, streamed, an error event after the tokens
+    already sent. The torn state is discarded, never extended: a prompt that extends what it held is
+    computed from its first token (the prompt is shorter than a checkpoint) and answers exactly the
+    reference, and the daemon serves on."""
+    K = loaded.kernel
+    sock = tmp_path / "c.sock"
+    p = [int(t) for t in RNG.integers(20, 500, size=60)]
+    want = reference_greedy(loaded, p, 6)
+    p2 = p + want[:2] + [int(t) for t in RNG.integers(20, 500, size=10)]   # extends both failed states
+    try:
+        with trio.fail_after(60), capture_logs() as events:
+            async with daemon(loaded, sock):
+                K._fail_worker_step(2)                          # the third decode step fails
+                r = await request(sock, "POST", "/v1/completions", _cmpl(p, max_tokens=6))
+                fired = K._fail_worker_step()
+                K._fail_worker_step(1)
+                rs = await request(sock, "POST", "/v1/completions", _cmpl(p, max_tokens=6, stream=True))
+                fired_streamed = K._fail_worker_step()
+                again = await request(sock, "POST", "/v1/completions", _cmpl(p2, max_tokens=6))
+    finally:
+        K._fail_worker_step(-1)
+    assert fired == -1 and fired_streamed == -1                 # each fired, in a worker step
+    assert r.status == 500, r.body[:300]
+    err = r.json()["error"]
+    assert err["code"] == "engine_error" and "injected fault in a decode step" in err["message"]
+    ev = rs.events()
+    assert rs.status == 200
+    assert ev[-1] == "[DONE]" and [e for e in ev[:-2] if "error" in e] == []
+    assert ev[-2]["error"]["code"] == "engine_error" and "injected fault in a decode step" in ev[-2]["error"]["message"]
+    streamed = [c["choices"][0]["logprobs"]["tokens"][0] for c in ev[:-2]]
+    assert streamed == token_strings(loaded, want)[:2]         # the prefill's token and the first step's
+    lines = _events(events, "request")
+    assert [ln["outcome"] for ln in lines] == ["error", "error", "done"], lines
+    assert again.status == 200
+    a = again.json()
+    assert a["choices"][0]["logprobs"]["tokens"] == token_strings(loaded, reference_greedy(loaded, p2, 6))
+    assert a["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+
+
 async def test_disconnect_while_queued_and_queue_full_429(loaded, tmp_path):
     sock = tmp_path / "c.sock"
     gate = Gate(permits=2)

@@ -123,3 +123,36 @@ def test_a_worker_dropped_with_an_uncollected_step_lets_go_of_its_state(small_or
     del w, srv
     assert int(st.n_tokens) == 4
     K.decode(st, 1)
+
+
+def test_a_fault_inside_a_step_reaches_collect_and_frees_its_state(small_oracle):
+    """A step that fails midway (the kernel's fault-injection hook: after the layers wrote the state,
+    before n advanced) raises from collect with the fault's message; the state is free again and its token
+    count unchanged (what the layers wrote stays: the daemon discards it); the worker serves the next step, and
+    the hook fires once, in the armed step, not in a plain decode."""
+    model = small_oracle.model()
+    prompt = small_oracle.tokens[:13]
+    st, ref = _prefilled(model, prompt), _prefilled(model, prompt)
+    w = K.StepWorker()
+    srv = Server(w)
+    try:
+        K._fail_worker_step(1)                         # the second worker step from now fails
+        K.decode(ref, 7)                               # a plain decode is not a worker step
+        assert K._fail_worker_step() == 1
+        w.decode(st, 7)
+        np.testing.assert_array_equal(_collect(w)[0], K.decode(_prefilled(model, prompt), 7))
+        w.decode(st, 8)
+        with pytest.raises(RuntimeError, match=r"injected fault in a decode step"):
+            _collect(w)
+        assert K._fail_worker_step() == -1             # fired, disarmed
+        assert not w.in_flight and w.idle
+        assert int(st.n_tokens) == len(prompt) + 1     # n did not advance (what the layers wrote stays)
+        fresh = _prefilled(model, prompt)
+        K.decode(fresh, 7)
+        w.decode(fresh, 8)                             # the worker goes on
+        np.testing.assert_array_equal(_collect(w)[0], K.decode(ref, 8))
+    finally:
+        K._fail_worker_step(-1)
+        srv.close()
+    with pytest.raises(ValueError, match=r"skip must be >= -1"):
+        K._fail_worker_step(-2)
