@@ -20,6 +20,10 @@ One state is extended segment by segment to each depth of --depths, with a fixed
   decode   a snapshot, then --decode greedy tokens, their tok/s and per-section seconds per token;
            then the state is restored from the snapshot, so the next segment extends the prompt,
            not the decode.
+With --decode-rounds R each depth's decode is taken R times (from the snapshot each time) and the
+median round reported; with --quiet CORES each round first waits until processes other than this run
+and its llama-server use fewer than CORES cores for 5 s (bench/quiet.py), and reports what they used
+during it, so a long run's decodes stay quiet while its prefills share the machine.
 Beside each depth's decode, the machine's fp32 matrix-product rate (bench/kernel.py's GEMM probe, the
 kernel's packed product on --threads threads) and memory read bandwidth (its STREAM-style probe).
 
@@ -39,7 +43,10 @@ Where the kernel has `_indexer_stats` (issue 41 §2), the key floats the indexer
 llama-peer tools), the same ids, alternating per depth (cairn's segment, then llama.cpp's): one
 llama-server (1 slot, ubatch = --chunk, f32 KV, its context checkpoints on) fed ids[:depth] with
 cache_prompt, so it resumes from its checkpoint near the previous depth (prompt_n of the server's
-timings = the tokens it computed) and decodes --decode + 1 tokens (the first is the prompt's).
+timings = the tokens it computed) and decodes --decode + 1 tokens (the first is the prompt's). With
+--decode-rounds or --quiet its decode is taken from that many more requests of the same ids, each
+resumed from its checkpoint 4 tokens before the end. The server is stopped (SIGSTOP) while cairn
+runs: an idle llama-server polls on a core.
 Without llama.cpp's binaries it prints how to build them and runs cairn only.
 
 --project: V4-Flash's resident decode tok/s at 1k, 64k, 128k and 1M on this machine. Method:
@@ -61,6 +68,7 @@ import argparse
 import json
 import os
 import platform
+import signal
 import sys
 import time
 import urllib.request
@@ -71,6 +79,7 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from kernel import gemm_gflops, stream_read_gbs  # noqa: E402
+from quiet import OtherCpu, wait_quiet  # noqa: E402
 
 REPO = HERE.parent
 C_, H_, S_ = "compressed_sparse_attention", "heavily_compressed_attention", "sliding_attention"
@@ -156,9 +165,17 @@ def rates(shape: Shape, depth: int, dec: dict, base: dict | None, probe: dict) -
     return out
 
 
-def kernel_segment(K, model, state, ids: np.ndarray, p: int, d: int, chunk: int, n_decode: int):
-    """Prefill ids[p:d] onto state, decode n_decode greedy tokens from a snapshot, restore it.
-    Returns (the state at depth d, the segment's figures)."""
+def _median_round(rounds: list[dict]) -> dict:
+    """The round of median tok/s, with every round's tok/s and others' cores beside it."""
+    mid = sorted(rounds, key=lambda r: r["tok_s"])[(len(rounds) - 1) // 2]
+    return {**mid, "rounds": [{"tok_s": r["tok_s"], "others_cores": r.get("others_cores")} for r in rounds]}
+
+
+def kernel_segment(K, model, state, ids: np.ndarray, p: int, d: int, chunk: int, n_decode: int,
+                   rounds: int = 1, gate=None):
+    """Prefill ids[p:d] onto state, then `rounds` times: (gate()), decode n_decode greedy tokens from a
+    snapshot, restore it. gate() waits for a quiet machine and returns a meter of the others' cores.
+    Returns (the state at depth d, the segment's figures; decode = the median round)."""
     stats = getattr(K, "_indexer_stats", None)
     K._profile(True)
     t = _now()
@@ -167,21 +184,28 @@ def kernel_segment(K, model, state, ids: np.ndarray, p: int, d: int, chunk: int,
     assert done == d - p and state.n_tokens == d, (done, state.n_tokens, d)
     pre = {"tokens": d - p, "s": dt, "tok_s": (d - p) / dt, "sections_s_per_token": _per(K._profile(True), d - p)}
     snap = state.snapshot()
-    tok = int(logits.argmax())
-    if stats:
-        stats(True)
-    K._profile(True)
-    t = _now()
-    for _ in range(n_decode):
-        tok = int(K.decode(state, tok).argmax())
-    dt = _now() - t
-    dec = {"tokens": n_decode, "s": dt, "tok_s": n_decode / dt,
-           "sections_s_per_token": _per(K._profile(True), n_decode)}
-    if stats:
-        dec["indexer_stats_per_token"] = _per(stats(True), n_decode)
-    state = K.State.restore(model, snap)
-    assert state.n_tokens == d
-    return state, {"prefill": pre, "decode": dec}
+    first = int(logits.argmax())
+    decs = []
+    for _ in range(rounds):
+        meter = gate() if gate else None
+        tok = first
+        if stats:
+            stats(True)
+        K._profile(True)
+        t = _now()
+        for _ in range(n_decode):
+            tok = int(K.decode(state, tok).argmax())
+        dt = _now() - t
+        dec = {"tokens": n_decode, "s": dt, "tok_s": n_decode / dt,
+               "sections_s_per_token": _per(K._profile(True), n_decode)}
+        if meter:
+            dec["others_cores"] = meter.cores()
+        if stats:
+            dec["indexer_stats_per_token"] = _per(stats(True), n_decode)
+        decs.append(dec)
+        state = K.State.restore(model, snap)
+        assert state.n_tokens == d
+    return state, {"prefill": pre, "decode": _median_round(decs)}
 
 
 # ---- llama.cpp ------------------------------------------------------------------------------------
@@ -209,9 +233,7 @@ def start_peer(args, n_ctx: int):
     return server, str(gguf)
 
 
-def peer_segment(server, ids: list[int], n_decode: int) -> dict:
-    """ids (the whole prompt to this depth) with cache_prompt: the server computes what its checkpoint
-    does not hold, then n_decode + 1 greedy tokens (the first is the prompt's)."""
+def _peer_request(server, ids: list[int], n_decode: int) -> dict:
     body = {"prompt": ids, "n_predict": n_decode + 1, "temperature": 0.0, "ignore_eos": True,
             "cache_prompt": True, "stream": False}
     req = urllib.request.Request(f"http://127.0.0.1:{server.port}/completion", data=json.dumps(body).encode(),
@@ -220,10 +242,28 @@ def peer_segment(server, ids: list[int], n_decode: int) -> dict:
         t = json.loads(r.read())["timings"]
     if t["predicted_n"] != n_decode + 1:
         raise RuntimeError(f"llama-server generated {t['predicted_n']} tokens, asked {n_decode + 1}")
-    return {"prefill": {"tokens": t["prompt_n"], "cached": t.get("cache_n"), "s": t["prompt_ms"] / 1e3,
-                        "tok_s": t["prompt_n"] / (t["prompt_ms"] / 1e3)},
-            "decode": {"tokens": n_decode, "s": t["predicted_ms"] / 1e3,
-                       "tok_s": n_decode / (t["predicted_ms"] / 1e3)}}
+    return t
+
+
+def peer_segment(server, ids: list[int], n_decode: int, rounds: int = 1, gate=None) -> dict:
+    """ids (the whole prompt to this depth) with cache_prompt: the server computes what its checkpoint
+    does not hold, then n_decode + 1 greedy tokens (the first is the prompt's). With rounds > 1 or a
+    gate, the decode is taken from `rounds` more requests of the same ids, each after gate(): the
+    server resumes from its checkpoint 4 tokens before the end, so each is a decode at this depth."""
+    t = _peer_request(server, ids, n_decode)
+    pre = {"tokens": t["prompt_n"], "cached": t.get("cache_n"), "s": t["prompt_ms"] / 1e3,
+           "tok_s": t["prompt_n"] / (t["prompt_ms"] / 1e3)}
+    decs = []
+    for _ in range(rounds if (rounds > 1 or gate) else 0):
+        meter = gate() if gate else None
+        t = _peer_request(server, ids, n_decode)
+        if t["prompt_n"] > 64:
+            raise RuntimeError(f"llama-server recomputed {t['prompt_n']} tokens of a repeated prompt (no checkpoint)")
+        decs.append({"tokens": n_decode, "s": t["predicted_ms"] / 1e3, "tok_s": n_decode / (t["predicted_ms"] / 1e3),
+                     "resumed_tokens": t["prompt_n"], **({"others_cores": meter.cores()} if meter else {})})
+    if not decs:
+        decs.append({"tokens": n_decode, "s": t["predicted_ms"] / 1e3, "tok_s": n_decode / (t["predicted_ms"] / 1e3)})
+    return {"prefill": pre, "decode": _median_round(decs)}
 
 
 # ---- projection -----------------------------------------------------------------------------------
@@ -304,6 +344,14 @@ def print_report(res: dict) -> None:
             row += (f" {lp['prefill']['tok_s']:.1f} ({lp['prefill']['tokens']}) | {lp['decode']['tok_s']:.2f} | "
                     f"{c['decode']['tok_s'] / lp['decode']['tok_s']:.2f}× |" if lp else " — | — | |")
         print(row + f" {e['probe']['gemm_gflops']:.1f} | {e['probe']['read_gbs']:.1f} |")
+    for e in res["depths"]:   # every decode round (the table has the median) and the others' cores in it
+        rr = {who: e[who]["decode"]["rounds"] for who in ("cairn", "llama.cpp")
+              if who in e and len(e[who]["decode"].get("rounds", [])) > 1 or "others_cores" in e.get(who, {}).get("decode", {})}
+        if rr:
+            print(f"  {e['depth']}: decode rounds, tok/s (others' cores): " + "; ".join(
+                who + " " + ", ".join(f"{r['tok_s']:.2f}" + (f" ({r['others_cores']:.2f})" if r["others_cores"] is not None
+                                                               else "") for r in rounds)
+                for who, rounds in rr.items()))
     for phase in ("decode", "prefill"):
         print(f"\n{phase}, ms a token by section\n")
         print("| depth | " + " | ".join(secs) + " |")
@@ -377,6 +425,12 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--chunk", type=int, default=512, help="prefill chunk (llama.cpp: its ubatch)")
     ap.add_argument("--peer", action="store_true", help="llama.cpp side by side, alternating per depth")
+    ap.add_argument("--decode-rounds", type=int, default=1,
+                    help="decode this many times at each depth (cairn from its snapshot, llama.cpp the same ids "
+                         "again); the median round is reported")
+    ap.add_argument("--quiet", type=float, metavar="CORES",
+                    help="before each timed decode, wait until processes other than this run (and its "
+                         "llama-server) use fewer than CORES cores for 5 s; each round reports their use")
     ap.add_argument("--peer-tools", help="the llama-peer tools (default ../shared/tools/llama-peer)")
     ap.add_argument("--llama-cpp", help="a built llama.cpp source folder (default: build.sh's cache folder)")
     ap.add_argument("--gguf", help="the model's F32 GGUF (default <model>.f32.gguf, converted if absent)")
@@ -422,16 +476,30 @@ def main(argv=None) -> int:
     model = load_model(args.model, threads=args.threads)
     state = K.State(model)
     base = None
+    gate = None
+    if args.quiet is not None:
+        own = [os.getpid()] + ([server.proc.pid] if server is not None else [])
+
+        def gate():
+            waited = wait_quiet(own, args.quiet)
+            if waited > 10:
+                print(f"  waited {waited:.0f} s for a quiet machine", file=sys.stderr)
+            return OtherCpu(own)
     try:
         p = 0
         for d in depths:
             print(f"depth {d} (load {os.getloadavg()[0]:.2f}, {time.strftime('%H:%M:%S', time.gmtime())} UTC)",
                   file=sys.stderr)
             e: dict = {"depth": d, "load_avg": os.getloadavg()[0]}
-            state, e["cairn"] = kernel_segment(K, model, state, ids, p, d, args.chunk, args.decode)
+            if server is not None:   # stopped while cairn runs: an idle llama-server polls on a core
+                os.kill(server.proc.pid, signal.SIGSTOP)
+            state, e["cairn"] = kernel_segment(K, model, state, ids, p, d, args.chunk, args.decode,
+                                               args.decode_rounds, gate)
             e["probe"] = probes(args.threads)
             if server is not None:
-                e["llama.cpp"] = peer_segment(server, [int(x) for x in ids[:d]], args.decode)
+                os.kill(server.proc.pid, signal.SIGCONT)
+                e["llama.cpp"] = peer_segment(server, [int(x) for x in ids[:d]], args.decode, args.decode_rounds,
+                                              gate)
             e["rates"] = rates(shape, d, e["cairn"]["decode"], base, e["probe"])
             pi = e["cairn"]["prefill"]["sections_s_per_token"].get("indexer", 0)
             if pi > 0 and shape.kinds[C_]:
