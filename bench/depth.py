@@ -165,6 +165,14 @@ def rates(shape: Shape, depth: int, dec: dict, base: dict | None, probe: dict) -
     return out
 
 
+def quiet_gate(own: list[int], cores: float) -> OtherCpu:
+    """Wait for a quiet machine (bench/quiet.py); a meter of the others' cores from now."""
+    waited = wait_quiet(own, cores)
+    if waited > 10:
+        print(f"  waited {waited:.0f} s for a quiet machine", file=sys.stderr)
+    return OtherCpu(own)
+
+
 def _median_round(rounds: list[dict]) -> dict:
     """The round of median tok/s, with every round's tok/s and others' cores beside it."""
     mid = sorted(rounds, key=lambda r: r["tok_s"])[(len(rounds) - 1) // 2]
@@ -476,15 +484,8 @@ def main(argv=None) -> int:
     model = load_model(args.model, threads=args.threads)
     state = K.State(model)
     base = None
-    gate = None
-    if args.quiet is not None:
-        own = [os.getpid()] + ([server.proc.pid] if server is not None else [])
-
-        def gate():
-            waited = wait_quiet(own, args.quiet)
-            if waited > 10:
-                print(f"  waited {waited:.0f} s for a quiet machine", file=sys.stderr)
-            return OtherCpu(own)
+    own = [os.getpid()] + ([server.proc.pid] if server is not None else [])
+    gate = (lambda: quiet_gate(own, args.quiet)) if args.quiet is not None else None
     try:
         p = 0
         for d in depths:
