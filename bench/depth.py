@@ -235,42 +235,50 @@ def start_peer(args, n_ctx: int):
                 return None, (f"llama.cpp is not built ({src}/build/bin/llama-server missing): build it with "
                               f"`nice -n 10 bash {tools}/build.sh` (~20 min on 2 cores) or pass --llama-cpp SRC")
         gguf = lp.ensure_gguf(tools, src, args.model, args.gguf)
-        server = lp.LlamaServer(src, gguf, args.threads, args.chunk, n_ctx, args.server_log, extend=True)
+        if args.peer_slots:
+            Path(args.peer_slots).mkdir(parents=True, exist_ok=True)
+        server = lp.LlamaServer(src, gguf, args.threads, args.chunk, n_ctx, args.server_log, extend=True,
+                                slot_dir=args.peer_slots)
     except lp.PeerError as e:
         return None, str(e)
     return server, str(gguf)
 
 
-def _peer_request(server, ids: list[int], n_decode: int) -> dict:
-    body = {"prompt": ids, "n_predict": n_decode + 1, "temperature": 0.0, "ignore_eos": True,
+def _peer_request(server, ids: list[int], n_predict: int) -> dict:
+    body = {"prompt": ids, "n_predict": n_predict, "temperature": 0.0, "ignore_eos": True,
             "cache_prompt": True, "stream": False}
     req = urllib.request.Request(f"http://127.0.0.1:{server.port}/completion", data=json.dumps(body).encode(),
                                  headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=7200) as r:
         t = json.loads(r.read())["timings"]
-    if t["predicted_n"] != n_decode + 1:
-        raise RuntimeError(f"llama-server generated {t['predicted_n']} tokens, asked {n_decode + 1}")
+    if t["predicted_n"] != n_predict:
+        raise RuntimeError(f"llama-server generated {t['predicted_n']} tokens, asked {n_predict}")
     return t
 
 
-def peer_segment(server, ids: list[int], n_decode: int, rounds: int = 1, gate=None) -> dict:
-    """ids (the whole prompt to this depth) with cache_prompt: the server computes what its checkpoint
-    does not hold, then n_decode + 1 greedy tokens (the first is the prompt's). With rounds > 1 or a
-    gate, the decode is taken from `rounds` more requests of the same ids, each after gate(): the
-    server resumes from its checkpoint 4 tokens before the end, so each is a decode at this depth."""
-    t = _peer_request(server, ids, n_decode)
+def slot_name(gguf: str, seed: int, depth: int) -> str:
+    """The file a llama-server slot at `depth` of this run's ids is saved as (--peer-slots)."""
+    return f"{Path(gguf).stem}.seed{seed}.d{depth}.bin"
+
+
+def peer_segment(server, ids: list[int], n_decode: int, rounds: int = 1, gate=None, save_as: str | None = None) -> dict:
+    """ids (the whole prompt to this depth) with cache_prompt and one token: the server computes what its
+    checkpoint does not hold (the segment's prefill; saved as `save_as` in its slot directory: exactly
+    these ids). Then `rounds` decodes, each after gate(): the same ids again, resumed from the server's
+    checkpoint 4 tokens before the end, and n_decode + 1 greedy tokens (the first is the prompt's)."""
+    t = _peer_request(server, ids, 1)
     pre = {"tokens": t["prompt_n"], "cached": t.get("cache_n"), "s": t["prompt_ms"] / 1e3,
            "tok_s": t["prompt_n"] / (t["prompt_ms"] / 1e3)}
+    if save_as:
+        pre["saved"] = {"file": save_as, "tokens": server.slot_file("save", save_as)}
     decs = []
-    for _ in range(rounds if (rounds > 1 or gate) else 0):
+    for _ in range(rounds):
         meter = gate() if gate else None
-        t = _peer_request(server, ids, n_decode)
+        t = _peer_request(server, ids, n_decode + 1)
         if t["prompt_n"] > 64:
             raise RuntimeError(f"llama-server recomputed {t['prompt_n']} tokens of a repeated prompt (no checkpoint)")
         decs.append({"tokens": n_decode, "s": t["predicted_ms"] / 1e3, "tok_s": n_decode / (t["predicted_ms"] / 1e3),
                      "resumed_tokens": t["prompt_n"], **({"others_cores": meter.cores()} if meter else {})})
-    if not decs:
-        decs.append({"tokens": n_decode, "s": t["predicted_ms"] / 1e3, "tok_s": n_decode / (t["predicted_ms"] / 1e3)})
     return {"prefill": pre, "decode": _median_round(decs)}
 
 
@@ -443,6 +451,11 @@ def main(argv=None) -> int:
     ap.add_argument("--llama-cpp", help="a built llama.cpp source folder (default: build.sh's cache folder)")
     ap.add_argument("--gguf", help="the model's F32 GGUF (default <model>.f32.gguf, converted if absent)")
     ap.add_argument("--server-log", default="/tmp/cairn-depth-llama-server.log")
+    ap.add_argument("--peer-slots", metavar="DIR",
+                    help="save llama-server's slot at each depth into DIR (exactly ids[:depth]), for --peer-resume")
+    ap.add_argument("--peer-resume", type=int, metavar="DEPTH",
+                    help="restore llama-server's slot saved at DEPTH (in --peer-slots, same GGUF and seed) and "
+                         "leave llama.cpp out of the depths <= DEPTH: a long run continued in another sitting")
     ap.add_argument("--project", action="store_true", help="project V4-Flash's resident decode (see above)")
     ap.add_argument("--slice-json", help="--project: a depth.py JSON of the flash slice, for the fixed sections")
     ap.add_argument("--json", help="write results here")
@@ -455,6 +468,8 @@ def main(argv=None) -> int:
     depths = sorted(set(args.depths))
     if depths[0] < 1:
         ap.error(f"--depths must be positive, got {depths[0]}")
+    if args.peer_resume and not (args.peer and args.peer_slots):
+        ap.error("--peer-resume needs --peer and --peer-slots (the directory its slot file is in)")
     try:
         from threadpoolctl import threadpool_limits
 
@@ -481,6 +496,11 @@ def main(argv=None) -> int:
             res["peer_error"] = what
         else:
             res["gguf"], res["llama_server_cmd"] = what, server.cmd
+            if args.peer_resume:
+                got = server.slot_file("restore", slot_name(what, args.seed, args.peer_resume))
+                if got != args.peer_resume:
+                    sys.exit(f"--peer-resume: the slot file holds {got} tokens, not {args.peer_resume}")
+                res["peer_resumed_from"] = args.peer_resume
     model = load_model(args.model, threads=args.threads)
     state = K.State(model)
     base = None
@@ -499,8 +519,9 @@ def main(argv=None) -> int:
             e["probe"] = probes(args.threads)
             if server is not None:
                 os.kill(server.proc.pid, signal.SIGCONT)
+            if server is not None and d > (args.peer_resume or 0):
                 e["llama.cpp"] = peer_segment(server, [int(x) for x in ids[:d]], args.decode, args.decode_rounds,
-                                              gate)
+                                              gate, slot_name(res["gguf"], args.seed, d) if args.peer_slots else None)
             e["rates"] = rates(shape, d, e["cairn"]["decode"], base, e["probe"])
             pi = e["cairn"]["prefill"]["sections_s_per_token"].get("indexer", 0)
             if pi > 0 and shape.kinds[C_]:

@@ -80,7 +80,7 @@ def _free_port() -> int:
 
 
 def server_command(exe: Path, gguf: Path, threads: int, chunk: int, n_ctx: int, port: int,
-                   slots: int = 1, extend: bool = False) -> list[str]:
+                   slots: int = 1, extend: bool = False, slot_dir: str | None = None) -> list[str]:
     """llama-server doing the kernel's work: `slots` slots (-np; n_ctx is split between them), `threads`
     threads for prompt and decode, ubatch = the kernel's chunk, f32 KV cache like the kernel's fp32
     state, and no prompt cache (-cram 0) or context checkpoints (-ctxcp 0): each prompt is computed
@@ -88,9 +88,10 @@ def server_command(exe: Path, gguf: Path, threads: int, chunk: int, n_ctx: int, 
     default context checkpoints, so a prompt that extends the last one resumes from a checkpoint near
     that prompt's end (the kernel's restore of its snapshot) instead of recomputing it."""
     keep = [] if extend else ["-ctxcp", "0", "-cram", "0"]
+    save = ["--slot-save-path", slot_dir] if slot_dir else []   # slot_dir: save_slot / restore_slot's files
     return [str(exe), "-m", str(gguf), "-t", str(threads), "-tb", str(threads), "-c", str(n_ctx), "-np", str(slots),
             "-b", str(max(chunk, 2048)), "-ub", str(chunk), "-ctk", "f32", "-ctv", "f32",
-            *keep, "--host", "127.0.0.1", "--port", str(port)]
+            *keep, *save, "--host", "127.0.0.1", "--port", str(port)]
 
 
 def check_timings(t: dict, n_prompt: int, n_predict: int) -> dict:
@@ -126,10 +127,10 @@ class LlamaServer:
     """llama-server on `slots` slots (default one), context n_ctx, ubatch = chunk, f32 KV, no prompt cache or checkpoints."""
 
     def __init__(self, src: Path, gguf: Path, threads: int, chunk: int, n_ctx: int, log: str, slots: int = 1,
-                 extend: bool = False):
+                 extend: bool = False, slot_dir: str | None = None):
         self.port = _free_port()
         self.cmd = server_command(src / "build" / "bin" / "llama-server", gguf, threads, chunk, n_ctx, self.port,
-                                  slots, extend)
+                                  slots, extend, slot_dir)
         self.log = open(log, "w")
         self.proc = subprocess.Popen(self.cmd, stdout=self.log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 300
@@ -165,6 +166,16 @@ class LlamaServer:
                 "cache_prompt": cache_prompt, "stream": True}
         return sse_event_times(socket.create_connection(("127.0.0.1", self.port)), "/completion", "127.0.0.1",
                                body, lambda block: b'"stop":false' in block)
+
+    def slot_file(self, action: str, filename: str) -> int:
+        """Slot 0's cached tokens and state saved to / restored from `filename` in the server's slot
+        directory (action "save" / "restore"); the tokens it saved or restored."""
+        req = urllib.request.Request(f"http://127.0.0.1:{self.port}/slots/0?action={action}",
+                                     data=json.dumps({"filename": filename}).encode(),
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=3600) as r:
+            out = json.loads(r.read())
+        return int(out["n_saved" if action == "save" else "n_restored"])
 
     def close(self) -> None:
         stop_process(self.proc)
