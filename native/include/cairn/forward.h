@@ -37,7 +37,7 @@ void rewind(State& st, int64_t k);
 // Fault injection for tests (_kernel._fail_worker_step): a StepWorker step that fails midway, as a
 // real fault would (no kernel input fails inside a step once the step's checks passed). Armed with
 // skip = k, the (k+1)-th worker step from then on throws std::runtime_error after the family's
-// layers wrote the state and before n advanced: the state is torn, and the daemon must discard it.
+// layers wrote the state and before n advanced: what they wrote stays, so the daemon must discard it.
 struct StepFault {
   static std::atomic<int> skip;        // worker steps still to let pass; -1: disarmed
   static thread_local bool in_worker;  // set by the StepWorker job around its forward_chunk
