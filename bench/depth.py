@@ -43,10 +43,12 @@ Where the kernel has `_indexer_stats` (issue 41 §2), the key floats the indexer
 llama-peer tools), the same ids, alternating per depth (cairn's segment, then llama.cpp's): one
 llama-server (1 slot, ubatch = --chunk, f32 KV, its context checkpoints on) fed ids[:depth] with
 cache_prompt, so it resumes from its checkpoint near the previous depth (prompt_n of the server's
-timings = the tokens it computed) and decodes --decode + 1 tokens (the first is the prompt's). With
---decode-rounds or --quiet its decode is taken from that many more requests of the same ids, each
-resumed from its checkpoint 4 tokens before the end. The server is stopped (SIGSTOP) while cairn
-runs: an idle llama-server polls on a core.
+timings = the tokens it computed) and one token; each decode round is another request of the same
+ids, resumed from its checkpoint 4 tokens before the end, of --decode + 1 tokens (the first is the
+prompt's). The server is stopped (SIGSTOP) while cairn runs: an idle llama-server polls on a core.
+--peer-slots DIR saves its slot at each depth (exactly ids[:depth], before any decode), and
+--peer-resume DEPTH starts from the one saved at DEPTH: llama.cpp's prefill to 64k takes most of an
+hour here, so 128k is reached in a second sitting (cairn recomputes its own, ~7 minutes).
 Without llama.cpp's binaries it prints how to build them and runs cairn only.
 
 --project: V4-Flash's resident decode tok/s at 1k, 64k, 128k and 1M on this machine. Method:
@@ -361,9 +363,8 @@ def print_report(res: dict) -> None:
                     f"{c['decode']['tok_s'] / lp['decode']['tok_s']:.2f}× |" if lp else " — | — | |")
         print(row + f" {e['probe']['gemm_gflops']:.1f} | {e['probe']['read_gbs']:.1f} |")
     for e in res["depths"]:   # every decode round (the table has the median) and the others' cores in it
-        rr = {who: e[who]["decode"]["rounds"] for who in ("cairn", "llama.cpp")
-              if who in e and len(e[who]["decode"].get("rounds", [])) > 1 or "others_cores" in e.get(who, {}).get("decode", {})}
-        if rr:
+        rr = {who: e[who]["decode"]["rounds"] for who in ("cairn", "llama.cpp") if "rounds" in e.get(who, {}).get("decode", {})}
+        if any(len(r) > 1 or r[0]["others_cores"] is not None for r in rr.values()):
             print(f"  {e['depth']}: decode rounds, tok/s (others' cores): " + "; ".join(
                 who + " " + ", ".join(f"{r['tok_s']:.2f}" + (f" ({r['others_cores']:.2f})" if r["others_cores"] is not None
                                                                else "") for r in rounds)
@@ -539,6 +540,7 @@ def main(argv=None) -> int:
                 Path(args.json).write_text(json.dumps(res, indent=2, default=str))
     finally:
         if server is not None:
+            os.kill(server.proc.pid, signal.SIGCONT)   # a stopped server would not see close()'s SIGTERM
             server.close()
     if args.project:
         slice_res = json.loads(Path(args.slice_json).read_text()) if args.slice_json else None
