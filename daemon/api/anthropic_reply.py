@@ -30,7 +30,7 @@ import secrets
 
 from cairn.actors.engine.messages import Done, Started, TokenOut, Usage
 from cairn.daemon.protocol.reply_end import ReplyEnd, end_reply
-from cairn.daemon.protocol.dsv4.output import OutputParser
+from cairn.daemon.protocol.output_parser import OutputParserBase
 from cairn.daemon.protocol.events import Event
 
 from .anthropic import error_body
@@ -160,7 +160,7 @@ async def send_named(send, name: str, data: dict, *, more: bool = True) -> None:
                 + json.dumps(data, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n", "more_body": more})
 
 
-def _warn(api, rid: str, parser: OutputParser) -> None:
+def _warn(api, rid: str, parser: OutputParserBase) -> None:
     for w in parser.result.warnings:
         api.log.warning("model_output_malformed", request_id=rid, problem=w)
 

@@ -15,7 +15,7 @@ from . import formats
 from .asgi import end_sse, send_comment, send_error, send_event, send_json, start_sse
 from .schemas import APIError
 from cairn.daemon.protocol.reply_end import ReplyEnd, end_reply
-from cairn.daemon.protocol.dsv4.output import OutputParser   # V4's: the annotations (every family's has its API)
+from cairn.daemon.protocol.output_parser import OutputParserBase   # every family's parser is one
 from cairn.daemon.protocol.events import Event
 from cairn.daemon.protocol.families import chat_family
 
@@ -61,7 +61,7 @@ def chat_finish(end: ReplyEnd) -> str:
     return CHAT_FINISH[end.finish]
 
 
-def reply_parser(thinking: bool, tools: list | None, *, chat=None, **kw) -> OutputParser:
+def reply_parser(thinking: bool, tools: list | None, *, chat=None, **kw) -> OutputParserBase:
     """The parser every API responder reads: a tool call's events only once its invoke closed, so no
     reply, streamed or not, carries a call that was then cut off (reply_end). chat: the model family's
     chat half (API.chat; None: DeepSeek-V4's) whose OutputParser reads what the model writes."""
@@ -69,7 +69,7 @@ def reply_parser(thinking: bool, tools: list | None, *, chat=None, **kw) -> Outp
     return cls(thinking=thinking, tools=tools, whole_calls=True, **kw)
 
 
-def _warn(api, rid: str, parser: OutputParser) -> None:
+def _warn(api, rid: str, parser: OutputParserBase) -> None:
     for w in parser.result.warnings:
         api.log.warning("model_output_malformed", request_id=rid, problem=w)
 

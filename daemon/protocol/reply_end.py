@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
-from .dsv4.output import OutputParser
+from .output_parser import OutputParserBase
 from .events import Event, Parsed, ToolCall
 
 if TYPE_CHECKING:
@@ -63,7 +63,7 @@ def reply_end(finish_reason: str, stop_sequence: str | None, parsed: Parsed) -> 
     return ReplyEnd(finish, calls, stop_sequence if finish == "stop_sequence" else None, dropped)
 
 
-def end_reply(parser: OutputParser, done: Done) -> tuple[list[Event], ReplyEnd]:
+def end_reply(parser: OutputParserBase, done: Done) -> tuple[list[Event], ReplyEnd]:
     """Feed the engine's last text, finish the parser: the last events, and how the reply ended."""
     events = parser.feed(done.text_tail) + parser.finish()
     return events, reply_end(done.finish_reason, done.stop_sequence, parser.result)

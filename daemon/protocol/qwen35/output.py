@@ -31,28 +31,18 @@ from __future__ import annotations
 
 import json
 import re
-import secrets
 
-from ..events import Event, Parsed, ToolCall
+from ..events import Event, Parsed
+from ..output_parser import MAX_TAG, OutputParserBase, held_suffix
 from .markers import END_THINK, FUNCTION_CLOSE, FUNCTION_OPEN, PARAM_CLOSE, PARAM_OPEN, TOOL_CALL, TOOL_CALL_CLOSE
 
 _FUNCTION_RE = re.compile(r"\s*<function=([^>\n]*)>")
 _PARAM_RE = re.compile(r"\s*<parameter=([^>\n]*)>(\n?)")
 _FUNCTION_END_RE = re.compile(rf"\s*{re.escape(FUNCTION_CLOSE)}")
 _CALL_END_RE = re.compile(rf"\s*{re.escape(TOOL_CALL_CLOSE)}")
-# A tag still open after this many characters is not one (a name is an identifier): malformed.
-_MAX_TAG = 1024
 _PY_LITERALS = {"True": True, "False": False, "None": None}
 _JSON_TYPES = {bool: "boolean", int: "integer", float: "number", str: "string", list: "array", dict: "object",
                type(None): "null"}
-
-
-def _held_suffix(buf: str, marker: str, start: int) -> int:
-    """Length of the longest suffix of buf[start:] that is a proper prefix of `marker`."""
-    for n in range(min(len(marker) - 1, len(buf) - start), 0, -1):
-        if buf.endswith(marker[:n]):
-            return n
-    return 0
 
 
 def _trailing_space(buf: str, start: int, end: int) -> int:
@@ -101,35 +91,13 @@ def typed_value(raw: str, types: frozenset[str]):
     return raw
 
 
-class OutputParser:
+class OutputParser(OutputParserBase):
+    # states: reasoning | content | block (after <tool_call>) | call (in a function) | param (in a value)
+    # | fn_end (after </function>) | after (a malformed block: the rest is content)
     def __init__(self, *, thinking: bool, tools: list | None, new_id=None, whole_calls: bool = False) -> None:
-        # reasoning | content | block (after <tool_call>) | call (in a function) | param (in a value)
-        # | fn_end (after </function>) | after (a malformed block: the rest is content)
-        self.state = "reasoning" if thinking else "content"
-        self.buf = ""
-        self.pos = 0               # buf[:pos] is decided; feed drops it before appending
-        self.scanned = 0           # characters the scans examined (a test holds this linear)
+        super().__init__(thinking=thinking, tools=tools, new_id=new_id, whole_calls=whole_calls)
         self.types = param_types(tools)
-        self.tools_on = bool(tools)
-        self.new_id = new_id or (lambda: "call_" + secrets.token_hex(12))
-        self.whole_calls = whole_calls
-        self.result = Parsed()
         self._lstrip = False       # leading whitespace of the coming content is the format's
-        self._raw: list[str] = []  # block text since its start or the last closed call (if malformed)
-        self._open: ToolCall | None = None
-        self._n_params = 0
-        self._key = ""
-        self._pieces: list[str] = []
-        self._start: Event | None = None   # whole_calls: the open call's tool_start, emitted at its end
-
-    # --- public ------------------------------------------------------------------------------
-
-    def feed(self, text: str) -> list[Event]:
-        if self.pos:
-            self.buf = self.buf[self.pos:]
-            self.pos = 0
-        self.buf += text
-        return self._run(final=False)
 
     def finish(self) -> list[Event]:
         events = self._run(final=True)
@@ -139,45 +107,6 @@ class OutputParser:
             events += self._emit(self.state, self.buf[self.pos:])
         self.buf, self.pos = "", 0
         return events
-
-    # --- machinery ---------------------------------------------------------------------------
-
-    def _emit(self, kind: str, text: str) -> list[Event]:
-        if not text:
-            return []
-        (self.result._reasoning if kind == "reasoning" else self.result._content).add(text)
-        return [Event(kind, text)]
-
-    def _find(self, marker: str) -> int:
-        i = self.buf.find(marker, self.pos)
-        self.scanned += (len(self.buf) if i < 0 else i + len(marker)) - self.pos
-        return i
-
-    def _match(self, pattern: re.Pattern):
-        m = pattern.match(self.buf, self.pos)
-        self.scanned += (m.end() - self.pos) if m else min(len(self.buf) - self.pos, _MAX_TAG)
-        return m
-
-    def _take(self, end: int) -> str:
-        """Consume buf[pos:end] inside a block (kept raw in case the block turns out malformed)."""
-        text = self.buf[self.pos:end]
-        self._raw.append(text)
-        self.pos = end
-        return text
-
-    def _run(self, final: bool) -> list[Event]:
-        events: list[Event] = []
-        step = {"reasoning": self._reasoning, "content": self._content, "block": self._block,
-                "call": self._call, "param": self._param, "fn_end": self._fn_end}
-        while True:
-            before = (self.state, self.pos)
-            if self.state == "after":
-                events += self._emit("content", self.buf[self.pos:])
-                self.pos = len(self.buf)
-            else:
-                events += step[self.state](final)
-            if (self.state, self.pos) == before:
-                return events
 
     def _reasoning(self, final: bool) -> list[Event]:
         i = self._find(END_THINK)
@@ -189,7 +118,7 @@ class OutputParser:
             return out
         if final:
             return []            # finish() emits the rest, held whitespace included
-        end = len(self.buf) - _held_suffix(self.buf, END_THINK, self.pos)
+        end = len(self.buf) - held_suffix(self.buf, END_THINK, self.pos)
         end -= _trailing_space(self.buf, self.pos, end)
         out = self._emit("reasoning", self.buf[self.pos:end])
         self.pos = end
@@ -216,7 +145,7 @@ class OutputParser:
             return out
         if final:
             return []            # finish() emits the rest
-        end = len(self.buf) - _held_suffix(self.buf, TOOL_CALL, self.pos)
+        end = len(self.buf) - held_suffix(self.buf, TOOL_CALL, self.pos)
         end -= _trailing_space(self.buf, self.pos, end)     # whitespace may precede a block: hold it
         out = self._emit("content", self.buf[self.pos:end])
         self.pos = end
@@ -225,16 +154,7 @@ class OutputParser:
     def _block(self, final: bool) -> list[Event]:
         m = self._match(_FUNCTION_RE)
         if m:
-            call = ToolCall(self.new_id(), m.group(1))
-            self.result.tool_calls.append(call)
-            self._open, self._n_params = call, 0
-            self._take(m.end())
-            self.state = "call"
-            start = Event("tool_start", index=len(self.result.tool_calls) - 1, id=call.id, name=call.name)
-            if self.whole_calls:
-                self._start = start
-                return []
-            return [start]
+            return self._open_call(m.group(1), m.end())
         return self._undecided((FUNCTION_OPEN,), final)
 
     def _call(self, final: bool) -> list[Event]:
@@ -248,19 +168,14 @@ class OutputParser:
             return []
         m = self._match(_FUNCTION_END_RE)
         if m:
-            self._take(m.end())
-            out = self._args("{}" if self._n_params == 0 else "}")
-            if self.whole_calls:      # the call closed: now it is one, whole
-                out = [self._start, Event("tool_args", self._open.arguments, index=self._start.index)]
-                self._start = None
-            self._open, self._raw = None, []
+            out = self._close_call(m.end())
             self.state = "fn_end"
             return out
         return self._undecided((PARAM_OPEN, FUNCTION_CLOSE), final)
 
     def _param(self, final: bool) -> list[Event]:
         i = self._find(PARAM_CLOSE)
-        end = i if i >= 0 else len(self.buf) - (0 if final else _held_suffix(self.buf, PARAM_CLOSE, self.pos))
+        end = i if i >= 0 else len(self.buf) - (0 if final else held_suffix(self.buf, PARAM_CLOSE, self.pos))
         self._pieces.append(self._take(end))
         if i < 0:
             return []
@@ -284,49 +199,18 @@ class OutputParser:
             return []            # the output ended after a whole call, before `</tool_call>`: it stands
         return self._undecided((TOOL_CALL_CLOSE,), final)
 
-    def _args(self, frag: str) -> list[Event]:
-        self._open._arguments.add(frag)
-        if self.whole_calls:
-            return []
-        return [Event("tool_args", frag, index=len(self.result.tool_calls) - 1)]
-
     def _undecided(self, openers: tuple[str, ...], final: bool) -> list[Event]:
-        rest = self.buf[self.pos:self.pos + _MAX_TAG].lstrip()
+        rest = self.buf[self.pos:self.pos + MAX_TAG].lstrip()
         if not rest:
             return []
         could_be = any(o.startswith(rest) or (rest.startswith(o) and ">" not in rest[len(o):]) for o in openers)
-        if could_be and len(self.buf) - self.pos < _MAX_TAG:
+        if could_be and len(self.buf) - self.pos < MAX_TAG:
             return []        # still could become what is expected: wait for more text (or cut off: finish)
         where = f"in function {self._open.name!r}" if self._open is not None else f"after {self._state_marker()}"
         return self._malformed(f"expected {' or '.join(openers)} {where}")
 
     def _state_marker(self) -> str:
         return TOOL_CALL if self.state == "block" else FUNCTION_CLOSE
-
-    def _cut_off(self) -> None:
-        """The output ended inside a block: calls already closed stay; an open call is dropped, not
-        closed, and none of the block's raw text becomes content."""
-        if self._open is not None:
-            self._drop_open("cut_off")
-            self.result.warnings.append("a tool call was cut off by the end of the output; it was dropped")
-        self.state = "after"
-
-    def _drop_open(self, why: str) -> None:
-        self.result.tool_calls.remove(self._open)
-        self._open, self._start = None, None
-        self.result.dropped_call, self.result.dropped_why = True, why
-
-    def _malformed(self, why: str) -> list[Event]:
-        """The block's raw text since its start or its last closed call becomes content; an open call
-        is dropped (an agent would run it)."""
-        if self._open is not None:
-            self._drop_open("malformed")
-        self.result.warnings.append(f"malformed tool-call block: {why}")
-        raw = "".join(self._raw) + self.buf[self.pos:]
-        self._raw = []
-        self.pos = len(self.buf)
-        self.state = "after"
-        return self._emit("content", raw)
 
 
 def parse_all(text: str, *, thinking: bool, tools: list | None) -> Parsed:
