@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 
 from ..errors import ModelDirError
+from ..gguf_metadata import metadata_key
 from .config import CSA, HCA, SLIDING
 
 ARCH = "deepseek4"
@@ -112,16 +113,7 @@ def config_from_metadata(meta: dict, where: str) -> dict:
         raise ModelDirError(f"{where}: general.architecture is {arch!r}; cairn serves DeepSeek-V4 GGUF files "
                             f"(architecture {ARCH!r}, as llama.cpp's converter writes them)")
 
-    def key(name: str, kind=(int,), default=None):
-        full = f"{ARCH}.{name}"
-        v = meta.get(full, default)
-        if v is None:
-            raise ModelDirError(f"{where}: metadata key {full!r} is missing")
-        if isinstance(v, bool) and bool not in kind or not isinstance(v, kind):
-            raise ModelDirError(f"{where}: metadata key {full!r} must be {' or '.join(k.__name__ for k in kind)}, "
-                                f"got {v!r}")
-        return v
-
+    key = metadata_key(meta, where, ARCH)
     num = (int, float)
     n = key("block_count") - key("nextn_predict_layers", default=0)
     ratios = key("attention.compress_ratios", (list,))

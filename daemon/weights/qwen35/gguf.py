@@ -24,6 +24,7 @@ import re
 import numpy as np
 
 from ..errors import ModelDirError
+from ..gguf_metadata import metadata_key
 from .config import FULL, LIN
 
 ARCHS = ("qwen35", "qwen35moe")
@@ -117,16 +118,7 @@ def config_from_metadata(meta: dict, where: str, *, tied: bool | None = None) ->
     if arch not in ARCHS:
         raise ModelDirError(f"{where}: general.architecture is {arch!r}; Qwen3.5 GGUF files are {' or '.join(ARCHS)}")
 
-    def key(name: str, kind=(int,), default=None):
-        full = f"{arch}.{name}"
-        v = meta.get(full, default)
-        if v is None:
-            raise ModelDirError(f"{where}: metadata key {full!r} is missing")
-        if isinstance(v, bool) and bool not in kind or not isinstance(v, kind):
-            raise ModelDirError(f"{where}: metadata key {full!r} must be {' or '.join(k.__name__ for k in kind)}, "
-                                f"got {v!r}")
-        return v
-
+    key = metadata_key(meta, where, arch)
     num = (int, float)
     n = key("block_count") - key("nextn_predict_layers", default=0)
     recurrent = meta.get(f"{arch}.attention.recurrent_layers")
