@@ -77,23 +77,35 @@ def test_rates_are_multiply_adds_over_the_sections_seconds(shape):
     assert np.isfinite(r["hca_of_gemm"])
 
 
-def test_peer_segment_extends_the_cached_prompt_and_times_the_decode_steps():
-    """llama.cpp's side, on a stub server: the whole prompt to the depth with cache_prompt (its checkpoint
-    holds the rest), n + 1 tokens (the first is the prompt's), prefill = the tokens it computed."""
+def test_peer_segment_extends_the_cached_prompt_saves_the_slot_and_times_resumed_decodes():
+    """llama.cpp's side, on a stub server: the whole prompt to the depth with cache_prompt and one token
+    (its checkpoint holds the rest; prefill = the tokens it computed), the slot saved holding exactly
+    those ids, then each decode round the same ids again (resumed 4 tokens before the end) for n + 1
+    tokens (the first is the prompt's); the median round is the decode. A repeated prompt the server
+    recomputes (no checkpoint) is an error, not a figure."""
     import threading
     from http.server import BaseHTTPRequestHandler, HTTPServer
 
     import llama_peer
 
-    bodies: list[dict] = []
+    bodies: list[tuple[str, dict]] = []
+    seen: set = set()
+    predicted_ms = iter([400.0, 200.0, 800.0, 400.0])
 
     class Handler(BaseHTTPRequestHandler):
         def do_POST(self):
             body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-            bodies.append(body)
-            t = {"prompt_n": 100, "cache_n": len(body["prompt"]) - 100, "prompt_ms": 50.0,
-                 "predicted_n": body["n_predict"], "predicted_ms": 400.0}
-            out = json.dumps({"timings": t}).encode()
+            bodies.append((self.path, body))
+            if self.path.startswith("/slots/0?action=save"):
+                out = {"n_saved": len(bodies[0][1]["prompt"])}
+            else:
+                key = tuple(body["prompt"])
+                n = 4 if key in seen and not recompute else 100
+                seen.add(key)
+                out = {"timings": {"prompt_n": n, "cache_n": len(key) - n, "prompt_ms": 50.0,
+                                   "predicted_n": body["n_predict"],
+                                   "predicted_ms": 5.0 if body["n_predict"] == 1 else next(predicted_ms)}}
+            out = json.dumps(out).encode()
             self.send_response(200)
             self.send_header("Content-Length", str(len(out)))
             self.end_headers()
@@ -104,14 +116,26 @@ def test_peer_segment_extends_the_cached_prompt_and_times_the_decode_steps():
 
     httpd = HTTPServer(("127.0.0.1", 0), Handler)
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    recompute = False
     try:
-        server = type("S", (), {"port": httpd.server_address[1]})()
-        r = depth.peer_segment(server, list(range(16, 1040)), 32)
+        server = llama_peer.LlamaServer.__new__(llama_peer.LlamaServer)
+        server.port = httpd.server_address[1]
+        ids = list(range(16, 1040))
+        r = depth.peer_segment(server, ids, 32, rounds=3, save_as="m.seed0.d1024.bin")
+        recompute, seen = True, set()
+        with pytest.raises(RuntimeError, match="recomputed 100 tokens of a repeated prompt"):
+            depth.peer_segment(server, ids, 32, rounds=1)
     finally:
         httpd.shutdown()
-    assert bodies[0]["cache_prompt"] is True and bodies[0]["n_predict"] == 33 and len(bodies[0]["prompt"]) == 1024
-    assert r["prefill"] == {"tokens": 100, "cached": 924, "s": 0.05, "tok_s": 2000.0}
-    assert r["decode"]["tok_s"] == pytest.approx(80.0)
+    first, save, *rounds = bodies[:5]
+    assert first[1]["cache_prompt"] is True and first[1]["n_predict"] == 1 and first[1]["prompt"] == ids
+    assert save == ("/slots/0?action=save", {"filename": "m.seed0.d1024.bin"})
+    assert [b["n_predict"] for _, b in rounds] == [33, 33, 33] and all(b["prompt"] == ids for _, b in rounds)
+    assert r["prefill"] == {"tokens": 100, "cached": 924, "s": 0.05, "tok_s": 2000.0,
+                            "saved": {"file": "m.seed0.d1024.bin", "tokens": 1024}}
+    assert r["decode"]["tok_s"] == pytest.approx(80.0) and r["decode"]["resumed_tokens"] == 4   # 32 in 0.4 s
+    assert [x["tok_s"] for x in r["decode"]["rounds"]] == pytest.approx([80.0, 160.0, 40.0])
+    assert depth.slot_name("/x/m.f32.gguf", 0, 1024) == "m.f32.seed0.d1024.bin"
     # the server keeps its checkpoints in this mode, and only in it
     cmd = llama_peer.server_command(Path("llama-server"), Path("m.gguf"), 2, 512, 4096, 8080, extend=True)
     assert "-ctxcp" not in cmd and "-cram" not in cmd
