@@ -73,7 +73,6 @@ import platform
 import signal
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import numpy as np
@@ -246,18 +245,6 @@ def start_peer(args, n_ctx: int):
     return server, str(gguf)
 
 
-def _peer_request(server, ids: list[int], n_predict: int) -> dict:
-    body = {"prompt": ids, "n_predict": n_predict, "temperature": 0.0, "ignore_eos": True,
-            "cache_prompt": True, "stream": False}
-    req = urllib.request.Request(f"http://127.0.0.1:{server.port}/completion", data=json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=7200) as r:
-        t = json.loads(r.read())["timings"]
-    if t["predicted_n"] != n_predict:
-        raise RuntimeError(f"llama-server generated {t['predicted_n']} tokens, asked {n_predict}")
-    return t
-
-
 def slot_name(gguf: str, seed: int, depth: int) -> str:
     """The file a llama-server slot at `depth` of this run's ids is saved as (--peer-slots)."""
     return f"{Path(gguf).stem}.seed{seed}.d{depth}.bin"
@@ -268,7 +255,7 @@ def peer_segment(server, ids: list[int], n_decode: int, rounds: int = 1, gate=No
     checkpoint does not hold (the segment's prefill; saved as `save_as` in its slot directory: exactly
     these ids). Then `rounds` decodes, each after gate(): the same ids again, resumed from the server's
     checkpoint 4 tokens before the end, and n_decode + 1 greedy tokens (the first is the prompt's)."""
-    t = _peer_request(server, ids, 1)
+    t = server.timings(ids, 1, cache_prompt=True)
     pre = {"tokens": t["prompt_n"], "cached": t.get("cache_n"), "s": t["prompt_ms"] / 1e3,
            "tok_s": t["prompt_n"] / (t["prompt_ms"] / 1e3)}
     if save_as:
@@ -276,7 +263,7 @@ def peer_segment(server, ids: list[int], n_decode: int, rounds: int = 1, gate=No
     decs = []
     for _ in range(rounds):
         meter = gate() if gate else None
-        t = _peer_request(server, ids, n_decode + 1)
+        t = server.timings(ids, n_decode + 1, cache_prompt=True)
         if t["prompt_n"] > 64:
             raise RuntimeError(f"llama-server recomputed {t['prompt_n']} tokens of a repeated prompt (no checkpoint)")
         decs.append({"tokens": n_decode, "s": t["predicted_ms"] / 1e3, "tok_s": n_decode / (t["predicted_ms"] / 1e3),

@@ -148,16 +148,26 @@ class LlamaServer:
                 raise PeerError(f"llama-server not ready after 300 s; see {log}")
             time.sleep(0.5)
 
-    def complete(self, ids: list[int], n_predict: int) -> dict:
-        """One request (a new connection): the prompt as token ids, greedy, exactly n_predict tokens.
-        Returns the server's `timings` (prompt_n, prompt_ms, predicted_n, predicted_ms, ...)."""
-        body = {"prompt": ids, "n_predict": n_predict, "temperature": 0.0, "ignore_eos": True,
-                "cache_prompt": False, "stream": False}
-        req = urllib.request.Request(f"http://127.0.0.1:{self.port}/completion", data=json.dumps(body).encode(),
+    def _post(self, path: str, body: dict) -> dict:
+        """POST `body` as JSON (a new connection); the JSON answer. A 64k prompt takes most of an hour."""
+        req = urllib.request.Request(f"http://127.0.0.1:{self.port}{path}", data=json.dumps(body).encode(),
                                      headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(req, timeout=3600) as r:
-            out = json.loads(r.read())
-        return check_timings(out["timings"], len(ids), n_predict)
+        with urllib.request.urlopen(req, timeout=7200) as r:
+            return json.loads(r.read())
+
+    def timings(self, ids: list[int], n_predict: int, cache_prompt: bool) -> dict:
+        """One request: the prompt as token ids, greedy, n_predict tokens. Returns the server's `timings`
+        (prompt_n, prompt_ms, predicted_n, predicted_ms, ...), refused unless it generated n_predict."""
+        body = {"prompt": ids, "n_predict": n_predict, "temperature": 0.0, "ignore_eos": True,
+                "cache_prompt": cache_prompt, "stream": False}
+        t = self._post("/completion", body)["timings"]
+        if t["predicted_n"] != n_predict:
+            raise PeerError(f"llama-server generated {t['predicted_n']} tokens, asked {n_predict}")
+        return t
+
+    def complete(self, ids: list[int], n_predict: int) -> dict:
+        """`timings` of a prompt computed whole (no cached prefix), refused otherwise (check_timings)."""
+        return check_timings(self.timings(ids, n_predict, cache_prompt=False), len(ids), n_predict)
 
     def token_times(self, ids: list[int], n_predict: int, cache_prompt: bool = True) -> list[float]:
         """A streamed request (a new connection): the arrival time of each token event. cache_prompt
@@ -170,11 +180,7 @@ class LlamaServer:
     def slot_file(self, action: str, filename: str) -> int:
         """Slot 0's cached tokens and state saved to / restored from `filename` in the server's slot
         directory (action "save" / "restore"); the tokens it saved or restored."""
-        req = urllib.request.Request(f"http://127.0.0.1:{self.port}/slots/0?action={action}",
-                                     data=json.dumps({"filename": filename}).encode(),
-                                     headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(req, timeout=3600) as r:
-            out = json.loads(r.read())
+        out = self._post(f"/slots/0?action={action}", {"filename": filename})
         return int(out["n_saved" if action == "save" else "n_restored"])
 
     def close(self) -> None:
