@@ -6,6 +6,7 @@ A busy child process is counted while it is someone else's and not when its pid 
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -39,6 +40,6 @@ def test_a_busy_process_counts_unless_it_is_the_benchmarks_own():
 
 
 def test_wait_quiet_returns_once_the_others_are_quiet_for_the_hold():
-    t = time.monotonic()
-    waited = quiet.wait_quiet([], below=2.5, hold_s=1.0, budget_s=30)   # 2 cores can never use 2.5
-    assert 1.0 <= waited < 3.0 and time.monotonic() - t < 3.5
+    cores = os.cpu_count() or 1
+    waited = quiet.wait_quiet([], below=cores + 1, hold_s=1.0, budget_s=60)   # more cores than the machine has
+    assert 1.0 <= waited < 60                  # returned after its hold, not after the budget
