@@ -47,9 +47,9 @@ timings = the tokens it computed) and one token; each decode round is another re
 ids, resumed from its checkpoint 4 tokens before the end, of --decode + 1 tokens (the first is the
 prompt's). The server is stopped (SIGSTOP) while cairn runs: an idle llama-server polls on a core.
 --peer-slots DIR saves its slot at each depth (exactly ids[:depth], before any decode), and
---peer-resume DEPTH starts from the one saved at DEPTH: llama.cpp's prefill to 128k takes 50 minutes
-on a Zen 5 and about two hours on a Zen 3 here, so a deep pair can be reached in a second sitting
-(cairn recomputes its own: 5 minutes to 128k on the Zen 5, 17 on the Zen 3).
+--peer-resume DEPTH starts from the one saved at DEPTH: llama.cpp's prefill to 128k took 47 minutes
+on a Zen 5 (to 64k: 14 minutes there, 45 on a Zen 3), so a deep pair can take a second sitting
+(cairn recomputes its own: 6 minutes to 128k on the Zen 5, about 17 on the Zen 3).
 Without llama.cpp's binaries it prints how to build them and runs cairn only.
 
 --project: V4-Flash's resident decode tok/s at 1k, 64k, 128k and 1M on this machine. Method:
