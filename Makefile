@@ -98,9 +98,12 @@ SAN_DIR   := build/asan
 # (test_isa_paths builds its own programs and loads no kernel module: nothing to sanitize there;
 # test_quantized_memory measures RSS, which ASan's shadow memory and quarantine make meaningless;
 # test_v4_pins pins the release build's (-O3) bytes, and the -O1 sanitizer build's logits differ in
-# the last bits: every within-build identity test still runs here)
+# the last bits: every within-build identity test still runs here; for the same reason the check that
+# every release level gives the same bits is left to `make test`: here the best level is the -O1 build,
+# and on an AVX-512 CPU it is compared bit for bit with the release v3)
 SAN_TESTS ?= tests/native --ignore=tests/native/test_isa_paths.py --ignore=tests/native/test_quantized_memory.py \
              --ignore=tests/native/test_v4_pins.py \
+             --deselect tests/native/test_isa_dispatch.py::test_every_level_this_cpu_runs_gives_the_models_logits \
              tests/e2e/test_status_under_load.py tests/e2e/test_slots_e2e.py
 SAN_ENV    = CAIRN_KERNEL_DIR=$(abspath $(SAN_DIR)) \
              LD_PRELOAD="$$(c++ -print-file-name=libasan.so) $$(c++ -print-file-name=libubsan.so)" \
